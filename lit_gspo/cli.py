@@ -1,0 +1,47 @@
+"""The command line: ``lit-gspo fit --config configs/quickstart.yaml`` (LightningCLI) and ``lit-gspo ablate``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import CSVLogger
+
+import lit_gspo.objectives  # noqa: F401  (registers every objective so `--model.objective GSPO` resolves)
+from lit_gspo.data import PromptDataModule
+from lit_gspo.module import RLModule
+
+TRAINER_DEFAULTS = {
+    "log_every_n_steps": 1,  # one CSV row per RL step
+    "num_sanity_val_steps": 0,
+    "enable_model_summary": False,
+}
+
+
+class RLCLI(LightningCLI):
+    """LightningCLI with CSV metrics by default (``<default_root_dir>/**/metrics.csv``)."""
+
+    def _instantiate_trainer(self, config, callbacks):
+        if config.get("logger") in (None, True):
+            config["logger"] = CSVLogger(save_dir=config.get("default_root_dir") or os.getcwd())
+        return super()._instantiate_trainer(config, callbacks)
+
+
+def cli_main(args: list[str] | None = None, run: bool = True) -> RLCLI:
+    return RLCLI(RLModule, PromptDataModule, seed_everything_default=0, trainer_defaults=TRAINER_DEFAULTS,
+                 save_config_kwargs={"overwrite": True}, args=args, run=run)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "ablate":
+        from lit_gspo.ablate import main as ablate_main
+
+        ablate_main(argv[1:])
+        return
+    cli_main(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Small config groups of RLModule (each becomes a YAML section, e.g. ``model.generation.max_new_tokens``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Generation:
+    """How completions are sampled. ``num_generations`` is G, the group size per prompt."""
+
+    num_generations: int = 8
+    max_new_tokens: int = 16
+    max_prompt_length: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self):
+        if self.num_generations < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"num_generations and max_new_tokens must be >= 1, got {self.num_generations} "
+                             f"and {self.max_new_tokens}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (greedy decoding is used for validation), got {self.temperature}")
+
+
+@dataclass
+class Update:
+    """K epochs × M minibatches of optimiser steps per rollout batch; micro-batches accumulate gradients.
+
+    One epoch and one minibatch is on-policy: the ratio is exactly 1 and no old-log-prob pass runs.
+    """
+
+    epochs: int = 1
+    num_minibatches: int = 1
+    micro_batch_size: int | None = None
+    max_grad_norm: float | None = 1.0
+
+    def __post_init__(self):
+        if self.epochs < 1 or self.num_minibatches < 1:
+            raise ValueError(f"epochs and num_minibatches must be >= 1, got {self.epochs} and {self.num_minibatches}")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1 or null, got {self.micro_batch_size}")
+
+    @property
+    def on_policy(self) -> bool:
+        return self.epochs == 1 and self.num_minibatches == 1
+
+
+@dataclass
+class WarmStart:
+    """Supervised steps on the task's (prompt, answer) pairs before the first RL step (synthetic tasks)."""
+
+    steps: int = 0
+    lr: float = 1e-3
+    batch_size: int = 32
+
+
+@dataclass
+class LoRA:
+    """Train low-rank adapters only; the reference policy is the base model with adapters off."""
+
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])

@@ -1,0 +1,432 @@
+"""RLModule: the policy, its reference and old-policy snapshot, and one RL step.
+
+    training_step(prompts):
+        rollout  = generate G completions per prompt (policy in eval mode)       ── collect_rollout
+        rewards  = Σ_k w_k · reward_k(prompt, completion)   (failed samples masked)
+        Â        = advantages(rewards)                       (objective's estimator unless overridden)
+        snapshot = old log-probs (fp32), reference log-probs, old values         ── only what is needed
+        for epoch in 1..K, minibatch in 1..M:                                     ── update
+            loss = objective(logp, old_logp, Â, mask, counts of the whole minibatch)
+            backward per micro-batch, clip, optimiser step, scheduler step
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor, nn
+
+from lit_gspo import advantages as adv
+from lit_gspo.config import Generation, LoRA, Update, WarmStart
+from lit_gspo.objectives import GSPO, Counts, Objective
+from lit_gspo.rollout import RolloutBatch, concat_rollouts, generate, token_logprobs
+
+
+def default_optimizer(params) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
+
+
+class RLModule(LightningModule):
+    """Reinforcement learning of a causal LM with a pluggable :class:`~lit_gspo.objectives.Objective`.
+
+    Args:
+        model: a built-in name (``tiny-llama``, ``tiny-qwen3-moe``, ``smollm2-135m-instruct``), a local
+            Hugging Face directory, a ``.gguf`` file, or a hub id.
+        model_config: overrides of the built-in model's config (layers, hidden size, ...).
+        objective: the policy objective; by class name in YAML/CLI (``--model.objective GSPO``).
+        rewards: reward functions ``(prompts, completions, **columns) -> list[float | None]``.
+        reward_weights: one weight per reward function (default 1 each).
+        advantage_estimator: ``group``, ``group_mean``, ``batch``, ``rloo`` or ``gae``; None = the objective's.
+        dynamic_sampling: drop groups whose rewards are all equal and refill; None = the objective's.
+        max_sampling_rounds: generation rounds allowed per step when refilling.
+        kl_to_ref: keep a frozen reference policy to log ``train/kl`` even when β = 0.
+        val_every_n_steps: greedy validation every n RL steps (also once before the first update).
+    """
+
+    def __init__(
+        self,
+        model: str = "tiny-llama",
+        model_config: dict | None = None,
+        gguf_file: str | None = None,
+        objective: Objective | None = None,
+        optimizer: OptimizerCallable = default_optimizer,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        rewards: list[Callable] | None = None,
+        reward_weights: list[float] | None = None,
+        generation: Generation | None = None,
+        update: Update | None = None,
+        advantage_estimator: str | None = None,
+        dynamic_sampling: bool | None = None,
+        max_sampling_rounds: int = 4,
+        kl_to_ref: bool = True,
+        gamma: float = 1.0,
+        lam: float = 0.95,
+        chat_template: bool | None = None,
+        system_prompt: str | None = None,
+        lora: LoRA | None = None,
+        warm_start: WarmStart | None = None,
+        val_every_n_steps: int = 10,
+        seed: int = 0,
+    ):
+        super().__init__()
+        from lit_gspo.models import load_policy
+        from lit_gspo.rewards import ExactMatch, RewardSet
+
+        self.save_hyperparameters(ignore=["objective", "optimizer", "lr_scheduler", "rewards"])
+        self.automatic_optimization = False
+        self.objective = objective if objective is not None else GSPO()
+        self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
+        self.generation = generation or Generation()
+        self.update_cfg = update or Update()
+        self.warm_start_cfg = warm_start or WarmStart()
+        self.advantage_estimator = advantage_estimator or self.objective.advantage_estimator
+        self.dynamic_sampling = self.objective.dynamic_sampling if dynamic_sampling is None else dynamic_sampling
+        self.max_sampling_rounds, self.gamma, self.lam = max_sampling_rounds, gamma, lam
+        self.chat_template, self.system_prompt = chat_template, system_prompt
+        self.val_every_n_steps, self.seed = val_every_n_steps, seed
+        if self.advantage_estimator == "gae" and not self.objective.needs_critic:
+            raise ValueError(f"advantage_estimator 'gae' needs a critic; {type(self.objective).__name__} has none "
+                             "(use PPO, or 'group', 'group_mean', 'batch', 'rloo')")
+
+        self.policy, self.tokenizer = load_policy(model, gguf_file=gguf_file, config_overrides=model_config, seed=seed)
+        self.lora = lora
+        if lora is not None:
+            from lit_gspo.models.lora import apply_lora
+            self.policy = apply_lora(self.policy, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
+                                     target_modules=tuple(lora.target_modules))
+        needs_ref = (self.objective.beta > 0 or kl_to_ref) and lora is None
+        self.ref_policy = _frozen_copy(self.policy) if needs_ref else None
+        self.use_ref = self.objective.beta > 0 or kl_to_ref
+        self.value_head = nn.Linear(self.policy.config.hidden_size, 1) if self.objective.needs_critic else None
+        self.reward_set = RewardSet(list(rewards) if rewards else [ExactMatch()], reward_weights)
+        self._refill_generator = torch.Generator().manual_seed(seed)
+
+    # ------------------------------------------------------------------ Lightning plumbing
+    def configure_optimizers(self):
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            params += list(self.value_head.parameters())
+        opt = self.optimizer_factory(params)
+        if self.scheduler_factory is None:
+            return opt
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
+
+    def on_train_start(self) -> None:
+        if self.global_step == 0:
+            if self.warm_start_cfg.steps > 0:
+                self.run_warm_start()
+            self.run_validation()
+
+    def on_train_end(self) -> None:
+        self.run_validation()
+        if self.trainer.is_global_zero:
+            self.save_hf_model(Path(self.trainer.default_root_dir) / "hf_model")
+
+    def training_step(self, rows: list[dict], batch_idx: int):
+        start = time.perf_counter()
+        rollout, stats = self.collect_rollout(rows)
+        stats["time/rollout_s"] = time.perf_counter() - start
+        if rollout is not None:
+            start = time.perf_counter()
+            stats.update(self.update(rollout))
+            stats["time/update_s"] = time.perf_counter() - start
+        self.log_dict({f"train/{k}" if not k.startswith("time/") else k: float(v) for k, v in stats.items()},
+                      on_step=True, on_epoch=False, batch_size=len(rows))
+        self.log_dict({"reward": float(stats["reward"]), "clip": float(stats.get("clip_frac", 0.0))},
+                      prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=len(rows))
+        if self.val_every_n_steps and (batch_idx + 1) % self.val_every_n_steps == 0:
+            self.run_validation()
+
+    # ------------------------------------------------------------------ rollout
+    def encode(self, rows: list[dict]) -> list[list[int]]:
+        from lit_gspo.data import encode_prompts
+
+        return encode_prompts(self.tokenizer, [r["prompt"] for r in rows], chat_template=self.chat_template,
+                              max_prompt_length=self.generation.max_prompt_length, system_prompt=self.system_prompt)
+
+    def sample(self, rows: list[dict], *, greedy: bool = False) -> tuple[RolloutBatch, list[str], dict]:
+        """Generate (G per prompt, or one greedy) and score; returns the batch, completions and reward stats."""
+        g = self.generation
+        group = 1 if greedy else g.num_generations
+        batch = generate(self.policy, self.encode(rows), num_generations=group, max_new_tokens=g.max_new_tokens,
+                         pad_id=self.tokenizer.pad_token_id, eos_id=self.tokenizer.eos_token_id,
+                         temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, do_sample=not greedy,
+                         synced_gpus=self._synced_gpus())
+        completion_ids = batch.input_ids[:, batch.prompt_length:].masked_fill(~batch.completion_mask, self.tokenizer.pad_token_id)
+        completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        prompts = [r["prompt"] for r in rows for _ in range(group)]
+        columns = {k: [r.get(k) for r in rows for _ in range(group)] for k in rows[0] if k != "prompt"}
+        columns["completion_lengths"] = batch.completion_mask.sum(1).tolist()
+        columns["max_completion_length"] = g.max_new_tokens
+        scores = self.reward_set.score(prompts, completions, columns)
+        valid = scores.valid
+        batch.rewards = _fill_failed_with_group_mean(scores.total.float(), valid, group)
+        stats = {"reward_failed": float(scores.num_failed)}
+        for name, values in scores.per_function.items():
+            ok = torch.isfinite(values)
+            stats[f"reward/{name}"] = float(values[ok].mean()) if ok.any() else float("nan")
+        # a failed sample keeps its row (groups stay intact) but carries no gradient
+        batch.completion_mask = batch.completion_mask & valid[:, None]
+        return batch, completions, stats
+
+    def collect_rollout(self, rows: list[dict]) -> tuple[RolloutBatch | None, dict]:
+        """Sample and score; with dynamic sampling, drop all-equal groups and refill (bounded rounds)."""
+        G = self.generation.num_generations
+        kept, stats, rounds, zero_std, seen = [], {}, 0, 0, 0
+        pending = rows
+        while pending and rounds < (self.max_sampling_rounds if self.dynamic_sampling else 1):
+            rounds += 1
+            batch, _, round_stats = self.sample(pending)
+            stats = stats or round_stats
+            rewards = batch.rewards.view(-1, G)
+            constant = (rewards == rewards[:, :1]).all(1)  # (groups,)
+            zero_std += int(constant.sum())
+            seen += constant.numel()
+            if self.dynamic_sampling:
+                keep_groups = (~constant).nonzero().flatten()
+                batch = batch.select((keep_groups[:, None] * G + torch.arange(G)).flatten())
+            kept.append(batch)
+            missing = len(rows) - sum(len(b) for b in kept) // G
+            pending = self._refill_rows(missing) if missing > 0 and self.dynamic_sampling else []
+        rollout = concat_rollouts([b for b in kept if len(b)], self.tokenizer.pad_token_id) if any(len(b) for b in kept) else None
+        stats.update(frac_zero_std_groups=zero_std / max(seen, 1), sampling_rounds=float(rounds))
+        all_rewards = torch.cat([b.rewards for b in kept]) if kept else torch.zeros(0)
+        if rollout is None:
+            stats.update(reward=float("nan"), response_length=float("nan"))
+            return None, stats
+        stats.update(reward=float(rollout.rewards.mean()), reward_std=float(rollout.rewards.std()) if len(rollout) > 1 else 0.0,
+                     response_length=float(rollout.completion_mask.sum(1).float().mean()),
+                     reward_all_groups=float(all_rewards.mean()))
+        rollout = rollout.trimmed()
+        self.snapshot(rollout)
+        return rollout, stats
+
+    def _refill_rows(self, count: int) -> list[dict]:
+        pool = self._train_rows()
+        idx = torch.randint(len(pool), (count,), generator=self._refill_generator)
+        return [pool[int(i)] for i in idx]
+
+    def _train_rows(self) -> list[dict]:
+        dm = self.trainer.datamodule
+        return dm.train_rows
+
+    @torch.no_grad()
+    def snapshot(self, rollout: RolloutBatch) -> None:
+        """Old-policy log-probs (off-policy only), reference log-probs, old values and advantages."""
+        need_old = not self.update_cfg.on_policy or self.value_head is not None
+        olds, refs, vals = [], [], []
+        for micro in self._micro_batches(rollout):
+            if need_old:
+                fwd = token_logprobs(self.policy, micro, temperature=self.generation.temperature, value_head=self.value_head)
+                olds.append(fwd.logprobs)
+                if fwd.values is not None:
+                    vals.append(fwd.values.float())
+            if self.use_ref:
+                refs.append(self._ref_logprobs(micro))
+        if need_old and not self.update_cfg.on_policy:
+            rollout.old_logprobs = torch.cat(olds)
+        if refs:
+            rollout.ref_logprobs = torch.cat(refs)
+        mask = rollout.completion_mask
+        if self.advantage_estimator == "gae":
+            values = torch.cat(vals)
+            token_rewards = torch.zeros_like(values)
+            last = (mask.sum(1) - 1).clamp(min=0)
+            token_rewards[torch.arange(len(rollout)), last] = rollout.rewards
+            advantages, returns = adv.gae(token_rewards, values, mask, gamma=self.gamma, lam=self.lam)
+            valid = advantages[mask]
+            if valid.numel() > 1:  # whiten over the batch, as PPO does
+                advantages = (advantages - valid.mean()) / (valid.std() + 1e-8)
+            rollout.advantages, rollout.returns, rollout.old_values = advantages * mask, returns, values
+        else:
+            rollout.advantages = adv.compute_advantages(self.advantage_estimator, rollout.rewards,
+                                                        self.generation.num_generations)
+
+    def _ref_logprobs(self, micro: RolloutBatch) -> Tensor:
+        if self.lora is not None:
+            from lit_gspo.models.lora import reference_mode
+
+            with reference_mode(self.policy):
+                return token_logprobs(self.policy, micro, temperature=self.generation.temperature).logprobs
+        return token_logprobs(self.ref_policy, micro, temperature=self.generation.temperature).logprobs
+
+    # ------------------------------------------------------------------ update
+    def update(self, rollout: RolloutBatch) -> dict[str, float]:
+        """K epochs × M minibatches of optimiser steps; normalisers are those of each whole minibatch."""
+        cfg = self.update_cfg
+        opt = self.optimizers()
+        scheduler = self.lr_schedulers()
+        n = len(rollout)
+        size = math.ceil(n / cfg.num_minibatches)
+        world = self.trainer.world_size if self._trainer is not None else 1
+        records: list[tuple[dict, float]] = []
+        grad_norms = []
+        for epoch in range(cfg.epochs):
+            order = torch.randperm(n) if cfg.num_minibatches > 1 else torch.arange(n)
+            for start in range(0, n, size):
+                minibatch = rollout.select(order[start:start + size])
+                counts = self.global_counts(minibatch.completion_mask)
+                opt.zero_grad()
+                for micro in self._micro_batches(minibatch):
+                    out, tokens = self.micro_step(micro, counts, with_entropy=epoch == 0)
+                    self.manual_backward(out.loss * world)  # DDP/FSDP average gradients over ranks
+                    records.append(({k: float(v) for k, v in out.metrics.items()} | {"loss": float(out.loss)}, tokens))
+                grad_norms.append(self.clip_and_norm())
+                opt.step()
+                if scheduler is not None:
+                    scheduler.step()
+        metrics = _weighted_means(records)
+        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        metrics["lr"] = opt.param_groups[0]["lr"] if not hasattr(opt, "optimizer") else opt.optimizer.param_groups[0]["lr"]
+        return metrics
+
+    def micro_step(self, micro: RolloutBatch, counts: Counts, with_entropy: bool):
+        micro = micro.trimmed()
+        fwd = token_logprobs(self.policy, micro, temperature=self.generation.temperature, with_entropy=with_entropy,
+                             value_head=self.value_head)
+        old = micro.old_logprobs if micro.old_logprobs is not None else fwd.logprobs.detach()
+        extra = {}
+        if self.value_head is not None:
+            extra = dict(values=fwd.values, old_values=micro.old_values, returns=micro.returns)
+        out = self.objective(fwd.logprobs, old, micro.advantages, micro.completion_mask, counts=counts,
+                             ref_logprobs=micro.ref_logprobs, **extra)
+        mask = micro.completion_mask
+        if fwd.entropy is not None and mask.any():
+            out.metrics["entropy"] = fwd.entropy[mask].mean()
+        return out, float(mask.sum())
+
+    def global_counts(self, mask: Tensor) -> Counts:
+        """Tokens and sequences of the whole minibatch, summed over ranks."""
+        local = torch.tensor([float(mask.sum()), float(mask.shape[0])], dtype=torch.float64, device=mask.device)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(local)
+        return Counts(tokens=float(local[0]), seqs=float(local[1]), max_len=float(self.generation.max_new_tokens))
+
+    def clip_and_norm(self) -> float:
+        params = [p for p in self.parameters() if p.grad is not None]
+        max_norm = self.update_cfg.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def _micro_batches(self, batch: RolloutBatch):
+        size = self.update_cfg.micro_batch_size or len(batch)
+        for start in range(0, len(batch), size):
+            yield batch.select(torch.arange(start, min(start + size, len(batch))))
+
+    # ------------------------------------------------------------------ validation, warm start, saving
+    @torch.no_grad()
+    def run_validation(self) -> dict[str, float]:
+        """Mean reward of greedy completions on the held-out prompts, logged as ``val/reward``."""
+        dm = self.trainer.datamodule if self._trainer is not None else None
+        if dm is None or not hasattr(dm, "val_dataloader"):
+            return {}
+        total, count, lengths = 0.0, 0, 0.0
+        for rows in dm.val_dataloader():
+            rows = rows[self.global_rank::self.trainer.world_size]
+            if not rows:
+                continue
+            batch, _, _ = self.sample(rows, greedy=True)
+            total += float(batch.rewards.sum())
+            lengths += float(batch.completion_mask.sum())
+            count += len(rows)
+        sums = torch.tensor([total, float(count), lengths], dtype=torch.float64)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(sums)
+        metrics = {"val/reward": float(sums[0] / sums[1].clamp(min=1)),
+                   "val/response_length": float(sums[2] / sums[1].clamp(min=1))}
+        step = self.trainer.fit_loop.epoch_loop._batches_that_stepped
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=step)
+        rank_zero_info(f"step {step}: val/reward = {metrics['val/reward']:.4f}")
+        return metrics
+
+    def run_warm_start(self) -> None:
+        """Supervised steps on (prompt, answer) pairs so RL starts from a policy that knows the format."""
+        cfg = self.warm_start_cfg
+        rows = [r for r in self._train_rows() if r.get("answer") is not None]
+        if not rows:
+            raise ValueError("warm_start needs training rows with an 'answer' column; the training data has none")
+        opt = torch.optim.AdamW([p for p in self.policy.parameters() if p.requires_grad], lr=cfg.lr)
+        generator = torch.Generator().manual_seed(self.seed)
+        eos = self.tokenizer.eos_token_id
+        self.policy.train()
+        for step in range(cfg.steps):
+            pick = torch.randint(len(rows), (cfg.batch_size,), generator=generator)
+            chosen = [rows[int(i)] for i in pick]
+            prompts = self.encode(chosen)
+            answers = [self.tokenizer(str(r["answer"]), add_special_tokens=False)["input_ids"] + [eos] for r in chosen]
+            batch = _teacher_forcing_batch(prompts, answers, self.tokenizer.pad_token_id)
+            logp = token_logprobs(self.policy, batch).logprobs
+            loss = -(logp * batch.completion_mask).sum() / batch.completion_mask.sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        rank_zero_info(f"warm start: {cfg.steps} supervised steps, last loss {float(loss):.4f}")
+        if self.ref_policy is not None:  # the reference is the policy RL starts from
+            self.ref_policy.load_state_dict(self.policy.state_dict())
+
+    def save_hf_model(self, path: Path) -> None:
+        model = self.policy
+        if self.lora is not None:
+            from lit_gspo.models.lora import merged_for_saving
+            model = merged_for_saving(self.policy)
+        model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        rank_zero_info(f"saved the policy in Hugging Face format to {path}")
+
+    def _synced_gpus(self) -> bool:
+        return self._trainer is not None and self.trainer.world_size > 1 and "ModelParallel" in type(self.trainer.strategy).__name__
+
+
+def _fill_failed_with_group_mean(rewards: Tensor, valid: Tensor, group: int) -> Tensor:
+    """A failed sample takes its group's mean valid reward, so it shifts neither mean nor advantages."""
+    r, ok = rewards.view(-1, group), valid.view(-1, group)
+    mean = (r * ok).sum(1, keepdim=True) / ok.sum(1, keepdim=True).clamp(min=1)
+    return torch.where(ok, r, mean).flatten()
+
+
+def _frozen_copy(model: nn.Module) -> nn.Module:
+    ref = copy.deepcopy(model).eval()
+    ref.requires_grad_(False)
+    return ref
+
+
+def _teacher_forcing_batch(prompts: list[list[int]], answers: list[list[int]], pad_id: int) -> RolloutBatch:
+    from lit_gspo.rollout import left_pad
+
+    ids, attn = left_pad(prompts, pad_id)
+    width = max(len(a) for a in answers)
+    completion = torch.full((len(answers), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(answers), width), dtype=torch.bool)
+    for row, answer in enumerate(answers):
+        completion[row, :len(answer)] = torch.tensor(answer)
+        mask[row, :len(answer)] = True
+    return RolloutBatch(input_ids=torch.cat([ids, completion], 1), attention_mask=torch.cat([attn, mask.long()], 1),
+                        prompt_length=ids.shape[1], completion_mask=mask)
+
+
+def _weighted_means(records: list[tuple[dict, float]]) -> dict[str, float]:
+    """Token-weighted means of micro-batch metrics; min/max keys take the min/max."""
+    out: dict[str, float] = {}
+    keys = {k for metrics, _ in records for k in metrics}
+    for key in keys:
+        pairs = [(m[key], w) for m, w in records if key in m and math.isfinite(m[key])]
+        if not pairs:
+            continue
+        if key.endswith("_min"):
+            out[key] = min(v for v, _ in pairs)
+        elif key.endswith("_max"):
+            out[key] = max(v for v, _ in pairs)
+        else:
+            weight = sum(w for _, w in pairs)
+            out[key] = sum(v * w for v, w in pairs) / weight if weight else sum(v for v, _ in pairs) / len(pairs)
+    return out

@@ -1,0 +1,200 @@
+"""Rollouts: sampling G completions per prompt, and per-token log-probs in fp32 without (B, T, V).
+
+Layout of a rollout: every row is one prompt, left-padded to P tokens, followed by its completion,
+right-padded to T tokens; ``completion_mask`` (N, T) is 1 up to and including the first EOS.
+Rows are group-major: prompt 0's G completions, then prompt 1's, and so on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass
+class RolloutBatch:
+    """One rollout batch: tokens, masks, the old-policy snapshot and what the update needs."""
+
+    input_ids: Tensor  # (N, P + T)
+    attention_mask: Tensor  # (N, P + T)
+    prompt_length: int  # P
+    completion_mask: Tensor  # (N, T) bool
+    rewards: Tensor | None = None  # (N,) fp32
+    advantages: Tensor | None = None  # (N,) or (N, T) fp32
+    old_logprobs: Tensor | None = None  # (N, T) fp32; None = on-policy (reuse the update's detached log-probs)
+    ref_logprobs: Tensor | None = None  # (N, T) fp32
+    old_values: Tensor | None = None  # (N, T) fp32, PPO critic
+    returns: Tensor | None = None  # (N, T) fp32, PPO critic
+    routing: Any = None  # recorded MoE expert choices, for Routing Replay
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, index: Tensor) -> "RolloutBatch":
+        """Rows ``index`` of every per-row tensor (routing is per forward pass and is re-sliced by its owner)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value[index] if isinstance(value, Tensor) and value.dim() > 0 else value
+        return replace(self, **out)
+
+    def trimmed(self) -> "RolloutBatch":
+        """Drop prompt columns that are padding in every row and completion columns no row uses."""
+        P = self.prompt_length
+        first_real = int((self.attention_mask[:, :P].sum(0) > 0).long().argmax()) if P else 0
+        used = int(self.completion_mask.any(0).nonzero().max()) + 1 if self.completion_mask.any() else 0
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("input_ids", "attention_mask"):
+                value = value[:, first_real:P + used]
+            elif isinstance(value, Tensor) and value.dim() == 2:  # (N, T) completion-aligned
+                value = value[:, :used]
+            out[f.name] = value
+        return replace(self, **out, prompt_length=P - first_real)
+
+
+def concat_rollouts(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """Stack rollouts of different prompt/completion widths (prompts stay left-, completions right-padded)."""
+    P = max(b.prompt_length for b in batches)
+    T = max(b.completion_mask.shape[1] for b in batches)
+
+    def pad(x: Tensor, left: int, right: int, value) -> Tensor:
+        return F.pad(x, (left, right), value=value)
+
+    out: dict[str, Any] = {"prompt_length": P, "routing": None}
+    for f in fields(RolloutBatch):
+        if f.name in out:
+            continue
+        parts = []
+        for b in batches:
+            value = getattr(b, f.name)
+            if value is None:
+                parts = None
+                break
+            t = b.completion_mask.shape[1]
+            if f.name in ("input_ids", "attention_mask"):
+                fill = pad_id if f.name == "input_ids" else 0
+                value = torch.cat([pad(value[:, :b.prompt_length], P - b.prompt_length, 0, fill),
+                                   pad(value[:, b.prompt_length:], 0, T - t, fill)], 1)
+            elif value.dim() == 2:
+                value = pad(value, 0, T - t, False if value.dtype == torch.bool else 0)
+            parts.append(value)
+        out[f.name] = torch.cat(parts, 0) if parts else None
+    return RolloutBatch(**out)
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Stack token lists left-padded: (ids, attention_mask), both (N, max_len)."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if seq:
+            ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
+            attn[row, width - len(seq):] = 1
+    return ids, attn
+
+
+def completion_mask_through_eos(completions: Tensor, eos_id: int | list[int]) -> Tensor:
+    """(N, T) bool: True up to and including the first EOS of each row (all True if none)."""
+    eos_ids = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], device=completions.device)
+    is_eos = torch.isin(completions, eos_ids).long()
+    after_eos = (is_eos.cumsum(1) - is_eos) > 0
+    return ~after_eos
+
+
+@torch.no_grad()
+def generate(model: nn.Module, prompt_ids: list[list[int]], *, num_generations: int, max_new_tokens: int,
+             pad_id: int, eos_id: int | list[int], temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+             do_sample: bool = True, synced_gpus: bool = False) -> RolloutBatch:
+    """Sample ``num_generations`` completions per prompt (group-major), the model in eval mode."""
+    ids, attn = left_pad(prompt_ids, pad_id)
+    device = next(model.parameters()).device
+    ids = ids.repeat_interleave(num_generations, 0).to(device)
+    attn = attn.repeat_interleave(num_generations, 0).to(device)
+    was_training = model.training
+    model.eval()  # gradient checkpointing disables the KV cache in train mode
+    try:
+        sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k) if do_sample else {}
+        out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                             pad_token_id=pad_id, eos_token_id=eos_id, synced_gpus=synced_gpus, **sampling)
+    finally:
+        model.train(was_training)
+    prompt_length = ids.shape[1]
+    completions = out[:, prompt_length:]
+    mask = completion_mask_through_eos(completions, eos_id)
+    completions = completions.masked_fill(~mask, pad_id)
+    used = int(mask.sum(1).max()) if mask.numel() else 0  # trim columns no row uses
+    completions, mask = completions[:, :used], mask[:, :used]
+    input_ids = torch.cat([ids, completions], 1)
+    attention_mask = torch.cat([attn, mask.long()], 1)
+    return RolloutBatch(input_ids=input_ids, attention_mask=attention_mask, prompt_length=prompt_length,
+                        completion_mask=mask)
+
+
+@dataclass
+class TokenForward:
+    """Per completion token: log π(y_t) (fp32, with grad), entropy (detached) and critic values."""
+
+    logprobs: Tensor  # (N, T)
+    entropy: Tensor | None = None  # (N, T)
+    values: Tensor | None = None  # (N, T)
+
+
+def position_ids_of(attention_mask: Tensor) -> Tensor:
+    """Positions counted over real tokens, so left padding gives the same positions as generate()."""
+    return (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+
+
+def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float = 1.0, with_entropy: bool = False,
+                   value_head: nn.Module | None = None, max_chunk_elements: int = 2**26) -> TokenForward:
+    """log π(y_t | y_<t) of every completion token, gathering chunk by chunk in fp32.
+
+    The backbone runs once; the LM head and log-softmax run over chunks of positions so that at
+    most ``max_chunk_elements`` logits exist at a time, and (with grad) each chunk is recomputed in
+    backward instead of keeping its (B, c, V) logits alive.
+    """
+    P, T = batch.prompt_length, batch.completion_mask.shape[1]
+    hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                 position_ids=position_ids_of(batch.attention_mask)).last_hidden_state
+    hidden = hidden[:, P - 1:P - 1 + T]  # the state that predicts completion token t
+    targets = batch.input_ids[:, P:P + T]
+    head = model.get_output_embeddings()
+    chunk = max(1, max_chunk_elements // max(1, hidden.shape[0] * head.weight.shape[0]))
+    logps, ents = [], []
+    for start in range(0, T, chunk):
+        h, y = hidden[:, start:start + chunk], targets[:, start:start + chunk]
+        if torch.is_grad_enabled() and chunk < T:
+            logp = checkpoint(_chunk_logprobs, h, y, head.weight, head.bias, temperature, use_reentrant=False)
+        else:
+            logp = _chunk_logprobs(h, y, head.weight, head.bias, temperature)
+        logps.append(logp)
+        if with_entropy:
+            with torch.no_grad():
+                ents.append(_chunk_entropy(h, head.weight, head.bias, temperature))
+    values = value_head(hidden.float()).squeeze(-1) if value_head is not None else None
+    empty = hidden.new_zeros(hidden.shape[0], 0, dtype=torch.float32)
+    return TokenForward(logprobs=torch.cat(logps, 1) if logps else empty,
+                        entropy=(torch.cat(ents, 1) if ents else empty) if with_entropy else None,
+                        values=values)
+
+
+def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    with torch.autocast(hidden.device.type, enabled=False):  # the LM head in fp32, always
+        return F.linear(hidden.float(), weight.float(), None if bias is None else bias.float()) / temperature
+
+
+def _chunk_logprobs(hidden: Tensor, targets: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    logits = _logits(hidden, weight, bias, temperature)  # (B, c, V) fp32
+    return logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)
+
+
+def _chunk_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    logp = _logits(hidden, weight, bias, temperature).log_softmax(-1)
+    return -(logp.exp() * logp).sum(-1)
