@@ -56,7 +56,8 @@ class RolloutBatch:
             elif isinstance(value, Tensor) and value.dim() == 2:  # (N, T) completion-aligned
                 value = value[:, :used]
             out[f.name] = value
-        return replace(self, **out, prompt_length=P - first_real)
+        out["prompt_length"] = P - first_real
+        return replace(self, **out)
 
 
 def concat_rollouts(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:

@@ -1,0 +1,116 @@
+"""Rollout mechanics: EOS masks, padding, chunked fp32 log-probs, and agreement with generate()."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from lit_gspo.rollout import (
+    RolloutBatch,
+    completion_mask_through_eos,
+    concat_rollouts,
+    generate,
+    left_pad,
+    token_logprobs,
+)
+
+PAD, EOS = 0, 1
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=23, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+                         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=2)
+    return LlamaForCausalLM(config).eval()
+
+
+def batch_of(prompts, completions):
+    ids, attn = left_pad(prompts, PAD)
+    width = max(len(c) for c in completions)
+    comp = torch.full((len(completions), width), PAD)
+    mask = torch.zeros((len(completions), width), dtype=torch.bool)
+    for i, c in enumerate(completions):
+        comp[i, :len(c)] = torch.tensor(c)
+        mask[i, :len(c)] = True
+    return RolloutBatch(torch.cat([ids, comp], 1), torch.cat([attn, mask.long()], 1), ids.shape[1], mask)
+
+
+def naive_logprobs(model, prompt, completion):
+    """Log-probs of one unpadded sequence through the full (T, V) log-softmax."""
+    ids = torch.tensor([prompt + completion])
+    logits = model(ids).logits[0].float().log_softmax(-1)
+    return torch.stack([logits[len(prompt) - 1 + t, tok] for t, tok in enumerate(completion)])
+
+
+def test_completion_mask_keeps_tokens_through_first_eos():
+    tokens = torch.tensor([[5, 6, EOS, 7, EOS], [5, 6, 7, 8, 9], [EOS, 3, 3, 3, 3]])
+    expected = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    assert torch.equal(completion_mask_through_eos(tokens, EOS), expected)
+
+
+def test_logprobs_match_naive_per_sequence_despite_left_padding(model):
+    prompts, completions = [[2, 5, 6, 7, 8], [2, 9]], [[10, 11, 12], [13, EOS]]
+    lp = token_logprobs(model, batch_of(prompts, completions)).logprobs
+    for row, (p, c) in enumerate(zip(prompts, completions)):
+        torch.testing.assert_close(lp[row, :len(c)], naive_logprobs(model, p, c), atol=1e-5, rtol=1e-5)
+    assert lp.dtype == torch.float32
+
+
+def test_chunked_logprobs_and_gradients_equal_unchunked(model):
+    batch = batch_of([[2, 5, 6], [2, 7]], [[10, 11, 12, 13], [14, 15, EOS]])
+    model.zero_grad()
+    full = token_logprobs(model, batch, with_entropy=True)
+    (full.logprobs * batch.completion_mask).sum().backward()
+    grad_full = model.model.embed_tokens.weight.grad.clone()
+    model.zero_grad()
+    # 2 rows × 23 vocab × 1 position per chunk: four chunks, each recomputed in backward
+    chunked = token_logprobs(model, batch, with_entropy=True, max_chunk_elements=2 * 23)
+    (chunked.logprobs * batch.completion_mask).sum().backward()
+    torch.testing.assert_close(chunked.logprobs, full.logprobs)
+    torch.testing.assert_close(chunked.entropy, full.entropy)
+    torch.testing.assert_close(model.model.embed_tokens.weight.grad, grad_full)
+    model.zero_grad()
+    assert (full.entropy >= 0).all() and (full.entropy <= torch.log(torch.tensor(23.0)) + 1e-5).all()
+
+
+def test_greedy_generation_picks_the_argmax_of_our_logprobs(model):
+    """generate() and token_logprobs() must see the same positions, also for left-padded prompts."""
+    rollout = generate(model, [[2, 5, 6, 7, 8, 9], [2, 4]], num_generations=1, max_new_tokens=6, pad_id=PAD,
+                       eos_id=EOS, do_sample=False)
+    lp = token_logprobs(model, rollout).logprobs
+    assert rollout.completion_mask[:, 0].all()
+    # greedy tokens have the maximal log-prob at every valid step: logp(y_t) == max_v logp(v)
+    P = rollout.prompt_length
+    ids, attn = rollout.input_ids, rollout.attention_mask
+    from lit_gspo.rollout import position_ids_of
+
+    logits = model(ids, attention_mask=attn, position_ids=position_ids_of(attn)).logits.float().log_softmax(-1)
+    best = logits[:, P - 1:-1].max(-1).values
+    mask = rollout.completion_mask
+    torch.testing.assert_close(lp[mask], best[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_generation_is_group_major_and_masks_after_eos(model):
+    torch.manual_seed(1)
+    rollout = generate(model, [[2, 5], [2, 6, 7]], num_generations=3, max_new_tokens=5, pad_id=PAD, eos_id=EOS)
+    assert len(rollout) == 6
+    prompts = rollout.input_ids[:, :rollout.prompt_length]
+    assert torch.equal(prompts[0], prompts[2]) and torch.equal(prompts[3], prompts[5])
+    completions = rollout.input_ids[:, rollout.prompt_length:]
+    assert (completions[~rollout.completion_mask] == PAD).all()
+
+
+def test_concat_and_trim_keep_every_rows_logprobs(model):
+    a = batch_of([[2, 5, 6, 7]], [[10, 11]])
+    b = batch_of([[2, 9]], [[12, 13, 14, EOS]])
+    both = concat_rollouts([a, b], PAD)
+    assert both.prompt_length == 4 and both.completion_mask.shape == (2, 4)
+    lp = token_logprobs(model, both).logprobs
+    torch.testing.assert_close(lp[0, :2], token_logprobs(model, a).logprobs[0])
+    torch.testing.assert_close(lp[1], token_logprobs(model, b).logprobs[0])
+    trimmed = both.select(torch.tensor([0])).trimmed()
+    assert trimmed.prompt_length == 4 and trimmed.completion_mask.shape == (1, 2)
+    trimmed_b = both.select(torch.tensor([1])).trimmed()
+    assert trimmed_b.prompt_length == 2
+    torch.testing.assert_close(token_logprobs(model, trimmed_b).logprobs[0], lp[1])
