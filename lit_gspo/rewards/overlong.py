@@ -1,0 +1,51 @@
+"""DAPO's soft overlong punishment, from completion lengths in tokens."""
+
+from __future__ import annotations
+
+
+def overlong_penalty(length: int, max_len: int, cache_len: int) -> float:
+    """DAPO soft overlong punishment for one completion of ``length`` tokens.
+
+    ``0`` while ``length <= max_len - cache_len``; then ``((max_len - cache_len) - length) / cache_len``,
+    falling linearly to ``-1`` at ``length == max_len``; ``-1`` beyond.
+    """
+    start = max_len - cache_len
+    if length <= start:
+        return 0.0
+    if length <= max_len:
+        return (start - length) / cache_len
+    return -1.0
+
+
+class OverlongPenalty:
+    """DAPO soft overlong punishment (``overlong_penalty``) as a reward function.
+
+    Reads the trainer-provided ``completion_lengths`` column (tokens). ``max_len`` None uses the
+    trainer's ``max_completion_length`` column (the generation budget), as in DAPO where L_max is
+    the maximum response length.
+
+    Args:
+        max_len: L_max in tokens, or None for ``max_completion_length``.
+        cache_len: L_cache in tokens, the width of the linear ramp; 0 < cache_len <= L_max.
+        weight: the weight ``RewardSet`` gives this function.
+    """
+
+    def __init__(self, max_len: int | None, cache_len: int, weight: float = 1.0) -> None:
+        if cache_len <= 0:
+            raise ValueError(f"OverlongPenalty cache_len must be > 0 tokens, got {cache_len}")
+        if max_len is not None and cache_len > max_len:
+            raise ValueError(f"OverlongPenalty cache_len ({cache_len}) must be <= max_len ({max_len})")
+        self.max_len = max_len
+        self.cache_len = cache_len
+        self.weight = weight
+
+    def __call__(self, prompts: list[str], completions: list[str], completion_lengths: list[int] | None = None,
+                 max_completion_length: int | None = None, **columns) -> list[float]:
+        if completion_lengths is None:
+            raise KeyError("OverlongPenalty needs the 'completion_lengths' column (tokens per completion)")
+        max_len = self.max_len if self.max_len is not None else max_completion_length
+        if max_len is None:
+            raise KeyError("OverlongPenalty has max_len=None and no 'max_completion_length' column to fall back on")
+        if self.cache_len > max_len:
+            raise ValueError(f"OverlongPenalty cache_len ({self.cache_len}) must be <= max_len ({max_len})")
+        return [overlong_penalty(int(n), max_len, self.cache_len) for n in completion_lengths]

@@ -1,0 +1,146 @@
+"""Combine reward functions into one weighted reward, masking samples a function failed on."""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+class RewardWarning(UserWarning):
+    """A reward function failed; the samples it affects are masked (each kind logged once per function)."""
+
+
+@dataclass
+class RewardScores:
+    """The scores of N completions.
+
+    Attributes:
+        total: (N,) fp32, the weighted sum of all functions; 0 where ``valid`` is False.
+        per_function: name → (N,) fp32 unweighted scores, NaN where that function failed.
+        valid: (N,) bool, True where every function returned a finite number.
+        num_failed: the number of invalid samples (``(~valid).sum()``).
+    """
+
+    total: Tensor
+    per_function: dict[str, Tensor]
+    valid: Tensor
+    num_failed: int
+
+    def means(self) -> dict[str, float]:
+        """Mean of each function over the samples it scored (NaN if none), for logging."""
+        out = {}
+        for name, values in self.per_function.items():
+            ok = torch.isfinite(values)
+            out[name] = float(values[ok].mean()) if ok.any() else float("nan")
+        return out
+
+
+def function_name(fn: Callable) -> str:
+    """The function's ``name`` attribute, else its ``__name__`` or class name in snake_case."""
+    name = getattr(fn, "name", None)
+    if not isinstance(name, str) or not name:
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+    name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+    return re.sub(r"[^0-9a-z_]+", "_", name).strip("_") or "reward"
+
+
+class RewardSet:
+    """Weighted sum of reward functions that never lets one bad function or sample crash a run.
+
+    A reward function is any callable ``(prompts, completions, **columns) -> list[float | None]``.
+    ``columns`` carries the dataset columns per sample (e.g. ``answer=[...]``) and trainer-provided
+    ones (``completion_lengths=[...]`` in tokens, ``max_completion_length=int``); functions should
+    accept ``**columns`` and ignore what they do not use.
+
+    Failures are masked, counted and warned about (``RewardWarning``, once per function and kind):
+    a function that raises marks the whole batch invalid; a returned ``None``, NaN, ±inf or non-number
+    marks that sample invalid; a result of the wrong length marks the whole batch invalid.
+
+    Args:
+        functions: the reward functions.
+        weights: one weight per function; None uses each function's ``weight`` attribute (default 1.0).
+    """
+
+    def __init__(self, functions: list[Callable], weights: list[float] | None = None) -> None:
+        functions = list(functions)
+        if not functions:
+            raise ValueError("RewardSet needs at least one reward function, got an empty list")
+        for fn in functions:
+            if not callable(fn):
+                raise TypeError(f"reward function {fn!r} is not callable; expected (prompts, completions, **columns) -> list[float]")
+        if weights is None:
+            weights = [float(getattr(fn, "weight", 1.0)) for fn in functions]
+        elif len(weights) != len(functions):
+            raise ValueError(f"RewardSet got {len(weights)} weights for {len(functions)} functions; give one per function or None")
+        self.functions = functions
+        self.weights = [float(w) for w in weights]
+        self.names = self._unique_names(functions)
+        self._warned: set[tuple[str, str]] = set()
+
+    @staticmethod
+    def _unique_names(functions: list[Callable]) -> list[str]:
+        names, seen = [], {}
+        for fn in functions:
+            base = function_name(fn)
+            seen[base] = seen.get(base, 0) + 1
+            names.append(base if seen[base] == 1 else f"{base}_{seen[base]}")
+        return names
+
+    def _warn(self, name: str, kind: str, message: str) -> None:
+        if (name, kind) not in self._warned:
+            self._warned.add((name, kind))
+            warnings.warn(message + " (the affected samples are masked; further warnings of this kind are silenced)",
+                          RewardWarning, stacklevel=3)
+
+    def _run(self, name: str, fn: Callable, prompts: list[str], completions: list[str], columns: dict) -> Tensor:
+        """Call one function; returns (N,) fp32 with NaN wherever it failed."""
+        n = len(completions)
+        nan = torch.full((n,), float("nan"))
+        try:
+            result = fn(prompts, completions, **columns)
+        except Exception as err:  # noqa: BLE001 — a reward bug must not kill the run
+            self._warn(name, "raised", f"reward function {name!r} raised {type(err).__name__}: {err}")
+            return nan
+        if isinstance(result, Tensor):
+            result = result.tolist()
+        try:
+            result = list(result)
+        except TypeError:
+            self._warn(name, "type", f"reward function {name!r} returned {type(result).__name__}, expected a list of {n} floats")
+            return nan
+        if len(result) != n:
+            self._warn(name, "length", f"reward function {name!r} returned {len(result)} scores for {n} completions")
+            return nan
+        values = []
+        for v in result:
+            try:
+                values.append(float("nan") if v is None else float(v))
+            except (TypeError, ValueError):
+                values.append(float("nan"))
+        bad = sum(not math.isfinite(v) for v in values)
+        if bad:
+            self._warn(name, "invalid", f"reward function {name!r} returned None/NaN/inf or a non-number for {bad} of {n} samples")
+        out = torch.tensor(values, dtype=torch.float32)
+        return out.masked_fill(~torch.isfinite(out), float("nan"))
+
+    def score(self, prompts: list[str], completions: list[str], columns: dict | None = None) -> RewardScores:
+        """Score N completions: ``columns`` maps column name → list of N values (or a scalar)."""
+        if len(prompts) != len(completions):
+            raise ValueError(f"RewardSet.score got {len(prompts)} prompts for {len(completions)} completions")
+        columns = dict(columns or {})
+        n = len(completions)
+        per_function = {name: self._run(name, fn, prompts, completions, columns)
+                        for name, fn in zip(self.names, self.functions)}
+        valid = torch.ones(n, dtype=torch.bool)
+        total = torch.zeros(n, dtype=torch.float32)
+        for weight, values in zip(self.weights, per_function.values()):
+            valid &= torch.isfinite(values)
+            total += weight * torch.nan_to_num(values, nan=0.0)
+        total = total.masked_fill(~valid, 0.0)
+        return RewardScores(total=total, per_function=per_function, valid=valid, num_failed=int((~valid).sum()))

@@ -1,0 +1,141 @@
+import math
+import warnings
+
+import pytest
+import torch
+
+from lit_gspo.rewards import (
+    AnswerMatch,
+    CharAccuracy,
+    ExactMatch,
+    FormatReward,
+    OverlongPenalty,
+    RewardSet,
+    RewardWarning,
+    last_number,
+    overlong_penalty,
+)
+
+
+def call(fn, completions, answers=None, **columns):
+    if answers is not None:
+        columns["answer"] = answers
+    return fn([""] * len(completions), completions, **columns)
+
+
+def test_math_verify_accepts_equivalent_forms():
+    completions = ["\\boxed{7}", "7.0", "The answer is 7.", "$7$", "8", "", "seven", "12 or 7 or 13"]
+    assert call(AnswerMatch(), completions, ["7"] * len(completions)) == [1, 1, 1, 1, 0, 0, 0, 0]
+    assert call(AnswerMatch(), ["0.5", "-3"], ["1/2", "-3"]) == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("completion, expected", [
+    ("12 or 13", 0.0), ("13 or 12", 1.0), ("12 or 13.0", 0.0), ("the answer is 12.", 1.0),
+    ("12.0", 1.0), ("+12", 1.0), ("-12", 0.0), ("x12", 1.0), ("no idea", 0.0), ("", 0.0), ("1,212", 0.0), ("\\boxed{12}", 1.0),
+])
+def test_last_number_is_strict(completion, expected):
+    assert call(AnswerMatch(mode="last_number"), [completion], ["12"]) == [expected]
+
+
+def test_last_number_rule():
+    assert last_number("12 or 13") == "13"
+    assert last_number("3-5") == "5" and last_number("it is -5") == "-5"
+    assert last_number("7.") == "7" and last_number("0.25 kg") == "0.25" and last_number("none") is None
+    assert call(AnswerMatch(mode="last_number"), ["-4", "3-4"], ["-4", "-4"]) == [1.0, 0.0]
+
+
+def test_last_number_rejects_non_numeric_answer():
+    with pytest.raises(ValueError, match="numeric answers.*'abc'"):
+        call(AnswerMatch(mode="last_number"), ["1"], ["abc"])
+    with pytest.raises(ValueError, match="mode must be"):
+        AnswerMatch(mode="regex")
+
+
+def test_missing_answer_column_names_it():
+    with pytest.raises(KeyError, match="answer"):
+        ExactMatch()([""], ["1"])
+
+
+def test_exact_match():
+    assert call(ExactMatch(), [" 19\n", "19 ", "191"], ["19"] * 3) == [1.0, 1.0, 0.0]
+    assert call(ExactMatch(strip=False), [" 19", "19"], ["19", "19"]) == [0.0, 1.0]
+
+
+def test_char_accuracy_partial_credit_and_overlong():
+    scores = call(CharAccuracy(), ["123", "124", "1234", "12", "", "321", "x23"], ["123"] * 7)
+    assert scores == pytest.approx([1.0, 2 / 3, 3 / 4, 2 / 3, 0.0, 1 / 3, 2 / 3])
+    assert call(CharAccuracy(), [""], [""]) == [1.0]
+
+
+def test_format_reward_fullmatch():
+    fn = FormatReward(r"<answer>\d+</answer>")
+    assert call(fn, ["<answer>12</answer>", " <answer>12</answer>\n", "so <answer>12</answer>", "<answer>x</answer>"]) == [1, 1, 0, 0]
+    assert call(FormatReward(r".*<answer>.*</answer>.*"), ["so\n<answer>a\nb</answer> done"]) == [1.0]
+    with pytest.raises(ValueError, match="not a valid regular expression"):
+        FormatReward("(")
+
+
+def test_overlong_penalty_boundaries():
+    # L_max = 100, L_cache = 20: 0 up to 80, linear to -1 at 100, -1 beyond.
+    lengths = [0, 79, 80, 81, 90, 99, 100, 101, 1000]
+    expected = [0, 0, 0, -0.05, -0.5, -0.95, -1, -1, -1]
+    assert [overlong_penalty(n, 100, 20) for n in lengths] == pytest.approx(expected)
+    assert call(OverlongPenalty(100, 20), ["x"] * 9, completion_lengths=lengths) == pytest.approx(expected)
+    # max_len None falls back to the trainer's max_completion_length
+    assert call(OverlongPenalty(None, 20), ["x", "x"], completion_lengths=[90, 100], max_completion_length=100) == pytest.approx([-0.5, -1])
+    with pytest.raises(ValueError, match="cache_len"):
+        OverlongPenalty(10, 20)
+    with pytest.raises(KeyError, match="completion_lengths"):
+        call(OverlongPenalty(10, 2), ["x"])
+
+
+def test_reward_set_weights_and_names():
+    def always_one(prompts, completions, **kw):
+        return [1.0] * len(completions)
+
+    rs = RewardSet([ExactMatch(weight=2.0), CharAccuracy(weight=0.5), always_one, ExactMatch()])
+    assert rs.names == ["exact_match", "char_accuracy", "always_one", "exact_match_2"]
+    scores = rs.score(["p", "p"], ["12", "13"], {"answer": ["12", "12"], "completion_lengths": [2, 2]})
+    assert scores.total.dtype == torch.float32 and scores.valid.all() and scores.num_failed == 0
+    assert scores.total.tolist() == pytest.approx([2 + 0.5 + 1 + 1, 0 + 0.25 + 1 + 0])
+    assert scores.per_function["char_accuracy"].tolist() == pytest.approx([1.0, 0.5])
+    # explicit weights override the functions' own
+    rs = RewardSet([ExactMatch(weight=2.0), always_one], weights=[1.0, -1.0])
+    assert rs.score(["p"], ["12"], {"answer": ["12"]}).total.tolist() == [0.0]
+    with pytest.raises(ValueError, match="2 weights for 1 functions"):
+        RewardSet([always_one], weights=[1.0, 2.0])
+
+
+def test_reward_set_masks_failures_and_never_crashes():
+    def raises(prompts, completions, **kw):
+        raise RuntimeError("boom")
+
+    def holes(prompts, completions, **kw):
+        return [1.0, None, float("nan"), float("inf"), "oops"]
+
+    def short(prompts, completions, **kw):
+        return [1.0]
+
+    prompts, completions = ["p"] * 5, ["a"] * 5
+    with pytest.warns(RewardWarning, match="'raises' raised RuntimeError: boom"):
+        s = RewardSet([ExactMatch(), raises]).score(prompts, completions, {"answer": ["a"] * 5})
+    assert s.num_failed == 5 and not s.valid.any() and (s.total == 0).all()
+    assert torch.isnan(s.per_function["raises"]).all() and s.per_function["exact_match"].tolist() == [1.0] * 5
+
+    with pytest.warns(RewardWarning, match="for 4 of 5 samples"):
+        s = RewardSet([holes]).score(prompts, completions, {})
+    assert s.valid.tolist() == [True, False, False, False, False] and s.num_failed == 4
+    assert s.total.tolist() == [1.0, 0, 0, 0, 0]
+
+    rs = RewardSet([short])
+    with pytest.warns(RewardWarning, match="'short' returned 1 scores for 5 completions"):
+        s = rs.score(prompts, completions, {})
+    assert s.num_failed == 5
+    with warnings.catch_warnings():  # logged once per function and kind
+        warnings.simplefilter("error")
+        assert rs.score(prompts, completions, {}).num_failed == 5
+
+    # a built-in missing its column fails softly too
+    with pytest.warns(RewardWarning, match="needs an 'answer' column"):
+        s = RewardSet([ExactMatch()]).score(["p"], ["a"], {})
+    assert s.num_failed == 1 and math.isnan(s.means()["exact_match"])
