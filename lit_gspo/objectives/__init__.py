@@ -10,16 +10,29 @@ from lit_gspo.objectives.base import (
     OBJECTIVES,
     Counts,
     LossOutput,
+    MAX_LOG_RATIO,
     Objective,
     aggregate,
+    clipped_surrogate,
     get_objective,
     kl_penalty,
+    log_ratio,
     masked_mean,
     masked_sum,
+    sequence_ratio_metrics,
+    token_ratio_metrics,
 )
 from lit_gspo.objectives.gspo import GSPO, GSPOToken
+from lit_gspo.objectives.ppo import PPO
+from lit_gspo.objectives.grpo import GRPO
+from lit_gspo.objectives.dapo import DAPO
+from lit_gspo.objectives.dr_grpo import DrGRPO
+from lit_gspo.objectives.cispo import CISPO
+from lit_gspo.objectives.gmpo import GMPO
 
 __all__ = [
     "AGGREGATIONS", "KL_ESTIMATORS", "OBJECTIVES", "Counts", "LossOutput", "Objective", "aggregate",
-    "get_objective", "kl_penalty", "masked_mean", "masked_sum", "GSPO", "GSPOToken",
+    "get_objective", "kl_penalty", "masked_mean", "masked_sum", "MAX_LOG_RATIO", "clipped_surrogate", "log_ratio",
+    "sequence_ratio_metrics", "token_ratio_metrics",
+    "PPO", "GRPO", "DAPO", "GSPO", "GSPOToken", "DrGRPO", "CISPO", "GMPO",
 ]

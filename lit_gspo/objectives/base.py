@@ -6,6 +6,11 @@ and advantages to a scalar loss. Everything here is pure tensor math in fp32; no
 Normalisers are passed in, never guessed per micro-batch: ``Counts`` holds the number of valid
 tokens and of sequences in the *whole optimisation step* (all micro-batches, all ranks). With it,
 the gradient of a batch equals the sum of the gradients of its micro-batches.
+
+Padding and non-finite values: anything outside the mask (even inf/NaN) is ignored and gets a zero
+gradient. A non-finite log-prob, advantage, reference log-prob, value or return *inside* the mask
+raises ``ValueError`` naming the tensor and the first (row, token): a NaN there is a bug upstream
+and must not be averaged silently into the loss.
 """
 
 from __future__ import annotations
@@ -59,6 +64,30 @@ def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean over valid entries; 0 where there are none (never NaN)."""
     return masked_sum(x, mask, dim) / mask.sum(dim if dim is not None else None).clamp(min=1)
+
+
+MAX_LOG_RATIO = 20.0
+"""Log-ratios are clamped to ±20 before ``exp`` (as verl does): e^20 ≈ 5e8 keeps ratios, products
+and their gradients finite in fp32; the clamp only bites absurdly far off-policy."""
+
+
+def log_ratio(logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
+    """logp − old_logp clamped to ±``MAX_LOG_RATIO`` (zero gradient beyond, finite everywhere)."""
+    return (logprobs - old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+
+
+def clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: float
+                      ) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO-clip loss ℓ = −min(r Â, clip(r, 1 − ε_low, 1 + ε_high) Â), elementwise.
+
+    Returns (loss, clipped_low, clipped_high): the masks of entries whose gradient the clip zeroes,
+    i.e. Â < 0 with r < 1 − ε_low, and Â > 0 with r > 1 + ε_high.
+    """
+    clipped = ratio.clamp(1 - clip_low, 1 + clip_high)
+    loss = -torch.minimum(ratio * advantages, clipped * advantages)
+    clipped_low = (advantages < 0) & (ratio < 1 - clip_low)
+    clipped_high = (advantages > 0) & (ratio > 1 + clip_high)
+    return loss, clipped_low, clipped_high
 
 
 def aggregate(loss: Tensor, mask: Tensor, mode: str, counts: Counts) -> Tensor:
@@ -168,7 +197,8 @@ class Objective:
         Shapes: logprobs, old_logprobs, mask (B, T); advantages (B,) or (B, T). ``counts`` are the
         normalisers of the whole optimisation step (default: this batch alone).
         """
-        mask = _check_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs)
+        mask = _check_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs,
+                             {k: extra[k] for k in ("values", "old_values", "returns") if extra.get(k) is not None})
         counts = counts or Counts.of(mask)
         zero = torch.zeros((), dtype=torch.float32, device=logprobs.device)
         logprobs = torch.where(mask, logprobs.float(), zero)
@@ -189,21 +219,39 @@ class Objective:
             out.loss = out.loss + self.beta * kl_loss
             out.metrics["kl"] = masked_mean(kl.detach(), mask)
         elif ref_logprobs is not None:
-            out.metrics["kl"] = masked_mean(kl_penalty(logprobs.detach(), ref_logprobs.float(), self.kl_estimator), mask)
+            ref = torch.where(mask, ref_logprobs.float(), zero)
+            out.metrics["kl"] = masked_mean(kl_penalty(logprobs.detach(), ref, self.kl_estimator), mask)
         return out
 
 
 def token_ratio_metrics(ratio: Tensor, mask: Tensor, clipped_low: Tensor, clipped_high: Tensor) -> dict[str, Tensor]:
     """clip_frac(_low/_high): share of valid tokens whose policy gradient clipping zeroes; ratio stats."""
     ratio = ratio.detach()
-    big, small = torch.tensor(float("inf")), torch.tensor(float("-inf"))
+    one = torch.ones((), dtype=ratio.dtype, device=ratio.device)
     return {
         "clip_frac": masked_mean((clipped_low | clipped_high).float(), mask),
         "clip_frac_low": masked_mean(clipped_low.float(), mask),
         "clip_frac_high": masked_mean(clipped_high.float(), mask),
-        "ratio_mean": masked_mean(ratio, mask),
-        "ratio_min": torch.where(mask, ratio, big).min() if mask.any() else torch.tensor(1.0),
-        "ratio_max": torch.where(mask, ratio, small).max() if mask.any() else torch.tensor(1.0),
+        "ratio_mean": masked_mean(ratio, mask) if mask.any() else one,
+        "ratio_min": torch.where(mask, ratio, float("inf")).min() if mask.any() else one,
+        "ratio_max": torch.where(mask, ratio, float("-inf")).max() if mask.any() else one,
+    }
+
+
+def sequence_ratio_metrics(seq_ratio: Tensor, mask: Tensor, clipped_low: Tensor, clipped_high: Tensor
+                           ) -> dict[str, Tensor]:
+    """Metrics of a sequence-level objective: clip fractions over valid tokens (every token of a
+    clipped sequence counts), ratio statistics over the (B,) sequence ratios of non-empty rows."""
+    seq_ratio = seq_ratio.detach()
+    has_tokens = mask.any(1)  # (B,)
+    one = torch.ones((), dtype=seq_ratio.dtype, device=seq_ratio.device)
+    return {
+        "clip_frac": masked_mean((clipped_low | clipped_high).float(), mask),
+        "clip_frac_low": masked_mean(clipped_low.float(), mask),
+        "clip_frac_high": masked_mean(clipped_high.float(), mask),
+        "ratio_mean": masked_mean(seq_ratio, has_tokens) if has_tokens.any() else one,
+        "ratio_min": torch.where(has_tokens, seq_ratio, float("inf")).min() if has_tokens.any() else one,
+        "ratio_max": torch.where(has_tokens, seq_ratio, float("-inf")).max() if has_tokens.any() else one,
     }
 
 
@@ -225,13 +273,14 @@ def _snake_case(name: str) -> str:
 
 
 def _check_inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                  ref_logprobs: Tensor | None) -> Tensor:
+                  ref_logprobs: Tensor | None, others: dict[str, Tensor] | None = None) -> Tensor:
     """Validate shapes and finiteness inside the mask; return the mask as bool."""
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be (B, T), got shape {tuple(logprobs.shape)}")
     shapes = {"old_logprobs": old_logprobs, "mask": mask}
     if ref_logprobs is not None:
         shapes["ref_logprobs"] = ref_logprobs
+    shapes.update(others or {})
     for key, tensor in shapes.items():
         if tensor.shape != logprobs.shape:
             raise ValueError(f"{key} has shape {tuple(tensor.shape)} but logprobs has {tuple(logprobs.shape)}")
@@ -240,7 +289,9 @@ def _check_inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ma
                          f"{tuple(logprobs.shape)}, got {tuple(advantages.shape)}")
     mask = mask.bool()
     adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(mask)
-    for key, tensor in (("logprobs", logprobs), ("old_logprobs", old_logprobs), ("advantages", adv)):
+    checked = {"logprobs": logprobs, "old_logprobs": old_logprobs, "advantages": adv}
+    checked.update({k: v for k, v in shapes.items() if k != "mask" and k != "old_logprobs"})
+    for key, tensor in checked.items():
         bad = mask & ~torch.isfinite(tensor.detach())
         if bad.any():
             where = bad.nonzero()[0].tolist()

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lit_gspo.objectives.base import Counts, LossOutput, Objective, aggregate, masked_mean, masked_sum
+from lit_gspo.objectives.base import (
+    MAX_LOG_RATIO, Counts, LossOutput, Objective, aggregate, clipped_surrogate, masked_sum, sequence_ratio_metrics,
+)
 
 
 class GSPO(Objective):
@@ -26,7 +28,8 @@ class GSPO(Objective):
 
     def sequence_ratio(self, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
         lengths = mask.sum(1).clamp(min=1)  # (B,)
-        return torch.exp(masked_sum(logprobs - old_logprobs, mask, dim=1) / lengths)  # (B,)
+        mean_log_ratio = masked_sum(logprobs - old_logprobs, mask, dim=1) / lengths  # (B,)
+        return torch.exp(mean_log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))  # (B,)
 
     def importance_weight(self, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
         """(B, T) weight whose value is s_i on every token of sequence i."""
@@ -34,13 +37,10 @@ class GSPO(Objective):
 
     def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
                     counts: Counts, **extra) -> LossOutput:
-        ratio = self.importance_weight(logprobs, old_logprobs, mask)  # (B, T)
-        clipped = ratio.clamp(1 - self.clip_low, 1 + self.clip_high)
-        loss = -torch.minimum(ratio * advantages, clipped * advantages)  # (B, T)
-        seq_ratio = ratio.detach()[:, 0] if ratio.shape[1] else torch.ones(ratio.shape[0])
-        clipped_low = (advantages < 0) & (ratio < 1 - self.clip_low)
-        clipped_high = (advantages > 0) & (ratio > 1 + self.clip_high)
-        metrics = _sequence_metrics(seq_ratio, mask, clipped_low, clipped_high)
+        ratio = self.importance_weight(logprobs, old_logprobs, mask)  # (B, T), value s_i on row i
+        loss, clipped_low, clipped_high = clipped_surrogate(ratio, advantages, self.clip_low, self.clip_high)  # (B, T)
+        seq_ratio = self.sequence_ratio(logprobs.detach(), old_logprobs, mask)  # (B,)
+        metrics = sequence_ratio_metrics(seq_ratio, mask, clipped_low, clipped_high)
         return LossOutput(aggregate(loss, mask, self.aggregation, counts), metrics)
 
 
@@ -59,15 +59,3 @@ class GSPOToken(GSPO):
         seq_ratio = self.sequence_ratio(logprobs, old_logprobs, mask).detach()  # (B,)
         return seq_ratio[:, None] * torch.exp(logprobs - logprobs.detach())  # (B, T), value s_i
 
-
-def _sequence_metrics(seq_ratio: Tensor, mask: Tensor, clipped_low: Tensor, clipped_high: Tensor) -> dict[str, Tensor]:
-    has_tokens = mask.any(1)
-    ratios = seq_ratio[has_tokens] if has_tokens.any() else torch.ones(1)
-    return {
-        "clip_frac": masked_mean((clipped_low | clipped_high).float(), mask),
-        "clip_frac_low": masked_mean(clipped_low.float(), mask),
-        "clip_frac_high": masked_mean(clipped_high.float(), mask),
-        "ratio_mean": ratios.mean(),
-        "ratio_min": ratios.min(),
-        "ratio_max": ratios.max(),
-    }

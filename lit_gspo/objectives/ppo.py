@@ -1,0 +1,78 @@
+"""PPO-clip (Schulman et al., 2017), the token-level surrogate GRPO, DAPO and Dr. GRPO reuse."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lit_gspo.objectives.base import (
+    Counts, LossOutput, Objective, aggregate, clipped_surrogate, log_ratio, masked_mean, token_ratio_metrics,
+)
+
+
+class PPO(Objective):
+    """Clipped surrogate per token, optional dual clip, optional clipped value loss.
+
+        r_t = exp(logp_t − old_logp_t)
+        ℓ_t = −min( r_t Â_t, clip(r_t, 1 − ε_low, 1 + ε_high) Â_t )
+        dual clip c > 1 (Â_t < 0 only):  ℓ_t = min( ℓ_t, −c Â_t )     (caps the loss when r_t ≫ 1)
+        value loss (when ``values``, ``old_values``, ``returns`` are passed):
+        ℓ^V_t = ½ max( (V_t − R_t)², (V_old,t + clip(V_t − V_old,t, −δ, δ) − R_t)² )
+        loss = aggregate(ℓ) + vf_coef · aggregate(ℓ^V)          (same aggregation and Counts)
+
+    Defaults: ε 0.2/0.2, ``token-mean``, δ (value_clip) 0.2, vf_coef 0.5; GAE advantages from a
+    critic. Dual-clipped tokens count in ``clip_frac`` and ``clip_frac_high`` (their r_t is above the
+    band and their gradient is zero) and alone in ``dual_clip_frac``.
+    """
+
+    name = "ppo"
+    default_clip_low = 0.2
+    default_clip_high = 0.2
+    default_aggregation = "token-mean"
+    advantage_estimator = "gae"
+    needs_critic = True
+
+    def __init__(self, clip_low: float | None = None, clip_high: float | None = None, beta: float = 0.0,
+                 kl_estimator: str = "k3", aggregation: str | None = None, dual_clip: float | None = None,
+                 value_clip: float | None = 0.2, vf_coef: float = 0.5):
+        super().__init__(clip_low=clip_low, clip_high=clip_high, beta=beta, kl_estimator=kl_estimator,
+                         aggregation=aggregation)
+        if dual_clip is not None and dual_clip <= 1:
+            raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+        if value_clip is not None and value_clip < 0:
+            raise ValueError(f"value_clip must be >= 0 (or None), got {value_clip}")
+        self.dual_clip, self.value_clip, self.vf_coef = dual_clip, value_clip, float(vf_coef)
+
+    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                    counts: Counts, values: Tensor | None = None, old_values: Tensor | None = None,
+                    returns: Tensor | None = None, **extra) -> LossOutput:
+        ratio = torch.exp(log_ratio(logprobs, old_logprobs))  # (B, T)
+        loss, clipped_low, clipped_high = clipped_surrogate(ratio, advantages, self.clip_low, self.clip_high)
+        dual = torch.zeros_like(mask)
+        if self.dual_clip is not None:
+            cap = -self.dual_clip * advantages  # (B, T), > 0 where Â < 0
+            dual = (advantages < 0) & (loss > cap)
+            loss = torch.where(dual, cap, loss)  # constant there: zero gradient
+        metrics = token_ratio_metrics(ratio, mask, clipped_low, clipped_high | dual)
+        metrics["dual_clip_frac"] = masked_mean(dual.float(), mask)
+        total = aggregate(loss, mask, self.aggregation, counts)
+        given = {"values": values, "old_values": old_values, "returns": returns}
+        if any(v is not None for v in given.values()):
+            missing = [k for k, v in given.items() if v is None]
+            if missing:
+                raise ValueError(f"the value loss needs values, old_values and returns; missing: {', '.join(missing)}")
+            total = total + self.vf_coef * self._value_loss(values, old_values, returns, mask, counts, metrics)
+        return LossOutput(total, metrics)
+
+    def _value_loss(self, values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, counts: Counts,
+                    metrics: dict[str, Tensor]) -> Tensor:
+        unclipped = (values - returns).square()  # (B, T)
+        if self.value_clip is None:
+            clipped = unclipped
+        else:
+            v_clip = old_values + (values - old_values).clamp(-self.value_clip, self.value_clip)
+            clipped = (v_clip - returns).square()  # (B, T)
+        value_loss = aggregate(0.5 * torch.maximum(unclipped, clipped), mask, self.aggregation, counts)
+        metrics["value_loss"] = value_loss.detach()
+        metrics["value_clip_frac"] = masked_mean((clipped > unclipped).float(), mask)
+        return value_loss

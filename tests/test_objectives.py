@@ -1,0 +1,349 @@
+"""Objectives: hand-computed values, GSPO identities, on-policy behaviour, KL, registry and bad input."""
+
+import inspect
+import math
+
+import pytest
+import torch
+
+from lit_gspo.objectives import (
+    CISPO, DAPO, GMPO, GRPO, GSPO, OBJECTIVES, PPO, Counts, DrGRPO, GSPOToken, Objective, get_objective, kl_penalty,
+)
+
+ALL = ["ppo", "grpo", "dapo", "gspo", "gspo_token", "dr_grpo", "cispo", "gmpo"]
+
+
+def grad_of(objective, logprobs, *args, **kw):
+    lp = logprobs.clone().requires_grad_(True)
+    out = objective(lp, *args, **kw)
+    out.loss.backward()
+    return out, lp.grad
+
+
+def ratio_batch(ratios, mask=None):
+    """old_logprobs = 0, logprobs = log(ratio): the ratios of the example are readable as numbers."""
+    ratios = torch.tensor(ratios, dtype=torch.float32)
+    mask = torch.ones_like(ratios) if mask is None else torch.tensor(mask, dtype=torch.float32)
+    return ratios.log(), torch.zeros_like(ratios), mask
+
+
+# ---- hand-computed values ------------------------------------------------------------------------
+# Shared token-level example: ratios [[1.5, 0.9], [0.5, pad]], Â = [+1, −1], 3 valid tokens.
+#   row 0 (Â=+1): t0 min(1.5, clip 1.2) = 1.2 → ℓ = −1.2 (clipped high); t1 min(0.9, 0.9) → ℓ = −0.9
+#   row 1 (Â=−1): t0 min(−0.5, −clip 0.8) = −0.8 → ℓ = +0.8 (clipped low)
+TOKEN_EXAMPLE = ([[1.5, 0.9], [0.5, 1.0]], [[1, 1], [1, 0]])
+ADV = torch.tensor([1.0, -1.0])
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("ppo", (-1.2 - 0.9 + 0.8) / 3),          # token-mean: sum over 3 valid tokens / 3
+    ("grpo", ((-1.2 - 0.9) / 2 + 0.8) / 2),   # seq-mean-token-mean: row means −1.05 and 0.8, averaged
+    ("dr_grpo", (-1.2 - 0.9 + 0.8) / (2 * 2)),  # seq-mean-token-sum-norm: token sums / (N_seqs · L=2)
+    ("dapo", (-1.28 - 0.9 + 0.8) / 3),        # clip-higher: row 0 t0 is clipped at 1.28 instead of 1.2
+])
+def test_ppo_family_hand_values(name, expected):
+    lp, old, mask = ratio_batch(*TOKEN_EXAMPLE)
+    out = get_objective(name)(lp, old, ADV, mask)
+    assert out.loss.item() == pytest.approx(expected, abs=1e-6)
+    # 2 of 3 valid tokens have a zeroed gradient: one above the band (Â>0), one below it (Â<0)
+    assert out.metrics["clip_frac"].item() == pytest.approx(2 / 3)
+    assert out.metrics["clip_frac_low"].item() == pytest.approx(1 / 3)
+    assert out.metrics["clip_frac_high"].item() == pytest.approx(1 / 3)
+    assert out.metrics["ratio_mean"].item() == pytest.approx((1.5 + 0.9 + 0.5) / 3)
+    assert out.metrics["ratio_min"].item() == pytest.approx(0.5)
+    assert out.metrics["ratio_max"].item() == pytest.approx(1.5)
+
+
+def test_ppo_gradient_hand_values():
+    # token-mean over 3 tokens; ℓ = −r Â where unclipped, so dℓ/dlogp = −r Â / 3 there, 0 where clipped
+    lp, old, mask = ratio_batch(*TOKEN_EXAMPLE)
+    _, grad = grad_of(PPO(), lp, old, ADV, mask)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, -0.9 / 3], [0.0, 0.0]]))
+
+
+def test_ppo_dual_clip():
+    # Â = −1, r = 4: plain PPO loss −min(−4, −1.2) = 4 (unbounded in r); dual clip c = 3 caps it at −cÂ = 3
+    lp, old, mask = ratio_batch([[4.0, 1.0]])
+    adv = torch.tensor([-1.0])
+    plain, g_plain = grad_of(PPO(), lp, old, adv, mask)
+    dual, g_dual = grad_of(PPO(dual_clip=3.0), lp, old, adv, mask)
+    assert plain.loss.item() == pytest.approx((4.0 + 1.0) / 2)
+    assert dual.loss.item() == pytest.approx((3.0 + 1.0) / 2)
+    assert g_plain[0, 0].item() == pytest.approx(4.0 / 2)  # d(−rÂ)/dlogp = −rÂ = 4, / 2 tokens
+    assert g_dual[0, 0].item() == 0.0
+    assert dual.metrics["dual_clip_frac"].item() == pytest.approx(0.5)
+    assert dual.metrics["clip_frac"].item() == pytest.approx(0.5)
+    assert plain.metrics["clip_frac"].item() == 0.0
+    with pytest.raises(ValueError, match="dual_clip"):
+        PPO(dual_clip=1.0)
+
+
+def test_ppo_value_loss_hand_values():
+    # Â = 0: only the value loss remains. token 0: V=1, V_old=0.5, R=2 → clipped V = 0.7;
+    #   max((1−2)², (0.7−2)²) = 1.69 → ½·1.69 = 0.845 (clipped term wins, zero grad to V)
+    # token 1: V=1.9, V_old=1.8, R=2 → both 0.01 → 0.005. token-mean: 0.425; × vf_coef 0.5 = 0.2125
+    lp, old, mask = ratio_batch([[1.0, 1.0]])
+    values = torch.tensor([[1.0, 1.9]], requires_grad=True)
+    out = PPO()(lp, old, torch.zeros(1), mask, values=values, old_values=torch.tensor([[0.5, 1.8]]),
+                returns=torch.tensor([[2.0, 2.0]]))
+    assert out.loss.item() == pytest.approx(0.2125, abs=1e-6)
+    assert out.metrics["value_loss"].item() == pytest.approx(0.425, abs=1e-6)
+    assert out.metrics["value_clip_frac"].item() == pytest.approx(0.5)
+    out.loss.backward()
+    # token 1: d/dV ½(V−R)² = V−R = −0.1, / 2 tokens, × 0.5 = −0.025
+    torch.testing.assert_close(values.grad, torch.tensor([[0.0, -0.025]]))
+    with pytest.raises(ValueError, match="old_values, returns"):
+        PPO()(lp, old, torch.zeros(1), mask, values=values)
+
+
+def test_gspo_hand_values():
+    # row 0: Δ = [ln 2, 0] → s = exp(ln2 / 2) = √2; Â = +1, band 0.2 → clipped at 1.2, ℓ = −1.2
+    # row 1: Δ = [ln 0.9] (1 valid token) → s = 0.9; Â = −1 → ℓ = 0.9.   loss = (−1.2 + 0.9) / 2
+    lp, old, mask = ratio_batch([[2.0, 1.0], [0.9, 1.0]], [[1, 1], [1, 0]])
+    out, grad = grad_of(GSPO(clip_low=0.2, clip_high=0.2), lp, old, ADV, mask)
+    assert out.loss.item() == pytest.approx(-0.15, abs=1e-6)
+    assert out.metrics["clip_frac"].item() == pytest.approx(2 / 3)  # both tokens of row 0
+    assert out.metrics["clip_frac_high"].item() == pytest.approx(2 / 3)
+    assert out.metrics["ratio_mean"].item() == pytest.approx((math.sqrt(2) + 0.9) / 2, rel=1e-6)
+    assert out.metrics["ratio_max"].item() == pytest.approx(math.sqrt(2), rel=1e-6)
+    # row 0 clipped → no gradient; row 1: d(−s Â)/dlogp = s/|y| = 0.9, / N_seqs = 2
+    torch.testing.assert_close(grad, torch.tensor([[0.0, 0.0], [0.45, 0.0]]))
+
+
+def test_gmpo_hand_values():
+    # ε = 0.4 in log space. row 0 (Â=+1): Δ = [0.6, 0] → min(Δ, 0.4) = [0.4, 0] → s = e^0.2, ℓ = −e^0.2
+    # row 1 (Â=−1): Δ = [−0.5] → max(Δ, −0.4) = −0.4 → s = e^−0.4, ℓ = +e^−0.4.  loss = mean of the two
+    lp = torch.tensor([[0.6, 0.0], [-0.5, 0.0]])
+    old, mask = torch.zeros(2, 2), torch.tensor([[1, 1], [1, 0]])
+    out, grad = grad_of(GMPO(), lp, old, ADV, mask)
+    assert out.loss.item() == pytest.approx((-math.exp(0.2) + math.exp(-0.4)) / 2, abs=1e-6)
+    assert out.metrics["clip_frac"].item() == pytest.approx(2 / 3)
+    assert out.metrics["clip_frac_low"].item() == pytest.approx(1 / 3)
+    assert out.metrics["clip_frac_high"].item() == pytest.approx(1 / 3)
+    assert out.metrics["ratio_max"].item() == pytest.approx(math.exp(0.3), rel=1e-6)  # unclipped geo-mean
+    # only row 0 t1 is unclipped: d(−Â e^{mean Δ̃})/dΔ_1 = −e^0.2 / |y|=2, / N_seqs = 2
+    torch.testing.assert_close(grad, torch.tensor([[0.0, -math.exp(0.2) / 4], [0.0, 0.0]]))
+
+
+def test_cispo_hand_values():
+    # r = [5, 0.5], Â = 1, logp = [−1, −2]. Weights sg(clip(r, 0, 1 + 3)) = [4, 0.5] (first truncated).
+    # ℓ = −w Â logp = [4, 1] → token-mean 2.5; gradient −w Â / 2 = [−2, −0.25]: no token loses its gradient
+    lp = torch.tensor([[-1.0, -2.0]])
+    old = lp - torch.tensor([[math.log(5.0), math.log(0.5)]])
+    out, grad = grad_of(CISPO(), lp, old, torch.ones(1), torch.ones(1, 2))
+    assert out.loss.item() == pytest.approx(2.5, abs=1e-5)
+    torch.testing.assert_close(grad, torch.tensor([[-2.0, -0.25]]))
+    assert out.metrics["clip_frac"].item() == 0.0
+    assert out.metrics["is_clip_frac"].item() == pytest.approx(0.5)
+    assert out.metrics["ratio_max"].item() == pytest.approx(5.0, rel=1e-5)
+
+
+def test_defaults_and_class_attributes():
+    table = {  # name: (ε_low, ε_high, aggregation, advantage_estimator, needs_critic, dynamic_sampling)
+        "ppo": (0.2, 0.2, "token-mean", "gae", True, False),
+        "grpo": (0.2, 0.2, "seq-mean-token-mean", "group", False, False),
+        "dapo": (0.2, 0.28, "token-mean", "group", False, True),
+        "gspo": (3e-4, 4e-4, "seq-mean-token-mean", "group", False, False),
+        "gspo_token": (3e-4, 4e-4, "seq-mean-token-mean", "group", False, False),
+        "dr_grpo": (0.2, 0.2, "seq-mean-token-sum-norm", "group_mean", False, False),
+        "cispo": (1.0, 3.0, "token-mean", "group", False, False),
+        "gmpo": (0.4, 0.4, "seq-mean-token-mean", "group", False, False),
+    }
+    for name, (lo, hi, agg, est, critic, dyn) in table.items():
+        obj = get_objective(name)
+        assert (obj.clip_low, obj.clip_high, obj.aggregation) == (lo, hi, agg), name
+        assert (obj.advantage_estimator, obj.needs_critic, obj.dynamic_sampling) == (est, critic, dyn), name
+    classes = {"ppo": PPO, "grpo": GRPO, "dapo": DAPO, "gspo": GSPO, "gspo_token": GSPOToken, "dr_grpo": DrGRPO,
+               "cispo": CISPO, "gmpo": GMPO}
+    for name, cls in classes.items():
+        assert OBJECTIVES[name] is cls
+        assert isinstance(get_objective(cls.__name__), cls)  # class names work too (LightningCLI style)
+
+
+def test_ppo_signature_is_explicit_for_jsonargparse():
+    params = inspect.signature(PPO.__init__).parameters
+    for key in ("clip_low", "clip_high", "beta", "kl_estimator", "aggregation", "dual_clip", "value_clip", "vf_coef"):
+        assert key in params
+    assert not any(p.kind is p.VAR_KEYWORD for p in params.values())
+    ppo = PPO(clip_high=0.3, dual_clip=3.0, vf_coef=1.0)
+    assert (ppo.clip_high, ppo.dual_clip, ppo.vf_coef, ppo.value_clip) == (0.3, 3.0, 1.0, 0.2)
+
+
+# ---- GSPO identities -----------------------------------------------------------------------------
+def gspo_batch(seed=0, B=5, T=6, scale=1e-3):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g) * 3
+    lp = old + scale * torch.randn(B, T, generator=g)
+    lengths = torch.tensor([6, 1, 4, 3, 5])[:B]
+    mask = (torch.arange(T)[None] < lengths[:, None]).float()
+    adv = torch.tensor([1.0, -0.5, 2.0, -1.5, 0.7])[:B]
+    return lp, old, adv, mask
+
+
+def test_gspo_ratio_is_geometric_mean_of_token_ratios():
+    lp, old, _, mask = gspo_batch(scale=0.3)
+    s = GSPO().sequence_ratio(lp, old, mask.bool())
+    for i in range(lp.shape[0]):
+        n = int(mask[i].sum())
+        token_ratios = torch.exp(lp[i, :n] - old[i, :n]).double()
+        assert s[i].item() == pytest.approx(token_ratios.prod().item() ** (1 / n), rel=1e-5)
+
+
+def test_gspo_gradient_matches_formula():
+    # ∇loss = −s_i Â_i (1/|y_i|) Σ_t ∇logp_t / N_seqs for unclipped sequences, 0 for clipped ones
+    lp, old, adv, mask = gspo_batch()
+    obj = GSPO()
+    out, grad = grad_of(obj, lp, old, adv, mask)
+    s = obj.sequence_ratio(lp, old, mask.bool())
+    lengths = mask.sum(1)
+    clipped = ((adv > 0) & (s > 1 + obj.clip_high)) | ((adv < 0) & (s < 1 - obj.clip_low))
+    assert clipped.any() and (~clipped).any(), "the example must have both kinds of sequence"
+    expected = torch.where(clipped, 0.0, -s * adv / lengths / lp.shape[0])[:, None] * mask
+    torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-7)
+    # clip_frac counts every token of a clipped sequence
+    assert out.metrics["clip_frac"].item() == pytest.approx((clipped.float() * lengths).sum().item() / lengths.sum().item())
+
+
+def test_gspo_token_equals_gspo_with_sequence_advantages():
+    lp, old, adv, mask = gspo_batch(seed=2)
+    a, ga = grad_of(GSPO(), lp, old, adv, mask)
+    b, gb = grad_of(GSPOToken(), lp, old, adv[:, None].expand(-1, lp.shape[1]).clone(), mask)
+    assert a.metrics["clip_frac"].item() > 0  # the example exercises clipping
+    torch.testing.assert_close(a.loss, b.loss, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ga, gb, rtol=0, atol=1e-6)
+    for key in a.metrics:
+        torch.testing.assert_close(a.metrics[key], b.metrics[key], rtol=0, atol=1e-6)
+
+
+def test_gspo_token_with_token_advantages_follows_its_formula():
+    # ℓ_i = (1/|y_i|) Σ_t −min(s_{i,t} Â_{i,t}, clip(s_{i,t}) Â_{i,t}); ∂/∂logp_t = −s_i Â_{i,t} / |y_i| / N
+    # unless that token is clipped (Â_{i,t} > 0 and s_i > 1 + ε_high, or Â_{i,t} < 0 and s_i < 1 − ε_low)
+    lp, old, _, mask = gspo_batch(seed=4)
+    adv = torch.randn(lp.shape, generator=torch.Generator().manual_seed(1))
+    obj = GSPOToken()
+    out, grad = grad_of(obj, lp, old, adv, mask)
+    s = obj.sequence_ratio(lp, old, mask.bool())[:, None].expand_as(lp)
+    clipped = ((adv > 0) & (s > 1 + obj.clip_high)) | ((adv < 0) & (s < 1 - obj.clip_low))
+    assert (clipped & mask.bool()).any() and (~clipped & mask.bool()).any()
+    lengths = mask.sum(1, keepdim=True)
+    expected = torch.where(clipped, 0.0, -s * adv / lengths / lp.shape[0]) * mask
+    torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-7)
+    loss = (-torch.minimum(s * adv, s.clamp(1 - obj.clip_low, 1 + obj.clip_high) * adv) * mask).sum(1) / lengths[:, 0]
+    assert out.loss.item() == pytest.approx(loss.mean().item(), abs=1e-6)
+
+
+# ---- on-policy -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ALL)
+def test_on_policy_ratio_is_one_and_nothing_clipped(name):
+    lp, _, adv, mask = gspo_batch(seed=5)
+    out = get_objective(name)(lp, lp.detach(), adv * 3, mask)
+    assert out.metrics["clip_frac"].item() == 0.0
+    for key in ("ratio_mean", "ratio_min", "ratio_max"):
+        assert out.metrics[key].item() == 1.0
+
+
+@pytest.mark.parametrize("name", ["ppo", "grpo", "dapo", "dr_grpo", "cispo"])
+def test_on_policy_gradient_is_policy_gradient(name):
+    # with r ≡ 1 every token-level objective's gradient is −Â ∇logp, aggregated by its mode
+    lp, _, adv, mask = gspo_batch(seed=6)
+    obj = get_objective(name)
+    _, grad = grad_of(obj, lp, lp.detach(), adv, mask)
+    per_token = -adv[:, None] * mask  # (B, T)
+    lengths, B = mask.sum(1, keepdim=True), lp.shape[0]
+    expected = {
+        "token-mean": per_token / mask.sum(),
+        "seq-mean-token-mean": per_token / lengths / B,
+        "seq-mean-token-sum-norm": per_token / (B * lp.shape[1]),
+    }[obj.aggregation]
+    torch.testing.assert_close(grad, expected)
+
+
+# ---- KL ------------------------------------------------------------------------------------------
+def test_kl_estimators_hand_values():
+    lp, ref = torch.tensor([0.0, -1.0]), torch.tensor([-1.0, 0.0])
+    torch.testing.assert_close(kl_penalty(lp, ref, "k1"), torch.tensor([1.0, -1.0]))
+    torch.testing.assert_close(kl_penalty(lp, ref, "k2"), torch.tensor([0.5, 0.5]))
+    # k3 = e^(ref−logp) − (ref−logp) − 1: e^−1 + 1 − 1 and e^1 − 1 − 1
+    torch.testing.assert_close(kl_penalty(lp, ref, "k3"), torch.tensor([math.exp(-1), math.e - 2]))
+    x, y = torch.randn(1000) * 5, torch.randn(1000) * 5
+    assert (kl_penalty(x, y, "k3") >= 0).all()
+    assert kl_penalty(x, x, "k3").abs().max() == 0
+
+
+def test_beta_adds_aggregated_kl():
+    # on-policy with Â = 0 the policy part is 0: loss = β · seq-mean-token-mean(k3) for GRPO
+    lp, _, _, mask = gspo_batch(seed=7)
+    ref = lp - 0.5 * mask
+    out = GRPO(beta=0.1)(lp, lp.detach(), torch.zeros(lp.shape[0]), mask, ref_logprobs=ref)
+    k3 = math.exp(-0.5) + 0.5 - 1  # ref − logp = −0.5 on every valid token
+    assert out.loss.item() == pytest.approx(0.1 * k3, rel=1e-5)
+    assert out.metrics["kl"].item() == pytest.approx(k3, rel=1e-5)
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        GRPO(beta=0.1)(lp, lp.detach(), torch.zeros(lp.shape[0]), mask)
+
+
+# ---- registry and bad input ----------------------------------------------------------------------
+def test_unknown_objective_lists_registered():
+    with pytest.raises(ValueError) as err:
+        get_objective("ppo2")
+    for name in ALL:
+        assert name in str(err.value)
+
+
+def test_unknown_aggregation_and_kl_estimator_list_valid_ones():
+    with pytest.raises(ValueError, match="token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm"):
+        GRPO(aggregation="mean")
+    with pytest.raises(ValueError, match="k1, k2, k3"):
+        GSPO(kl_estimator="k4")
+
+
+def test_mismatched_shapes_name_the_shapes():
+    lp, old, adv, mask = gspo_batch()
+    with pytest.raises(ValueError, match=r"old_logprobs has shape \(5, 5\) but logprobs has \(5, 6\)"):
+        GSPO()(lp, old[:, :5], adv, mask)
+    with pytest.raises(ValueError, match=r"\(4,\)"):
+        GSPO()(lp, old, adv[:4], mask)
+    with pytest.raises(ValueError, match=r"values has shape \(5, 2\)"):
+        PPO()(lp, old, adv, mask, values=torch.zeros(5, 2), old_values=torch.zeros(5, 6), returns=torch.zeros(5, 6))
+
+
+@pytest.mark.parametrize("key", ["logprobs", "old_logprobs", "advantages", "ref_logprobs"])
+def test_non_finite_inside_mask_raises(key):
+    lp, old, adv, mask = gspo_batch()
+    tensors = {"logprobs": lp, "old_logprobs": old, "advantages": adv[:, None].expand_as(lp).clone(),
+               "ref_logprobs": old.clone()}
+    tensors[key][2, 1] = float("nan")
+    with pytest.raises(ValueError, match=rf"{key} has 1 non-finite value\(s\) inside the mask, first at .* \(2, 1\)"):
+        GRPO(beta=0.1)(tensors["logprobs"], tensors["old_logprobs"], tensors["advantages"], mask,
+                       ref_logprobs=tensors["ref_logprobs"])
+
+
+def test_user_subclass_registers_and_is_found():
+    class Reinforce(Objective):
+        """Plain off-policy REINFORCE: ℓ_t = −r_t Â_t (a user's new algorithm in a few lines)."""
+
+        name = "test_reinforce"
+        default_aggregation = "seq-mean-token-sum"
+
+        def policy_loss(self, logprobs, old_logprobs, advantages, mask, counts, **extra):
+            from lit_gspo.objectives import LossOutput, aggregate, token_ratio_metrics
+            ratio = torch.exp(logprobs - old_logprobs)
+            never = torch.zeros_like(mask)
+            return LossOutput(aggregate(-ratio * advantages, mask, self.aggregation, counts),
+                              token_ratio_metrics(ratio, mask, never, never))
+
+    class _Helper(Objective, register=False):
+        pass
+
+    try:
+        assert OBJECTIVES["test_reinforce"] is Reinforce
+        assert "_helper" not in OBJECTIVES and "helper" not in OBJECTIVES
+        obj = get_objective("test_reinforce", beta=0.2)
+        assert isinstance(obj, Reinforce) and obj.beta == 0.2
+        lp, old, adv, mask = gspo_batch()
+        out = obj(lp, lp.detach(), adv, mask, ref_logprobs=old)
+        # seq-mean-token-sum on-policy: −Σ_i Â_i |y_i| / N_seqs, plus β · Σ k3 / N_seqs
+        kl = (kl_penalty(lp, old, "k3") * mask).sum() / 5
+        assert out.loss.item() == pytest.approx((-(adv * mask.sum(1)).sum() / 5 + 0.2 * kl).item(), rel=1e-5)
+    finally:
+        OBJECTIVES.pop("test_reinforce", None)
