@@ -347,3 +347,15 @@ def test_user_subclass_registers_and_is_found():
         assert out.loss.item() == pytest.approx((-(adv * mask.sum(1)).sum() / 5 + 0.2 * kl).item(), rel=1e-5)
     finally:
         OBJECTIVES.pop("test_reinforce", None)
+
+
+def test_jsonargparse_builds_objectives_by_class_name():
+    # LightningCLI picks an objective by class name and introspects its __init__ for hyperparameters
+    jsonargparse = pytest.importorskip("jsonargparse")
+    parser = jsonargparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--objective", type=Objective)
+    cfg = parser.parse_args(["--objective", "DAPO", "--objective.dual_clip", "3", "--objective.beta", "0.01"])
+    obj = parser.instantiate(cfg).objective
+    assert isinstance(obj, DAPO) and (obj.dual_clip, obj.beta, obj.clip_high) == (3.0, 0.01, 0.28)
+    cfg = parser.parse_args(["--objective", "GSPO", "--objective.clip_high", "5e-4"])
+    assert parser.instantiate(cfg).objective.clip_high == 5e-4

@@ -6,7 +6,8 @@ import torch
 from torch import Tensor
 
 from lit_gspo.objectives.base import (
-    Counts, LossOutput, Objective, aggregate, clipped_surrogate, log_ratio, masked_mean, token_ratio_metrics,
+    Aggregation, Counts, KLEstimator, LossOutput, Objective, aggregate, clipped_surrogate, log_ratio, masked_mean,
+    token_ratio_metrics,
 )
 
 
@@ -33,7 +34,7 @@ class PPO(Objective):
     needs_critic = True
 
     def __init__(self, clip_low: float | None = None, clip_high: float | None = None, beta: float = 0.0,
-                 kl_estimator: str = "k3", aggregation: str | None = None, dual_clip: float | None = None,
+                 kl_estimator: KLEstimator = "k3", aggregation: Aggregation | None = None, dual_clip: float | None = None,
                  value_clip: float | None = 0.2, vf_coef: float = 0.5):
         super().__init__(clip_low=clip_low, clip_high=clip_high, beta=beta, kl_estimator=kl_estimator,
                          aggregation=aggregation)
@@ -42,6 +43,10 @@ class PPO(Objective):
         if value_clip is not None and value_clip < 0:
             raise ValueError(f"value_clip must be >= 0 (or None), got {value_clip}")
         self.dual_clip, self.value_clip, self.vf_coef = dual_clip, value_clip, float(vf_coef)
+
+    def __repr__(self) -> str:
+        return (f"{super().__repr__()[:-1]}, dual_clip={self.dual_clip}, value_clip={self.value_clip}, "
+                f"vf_coef={self.vf_coef})")
 
     def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
                     counts: Counts, values: Tensor | None = None, old_values: Tensor | None = None,
