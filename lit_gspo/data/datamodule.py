@@ -1,0 +1,186 @@
+"""The LightningDataModule: batches of prompt rows, resumable mid-epoch.
+
+How resuming works (Lightning 2.6): at checkpoint time the fit loop stores ``state_dict()`` of every
+train loader that has ``state_dict``/``load_state_dict`` (``CombinedLoader._state_dicts``) and on
+restart hands it back before iterating. A plain ``torch.utils.data.DataLoader`` has neither, so
+``PromptLoader`` adds them, storing the sampler's (epoch, position). The sampler subclasses
+``DistributedSampler`` and shards rows by rank itself, so under DDP Lightning leaves it alone
+instead of replacing it with its own (which would lose the state).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from lit_gspo.data.prompts import load_prompt_rows
+from lit_gspo.data.synthetic import TASKS
+
+
+class RowDataset(Dataset):
+    """A map-style dataset over a list of row dicts."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.rows[index]
+
+
+def _identity(rows: list[dict]) -> list[dict]:
+    return rows
+
+
+class ResumableSampler(DistributedSampler):
+    """Seeded shuffle, a new deterministic order every epoch, and a resumable (epoch, position).
+
+    Epoch ``e``'s order is a permutation seeded by (seed, e); rank ``r`` of ``w`` takes every w-th
+    index from r, all ranks the same count. ``position`` counts indices already handed out this
+    epoch (advanced by ``PromptLoader`` as batches are yielded), so iterating again resumes there.
+    Once an epoch is used up, the next iteration starts epoch + 1.
+    """
+
+    def __init__(self, num_rows: int, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
+        super().__init__(range(num_rows), num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.num_rows = num_rows
+        self.position = 0
+
+    def order(self) -> list[int]:
+        """This rank's indices for the current epoch."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        per_rank = self.num_rows // self.num_replicas
+        perm = torch.randperm(self.num_rows, generator=generator)[: per_rank * self.num_replicas]
+        return perm[self.rank :: self.num_replicas].tolist()
+
+    def __len__(self) -> int:
+        return self.num_rows // self.num_replicas
+
+    def __iter__(self):
+        if self.position >= len(self):
+            self.epoch, self.position = self.epoch + 1, 0
+        return iter(self.order()[self.position :])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Move to ``epoch`` (Lightning calls this every epoch); the position is kept if the epoch is unchanged."""
+        if epoch != self.epoch:
+            self.epoch, self.position = epoch, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "num_rows": self.num_rows}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if (state["seed"], state["num_rows"]) != (self.seed, self.num_rows):
+            raise ValueError(f"cannot resume: the checkpoint's loader had seed={state['seed']}, num_rows={state['num_rows']}, "
+                             f"this one has seed={self.seed}, num_rows={self.num_rows}")
+        self.epoch, self.position = state["epoch"], state["position"]
+
+
+class PromptLoader(DataLoader):
+    """A DataLoader of row lists (collate = identity) whose position Lightning saves and restores."""
+
+    def __init__(self, rows: list[dict], batch_size: int, sampler: ResumableSampler) -> None:
+        super().__init__(RowDataset(rows), batch_size=batch_size, sampler=sampler, collate_fn=_identity, drop_last=True)
+
+    def __iter__(self):
+        sampler = self.sampler
+        for batch in super().__iter__():
+            sampler.position += len(batch)  # counted when handed out: a checkpoint after this step resumes past it
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's (epoch, position); Lightning stores it in checkpoints."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the saved (epoch, position)."""
+        self.sampler.load_state_dict(state)
+
+
+class PromptDataModule(LightningDataModule):
+    """Prompt rows for RL: ``train_dataloader`` yields lists of ``prompts_per_step`` row dicts.
+
+    Args:
+        train_source: a built-in task name, a local .json/.jsonl/.parquet/.csv file or directory, or
+            a Hub dataset name (see ``load_prompt_rows``).
+        val_source: where held-out prompts come from; None takes the held-out split of a built-in
+            task, or ``val_fraction`` of the rows of a file/dataset (removed from training).
+        prompt_column: the column holding prompts.
+        answer_column: the column holding reference answers (None for none).
+        num_train: training prompts (exactly, for a task; at most, for files; None = all of a file).
+        num_val: held-out prompts (exactly, for a task; at most, otherwise).
+        task_kwargs: options of a built-in task, e.g. ``{"digits": 1, "ops": "+"}``.
+        prompts_per_step: prompts per rollout batch on each process (an incomplete last batch is dropped).
+        val_batch_size: prompts per validation batch.
+        seed: seeds task generation, subset choice and the shuffle.
+        train_split: the split loaded from a directory or Hub dataset for training.
+        val_split: the split loaded from ``val_source`` (or the held-out split of a task).
+        val_fraction: the share of a file/dataset held out when ``val_source`` is None.
+    """
+
+    def __init__(self, train_source: str = "arithmetic", val_source: str | None = None, prompt_column: str = "prompt",
+                 answer_column: str | None = "answer", num_train: int | None = 1000, num_val: int = 64,
+                 task_kwargs: dict | None = None, prompts_per_step: int = 8, val_batch_size: int = 64, seed: int = 0,
+                 train_split: str = "train", val_split: str = "validation", val_fraction: float = 0.1) -> None:
+        super().__init__()
+        if prompts_per_step < 1 or val_batch_size < 1:
+            raise ValueError(f"prompts_per_step and val_batch_size must be >= 1, got {prompts_per_step} and {val_batch_size}")
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        self.save_hyperparameters()
+        self.train_source, self.val_source = train_source, val_source
+        self.prompt_column, self.answer_column = prompt_column, answer_column
+        self.num_train, self.num_val = num_train, num_val
+        self.task_kwargs = dict(task_kwargs or {})
+        self.prompts_per_step, self.val_batch_size = prompts_per_step, val_batch_size
+        self.seed, self.train_split, self.val_split, self.val_fraction = seed, train_split, val_split, val_fraction
+        self.train_rows: list[dict] | None = None
+        self.val_rows: list[dict] | None = None
+
+    def _load(self, source: str, split: str, n: int | None) -> list[dict]:
+        kwargs = self.task_kwargs if source in TASKS else {}
+        return load_prompt_rows(source, split, self.prompt_column, self.answer_column, n=n, seed=self.seed, **kwargs)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load (or generate) the train and validation rows once."""
+        if self.train_rows is not None:
+            return
+        if self.val_source is not None or self.train_source in TASKS:
+            train = self._load(self.train_source, self.train_split, self.num_train)
+            val = self._load(self.val_source or self.train_source, self.val_split, self.num_val)
+        else:
+            rows = self._load(self.train_source, self.train_split, None)
+            order = list(range(len(rows)))
+            random.Random(self.seed).shuffle(order)
+            n_val = min(self.num_val, max(1, math.ceil(self.val_fraction * len(rows))))
+            val = [rows[i] for i in sorted(order[:n_val])]
+            train = [rows[i] for i in sorted(order[n_val:])][: self.num_train]
+        if len(train) < self.prompts_per_step:
+            raise ValueError(f"{self.train_source!r} gave {len(train)} training prompts, fewer than prompts_per_step={self.prompts_per_step}")
+        self.train_rows, self.val_rows = train, val
+
+    def _rank(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def train_dataloader(self) -> PromptLoader:
+        """Shuffled, per-rank batches of ``prompts_per_step`` rows; resumable (see ``PromptLoader``)."""
+        self.setup()
+        rank, world_size = self._rank()
+        if len(self.train_rows) // world_size < self.prompts_per_step:
+            raise ValueError(f"{len(self.train_rows)} training prompts over {world_size} processes cannot fill one batch of "
+                             f"prompts_per_step={self.prompts_per_step}")
+        sampler = ResumableSampler(len(self.train_rows), seed=self.seed, rank=rank, world_size=world_size)
+        return PromptLoader(self.train_rows, self.prompts_per_step, sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        """All held-out rows in a fixed order, ``val_batch_size`` per batch (not split by rank)."""
+        self.setup()
+        return DataLoader(RowDataset(self.val_rows), batch_size=self.val_batch_size, shuffle=False, collate_fn=_identity)

@@ -1,0 +1,131 @@
+"""Prompt rows from a built-in task, a local file or directory, or a Hugging Face Hub dataset; prompt encoding."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+from lit_gspo.data.synthetic import TASKS, make_split
+
+FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def _load_dataset(source: str, split: str):
+    """A ``datasets.Dataset`` from a local file, a local directory or a hub name."""
+    from datasets import load_dataset
+
+    path = Path(source)
+    if path.is_file():
+        builder = FILE_BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise ValueError(f"cannot read {source!r}: unsupported extension {path.suffix!r}; use one of {sorted(FILE_BUILDERS)}")
+        # a single file is a single split: datasets calls it "train" whatever `split` asked for
+        return load_dataset(builder, data_files=str(path), split="train")
+    if path.is_dir():
+        try:
+            return load_dataset(str(path), split=split)
+        except ValueError as err:
+            raise ValueError(f"cannot load split {split!r} from directory {source!r}: {err}") from err
+    try:
+        return load_dataset(source, split=split)
+    except Exception as err:  # noqa: BLE001 — hub failures come in many types; say what was tried
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        raise ValueError(
+            f"{source!r} is neither a built-in task ({sorted(TASKS)}) nor an existing local file or directory, and loading "
+            f"it as a Hugging Face Hub dataset (split {split!r}) failed"
+            + (" — HF_HUB_OFFLINE is set, so the hub cannot be reached" if offline else "")
+            + f": {type(err).__name__}: {err}"
+        ) from err
+
+
+def load_prompt_rows(source: str, split: str = "train", prompt_column: str = "prompt",
+                     answer_column: str | None = "answer", n: int | None = None, seed: int = 0,
+                     **task_kwargs) -> list[dict]:
+    """Load prompt rows as dicts with keys ``"prompt"``, ``"answer"`` (unless ``answer_column`` is None) and every other column.
+
+    Args:
+        source: a built-in task name (``TASKS``: rows are generated, ``n`` is required, ``split`` is
+            ``"train"`` or ``"validation"``/``"val"``/``"test"`` — the held-out prompts), a local
+            ``.json``/``.jsonl``/``.parquet``/``.csv`` file (one split: ``split`` is ignored), a local
+            directory (``datasets.load_dataset(dir, split=split)``), or a Hub dataset name.
+        split: which split to load (see ``source``).
+        prompt_column: the column holding prompts, renamed to ``"prompt"``. A prompt may be a string
+            or a list of chat messages (``{"role", "content"}`` dicts).
+        answer_column: the column holding reference answers, renamed to ``"answer"``; None for none.
+        n: at most this many rows (a seeded random subset in file order); None for all. For a
+            built-in task exactly ``n`` distinct prompts are generated.
+        seed: the seed for generating task rows or choosing the subset.
+        **task_kwargs: options of the built-in task (e.g. ``digits=2``); rejected for files.
+
+    Raises:
+        ValueError: a missing column (naming the columns the dataset has), an unreadable source, or a
+            task too small for ``n``.
+    """
+    if source in TASKS:
+        if n is None:
+            raise ValueError(f"built-in task {source!r} needs n (the number of prompts to generate)")
+        return make_split(source, split, n, seed, **task_kwargs)
+    if task_kwargs:
+        raise TypeError(f"options {sorted(task_kwargs)} only apply to built-in tasks {sorted(TASKS)}, not to {source!r}")
+    dataset = _load_dataset(source, split)
+    columns = list(dataset.column_names)
+    wanted = [c for c in (prompt_column, answer_column) if c is not None]
+    missing = [c for c in wanted if c not in columns]
+    if missing:
+        raise ValueError(f"{source!r} has no column {missing[0]!r}; its columns are {columns}. "
+                         "Set prompt_column / answer_column (answer_column=None for data without answers).")
+    indices = list(range(len(dataset)))
+    if n is not None and n < len(indices):
+        indices = sorted(random.Random(seed).sample(indices, n))
+        dataset = dataset.select(indices)
+    rows = []
+    for record in dataset:
+        row = dict(record)
+        row["prompt"] = row.pop(prompt_column)
+        if answer_column is not None:
+            row["answer"] = row.pop(answer_column)
+        rows.append(row)
+    return rows
+
+
+def encode_prompts(tokenizer, prompts: list, *, chat_template: bool | None = None, max_prompt_length: int,
+                   system_prompt: str | None = None) -> list[list[int]]:
+    """Token ids of each prompt, ready for generation; never truncates.
+
+    With a chat template (``chat_template=True``, or None and the tokenizer has one) each prompt
+    becomes ``[system?, user]`` messages rendered with ``add_generation_prompt=True``, then
+    tokenized without adding special tokens (the template writes its own). A prompt may also be a
+    list of messages already. Without a chat template the raw text is tokenized with the
+    tokenizer's own special tokens (e.g. a BOS if it adds one); ``system_prompt`` is then
+    prepended followed by a newline.
+
+    Raises:
+        ValueError: a prompt longer than ``max_prompt_length`` tokens (naming its index, length and
+            the limit), or ``chat_template=True`` for a tokenizer without one, or a message-list
+            prompt without a chat template.
+    """
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    use_template = has_template if chat_template is None else chat_template
+    if use_template and not has_template:
+        raise ValueError(f"chat_template=True but tokenizer {type(tokenizer).__name__} has no chat_template; "
+                         "set chat_template to None/False or give the tokenizer one")
+    encoded = []
+    for i, prompt in enumerate(prompts):
+        if use_template:
+            messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            if system_prompt is not None and not any(m.get("role") == "system" for m in messages):
+                messages = [{"role": "system", "content": system_prompt}, *messages]
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            if not isinstance(prompt, str):
+                raise ValueError(f"prompt {i} is a list of chat messages but chat templating is off "
+                                 f"(chat_template={chat_template!r}, tokenizer has one: {has_template})")
+            text = prompt if system_prompt is None else f"{system_prompt}\n{prompt}"
+            ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+        if len(ids) > max_prompt_length:
+            raise ValueError(f"prompt {i} is {len(ids)} tokens, longer than max_prompt_length={max_prompt_length}; "
+                             "raise max_prompt_length or shorten the prompt (prompts are never truncated)")
+        encoded.append(list(ids))
+    return encoded
