@@ -135,3 +135,27 @@ def test_volatility_ignores_slot_order():
     a = RoutingRecord([torch.tensor([[[1, 4], [0, 2]]])])
     b = RoutingRecord([torch.tensor([[[4, 1], [2, 3]]])])
     assert routing_volatility(a, b) == pytest.approx(1 / 4)
+
+
+def test_replay_with_gradient_checkpointing_backward_inside():
+    from lit_gspo.models import enable_gradient_checkpointing
+
+    model, tok = load_policy("tiny-qwen3-moe", seed=0)
+    batch = tok(["12+34=46", "7*8=56"], return_tensors="pt", padding=True)
+    with record_routing(model) as rec, torch.no_grad():
+        ref = token_logprobs(model.eval(), batch)
+    perturb_routers(model)
+    enable_gradient_checkpointing(model)
+    model.train()
+    with replay_routing(model, rec.record), ExpertInputs(model) as seen:
+        lp = token_logprobs(model, batch)
+        lp.sum().backward()
+    recorded = [i.reshape(-1, i.shape[-1]) for i in rec.record.indices]
+    assert len(seen.seen) == 2 * len(recorded)  # forward + recomputation in backward
+    forward, recomputed = seen.seen[: len(recorded)], seen.seen[len(recorded):]
+    for idx, rec_idx in zip(forward, recorded):
+        assert torch.equal(idx, rec_idx)
+    for idx, rec_idx in zip(recomputed, reversed(recorded)):  # backward recomputes the last layer first
+        assert torch.equal(idx, rec_idx)
+    assert all(r.weight.grad is not None for r in moe_routers(model))
+    assert lp.shape == ref.shape

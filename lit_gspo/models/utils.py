@@ -1,0 +1,46 @@
+"""Small model helpers the trainer needs: parameter counts, gradient checkpointing, freezing."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from torch import nn
+
+
+class ParameterCount(NamedTuple):
+    """Total and trainable parameter counts (shared/tied tensors counted once)."""
+
+    total: int
+    trainable: int
+
+
+def count_parameters(model: nn.Module) -> ParameterCount:
+    """Count ``model``'s parameters: ``ParameterCount(total, trainable)``."""
+    params = list(model.parameters())  # nn.Module.parameters() already de-duplicates tied weights
+    return ParameterCount(
+        total=sum(p.numel() for p in params), trainable=sum(p.numel() for p in params if p.requires_grad)
+    )
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> nn.Module:
+    """Turn on non-reentrant gradient checkpointing (no ``enable_input_require_grads`` needed for LoRA).
+
+    Works for plain and LoRA (peft) models. transformers turns the KV cache off in train mode while
+    checkpointing, so put the model in ``eval()`` mode to generate. Raises ``ValueError`` for models that do not support checkpointing.
+    """
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(target, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(target).__name__} does not support gradient checkpointing")
+    kwargs = {"use_reentrant": False}
+    if hasattr(target, "activation_checkpointing_enable"):  # transformers >= 5 (old name deprecated)
+        target.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    return model
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    """Set ``requires_grad=False`` on every parameter and put the model in eval mode (e.g. a reference policy)."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval()
