@@ -79,7 +79,8 @@ def load_policy(
         seed: seed of the random init of built-ins (the caller's RNG state is left untouched).
 
     Returns:
-        ``(model, tokenizer)``; the tokenizer has a pad token and left padding.
+        ``(model, tokenizer)``: the model in eval mode (Lightning switches it to train mode in ``fit``),
+        the tokenizer with a pad token and left padding.
     """
     torch_dtype = parse_dtype(dtype)
     overrides = dict(config_overrides or {})
@@ -100,7 +101,7 @@ def load_policy(
 
     _ensure_pad_token(model, tokenizer)
     tokenizer.padding_side = "left"
-    return model, tokenizer
+    return model.eval(), tokenizer
 
 
 def _unknown(name: str, why: str) -> ValueError:
