@@ -34,13 +34,13 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> RLCLI:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "ablate":
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "ablate":
         from lit_gspo.ablate import main as ablate_main
 
-        ablate_main(argv[1:])
+        ablate_main(args[1:])
         return
-    cli_main(argv)
+    cli_main(argv)  # None: LightningCLI reads sys.argv itself
 
 
 if __name__ == "__main__":

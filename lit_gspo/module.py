@@ -150,8 +150,14 @@ class RLModule(LightningModule):
     def encode(self, rows: list[dict]) -> list[list[int]]:
         from lit_gspo.data import encode_prompts
 
+        g = self.generation
+        context = getattr(self.policy.config, "max_position_embeddings", None) or g.max_prompt_length + g.max_new_tokens
+        if context - g.max_new_tokens < 1:
+            raise ValueError(f"generation.max_new_tokens={g.max_new_tokens} leaves no room for a prompt in the "
+                             f"model's context of {context} tokens")
         return encode_prompts(self.tokenizer, [r["prompt"] for r in rows], chat_template=self.chat_template,
-                              max_prompt_length=self.generation.max_prompt_length, system_prompt=self.system_prompt)
+                              max_prompt_length=min(g.max_prompt_length, context - g.max_new_tokens),
+                              system_prompt=self.system_prompt)
 
     def sample(self, rows: list[dict], *, greedy: bool = False) -> tuple[RolloutBatch, list[str], dict]:
         """Generate (G per prompt, or one greedy) and score; returns the batch, completions and reward stats."""

@@ -1,0 +1,128 @@
+"""The trainer end to end, in-process through LightningCLI: learning, metrics, saving, plug-ins, bad input."""
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from lit_gspo.cli import cli_main
+from lit_gspo.objectives import GSPO
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTRACT_COLUMNS = {"step", "train/reward", "train/clip_frac", "train/kl", "train/entropy", "train/response_length",
+                    "val/reward"}
+
+
+class HalvedGSPO(GSPO, register=False):
+    """A user's objective defined outside the package: GSPO at half the loss."""
+
+    def policy_loss(self, *args, **kwargs):
+        out = super().policy_loss(*args, **kwargs)
+        out.loss = 0.5 * out.loss
+        out.metrics["halved"] = torch.tensor(1.0)
+        return out
+
+
+class FlakyReward:
+    """Raises on the first training batch (16 samples) and returns None for every third sample afterwards."""
+
+    def __init__(self):
+        self.raised = False
+
+    def __call__(self, prompts, completions, **columns):
+        if len(completions) == 16 and not self.raised:
+            self.raised = True
+            raise RuntimeError("reward server down")
+        return [None if i % 3 == 0 else float(c.startswith("7")) for i, c in enumerate(completions)]
+
+
+def tiny_args(tmp_path, *extra):
+    """A seconds-long run: 2-layer model, 8 prompts × 4 completions, 4 new tokens."""
+    return ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
+            "--trainer.max_steps", "3", "--model.warm_start.steps", "0", "--model.val_every_n_steps", "2",
+            "--data.num_train", "64", "--data.num_val", "8", "--data.prompts_per_step", "4",
+            "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4", *extra]
+
+
+def read_metrics(root: Path) -> list[dict]:
+    files = sorted(root.glob("**/metrics.csv"))
+    assert files, f"no metrics.csv under {root}"
+    with open(files[-1]) as f:
+        return list(csv.DictReader(f))
+
+
+def column(rows, key):
+    return [float(r[key]) for r in rows if r.get(key) not in (None, "")]
+
+
+def test_fit_updates_the_policy_logs_the_contract_columns_and_saves_an_hf_model(tmp_path):
+    cli = cli_main(tiny_args(tmp_path), run=False)
+    before = {k: v.clone() for k, v in cli.model.policy.state_dict().items()}
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    after = cli.model.policy.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before), "no parameter changed"
+    rows = read_metrics(tmp_path)
+    assert CONTRACT_COLUMNS <= set(rows[0]), f"missing {CONTRACT_COLUMNS - set(rows[0])}"
+    assert len(column(rows, "train/reward")) == 3
+    # validation before the first update (step 0), every 2 steps, and at the end
+    assert len(column(rows, "val/reward")) >= 3
+    assert min(int(r["step"]) for r in rows if r.get("val/reward")) == 0
+    assert all(0 <= v <= 1 for v in column(rows, "train/clip_frac"))
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf_model")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf_model")
+    ids = tokenizer("rev 123=", return_tensors="pt").input_ids
+    torch.testing.assert_close(reloaded(ids).logits, cli.model.policy.eval()(ids).logits)
+
+
+def test_rl_learns_a_reward_it_can_reach(tmp_path):
+    """Reward 1 for completions starting with '7': from ~chance, GSPO must push the sampled reward up."""
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "25", "--model.optimizer.lr", "0.01",
+                             "--model.rewards", '[{class_path: lit_gspo.rewards.FormatReward, init_args: {pattern: "7.*"}}]',
+                             "--model.kl_to_ref", "false", "--model.val_every_n_steps", "0"), run=False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    rewards = column(read_metrics(tmp_path), "train/reward")
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.3, rewards
+
+
+def test_a_users_objective_plugs_in_by_class_path(tmp_path):
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "1", "--model.objective", f"{__name__}.HalvedGSPO",
+                             "--model.objective.clip_high", "5e-4"), run=False)
+    assert type(cli.model.objective) is HalvedGSPO and cli.model.objective.clip_high == 5e-4
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert column(read_metrics(tmp_path), "train/halved") == [1.0]
+
+
+@pytest.mark.parametrize("name", ["GRPO", "DAPO", "GSPOToken", "PPO", "DrGRPO", "CISPO", "GMPO"])
+def test_every_objective_runs_by_class_name(tmp_path, name):
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.objective", name,
+                             "--model.update.num_minibatches", "2"), run=False)
+    assert type(cli.model.objective).__name__ == name
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    rows = read_metrics(tmp_path)
+    assert all(torch.isfinite(torch.tensor(column(rows, "train/loss"))))
+    if name == "PPO":
+        assert column(rows, "train/value_loss")
+
+
+def test_a_failing_reward_is_masked_and_counted_not_fatal(tmp_path):
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.val_every_n_steps", "0"), run=False)
+    cli.model.reward_set.functions[0] = FlakyReward()  # a plain callable, as a user may pass in Python
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    failed = column(read_metrics(tmp_path), "train/reward_failed")
+    assert failed[0] == 16  # first call raised: every sample of the step masked
+    assert 0 < failed[1] < 16  # then every third sample returned None
+
+
+def test_unknown_objective_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli_main(tiny_args(tmp_path, "--model.objective", "NotAnObjective"), run=False)
+    err = capsys.readouterr().err
+    assert "NotAnObjective" in err
+
+
+def test_prompt_longer_than_the_context_is_refused(tmp_path):
+    cli = cli_main(tiny_args(tmp_path, "--model.model_config", "{max_position_embeddings: 8}"), run=False)
+    with pytest.raises(ValueError, match="longer than max_prompt_length"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
