@@ -135,6 +135,8 @@ class RLModule(LightningModule):
         start = time.perf_counter()
         rollout, stats = self.collect_rollout(rows)
         stats["time/rollout_s"] = time.perf_counter() - start
+        if rollout is not None and not rollout.completion_mask.any() and self.trainer.world_size == 1:
+            rollout = None  # every sample failed: nothing to learn from (other ranks would wait for us under DDP)
         if rollout is not None:
             start = time.perf_counter()
             stats.update(self.update(rollout))
@@ -166,7 +168,7 @@ class RLModule(LightningModule):
         batch = generate(self.policy, self.encode(rows), num_generations=group, max_new_tokens=g.max_new_tokens,
                          pad_id=self.tokenizer.pad_token_id, eos_id=self.tokenizer.eos_token_id,
                          temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, do_sample=not greedy,
-                         synced_gpus=self._synced_gpus())
+                         synced_gpus=self._synced_gpus(), backend=g.backend)
         completion_ids = batch.input_ids[:, batch.prompt_length:].masked_fill(~batch.completion_mask, self.tokenizer.pad_token_id)
         completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         prompts = [r["prompt"] for r in rows for _ in range(group)]

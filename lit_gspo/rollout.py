@@ -47,7 +47,8 @@ class RolloutBatch:
         """Drop prompt columns that are padding in every row and completion columns no row uses."""
         P = self.prompt_length
         first_real = int((self.attention_mask[:, :P].sum(0) > 0).long().argmax()) if P else 0
-        used = int(self.completion_mask.any(0).nonzero().max()) + 1 if self.completion_mask.any() else 0
+        # keep one column even when every row is empty, so the loss still has a graph to backpropagate
+        used = int(self.completion_mask.any(0).nonzero().max()) + 1 if self.completion_mask.any() else 1
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -113,18 +114,32 @@ def completion_mask_through_eos(completions: Tensor, eos_id: int | list[int]) ->
 @torch.no_grad()
 def generate(model: nn.Module, prompt_ids: list[list[int]], *, num_generations: int, max_new_tokens: int,
              pad_id: int, eos_id: int | list[int], temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-             do_sample: bool = True, synced_gpus: bool = False) -> RolloutBatch:
-    """Sample ``num_generations`` completions per prompt (group-major), the model in eval mode."""
+             do_sample: bool = True, synced_gpus: bool = False, backend: str = "hf") -> RolloutBatch:
+    """Sample ``num_generations`` completions per prompt (group-major), the model in eval mode.
+
+    ``backend="fast"`` uses :func:`lit_gspo.fast_generate.fast_generate` (not with ``synced_gpus``).
+    """
     ids, attn = left_pad(prompt_ids, pad_id)
     device = next(model.parameters()).device
-    ids = ids.repeat_interleave(num_generations, 0).to(device)
-    attn = attn.repeat_interleave(num_generations, 0).to(device)
+    ids, attn = ids.to(device), attn.to(device)
+    fast = backend == "fast" and not synced_gpus
+    if not fast:
+        ids = ids.repeat_interleave(num_generations, 0)
+        attn = attn.repeat_interleave(num_generations, 0)
     was_training = model.training
     model.eval()  # gradient checkpointing disables the KV cache in train mode
     try:
         sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k) if do_sample else {}
-        out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=do_sample,
-                             pad_token_id=pad_id, eos_token_id=eos_id, synced_gpus=synced_gpus, **sampling)
+        if fast:
+            from lit_gspo.fast_generate import fast_generate
+
+            out = fast_generate(model, ids, attn, num_generations=num_generations, max_new_tokens=max_new_tokens,
+                                eos_id=eos_id, pad_id=pad_id, do_sample=do_sample, **sampling)
+            ids = ids.repeat_interleave(num_generations, 0)
+            attn = attn.repeat_interleave(num_generations, 0)
+        else:
+            out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                                 pad_token_id=pad_id, eos_token_id=eos_id, synced_gpus=synced_gpus, **sampling)
     finally:
         model.train(was_training)
     prompt_length = ids.shape[1]
