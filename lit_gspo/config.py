@@ -15,8 +15,13 @@ class Generation:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    #: ``hf``: ``model.generate``; ``fast``: :func:`lit_gspo.fast_generate.fast_generate` (one prefill per
+    #: prompt shared by its G completions, finished rows dropped from the KV cache; same greedy tokens)
+    backend: str = "hf"
 
     def __post_init__(self):
+        if self.backend not in ("hf", "fast"):
+            raise ValueError(f"generation.backend must be 'hf' or 'fast', got {self.backend!r}")
         if self.num_generations < 1 or self.max_new_tokens < 1:
             raise ValueError(f"num_generations and max_new_tokens must be >= 1, got {self.num_generations} "
                              f"and {self.max_new_tokens}")

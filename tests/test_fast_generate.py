@@ -1,0 +1,116 @@
+"""The fast sampler: same greedy tokens as HF generate, EOS handling, group-major order, filters, wiring."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from lit_gspo.config import Generation
+from lit_gspo.fast_generate import fast_generate, filter_logits
+from lit_gspo.rollout import generate, left_pad
+
+PAD, EOS = 0, 1
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=23, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
+                         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=2)
+    return LlamaForCausalLM(config).eval()
+
+
+PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12], [7]]
+
+
+def hf_greedy(model, ids, attn, max_new_tokens, eos_id):
+    return model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=False,
+                          pad_token_id=PAD, eos_token_id=eos_id)
+
+
+def test_greedy_matches_hf_generate_with_left_padding(model):
+    ids, attn = left_pad(PROMPTS, PAD)
+    hf = hf_greedy(model, ids, attn, 12, EOS)
+    fast = fast_generate(model, ids, attn, max_new_tokens=12, eos_id=EOS, pad_id=PAD, do_sample=False)
+    assert fast.shape[1] <= hf.shape[1]
+    assert torch.equal(fast, hf[:, :fast.shape[1]])
+    assert (hf[:, fast.shape[1]:] == PAD).all()
+
+
+@pytest.mark.parametrize("eos", [4, [4, 9]])
+def test_greedy_eos_handling_matches_hf(model, eos):
+    """An EOS that some rows hit early: those rows leave the batch and are padded; others continue unchanged."""
+    ids, attn = left_pad(PROMPTS, PAD)
+    free = hf_greedy(model, ids, attn, 16, EOS)[:, ids.shape[1]:]
+    eos_ids = [eos] if isinstance(eos, int) else eos
+    hit = torch.isin(free, torch.tensor(eos_ids)).any(1)
+    hf = hf_greedy(model, ids, attn, 16, eos)
+    fast = fast_generate(model, ids, attn, max_new_tokens=16, eos_id=eos, pad_id=PAD, do_sample=False)
+    assert torch.equal(fast, hf[:, :fast.shape[1]])
+    comp = fast[:, ids.shape[1]:]
+    for row in range(len(PROMPTS)):
+        if hit[row]:  # exactly one EOS, then only padding
+            where = torch.isin(comp[row], torch.tensor(eos_ids)).nonzero().flatten()
+            assert len(where) >= 1 and (comp[row, where[0] + 1:] == PAD).all()
+
+
+def test_stops_when_all_rows_finished(model):
+    ids, attn = left_pad(PROMPTS, PAD)
+    first = fast_generate(model, ids, attn, max_new_tokens=1, eos_id=EOS, pad_id=PAD, do_sample=False)[:, -1]
+    out = fast_generate(model, ids, attn, max_new_tokens=10, eos_id=first.unique().tolist(), pad_id=PAD, do_sample=False)
+    assert out.shape[1] == ids.shape[1] + 1  # every row emitted an EOS at the first step
+
+
+def test_group_major_order_and_shared_prompt(model):
+    ids, attn = left_pad(PROMPTS, PAD)
+    G = 3
+    torch.manual_seed(0)
+    out = fast_generate(model, ids, attn, num_generations=G, max_new_tokens=6, eos_id=EOS, pad_id=PAD)
+    assert out.shape[0] == len(PROMPTS) * G
+    assert torch.equal(out[:, :ids.shape[1]], ids.repeat_interleave(G, 0))
+    # greedy with G copies: every completion of a group equals the single greedy completion of its prompt
+    greedy = fast_generate(model, ids, attn, max_new_tokens=6, eos_id=EOS, pad_id=PAD, do_sample=False)
+    grouped = fast_generate(model, ids, attn, num_generations=G, max_new_tokens=6, eos_id=EOS, pad_id=PAD, do_sample=False)
+    assert torch.equal(grouped, greedy.repeat_interleave(G, 0))
+
+
+def test_sampling_is_reproducible_with_a_generator(model):
+    ids, attn = left_pad(PROMPTS, PAD)
+    runs = [fast_generate(model, ids, attn, num_generations=4, max_new_tokens=8, eos_id=EOS, pad_id=PAD,
+                          generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_sampled_tokens_follow_the_model_distribution(model):
+    """First sampled token frequencies match softmax(logits) of the prompt (a loose chi-square-free check)."""
+    ids, attn = left_pad([[5, 6, 7]], PAD)
+    probs = model(input_ids=ids, attention_mask=attn).logits[0, -1].float().softmax(-1)
+    out = fast_generate(model, ids, attn, num_generations=4000, max_new_tokens=1, eos_id=EOS, pad_id=PAD,
+                        generator=torch.Generator().manual_seed(0))
+    freq = torch.bincount(out[:, -1], minlength=probs.numel()).float() / 4000
+    assert (freq - probs).abs().max() < 0.03
+
+
+def test_filter_logits_top_k_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert torch.isinf(filter_logits(logits, top_k=2)).tolist() == [[False, False, True, True]]
+    assert torch.isinf(filter_logits(logits, top_p=0.7)).tolist() == [[False, False, True, True]]
+    assert torch.isinf(filter_logits(logits, top_p=0.85)).tolist() == [[False, False, False, True]]  # 0.8 < 0.85
+    assert torch.isinf(filter_logits(logits, top_p=0.9)).tolist() == [[False, False, False, True]]
+    assert torch.allclose(filter_logits(logits, temperature=2.0), logits / 2)
+
+
+def test_rollout_backends_agree_on_greedy(model):
+    hf = generate(model, PROMPTS, num_generations=2, max_new_tokens=10, pad_id=PAD, eos_id=EOS, do_sample=False)
+    fast = generate(model, PROMPTS, num_generations=2, max_new_tokens=10, pad_id=PAD, eos_id=EOS, do_sample=False,
+                    backend="fast")
+    assert hf.prompt_length == fast.prompt_length
+    assert torch.equal(hf.input_ids, fast.input_ids)
+    assert torch.equal(hf.attention_mask, fast.attention_mask)
+    assert torch.equal(hf.completion_mask, fast.completion_mask)
+
+
+def test_generation_backend_is_validated():
+    assert Generation(backend="fast").backend == "fast"
+    with pytest.raises(ValueError, match="backend"):
+        Generation(backend="vllm")
