@@ -20,11 +20,25 @@ TRAINER_DEFAULTS = {
 
 
 class RLCLI(LightningCLI):
-    """LightningCLI with CSV metrics by default (``<default_root_dir>/**/metrics.csv``)."""
+    """LightningCLI with CSV metrics by default (``<default_root_dir>/**/metrics.csv``) and checkpoints.
+
+    Checkpoints (``lit_gspo.checkpointing``): ``<default_root_dir>/checkpoints/last.ckpt`` every
+    ``checkpoint_every_n_steps`` steps, written atomically; resume with ``--ckpt_path last``.
+    ``FSDPStrategy`` (FSDP1) is refused with a pointer to ``ModelParallelStrategy`` (FSDP2).
+    """
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument("--checkpoint_every_n_steps", type=int, default=50,
+                            help="save <default_root_dir>/checkpoints/last.ckpt every n optimiser steps "
+                                 "(with trainer.enable_checkpointing; 0 = at the end of each epoch)")
 
     def _instantiate_trainer(self, config, callbacks):
+        from lit_gspo.checkpointing import configure_checkpointing
+
         if config.get("logger") in (None, True):
             config["logger"] = CSVLogger(save_dir=config.get("default_root_dir") or os.getcwd())
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        configure_checkpointing(config, callbacks, cfg.get("checkpoint_every_n_steps", 50))
         return super()._instantiate_trainer(config, callbacks)
 
 

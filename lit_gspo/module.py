@@ -115,10 +115,33 @@ class RLModule(LightningModule):
         params = [p for p in self.policy.parameters() if p.requires_grad]
         if self.value_head is not None:
             params += list(self.value_head.parameters())
-        opt = self.optimizer_factory(params)
+        from lit_gspo.optim import shard_aware
+
+        opt = shard_aware(self.optimizer_factory(params))  # bitsandbytes on FSDP2 shards: update local shards
         if self.scheduler_factory is None:
             return opt
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
+
+    def configure_model(self) -> None:
+        """FSDP2 (``ModelParallelStrategy``): ``fully_shard`` each decoder layer, then the root; FSDP1 is refused."""
+        from lit_gspo.distributed import apply_fsdp2, check_strategy
+
+        if self._trainer is not None:
+            check_strategy(self.trainer.strategy)
+        if self.device_mesh is not None:
+            apply_fsdp2(self, self.device_mesh)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Every rank's torch/numpy/python RNG states and the refill generator (Lightning saves none)."""
+        from lit_gspo.checkpointing import rng_states
+
+        checkpoint["rng_states"] = rng_states(self._refill_generator)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        from lit_gspo.checkpointing import restore_rng_states
+
+        if "rng_states" in checkpoint:
+            restore_rng_states(checkpoint["rng_states"], self.global_rank, self._refill_generator)
 
     def on_train_start(self) -> None:
         if self.global_step == 0:
@@ -128,8 +151,11 @@ class RLModule(LightningModule):
 
     def on_train_end(self) -> None:
         self.run_validation()
+        from lit_gspo.distributed import full_state_dict, is_sharded
+
+        state_dict = full_state_dict(self.policy) if is_sharded(self.policy) else None  # collective under FSDP2
         if self.trainer.is_global_zero:
-            self.save_hf_model(Path(self.trainer.default_root_dir) / "hf_model")
+            self.save_hf_model(Path(self.trainer.default_root_dir) / "hf_model", state_dict)
 
     def training_step(self, rows: list[dict], batch_idx: int):
         start = time.perf_counter()
@@ -141,6 +167,10 @@ class RLModule(LightningModule):
             start = time.perf_counter()
             stats.update(self.update(rollout))
             stats["time/update_s"] = time.perf_counter() - start
+        from lit_gspo.distributed import reduce_step_stats
+
+        stats = reduce_step_stats(stats, None if rollout is None else rollout.rewards,  # over ranks (DDP/FSDP2)
+                                  None if rollout is None else rollout.completion_mask.sum(1))
         self.log_dict({f"train/{k}" if not k.startswith("time/") else k: float(v) for k, v in stats.items()},
                       on_step=True, on_epoch=False, batch_size=len(rows))
         self.log_dict({"reward": float(stats["reward"]), "clip": float(stats.get("clip_frac", 0.0))},
@@ -277,22 +307,28 @@ class RLModule(LightningModule):
         size = math.ceil(n / cfg.num_minibatches)
         world = self.trainer.world_size if self._trainer is not None else 1
         records: list[tuple[dict, float]] = []
-        grad_norms = []
+        grad_norms, step_losses = [], []
         for epoch in range(cfg.epochs):
             order = torch.randperm(n) if cfg.num_minibatches > 1 else torch.arange(n)
             for start in range(0, n, size):
                 minibatch = rollout.select(order[start:start + size])
                 counts = self.global_counts(minibatch.completion_mask)
                 opt.zero_grad()
+                step_loss = 0.0  # this rank's share of the minibatch loss (normalised by global counts)
                 for micro in self._micro_batches(minibatch):
                     out, tokens = self.micro_step(micro, counts, with_entropy=epoch == 0)
                     self.manual_backward(out.loss * world)  # DDP/FSDP average gradients over ranks
-                    records.append(({k: float(v) for k, v in out.metrics.items()} | {"loss": float(out.loss)}, tokens))
+                    records.append(({k: float(v) for k, v in out.metrics.items()}, tokens))
+                    step_loss += float(out.loss)
+                step_losses.append(step_loss)
                 grad_norms.append(self.clip_and_norm())
                 opt.step()
                 if scheduler is not None:
                     scheduler.step()
-        metrics = _weighted_means(records)
+        from lit_gspo.distributed import reduce_weighted_means, sum_over_ranks
+
+        metrics = reduce_weighted_means(records)  # token-weighted over every rank's micro-batches
+        metrics["loss"] = sum_over_ranks(sum(step_losses) / len(step_losses))  # micro-batch and rank shares add up
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
         metrics["lr"] = opt.param_groups[0]["lr"] if not hasattr(opt, "optimizer") else opt.optimizer.param_groups[0]["lr"]
         return metrics
@@ -382,12 +418,18 @@ class RLModule(LightningModule):
         if self.ref_policy is not None:  # the reference is the policy RL starts from
             self.ref_policy.load_state_dict(self.policy.state_dict())
 
-    def save_hf_model(self, path: Path) -> None:
+    def save_hf_model(self, path: Path, state_dict: dict | None = None) -> None:
+        """Save in Hugging Face format; ``state_dict``: the full weights of an FSDP2-sharded policy."""
         model = self.policy
         if self.lora is not None:
             from lit_gspo.models.lora import merged_for_saving
             model = merged_for_saving(self.policy)
-        model.save_pretrained(path)
+        model.save_pretrained(path, state_dict=state_dict)
+        if state_dict is not None:  # fully_shard renamed the class (FSDPLlamaForCausalLM): record the real one
+            from lit_gspo.distributed import unsharded_class
+
+            model.config.architectures = [unsharded_class(model).__name__]
+            model.config.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         rank_zero_info(f"saved the policy in Hugging Face format to {path}")
 

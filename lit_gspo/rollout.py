@@ -177,11 +177,17 @@ def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float 
     backward instead of keeping its (B, c, V) logits alive.
     """
     P, T = batch.prompt_length, batch.completion_mask.shape[1]
-    hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                 position_ids=position_ids_of(batch.attention_mask)).last_hidden_state
+    if _is_fsdp2(model):
+        hidden = _decoder_output_through_root(model, batch.input_ids, batch.attention_mask)
+    else:
+        hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                     position_ids=position_ids_of(batch.attention_mask)).last_hidden_state
     hidden = hidden[:, P - 1:P - 1 + T]  # the state that predicts completion token t
     targets = batch.input_ids[:, P:P + T]
     head = model.get_output_embeddings()
+    if type(head.weight).__name__ == "DTensor":
+        raise RuntimeError("the LM head weight is still sharded after the root's forward: do not set "
+                           "reshard_after_forward=True on the root fully_shard (lit_gspo.distributed.apply_fsdp2)")
     chunk = max(1, max_chunk_elements // max(1, hidden.shape[0] * head.weight.shape[0]))
     logps, ents = [], []
     for start in range(0, T, chunk):
@@ -199,6 +205,37 @@ def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float 
     return TokenForward(logprobs=torch.cat(logps, 1) if logps else empty,
                         entropy=(torch.cat(ents, 1) if ents else empty) if with_entropy else None,
                         values=values)
+
+
+def _is_fsdp2(model: nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(model, FSDPModule)
+
+
+def _decoder_output_through_root(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """The decoder's last hidden state, running the *root* module's forward (FSDP2).
+
+    Under FSDP2 only the root's forward unshards the root's own parameters (embeddings, final norm,
+    LM head) and sets up their gradient reduction; calling the decoder directly would see sharded
+    DTensors. The root runs with ``logits_to_keep`` = no positions (logits (B, 0, V): nothing is
+    materialised) and a forward hook hands back the decoder's output. The root stays unsharded after
+    its forward (FSDP2's default for the root), so the LM head weight is usable afterwards.
+    """
+    captured = {}
+
+    def keep(module, args, output):
+        captured["hidden"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+
+    handle = model.get_decoder().register_forward_hook(keep)
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_of(attention_mask),
+              use_cache=False, logits_to_keep=torch.zeros(0, dtype=torch.long, device=input_ids.device))
+    finally:
+        handle.remove()
+    return captured["hidden"]
 
 
 def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
