@@ -16,6 +16,7 @@ import copy
 import math
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -27,6 +28,8 @@ from torch import Tensor, nn
 
 from lit_gspo import advantages as adv
 from lit_gspo.config import Generation, LoRA, Update, WarmStart
+from lit_gspo.diagnostics import RatioStats
+from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, replay_routing, routing_volatility
 from lit_gspo.objectives import GSPO, Counts, Objective
 from lit_gspo.rollout import RolloutBatch, concat_rollouts, generate, token_logprobs
 
@@ -50,6 +53,11 @@ class RLModule(LightningModule):
         max_sampling_rounds: generation rounds allowed per step when refilling.
         kl_to_ref: keep a frozen reference policy to log ``train/kl`` even when β = 0.
         val_every_n_steps: greedy validation every n RL steps (also once before the first update).
+        routing_replay: MoE only: record each layer's top-k experts in the old-policy pass (which then runs even
+            on-policy) and force the update's forward to use them (Routing Replay, GSPO paper §5.3).
+        track_routing_volatility: MoE only: log ``train/routing_volatility``, the share of (completion token,
+            layer, top-k slot) choices that differ between the old-policy pass and the policy after the step's
+            updates (one extra no-grad forward over the rollout; the old pass runs even on-policy).
     """
 
     def __init__(
@@ -75,6 +83,8 @@ class RLModule(LightningModule):
         lora: LoRA | None = None,
         warm_start: WarmStart | None = None,
         val_every_n_steps: int = 10,
+        routing_replay: bool = False,
+        track_routing_volatility: bool = True,
         seed: int = 0,
     ):
         super().__init__()
@@ -99,6 +109,11 @@ class RLModule(LightningModule):
 
         self.policy, self.tokenizer = load_policy(model, gguf_file=gguf_file, config_overrides=model_config, seed=seed)
         self.lora = lora
+        self.is_moe = bool(moe_routers(self.policy))
+        if routing_replay and not self.is_moe:
+            raise ValueError(f"routing_replay needs an MoE policy with top-k routers; {model!r} has none")
+        self.routing_replay = routing_replay
+        self.records_routing = self.is_moe and (routing_replay or track_routing_volatility)
         if lora is not None:
             from lit_gspo.models.lora import apply_lora
             self.policy = apply_lora(self.policy, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
@@ -260,11 +275,15 @@ class RLModule(LightningModule):
     @torch.no_grad()
     def snapshot(self, rollout: RolloutBatch) -> None:
         """Old-policy log-probs (off-policy only), reference log-probs, old values and advantages."""
-        need_old = not self.update_cfg.on_policy or self.value_head is not None
-        olds, refs, vals = [], [], []
+        need_old = not self.update_cfg.on_policy or self.value_head is not None or self.records_routing
+        olds, refs, vals, routes = [], [], [], []
         for micro in self._micro_batches(rollout):
             if need_old:
-                fwd = token_logprobs(self.policy, micro, temperature=self.generation.temperature, value_head=self.value_head)
+                with record_routing(self.policy) if self.records_routing else nullcontext() as recorder:
+                    fwd = token_logprobs(self.policy, micro, temperature=self.generation.temperature,
+                                         value_head=self.value_head)
+                if recorder is not None:
+                    routes.append(recorder.record)
                 olds.append(fwd.logprobs)
                 if fwd.values is not None:
                     vals.append(fwd.values.float())
@@ -272,6 +291,8 @@ class RLModule(LightningModule):
                 refs.append(self._ref_logprobs(micro))
         if need_old and not self.update_cfg.on_policy:
             rollout.old_logprobs = torch.cat(olds)
+        if routes:
+            rollout.routing = RoutingRecord.cat(routes)  # (N, P + T, k) per MoE layer
         if refs:
             rollout.ref_logprobs = torch.cat(refs)
         mask = rollout.completion_mask
@@ -308,6 +329,7 @@ class RLModule(LightningModule):
         world = self.trainer.world_size if self._trainer is not None else 1
         records: list[tuple[dict, float]] = []
         grad_norms, step_losses = [], []
+        ratio_stats, steps_done = RatioStats(), 0  # ratios seen after ≥1 optimiser step (before it they are 1)
         for epoch in range(cfg.epochs):
             order = torch.randperm(n) if cfg.num_minibatches > 1 else torch.arange(n)
             for start in range(0, n, size):
@@ -316,13 +338,17 @@ class RLModule(LightningModule):
                 opt.zero_grad()
                 step_loss = 0.0  # this rank's share of the minibatch loss (normalised by global counts)
                 for micro in self._micro_batches(minibatch):
-                    out, tokens = self.micro_step(micro, counts, with_entropy=epoch == 0)
-                    self.manual_backward(out.loss * world)  # DDP/FSDP average gradients over ranks
+                    micro = micro.trimmed()
+                    with self._replayed_routing(micro):  # backward inside too: checkpointed layers route again
+                        out, tokens = self.micro_step(micro, counts, with_entropy=epoch == 0,
+                                                      ratio_stats=ratio_stats if steps_done else None)
+                        self.manual_backward(out.loss * world)  # DDP/FSDP average gradients over ranks
                     records.append(({k: float(v) for k, v in out.metrics.items()}, tokens))
-                    step_loss += float(out.loss)
+                    step_loss += float(out.loss.detach())
                 step_losses.append(step_loss)
                 grad_norms.append(self.clip_and_norm())
                 opt.step()
+                steps_done += 1
                 if scheduler is not None:
                     scheduler.step()
         from lit_gspo.distributed import reduce_weighted_means, sum_over_ranks
@@ -331,13 +357,37 @@ class RLModule(LightningModule):
         metrics["loss"] = sum_over_ranks(sum(step_losses) / len(step_losses))  # micro-batch and rank shares add up
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
         metrics["lr"] = opt.param_groups[0]["lr"] if not hasattr(opt, "optimizer") else opt.optimizer.param_groups[0]["lr"]
+        if not cfg.on_policy:  # ratio diagnostics (lit_gspo.diagnostics); NaN where undefined, same keys every step
+            metrics.update({f"ratio/{k}": v for k, v in ratio_stats.compute(self.generation.max_new_tokens).items()})
+        if self.records_routing and rollout.routing is not None:
+            metrics["routing_volatility"] = self.measure_routing_volatility(rollout)
         return metrics
 
-    def micro_step(self, micro: RolloutBatch, counts: Counts, with_entropy: bool):
+    def _replayed_routing(self, micro: RolloutBatch):
+        if self.routing_replay and micro.routing is not None:
+            return replay_routing(self.policy, micro.routing)
+        return nullcontext()
+
+    @torch.no_grad()
+    def measure_routing_volatility(self, rollout: RolloutBatch) -> float:
+        """Share of (completion token, layer, top-k slot) choices of the current policy that differ from ``rollout.routing``.
+
+        One no-grad forward over the whole rollout, in micro-batches, without replay.
+        """
+        with record_routing(self.policy) as recorder:
+            for micro in self._micro_batches(rollout):
+                token_logprobs(self.policy, micro, temperature=self.generation.temperature)
+        mask = torch.cat([torch.zeros_like(rollout.input_ids[:, :rollout.prompt_length], dtype=torch.bool),
+                          rollout.completion_mask], 1)
+        return routing_volatility(rollout.routing, recorder.record, mask)
+
+    def micro_step(self, micro: RolloutBatch, counts: Counts, with_entropy: bool, ratio_stats: RatioStats | None = None):
         micro = micro.trimmed()
         fwd = token_logprobs(self.policy, micro, temperature=self.generation.temperature, with_entropy=with_entropy,
                              value_head=self.value_head)
         old = micro.old_logprobs if micro.old_logprobs is not None else fwd.logprobs.detach()
+        if ratio_stats is not None and micro.old_logprobs is not None:
+            ratio_stats.add(fwd.logprobs, old, micro.completion_mask)
         extra = {}
         if self.value_head is not None:
             extra = dict(values=fwd.values, old_values=micro.old_values, returns=micro.returns)

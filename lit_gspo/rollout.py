@@ -30,17 +30,19 @@ class RolloutBatch:
     ref_logprobs: Tensor | None = None  # (N, T) fp32
     old_values: Tensor | None = None  # (N, T) fp32, PPO critic
     returns: Tensor | None = None  # (N, T) fp32, PPO critic
-    routing: Any = None  # recorded MoE expert choices, for Routing Replay
+    routing: Any = None  # RoutingRecord of the old-policy pass, (N, P + T, k) per MoE layer; select/trimmed slice it
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def select(self, index: Tensor) -> "RolloutBatch":
-        """Rows ``index`` of every per-row tensor (routing is per forward pass and is re-sliced by its owner)."""
+        """Rows ``index`` of every per-row tensor, and of the routing record (``RoutingRecord[rows]``)."""
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            out[f.name] = value[index] if isinstance(value, Tensor) and value.dim() > 0 else value
+            if isinstance(value, Tensor) and value.dim() > 0 or f.name == "routing" and value is not None:
+                value = value[index]
+            out[f.name] = value
         return replace(self, **out)
 
     def trimmed(self) -> "RolloutBatch":
@@ -56,6 +58,8 @@ class RolloutBatch:
                 value = value[:, first_real:P + used]
             elif isinstance(value, Tensor) and value.dim() == 2:  # (N, T) completion-aligned
                 value = value[:, :used]
+            elif f.name == "routing" and value is not None:  # RoutingRecord over input_ids' columns: (N, P + T, k)
+                value = type(value)([t[:, first_real:P + used] for t in value.indices])
             out[f.name] = value
         out["prompt_length"] = P - first_real
         return replace(self, **out)
