@@ -1,0 +1,149 @@
+"""MoE inside the trainer: Routing Replay in the update forward, and train/routing_volatility."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lit_gspo.config import Generation, Update
+from lit_gspo.models.routing import moe_routers
+from lit_gspo.module import RLModule
+from lit_gspo.objectives import GRPO
+from lit_gspo.rewards import CharAccuracy
+from lit_gspo.rollout import token_logprobs
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_trainer import column, read_metrics, tiny_args  # noqa: E402
+
+# prompts of different lengths, so a micro-batch of short prompts is trimmed differently from the rollout
+ROWS = [{"prompt": "rev 12=", "answer": "21"}, {"prompt": "rev 1234567=", "answer": "7654321"},
+        {"prompt": "rev 345=", "answer": "543"}, {"prompt": "rev 98765=", "answer": "56789"}]
+
+
+class ExpertInputs:
+    """The top-k indices each Qwen3-MoE experts module actually receives, per forward pass."""
+
+    def __init__(self, model):
+        self.blocks = [m for m in model.modules() if type(m).__name__ == "Qwen3MoeExperts"]
+        self.seen: list[torch.Tensor] = []
+
+    def __enter__(self):
+        self.handles = [b.register_forward_pre_hook(lambda mod, args: self.seen.append(args[1].clone()))
+                        for b in self.blocks]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+
+
+def moe_module(**kwargs) -> RLModule:
+    kwargs = dict(model="tiny-qwen3-moe", objective=GRPO(), rewards=[CharAccuracy()], kl_to_ref=False,
+                  generation=Generation(num_generations=3, max_new_tokens=5),
+                  update=Update(num_minibatches=2, micro_batch_size=4)) | kwargs
+    return RLModule(**kwargs)
+
+
+def snapshot_rollout(module: RLModule):
+    torch.manual_seed(0)
+    rollout, _, _ = module.sample(ROWS)
+    rollout = rollout.trimmed()
+    module.snapshot(rollout)
+    return rollout
+
+
+def perturb_routers(model, scale=1.0):
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for router in moe_routers(model):
+            router.weight.add_(scale * torch.randn(router.weight.shape, generator=g))
+
+
+@pytest.fixture(scope="module")
+def replay():
+    module = moe_module(routing_replay=True)
+    return module, snapshot_rollout(module)
+
+
+def test_the_old_pass_records_routing_over_the_whole_rollout(replay):
+    module, rollout = replay
+    k, layers = module.policy.config.num_experts_per_tok, module.policy.config.num_hidden_layers
+    assert rollout.routing.num_layers == layers
+    assert rollout.routing.shape == (*rollout.input_ids.shape, k)  # (N, P + T, k), joined over micro-batches
+    assert rollout.old_logprobs is not None
+
+
+def test_replay_uses_the_recorded_experts_and_reproduces_old_logprobs(replay):
+    module, rollout = replay
+    rows = torch.tensor([0, 6, 7, 8])  # prompts 0 and 2 are the shortest: trimming drops prompt padding
+    micro = rollout.select(rows).trimmed()
+    assert micro.prompt_length < rollout.prompt_length
+    with torch.no_grad(), ExpertInputs(module.policy) as experts, module._replayed_routing(micro):
+        logp = token_logprobs(module.policy, micro, temperature=module.generation.temperature).logprobs
+    for layer, used in enumerate(experts.seen):
+        assert torch.equal(used, micro.routing.indices[layer].reshape(used.shape))
+    T = micro.completion_mask.shape[1]
+    mask = micro.completion_mask
+    old = rollout.old_logprobs[rows][:, :T]
+    torch.testing.assert_close(logp[mask], old[mask], rtol=0, atol=1e-5)
+
+
+def test_replay_pins_the_experts_after_the_router_moved():
+    module = moe_module(routing_replay=True)
+    rollout = snapshot_rollout(module)
+    perturb_routers(module.policy, scale=2.0)
+    micro = rollout.select(torch.arange(len(rollout))).trimmed()
+    with torch.no_grad(), ExpertInputs(module.policy) as free:
+        token_logprobs(module.policy, micro)
+    with torch.no_grad(), ExpertInputs(module.policy) as pinned, module._replayed_routing(micro):
+        token_logprobs(module.policy, micro)
+    recorded = [t.reshape(-1, t.shape[-1]) for t in micro.routing.indices]
+    assert any(not torch.equal(a, b) for a, b in zip(free.seen, recorded))
+    assert all(torch.equal(a, b) for a, b in zip(pinned.seen, recorded))
+
+
+def test_volatility_is_zero_before_an_update_and_positive_after_the_router_moved():
+    module = moe_module()  # no replay: volatility tracking alone records the old pass, even on-policy
+    module.update_cfg = Update()
+    rollout = snapshot_rollout(module)
+    assert rollout.routing is not None and rollout.old_logprobs is None
+    assert module.measure_routing_volatility(rollout) == 0.0
+    perturb_routers(module.policy, scale=2.0)
+    assert 0.0 < module.measure_routing_volatility(rollout) <= 1.0
+
+
+def test_routing_replay_on_a_dense_model_is_refused():
+    with pytest.raises(ValueError, match="routing_replay needs an MoE"):
+        RLModule(model="tiny-llama", routing_replay=True)
+
+
+def first_char_parity(prompts, completions, **columns):
+    return [float(ord(c[0]) % 2) if c else 0.0 for c in completions]
+
+
+def test_fit_logs_routing_volatility_for_moe_and_moves_the_router(tmp_path):
+    """A high learning rate moves the routers within one step: volatility > 0, with and without replay."""
+    args = tiny_args(tmp_path, "--model.model", "tiny-qwen3-moe", "--model.model_config", "{}",
+                     "--trainer.max_steps", "4", "--model.optimizer.lr", "0.05", "--model.objective", "GRPO",
+                     "--model.update.num_minibatches", "2", "--model.routing_replay", "true",
+                     "--model.val_every_n_steps", "0")
+    from lit_gspo.cli import cli_main
+
+    cli = cli_main(args, run=False)
+    cli.model.reward_set.functions[0] = first_char_parity  # varies even for a random policy: non-zero advantages
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    rows = read_metrics(tmp_path)
+    assert max(column(rows, "train/grad_norm")) > 0
+    vol = column(rows, "train/routing_volatility")
+    assert len(vol) == 2 and all(0.0 <= v <= 1.0 for v in vol)  # 2 RL steps × 2 optimiser steps
+    assert max(vol) > 0.0, vol
+    assert column(rows, "train/ratio/seq_logratio_std")  # off-policy ratio diagnostics logged too
+
+
+def test_dense_models_log_no_routing_volatility(tmp_path):
+    from lit_gspo.cli import cli_main
+
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "1", "--model.val_every_n_steps", "0"), run=False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert "train/routing_volatility" not in read_metrics(tmp_path)[0]
