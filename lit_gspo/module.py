@@ -124,6 +124,7 @@ class RLModule(LightningModule):
         self.value_head = nn.Linear(self.policy.config.hidden_size, 1) if self.objective.needs_critic else None
         self.reward_set = RewardSet(list(rewards) if rewards else [ExactMatch()], reward_weights)
         self._refill_generator = torch.Generator().manual_seed(seed)
+        self._last_val_step: int | None = None
 
     # ------------------------------------------------------------------ Lightning plumbing
     def configure_optimizers(self):
@@ -190,8 +191,13 @@ class RLModule(LightningModule):
                       on_step=True, on_epoch=False, batch_size=len(rows))
         self.log_dict({"reward": float(stats["reward"]), "clip": float(stats.get("clip_frac", 0.0))},
                       prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=len(rows))
-        if self.val_every_n_steps and (batch_idx + 1) % self.val_every_n_steps == 0:
-            self.run_validation()
+        if self.val_every_n_steps and (self.rl_step + 1) % self.val_every_n_steps == 0:
+            self.run_validation(step=self.rl_step + 1)
+
+    @property
+    def rl_step(self) -> int:
+        """RL steps (rollout batches) done so far, across epochs and resumes: the ``step`` of the logs."""
+        return self.trainer.fit_loop.epoch_loop._batches_that_stepped
 
     # ------------------------------------------------------------------ rollout
     def encode(self, rows: list[dict]) -> list[list[int]]:
@@ -418,11 +424,13 @@ class RLModule(LightningModule):
 
     # ------------------------------------------------------------------ validation, warm start, saving
     @torch.no_grad()
-    def run_validation(self) -> dict[str, float]:
+    def run_validation(self, step: int | None = None) -> dict[str, float]:
         """Mean reward of greedy completions on the held-out prompts, logged as ``val/reward``."""
         dm = self.trainer.datamodule if self._trainer is not None else None
-        if dm is None or not hasattr(dm, "val_dataloader"):
-            return {}
+        step = self.rl_step if step is None else step
+        if dm is None or not hasattr(dm, "val_dataloader") or step == self._last_val_step:
+            return {}  # (the last periodic validation may coincide with the one at the end)
+        self._last_val_step = step
         total, count, lengths = 0.0, 0, 0.0
         for rows in dm.val_dataloader():
             rows = rows[self.global_rank::self.trainer.world_size]
@@ -437,7 +445,6 @@ class RLModule(LightningModule):
             dist.all_reduce(sums)
         metrics = {"val/reward": float(sums[0] / sums[1].clamp(min=1)),
                    "val/response_length": float(sums[2] / sums[1].clamp(min=1))}
-        step = self.trainer.fit_loop.epoch_loop._batches_that_stepped
         for logger in self.loggers:
             logger.log_metrics(metrics, step=step)
         rank_zero_info(f"step {step}: val/reward = {metrics['val/reward']:.4f}")
