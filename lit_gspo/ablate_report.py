@@ -100,6 +100,11 @@ def summarise_run(run_dir: Path, *, arm: str, seed: int, target: float, target_m
     for column, metric in MEAN_COLUMNS.items():
         row[column] = _mean([v for _, v in curves.get(f"train/{metric}", [])])
     row["num_steps"] = len(train_reward)
+    with open(path) as f:  # every ratio diagnostic (length / position buckets), for the report's second table
+        keys = [k for k in (csv.DictReader(f).fieldnames or []) if k.startswith("train/ratio/")]
+    with open(path) as f:
+        table = list(csv.DictReader(f))
+    row["ratio_means"] = {k[len("train/ratio/"):]: _mean([_float(r.get(k)) for r in table]) for k in keys}
     losses = [v for _, v in curves.get("train/loss", [])]
     nan_loss = any(not math.isfinite(v) for v in losses)
     best, final = row["best_val_reward"], row["final_val_reward"]
@@ -116,6 +121,12 @@ def _mean_pm(values: list[float], digits: int = 3) -> str:
     if len(values) == 1:
         return f"{mean:.{digits}g}"
     return f"{mean:.{digits}g} ± {statistics.stdev(values):.2g}"
+
+
+def _bucket_order(key: str):
+    kind = 0 if key.startswith("seq_logratio_std") else 1 if key.startswith("seq_logratio_absmax") else 2
+    lo = key.rsplit("len", 1)[-1] if "_len" in key else key.rsplit("pos", 1)[-1]
+    return kind, int(lo.split("-")[0]) if lo.split("-")[0].isdigit() else 0
 
 
 def write_curves(path: Path, curves: dict) -> None:
@@ -150,7 +161,7 @@ def plot(path: Path, curves: dict, arms: list[str], key: str, title: str, smooth
 
     fig, ax = plt.subplots(figsize=(5.2, 3.2), dpi=80)
     drawn = False
-    for arm in arms:
+    for i, arm in enumerate(arms):
         per_seed = [dict(c[key]) if c.get(key) else None for (a, _), c in curves.items() if a == arm]
         per_seed = [s for s in per_seed if s]
         if not per_seed:
@@ -164,7 +175,7 @@ def plot(path: Path, curves: dict, arms: list[str], key: str, title: str, smooth
             mean.append(sum(vals) / len(vals) if vals else float("nan"))
             lo.append(min(vals) if vals else float("nan"))
             hi.append(max(vals) if vals else float("nan"))
-        (line,) = ax.plot(steps, mean, label=arm, lw=1.4)
+        (line,) = ax.plot(steps, mean, label=arm, lw=1.4, ls=["-", "--", ":", "-."][i % 4])  # overlaps stay visible
         if len(per_seed) > 1:
             ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.18, lw=0)
         drawn = True
@@ -215,6 +226,17 @@ def write_report(ab, rows: list[dict], curves: dict, arms: list[str]) -> None:
         collapsed = sum(bool(r.get("collapsed")) for r in ok)
         lines.append(f"| {arm} | {len(ok)}/{len(mine)} | " + " | ".join(cells) + f" | {reached}/{len(ok)} | "
                      f"{collapsed}/{len(ok)} |")
+    ratio_keys = sorted({k for r in rows for k in (r.get("ratio_means") or {}) if "_len" in k or "_pos" in k},
+                        key=_bucket_order)
+    if ratio_keys:
+        lines += ["", "Ratio diagnostics by length / position bucket (mean over steps, then mean ± std over seeds): "
+                  "`seq_logratio_std_lenA-B` = std of Σ_t log r_t over sequences of length A..B; "
+                  "`token_ratio_var_posA-B` = variance of r_t at positions A..B.", "",
+                  "| arm | " + " | ".join(ratio_keys) + " |", "|---" * (len(ratio_keys) + 1) + "|"]
+        for arm in arms:
+            ok = [r for r in rows if r["arm"] == arm and r.get("status") == "ok"]
+            lines.append(f"| {arm} | " + " | ".join(_mean_pm([(r.get("ratio_means") or {}).get(k) for r in ok])
+                                                   for k in ratio_keys) + " |")
     failed = [r for r in rows if r.get("status") != "ok"]
     if failed:
         lines += ["", "Failed runs: " + "; ".join(f"{r['arm']} seed {r['seed']}: {r.get('error')}" for r in failed)]

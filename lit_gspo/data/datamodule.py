@@ -87,7 +87,10 @@ class PromptLoader(DataLoader):
     """A DataLoader of row lists (collate = identity) whose position Lightning saves and restores."""
 
     def __init__(self, rows: list[dict], batch_size: int, sampler: ResumableSampler) -> None:
-        super().__init__(RowDataset(rows), batch_size=batch_size, sampler=sampler, collate_fn=_identity, drop_last=True)
+        # a private generator: each new iterator draws its base seed from it, not from the global torch RNG
+        # (so re-creating the iterator after a resume does not shift the sampling RNG stream)
+        super().__init__(RowDataset(rows), batch_size=batch_size, sampler=sampler, collate_fn=_identity, drop_last=True,
+                         generator=torch.Generator().manual_seed(sampler.seed))
 
     def __iter__(self):
         sampler = self.sampler
