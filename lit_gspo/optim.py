@@ -121,9 +121,13 @@ class LocalShardUpdates:
         if any(_is_dtensor(p) for p in params):
             self._ensure_state()
             state_dict = {**state_dict, "state": dict(state_dict["state"])}
-            for index, p in enumerate(params):
-                if not _is_dtensor(p) or index not in state_dict["state"] or p not in self.state:
+            # saved keys are matched to parameters by order, like torch.optim.Optimizer.load_state_dict
+            # (ids from state_dict(), or names from torch.distributed.checkpoint's set_optimizer_state_dict)
+            saved_keys = [k for g in state_dict["param_groups"] for k in g["params"]]
+            for key, p in zip(saved_keys, params):
+                if not _is_dtensor(p) or key not in state_dict["state"] or p not in self.state:
                     continue
+                index = key
                 entry = _deep_copy_dicts(state_dict["state"][index])
                 current = self.state[p]
                 for container in _containers(entry):

@@ -1,0 +1,142 @@
+"""Two CPU processes (gloo): DDP and FSDP2 (ModelParallelStrategy) give the single-process run of the same global batch.
+
+Each run is ``tests/dist_run.py`` in a subprocess (Lightning's ``ddp`` / ``ModelParallelStrategy``
+launchers re-run that script for rank 1). Sampling is seeded per prompt there, so one process with 4
+prompts per step and two processes with 2 each roll out the same 16 completions per step; the update
+then runs 2 epochs (the second off-policy, with clipping) in micro-batches of 4.
+
+Tolerances. DDP/FSDP2 vs one process: the gradient is the same sum computed in a different order
+(per-rank partial sums, then an all-reduce/reduce-scatter average ×world) and the per-rank batches
+are left-padded to different widths, so values may differ by float32 rounding: 1e-5 absolute on
+parameters after 4 AdamW steps at lr 1e-2 (one step moves a weight by up to ~1e-2; rounding in the
+gradient moves Adam's update by ~lr·1e-6), 1e-5 relative on logged metrics. In practice they agree
+to ~1e-7. 8-bit AdamW vs 32-bit AdamW: quantised moments change each update by up to a few percent,
+so the total parameter change must agree to 10% (relative L2) with cosine > 0.99, and the logged loss
+and KL to 1e-3.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lit_gspo.cli import cli_main
+from lit_gspo.models import load_policy
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_CONFIG = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128}
+FSDP2 = ["--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy",
+         "--trainer.strategy.data_parallel_size", "2", "--trainer.strategy.tensor_parallel_size", "1"]
+
+
+def run_args(root: Path, *extra: str, prompts: int = 4, devices: int = 1, steps: int = 4) -> list[str]:
+    """2 RL steps (×2 epochs = 4 optimiser steps): 4 prompts × 4 completions per step in total."""
+    return ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
+            "--trainer.max_steps", str(steps), "--trainer.devices", str(devices), "--trainer.enable_progress_bar", "false",
+            "--model.warm_start.steps", "0", "--model.val_every_n_steps", "1", "--data.num_train", "64",
+            "--data.num_val", "8", "--data.prompts_per_step", str(prompts), "--model.generation.num_generations", "4",
+            "--model.generation.max_new_tokens", "4", "--model.optimizer.lr", "0.01",
+            "--model.rewards", '[{class_path: lit_gspo.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]',
+            "--model.update.epochs", "2", "--model.update.micro_batch_size", "4", *extra]
+
+
+def launch(out: Path, cli_args: list[str], *, ckpt_path: str | None = None, timeout: int = 240) -> dict:
+    cmd = [sys.executable, str(ROOT / "tests/dist_run.py")] + (["--ckpt_path", ckpt_path] if ckpt_path else []) + [str(out)]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd + ["--", *cli_args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return torch.load(out / "result.pt", weights_only=False)
+
+
+def metric(result: dict, key: str) -> list[tuple[int, float]]:
+    return [(int(r["step"]), float(r[key])) for r in result["metrics"] if r.get(key) not in (None, "")]
+
+
+def assert_same_run(a: dict, b: dict, atol: float = 1e-5, rtol: float = 1e-5) -> None:
+    for key in ("train/loss", "train/reward", "train/reward_std", "train/kl", "train/entropy", "train/clip_frac",
+                "train/grad_norm", "train/response_length", "val/reward"):
+        ma, mb = metric(a, key), metric(b, key)
+        assert [s for s, _ in ma] == [s for s, _ in mb], key
+        torch.testing.assert_close(torch.tensor([v for _, v in ma]), torch.tensor([v for _, v in mb]), atol=1e-6,
+                                   rtol=rtol, msg=key)
+    assert a["weights"].keys() == b["weights"].keys()
+    for name in a["weights"]:
+        torch.testing.assert_close(a["weights"][name], b["weights"][name], atol=atol, rtol=0, msg=name)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> dict:
+    """The reference: one process, 4 prompts per step, torch AdamW."""
+    root = tmp_path_factory.mktemp("single")
+    return launch(root, run_args(root))
+
+
+@pytest.mark.distributed
+def test_ddp_two_processes_match_one_process_on_the_same_global_batch(tmp_path, single):
+    result = launch(tmp_path, run_args(tmp_path, "--trainer.strategy", "ddp", prompts=2, devices=2))
+    assert result["world_size"] == 2
+    assert len(metric(result, "train/loss")) == 2 and any(v != 0 for _, v in metric(result, "train/loss"))
+    assert any(v > 0 for _, v in metric(result, "train/clip_frac"))  # the off-policy epoch clips: not trivially equal
+    assert_same_run(result, single)
+
+
+@pytest.mark.distributed
+def test_fsdp2_two_processes_match_one_process_and_save_a_loadable_hf_model(tmp_path, single):
+    from transformers import AutoModelForCausalLM
+
+    result = launch(tmp_path, run_args(tmp_path, *FSDP2, prompts=2, devices=2))
+    assert result["world_size"] == 2
+    assert_same_run(result, single)
+    # sharded optimiser state: each rank holds about half of AdamW's 8 bytes/parameter
+    assert result["state_bytes"] < 0.6 * single["state_bytes"]
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf_model")
+    assert type(reloaded).__name__ == "LlamaForCausalLM"
+    for name, value in reloaded.state_dict().items():
+        torch.testing.assert_close(value, result["weights"][name], atol=0, rtol=0)
+
+
+def _update_vector(weights: dict) -> torch.Tensor:
+    initial, _ = load_policy("tiny-llama", config_overrides=MODEL_CONFIG, seed=0)
+    start = initial.state_dict()
+    return torch.cat([(weights[k].float() - start[k].float()).flatten() for k in start])
+
+
+@pytest.mark.distributed
+def test_adamw8bit_under_fsdp2_keeps_uint8_state_tracks_adamw_and_resumes_from_a_sharded_checkpoint(tmp_path, single):
+    eight_bit = ["--model.optimizer", "bitsandbytes.optim.AdamW8bit", "--model.optimizer.lr", "0.01",
+                 "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "2"]
+    first = launch(tmp_path / "a", run_args(tmp_path, *FSDP2, *eight_bit, prompts=2, devices=2, steps=2))
+    assert first["optimizer"] == "ShardAwareAdamW8bit"
+    # bitsandbytes keeps 8-bit state for tensors of >= 4096 elements (min_8bit_size) and fp32 state below
+    assert "torch.uint8" in first["state_dtypes"]["state1"] and "torch.float32" in first["state_dtypes"]["state1"]
+    assert first["uint8_state_numel"] > 0
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert last.is_dir(), "FSDP2 writes a distributed (sharded) checkpoint directory"
+    resumed = launch(tmp_path / "b", run_args(tmp_path, *FSDP2, *eight_bit, prompts=2, devices=2, steps=4),
+                     ckpt_path="last")
+    # the resumed run (a new logger version) logs only the second RL step
+    newest = resumed["metrics_by_file"][max(resumed["metrics_by_file"])]
+    assert [int(r["step"]) for r in newest if r.get("train/loss")] == [1]
+    ours, reference = _update_vector(resumed["weights"]), _update_vector(single["weights"])
+    assert (ours - reference).norm() / reference.norm() < 0.1
+    assert torch.nn.functional.cosine_similarity(ours, reference, dim=0) > 0.99
+    for key in ("train/loss", "train/kl"):
+        ref = dict(metric(single, key))
+        for step, value in metric(first, key) + metric(resumed, key):
+            assert abs(value - ref[step]) < 1e-3, (key, step, value, ref[step])
+
+
+def test_fsdp1_strategy_is_refused_with_a_pointer_to_fsdp2(tmp_path):
+    with pytest.raises(ValueError, match="ModelParallelStrategy"):
+        cli_main(run_args(tmp_path, "--trainer.strategy", "fsdp"), run=False)
+    from lit_gspo.distributed import FSDP1_MESSAGE, check_strategy
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    assert "19626" in FSDP1_MESSAGE and "19685" in FSDP1_MESSAGE
+    with pytest.raises(ValueError, match="FSDP2"):
+        check_strategy(FSDPStrategy)
