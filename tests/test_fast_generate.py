@@ -114,3 +114,23 @@ def test_generation_backend_is_validated():
     assert Generation(backend="fast").backend == "fast"
     with pytest.raises(ValueError, match="backend"):
         Generation(backend="vllm")
+
+
+def test_bf16_autocast_keeps_logprobs_and_ratios_fp32(model):
+    """Under bf16-mixed (CPU autocast) the backbone runs in bf16 but log-probs come out fp32, and
+    an on-policy recomputation gives a ratio of exactly 1 (the same kernels run twice)."""
+    from lit_gspo.objectives import GSPO
+    from lit_gspo.rollout import token_logprobs
+
+    batch = generate(model, PROMPTS, num_generations=2, max_new_tokens=6, pad_id=PAD, eos_id=EOS, backend="fast")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad():
+            old = token_logprobs(model, batch).logprobs
+        new = token_logprobs(model, batch).logprobs
+        out = GSPO()(new, old, torch.randn(len(batch)), batch.completion_mask)
+    assert old.dtype == new.dtype == torch.float32
+    assert torch.equal(old, new.detach())
+    assert out.metrics["clip_frac"] == 0
+    out.loss.backward()
+    assert all(p.grad is None or p.grad.dtype == torch.float32 for p in model.parameters())
+    model.zero_grad()
