@@ -27,7 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from lit_gspo import advantages as adv
-from lit_gspo.config import Generation, LoRA, Update, WarmStart
+from lit_gspo.config import Generation, LoRA, Update, WarmStart, resolve_seed
 from lit_gspo.diagnostics import RatioStats
 from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, replay_routing, routing_volatility
 from lit_gspo.objectives import GSPO, Counts, Objective
@@ -85,7 +85,7 @@ class RLModule(LightningModule):
         val_every_n_steps: int = 10,
         routing_replay: bool = False,
         track_routing_volatility: bool = True,
-        seed: int = 0,
+        seed: int | None = None,
     ):
         super().__init__()
         from lit_gspo.models import load_policy
@@ -102,12 +102,12 @@ class RLModule(LightningModule):
         self.dynamic_sampling = self.objective.dynamic_sampling if dynamic_sampling is None else dynamic_sampling
         self.max_sampling_rounds, self.gamma, self.lam = max_sampling_rounds, gamma, lam
         self.chat_template, self.system_prompt = chat_template, system_prompt
-        self.val_every_n_steps, self.seed = val_every_n_steps, seed
+        self.val_every_n_steps, self.seed = val_every_n_steps, resolve_seed(seed)
         if self.advantage_estimator == "gae" and not self.objective.needs_critic:
             raise ValueError(f"advantage_estimator 'gae' needs a critic; {type(self.objective).__name__} has none "
                              "(use PPO, or 'group', 'group_mean', 'batch', 'rloo')")
 
-        self.policy, self.tokenizer = load_policy(model, gguf_file=gguf_file, config_overrides=model_config, seed=seed)
+        self.policy, self.tokenizer = load_policy(model, gguf_file=gguf_file, config_overrides=model_config, seed=self.seed)
         self.lora = lora
         self.is_moe = bool(moe_routers(self.policy))
         if routing_replay and not self.is_moe:
@@ -123,7 +123,7 @@ class RLModule(LightningModule):
         self.use_ref = self.objective.beta > 0 or kl_to_ref
         self.value_head = nn.Linear(self.policy.config.hidden_size, 1) if self.objective.needs_critic else None
         self.reward_set = RewardSet(list(rewards) if rewards else [ExactMatch()], reward_weights)
-        self._refill_generator = torch.Generator().manual_seed(seed)
+        self._refill_generator = torch.Generator().manual_seed(self.seed)
         self._last_val_step: int | None = None
 
     # ------------------------------------------------------------------ Lightning plumbing

@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from lit_gspo.config import resolve_seed
 from lit_gspo.data.prompts import load_prompt_rows
 from lit_gspo.data.synthetic import TASKS
 
@@ -122,7 +123,7 @@ class PromptDataModule(LightningDataModule):
         task_kwargs: options of a built-in task, e.g. ``{"digits": 1, "ops": "+"}``.
         prompts_per_step: prompts per rollout batch on each process (an incomplete last batch is dropped).
         val_batch_size: prompts per validation batch.
-        seed: seeds task generation, subset choice and the shuffle.
+        seed: seeds task generation, subset choice and the shuffle (None: the run's ``seed_everything``).
         train_split: the split loaded from a directory or Hub dataset for training.
         val_split: the split loaded from ``val_source`` (or the held-out split of a task).
         val_fraction: the share of a file/dataset held out when ``val_source`` is None.
@@ -130,7 +131,7 @@ class PromptDataModule(LightningDataModule):
 
     def __init__(self, train_source: str = "arithmetic", val_source: str | None = None, prompt_column: str = "prompt",
                  answer_column: str | None = "answer", num_train: int | None = 1000, num_val: int = 64,
-                 task_kwargs: dict | None = None, prompts_per_step: int = 8, val_batch_size: int = 64, seed: int = 0,
+                 task_kwargs: dict | None = None, prompts_per_step: int = 8, val_batch_size: int = 64, seed: int | None = None,
                  train_split: str = "train", val_split: str = "validation", val_fraction: float = 0.1) -> None:
         super().__init__()
         if prompts_per_step < 1 or val_batch_size < 1:
@@ -143,7 +144,7 @@ class PromptDataModule(LightningDataModule):
         self.num_train, self.num_val = num_train, num_val
         self.task_kwargs = dict(task_kwargs or {})
         self.prompts_per_step, self.val_batch_size = prompts_per_step, val_batch_size
-        self.seed, self.train_split, self.val_split, self.val_fraction = seed, train_split, val_split, val_fraction
+        self.seed, self.train_split, self.val_split, self.val_fraction = resolve_seed(seed), train_split, val_split, val_fraction
         self.train_rows: list[dict] | None = None
         self.val_rows: list[dict] | None = None
 
