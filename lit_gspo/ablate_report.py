@@ -2,7 +2,8 @@
 
 Definitions (also printed in every report):
 
-* ``final_val_reward`` / ``best_val_reward``: last and highest ``val/reward`` (greedy, held-out prompts).
+* ``initial_val_reward`` / ``final_val_reward`` / ``best_val_reward``: first (before any update), last and
+  highest ``val/reward`` (greedy, held-out prompts).
 * ``steps_to_target``: first RL step whose ``target_metric`` is ≥ the target (empty: never).
 * ``mean_*``: mean over RL steps of ``train/*`` (clip_frac, kl, response_length, grad_norm, ...).
 * ``collapsed``: a non-finite ``train/loss``, or ``final_val_reward < collapse_fraction · best_val_reward``.
@@ -17,7 +18,7 @@ import statistics
 from pathlib import Path
 
 SUMMARY_COLUMNS = [
-    "arm", "seed", "status", "final_val_reward", "best_val_reward", "steps_to_target", "final_train_reward",
+    "arm", "seed", "status", "initial_val_reward", "final_val_reward", "best_val_reward", "steps_to_target", "final_train_reward",
     "mean_train_reward", "mean_clip_frac", "mean_kl", "mean_response_length", "mean_grad_norm", "mean_entropy",
     "mean_seq_logratio_std", "mean_seq_logratio_len_corr", "mean_routing_volatility", "num_steps", "collapsed",
     "wall_s", "error",
@@ -31,7 +32,7 @@ MEAN_COLUMNS = {"mean_train_reward": "reward", "mean_clip_frac": "clip_frac", "m
                 "mean_seq_logratio_len_corr": "ratio/seq_logratio_len_corr",
                 "mean_routing_volatility": "routing_volatility"}
 #: columns averaged over seeds in the report table
-REPORT_COLUMNS = ["final_val_reward", "best_val_reward", "steps_to_target", "final_train_reward", "mean_clip_frac",
+REPORT_COLUMNS = ["initial_val_reward", "final_val_reward", "best_val_reward", "steps_to_target", "final_train_reward", "mean_clip_frac",
                   "mean_kl", "mean_response_length", "mean_grad_norm", "mean_seq_logratio_std",
                   "mean_seq_logratio_len_corr", "mean_routing_volatility", "wall_s"]
 PLOTS = [("reward", "train/reward (moving mean of 5 steps)"), ("clip_frac", "train/clip_frac"),
@@ -92,6 +93,7 @@ def summarise_run(run_dir: Path, *, arm: str, seed: int, target: float, target_m
     curves = read_curves(path)
     val = [v for _, v in curves.get("val/reward", [])]
     train_reward = [v for _, v in curves.get("train/reward", [])]
+    row["initial_val_reward"] = val[0] if val else None  # before the first update (after any warm start)
     row["final_val_reward"] = val[-1] if val else None
     row["best_val_reward"] = max(_finite(val)) if _finite(val) else None
     hits = [s for s, v in curves.get(target_metric, []) if math.isfinite(v) and v >= target]
@@ -226,7 +228,8 @@ def write_report(ab, rows: list[dict], curves: dict, arms: list[str]) -> None:
         collapsed = sum(bool(r.get("collapsed")) for r in ok)
         lines.append(f"| {arm} | {len(ok)}/{len(mine)} | " + " | ".join(cells) + f" | {reached}/{len(ok)} | "
                      f"{collapsed}/{len(ok)} |")
-    ratio_keys = sorted({k for r in rows for k in (r.get("ratio_means") or {}) if "_len" in k or "_pos" in k},
+    ratio_keys = sorted({k for r in rows for k in (r.get("ratio_means") or {})
+                         if ("_len" in k or "_pos" in k) and not k.endswith("_corr")},
                         key=_bucket_order)
     if ratio_keys:
         lines += ["", "Ratio diagnostics by length / position bucket (mean over steps, then mean ± std over seeds): "
