@@ -79,7 +79,7 @@ def test_overlong_penalty_boundaries():
     # L_max = 100, L_cache = 20: 0 up to 80, linear to -1 at 100, -1 beyond.
     lengths = [0, 79, 80, 81, 90, 99, 100, 101, 1000]
     expected = [0, 0, 0, -0.05, -0.5, -0.95, -1, -1, -1]
-    assert [overlong_penalty(n, 100, 20) for n in lengths] == pytest.approx(expected)
+    assert overlong_penalty(torch.tensor(lengths), 100, 20).tolist() == pytest.approx(expected)
     assert call(OverlongPenalty(100, 20), ["x"] * 9, completion_lengths=lengths) == pytest.approx(expected)
     # max_len None falls back to the trainer's max_completion_length
     assert call(OverlongPenalty(None, 20), ["x", "x"], completion_lengths=[90, 100], max_completion_length=100) == pytest.approx([-0.5, -1])

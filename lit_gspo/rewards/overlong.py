@@ -2,19 +2,9 @@
 
 from __future__ import annotations
 
+import torch
 
-def overlong_penalty(length: int, max_len: int, cache_len: int) -> float:
-    """DAPO soft overlong punishment for one completion of ``length`` tokens.
-
-    ``0`` while ``length <= max_len - cache_len``; then ``((max_len - cache_len) - length) / cache_len``,
-    falling linearly to ``-1`` at ``length == max_len``; ``-1`` beyond.
-    """
-    start = max_len - cache_len
-    if length <= start:
-        return 0.0
-    if length <= max_len:
-        return (start - length) / cache_len
-    return -1.0
+from lit_gspo.advantages import overlong_penalty
 
 
 class OverlongPenalty:
@@ -48,4 +38,4 @@ class OverlongPenalty:
             raise KeyError("OverlongPenalty has max_len=None and no 'max_completion_length' column to fall back on")
         if self.cache_len > max_len:
             raise ValueError(f"OverlongPenalty cache_len ({self.cache_len}) must be <= max_len ({max_len})")
-        return [overlong_penalty(int(n), max_len, self.cache_len) for n in completion_lengths]
+        return overlong_penalty(torch.tensor(completion_lengths), max_len, self.cache_len).tolist()
