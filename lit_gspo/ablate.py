@@ -145,7 +145,7 @@ def run_dir_of(ab: Ablation, arm: Arm, seed: int) -> Path:
 def run_ablation(ab: Ablation, *, only: list[str] | None = None, report_only: bool = False) -> list[dict]:
     """Run (unless ``report_only``) every arm × seed, then write the summary and report; returns the summary rows."""
     ab.output_dir.mkdir(parents=True, exist_ok=True)
-    base_path = _base_path(ab)
+    base_path = None if report_only else _base_path(ab)
     arms = [a for a in ab.arms if not only or a.name in only]
     for seed in ab.seeds:
         for arm in arms:
@@ -186,11 +186,14 @@ def run_ablation(ab: Ablation, *, only: list[str] | None = None, report_only: bo
 
 
 def _base_path(ab: Ablation) -> Path:
-    if isinstance(ab.base, dict):  # inline base: written next to the runs so each run reads a plain config file
-        path = ab.output_dir / "base_config.yaml"
+    """A copy of the base config taken once, next to the runs: every run reads the same file, even if the
+    original is edited while the ablation runs (this happened: a quickstart commit landed mid-ablation)."""
+    path = ab.output_dir / "base_config.yaml"
+    if isinstance(ab.base, dict):
         path.write_text(yaml.safe_dump(ab.base, sort_keys=False))
-        return path
-    return Path(ab.base)
+    else:
+        shutil.copyfile(ab.base, path)
+    return path
 
 
 def write_summary(path: Path, rows: list[dict]) -> None:
