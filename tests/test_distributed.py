@@ -18,6 +18,7 @@ and KL to 1e-3.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +48,11 @@ def run_args(root: Path, *extra: str, prompts: int = 4, devices: int = 1, steps:
 
 def launch(out: Path, cli_args: list[str], *, ckpt_path: str | None = None, timeout: int = 240) -> dict:
     cmd = [sys.executable, str(ROOT / "tests/dist_run.py")] + (["--ckpt_path", ckpt_path] if ckpt_path else []) + [str(out)]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    with socket.socket() as s:  # a fresh rendezvous port per run (other jobs on the machine may hold the default)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
     proc = subprocess.run(cmd + ["--", *cli_args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return torch.load(out / "result.pt", weights_only=False)
