@@ -181,11 +181,7 @@ def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float 
     backward instead of keeping its (B, c, V) logits alive.
     """
     P, T = batch.prompt_length, batch.completion_mask.shape[1]
-    if _is_fsdp2(model):
-        hidden = _decoder_output_through_root(model, batch.input_ids, batch.attention_mask)
-    else:
-        hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                     position_ids=position_ids_of(batch.attention_mask)).last_hidden_state
+    hidden = _decoder_output_through_root(model, batch.input_ids, batch.attention_mask)
     hidden = hidden[:, P - 1:P - 1 + T]  # the state that predicts completion token t
     targets = batch.input_ids[:, P:P + T]
     head = model.get_output_embeddings()
@@ -211,19 +207,12 @@ def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float 
                         values=values)
 
 
-def _is_fsdp2(model: nn.Module) -> bool:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(model, FSDPModule)
-
-
 def _decoder_output_through_root(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """The decoder's last hidden state, running the *root* module's forward (FSDP2).
+    """The decoder's last hidden state, running the *root* module's forward.
 
-    Under FSDP2 only the root's forward unshards the root's own parameters (embeddings, final norm,
-    LM head) and sets up their gradient reduction; calling the decoder directly would see sharded
+    Going through the root keeps every wrapper's hooks in play (FSDP2, PEFT, Routing Replay). Under
+    FSDP2 only the root's forward unshards the root's own parameters (embeddings, final norm, LM head)
+    and sets up their gradient reduction; calling the decoder directly would see sharded
     DTensors. The root runs with ``logits_to_keep`` = no positions (logits (B, 0, V): nothing is
     materialised) and a forward hook hands back the decoder's output. The root stays unsharded after
     its forward (FSDP2's default for the root), so the LM head weight is usable afterwards.
