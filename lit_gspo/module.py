@@ -51,6 +51,9 @@ class RLModule(LightningModule):
         advantage_estimator: ``group``, ``group_mean``, ``batch``, ``rloo`` or ``gae``; None = the objective's.
         dynamic_sampling: drop groups whose rewards are all equal and refill; None = the objective's.
         max_sampling_rounds: generation rounds allowed per step when refilling.
+        max_skipped_steps: stop with an error after this many RL steps in a row without an update (all
+            groups' rewards equal, or every reward failed). Skipped steps make no optimiser step, so they
+            do not count towards ``trainer.max_steps``.
         kl_to_ref: keep a frozen reference policy to log ``train/kl`` even when β = 0.
         val_every_n_steps: greedy validation every n RL steps (also once before the first update).
         routing_replay: MoE only: record each layer's top-k experts in the old-policy pass (which then runs even
@@ -75,6 +78,7 @@ class RLModule(LightningModule):
         advantage_estimator: str | None = None,
         dynamic_sampling: bool | None = None,
         max_sampling_rounds: int = 4,
+        max_skipped_steps: int = 20,
         kl_to_ref: bool = True,
         gamma: float = 1.0,
         lam: float = 0.95,
@@ -101,6 +105,7 @@ class RLModule(LightningModule):
         self.advantage_estimator = advantage_estimator or self.objective.advantage_estimator
         self.dynamic_sampling = self.objective.dynamic_sampling if dynamic_sampling is None else dynamic_sampling
         self.max_sampling_rounds, self.gamma, self.lam = max_sampling_rounds, gamma, lam
+        self.max_skipped_steps, self._skipped_in_a_row = max_skipped_steps, 0
         self.chat_template, self.system_prompt = chat_template, system_prompt
         self.val_every_n_steps, self.seed = val_every_n_steps, resolve_seed(seed)
         if self.advantage_estimator == "gae" and not self.objective.needs_critic:
@@ -183,6 +188,14 @@ class RLModule(LightningModule):
             start = time.perf_counter()
             stats.update(self.update(rollout))
             stats["time/update_s"] = time.perf_counter() - start
+        self._skipped_in_a_row = 0 if rollout is not None else self._skipped_in_a_row + 1
+        if self._skipped_in_a_row >= self.max_skipped_steps:
+            # a skipped step makes no optimiser step, so max_steps alone would never end such a run
+            raise RuntimeError(
+                f"{self._skipped_in_a_row} RL steps in a row had nothing to learn from (frac_zero_std_groups="
+                f"{stats.get('frac_zero_std_groups', float('nan')):.2f}, reward_failed={stats.get('reward_failed', 0):.0f}): "
+                "every group's rewards were equal or every reward failed. Check the reward functions, or raise "
+                f"max_skipped_steps={self.max_skipped_steps}")
         from lit_gspo.distributed import reduce_step_stats
 
         stats = reduce_step_stats(stats, None if rollout is None else rollout.rewards,  # over ranks (DDP/FSDP2)

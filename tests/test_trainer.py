@@ -126,3 +126,43 @@ def test_prompt_longer_than_the_context_is_refused(tmp_path):
     cli = cli_main(tiny_args(tmp_path, "--model.model_config", "{max_position_embeddings: 8}"), run=False)
     with pytest.raises(ValueError, match="longer than max_prompt_length"):
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+
+
+def test_dynamic_sampling_drops_all_equal_groups_and_a_signal_free_run_stops_with_a_clear_error(tmp_path):
+    """A reward of 1 for everything makes every group all-equal: DAPO refills up to its cap, skips the
+    update, and after max_skipped_steps such steps stops instead of looping forever."""
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.objective", "DAPO",
+                             "--model.max_sampling_rounds", "3", "--model.max_skipped_steps", "3",
+                             "--model.val_every_n_steps", "0",
+                             "--model.rewards", '[{class_path: lit_gspo.rewards.FormatReward, init_args: {pattern: ".*"}}]'),
+                   run=False)
+    before = {k: v.clone() for k, v in cli.model.policy.state_dict().items()}
+    calls, sample = [], cli.model.sample
+
+    def counting_sample(rows, greedy=False):
+        if not greedy:
+            calls.append(len(rows))
+        return sample(rows, greedy=greedy)
+
+    cli.model.sample = counting_sample
+    with pytest.raises(RuntimeError, match="3 RL steps in a row had nothing to learn from"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert calls == [4, 4, 4] * 3  # each step: 3 rounds, every round refilling all 4 dropped groups
+    after = cli.model.policy.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "an update ran on a batch with no signal"
+
+
+def test_lora_trains_adapters_only_and_saves_a_merged_hf_model(tmp_path):
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "3", "--model.lora", "{r: 4, alpha: 8}",
+                             "--model.optimizer.lr", "0.01"), run=False)
+    base = {k: v.clone() for k, v in cli.model.policy.state_dict().items() if "lora_" not in k}
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    after = cli.model.policy.state_dict()
+    assert all(torch.equal(base[k], after[k]) for k in base), "a frozen base weight changed"
+    assert cli.model.ref_policy is None  # the reference is the base model with adapters off
+    kl = column(read_metrics(tmp_path), "train/kl")
+    assert kl[0] == 0 and max(kl) > 0  # adapters start as the identity (lora_B = 0), then move away
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf_model")
+    assert not any("lora" in k for k in reloaded.state_dict())
+    ids = torch.tensor([[1, 31, 18, 35, 66, 11]])
+    torch.testing.assert_close(reloaded(ids).logits, cli.model.policy.eval()(ids).logits, atol=1e-5, rtol=1e-5)
