@@ -27,11 +27,20 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from lit_gspo import advantages as adv
+from lit_gspo.checkpointing import restore_rng_states, rng_states
 from lit_gspo.config import Generation, LoRA, Update, WarmStart, resolve_seed
+from lit_gspo.data import encode_prompts
 from lit_gspo.diagnostics import RatioStats
+from lit_gspo.distributed import (
+    apply_fsdp2, check_strategy, full_state_dict, is_sharded, reduce_step_stats, reduce_weighted_means, sum_over_ranks,
+)
+from lit_gspo.models import load_policy
+from lit_gspo.models.lora import apply_lora, merged_for_saving, reference_mode
 from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, replay_routing, routing_volatility
 from lit_gspo.objectives import GSPO, Counts, Objective
-from lit_gspo.rollout import RolloutBatch, concat_rollouts, generate, token_logprobs
+from lit_gspo.optim import shard_aware
+from lit_gspo.rewards import ExactMatch, RewardSet
+from lit_gspo.rollout import RolloutBatch, concat_rollouts, generate, left_pad, token_logprobs
 
 
 def default_optimizer(params) -> torch.optim.Optimizer:
@@ -92,9 +101,6 @@ class RLModule(LightningModule):
         seed: int | None = None,
     ):
         super().__init__()
-        from lit_gspo.models import load_policy
-        from lit_gspo.rewards import ExactMatch, RewardSet
-
         self.save_hyperparameters(ignore=["objective", "optimizer", "lr_scheduler", "rewards"])
         self.automatic_optimization = False
         self.objective = objective if objective is not None else GSPO()
@@ -120,7 +126,6 @@ class RLModule(LightningModule):
         self.routing_replay = routing_replay
         self.records_routing = self.is_moe and (routing_replay or track_routing_volatility)
         if lora is not None:
-            from lit_gspo.models.lora import apply_lora
             self.policy = apply_lora(self.policy, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
                                      target_modules=tuple(lora.target_modules))
         needs_ref = (self.objective.beta > 0 or kl_to_ref) and lora is None
@@ -136,8 +141,6 @@ class RLModule(LightningModule):
         params = [p for p in self.policy.parameters() if p.requires_grad]
         if self.value_head is not None:
             params += list(self.value_head.parameters())
-        from lit_gspo.optim import shard_aware
-
         opt = shard_aware(self.optimizer_factory(params))  # bitsandbytes on FSDP2 shards: update local shards
         if self.scheduler_factory is None:
             return opt
@@ -145,8 +148,6 @@ class RLModule(LightningModule):
 
     def configure_model(self) -> None:
         """FSDP2 (``ModelParallelStrategy``): ``fully_shard`` each decoder layer, then the root; FSDP1 is refused."""
-        from lit_gspo.distributed import apply_fsdp2, check_strategy
-
         if self._trainer is not None:
             check_strategy(self.trainer.strategy)
         if self.device_mesh is not None:
@@ -154,13 +155,9 @@ class RLModule(LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Every rank's torch/numpy/python RNG states and the refill generator (Lightning saves none)."""
-        from lit_gspo.checkpointing import rng_states
-
         checkpoint["rng_states"] = rng_states(self._refill_generator)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        from lit_gspo.checkpointing import restore_rng_states
-
         if "rng_states" in checkpoint:
             restore_rng_states(checkpoint["rng_states"], self.global_rank, self._refill_generator)
 
@@ -172,8 +169,6 @@ class RLModule(LightningModule):
 
     def on_train_end(self) -> None:
         self.run_validation()
-        from lit_gspo.distributed import full_state_dict, is_sharded
-
         state_dict = full_state_dict(self.policy) if is_sharded(self.policy) else None  # collective under FSDP2
         if self.trainer.is_global_zero:
             self.save_hf_model(Path(self.trainer.default_root_dir) / "hf_model", state_dict)
@@ -196,8 +191,6 @@ class RLModule(LightningModule):
                 f"{stats.get('frac_zero_std_groups', float('nan')):.2f}, reward_failed={stats.get('reward_failed', 0):.0f}): "
                 "every group's rewards were equal or every reward failed. Check the reward functions, or raise "
                 f"max_skipped_steps={self.max_skipped_steps}")
-        from lit_gspo.distributed import reduce_step_stats
-
         stats = reduce_step_stats(stats, None if rollout is None else rollout.rewards,  # over ranks (DDP/FSDP2)
                                   None if rollout is None else rollout.completion_mask.sum(1))
         self.log_dict({f"train/{k}" if not k.startswith("time/") else k: float(v) for k, v in stats.items()},
@@ -214,8 +207,6 @@ class RLModule(LightningModule):
 
     # ------------------------------------------------------------------ rollout
     def encode(self, rows: list[dict]) -> list[list[int]]:
-        from lit_gspo.data import encode_prompts
-
         g = self.generation
         context = getattr(self.policy.config, "max_position_embeddings", None) or g.max_prompt_length + g.max_new_tokens
         if context - g.max_new_tokens < 1:
@@ -331,8 +322,6 @@ class RLModule(LightningModule):
 
     def _ref_logprobs(self, micro: RolloutBatch) -> Tensor:
         if self.lora is not None:
-            from lit_gspo.models.lora import reference_mode
-
             with reference_mode(self.policy):
                 return token_logprobs(self.policy, micro, temperature=self.generation.temperature).logprobs
         return token_logprobs(self.ref_policy, micro, temperature=self.generation.temperature).logprobs
@@ -370,8 +359,6 @@ class RLModule(LightningModule):
                 steps_done += 1
                 if scheduler is not None:
                     scheduler.step()
-        from lit_gspo.distributed import reduce_weighted_means, sum_over_ranks
-
         metrics = reduce_weighted_means(records)  # token-weighted over every rank's micro-batches
         metrics["loss"] = sum_over_ranks(sum(step_losses) / len(step_losses))  # micro-batch and rank shares add up
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
@@ -492,7 +479,6 @@ class RLModule(LightningModule):
         """Save in Hugging Face format; ``state_dict``: the full weights of an FSDP2-sharded policy."""
         model = self.policy
         if self.lora is not None:
-            from lit_gspo.models.lora import merged_for_saving
             model = merged_for_saving(self.policy)
         model.save_pretrained(path, state_dict=state_dict)
         if state_dict is not None:  # fully_shard renamed the class (FSDPLlamaForCausalLM): record the real one
@@ -521,8 +507,6 @@ def _frozen_copy(model: nn.Module) -> nn.Module:
 
 
 def _teacher_forcing_batch(prompts: list[list[int]], answers: list[list[int]], pad_id: int) -> RolloutBatch:
-    from lit_gspo.rollout import left_pad
-
     ids, attn = left_pad(prompts, pad_id)
     width = max(len(a) for a in answers)
     completion = torch.full((len(answers), width), pad_id, dtype=torch.long)
