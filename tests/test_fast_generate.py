@@ -2,22 +2,13 @@
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from lit_gspo.config import Generation
 from lit_gspo.fast_generate import fast_generate, filter_logits
 from lit_gspo.rollout import generate, left_pad
 
-PAD, EOS = 0, 1
+PAD, EOS = 0, 1  # as in conftest.py's tiny model
 
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=23, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
-                         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=2)
-    return LlamaForCausalLM(config).eval()
 
 
 PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12], [7]]

@@ -1,8 +1,6 @@
 """Rollout mechanics: EOS masks, padding, chunked fp32 log-probs, and agreement with generate()."""
 
-import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from lit_gspo.rollout import (
     RolloutBatch,
@@ -13,16 +11,8 @@ from lit_gspo.rollout import (
     token_logprobs,
 )
 
-PAD, EOS = 0, 1
+PAD, EOS = 0, 1  # as in conftest.py's tiny model
 
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=23, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
-                         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=2)
-    return LlamaForCausalLM(config).eval()
 
 
 def batch_of(prompts, completions):

@@ -1,0 +1,16 @@
+"""Shared fixtures: a tiny random Llama with fixed special-token ids, for rollout and sampler tests."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+PAD, EOS = 0, 1
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=23, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
+                         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=2)
+    return LlamaForCausalLM(config).eval()
