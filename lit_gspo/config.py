@@ -40,12 +40,17 @@ class Update:
     """K epochs × M minibatches of optimiser steps per rollout batch; micro-batches accumulate gradients.
 
     One epoch and one minibatch is on-policy: the ratio is exactly 1 and no old-log-prob pass runs.
+    ``skip_zero_advantage_rows``: leave out of the forward/backward the rows whose advantage is 0
+    everywhere when the objective's gradient vanishes there (β = 0, no critic). The loss and gradient
+    are unchanged (those rows still count in the normalisers); the per-token metrics (clip_frac,
+    entropy, ratios) are then over the rows that carry a signal.
     """
 
     epochs: int = 1
     num_minibatches: int = 1
     micro_batch_size: int | None = None
     max_grad_norm: float | None = 1.0
+    skip_zero_advantage_rows: bool = True
 
     def __post_init__(self):
         if self.epochs < 1 or self.num_minibatches < 1:

@@ -284,8 +284,12 @@ class RLModule(LightningModule):
 
     @torch.no_grad()
     def snapshot(self, rollout: RolloutBatch) -> None:
-        """Old-policy log-probs (off-policy only), reference log-probs, old values and advantages."""
-        need_old = not self.update_cfg.on_policy or self.value_head is not None or self.records_routing
+        """Reference log-probs, old values, routing and advantages; old-policy log-probs when the critic or routing needs the pass.
+
+        Otherwise old log-probs wait for :meth:`update`: the first minibatch's equal its own detached
+        log-probs (no optimiser step has been taken yet), so only the other minibatches need a pass.
+        """
+        need_old = self.value_head is not None or self.records_routing
         olds, refs, vals, routes = [], [], [], []
         for micro in self._micro_batches(rollout):
             if need_old:
@@ -338,20 +342,32 @@ class RLModule(LightningModule):
         records: list[tuple[dict, float]] = []
         grad_norms, step_losses = [], []
         ratio_stats, steps_done = RatioStats(), 0  # ratios seen after ≥1 optimiser step (before it they are 1)
+        active = self.rows_with_gradient(rollout)  # (N,) bool
         for epoch in range(cfg.epochs):
             order = torch.randperm(n) if cfg.num_minibatches > 1 else torch.arange(n)
+            if not cfg.on_policy and rollout.old_logprobs is None:  # rows order[:size]: filled by their own forward
+                later = order[size:]
+                rollout.old_logprobs = self.old_logprobs(rollout, later[active[later]])
             for start in range(0, n, size):
-                minibatch = rollout.select(order[start:start + size])
-                counts = self.global_counts(minibatch.completion_mask)
+                rows = order[start:start + size]
+                counts = self.global_counts(rollout.completion_mask[rows])  # normalisers count every row
+                # rows without gradient are left out; if none has one, a single row still runs (its loss is 0)
+                # so that every rank backpropagates and the optimiser steps as it would on a zero gradient
+                placeholder = not bool(active[rows].any())
+                rows = rows[:1] if placeholder else rows[active[rows]]
                 opt.zero_grad()
                 step_loss = 0.0  # this rank's share of the minibatch loss (normalised by global counts)
-                for micro in self._micro_batches(minibatch):
+                for micro_rows, micro in self._micro_batches(rollout.select(rows), with_rows=True):
                     micro = micro.trimmed()
                     with self._replayed_routing(micro):  # backward inside too: checkpointed layers route again
-                        out, tokens = self.micro_step(micro, counts, with_entropy=epoch == 0,
-                                                      ratio_stats=ratio_stats if steps_done else None)
+                        out, tokens, logprobs = self.micro_step(micro, counts, with_entropy=epoch == 0,
+                                                                ratio_stats=ratio_stats if steps_done and not placeholder else None,
+                                                                current_is_old=steps_done == 0 or placeholder)
                         self.manual_backward(out.loss * world)  # DDP/FSDP average gradients over ranks
-                    records.append(({k: float(v) for k, v in out.metrics.items()}, tokens))
+                    if steps_done == 0 and rollout.old_logprobs is not None:  # later epochs reuse these rows
+                        rollout.old_logprobs[rows[micro_rows], :logprobs.shape[1]] = logprobs
+                    if not placeholder:
+                        records.append(({k: float(v) for k, v in out.metrics.items()}, tokens))
                     step_loss += float(out.loss.detach())
                 step_losses.append(step_loss)
                 grad_norms.append(self.clip_and_norm())
@@ -387,11 +403,44 @@ class RLModule(LightningModule):
                           rollout.completion_mask], 1)
         return routing_volatility(rollout.routing, recorder.record, mask)
 
-    def micro_step(self, micro: RolloutBatch, counts: Counts, with_entropy: bool, ratio_stats: RatioStats | None = None):
+    def rows_with_gradient(self, rollout: RolloutBatch) -> Tensor:
+        """(N,) bool: rows whose loss can have a gradient.
+
+        With ``update.skip_zero_advantage_rows``, an objective whose loss vanishes with Â
+        (``zero_advantage_has_no_gradient``), β = 0 and no critic, a row whose advantage is 0 on every
+        completion token (e.g. a group whose rewards are all equal) adds exactly nothing to the
+        gradient, so the update skips its forward and backward. It still counts in the normalisers.
+        """
+        n = len(rollout)
+        if not (self.update_cfg.skip_zero_advantage_rows and self.objective.zero_advantage_has_no_gradient
+                and self.objective.beta == 0 and self.value_head is None):
+            return torch.ones(n, dtype=torch.bool)
+        adv = rollout.advantages.to(rollout.completion_mask.device)
+        nonzero = adv != 0 if adv.dim() == 1 else ((adv != 0) & rollout.completion_mask).any(1)
+        return (nonzero & rollout.completion_mask.any(1)).cpu()
+
+    @torch.no_grad()
+    def old_logprobs(self, rollout: RolloutBatch, rows: Tensor) -> Tensor:
+        """(N, T) log-probs of the policy before this update's first optimiser step, computed for ``rows`` (0 elsewhere)."""
+        old = torch.zeros(rollout.completion_mask.shape, dtype=torch.float32, device=rollout.input_ids.device)
+        if len(rows):
+            for micro_rows, micro in self._micro_batches(rollout.select(rows), with_rows=True):
+                micro = micro.trimmed()
+                logprobs = token_logprobs(self.policy, micro, temperature=self.generation.temperature).logprobs
+                old[rows[micro_rows], :logprobs.shape[1]] = logprobs
+        return old
+
+    def micro_step(self, micro: RolloutBatch, counts: Counts, with_entropy: bool, ratio_stats: RatioStats | None = None,
+                   current_is_old: bool = False):
+        """Loss of one micro-batch; returns (loss output, completion tokens, detached log-probs).
+
+        ``current_is_old``: no optimiser step since the rollout, so the old log-probs are these very
+        log-probs (detached) and ``micro.old_logprobs`` is not read.
+        """
         micro = micro.trimmed()
         fwd = token_logprobs(self.policy, micro, temperature=self.generation.temperature, with_entropy=with_entropy,
                              value_head=self.value_head)
-        old = micro.old_logprobs if micro.old_logprobs is not None else fwd.logprobs.detach()
+        old = fwd.logprobs.detach() if current_is_old or micro.old_logprobs is None else micro.old_logprobs
         if ratio_stats is not None and micro.old_logprobs is not None:
             ratio_stats.add(fwd.logprobs, old, micro.completion_mask)
         extra = {}
@@ -402,7 +451,7 @@ class RLModule(LightningModule):
         mask = micro.completion_mask
         if fwd.entropy is not None and mask.any():
             out.metrics["entropy"] = fwd.entropy[mask].mean()
-        return out, float(mask.sum())
+        return out, float(mask.sum()), fwd.logprobs.detach()
 
     def global_counts(self, mask: Tensor) -> Counts:
         """Tokens and sequences of the whole minibatch, summed over ranks."""
@@ -417,10 +466,12 @@ class RLModule(LightningModule):
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
-    def _micro_batches(self, batch: RolloutBatch):
+    def _micro_batches(self, batch: RolloutBatch, with_rows: bool = False):
+        """Consecutive micro-batches of ``batch`` (with their row indices into it when ``with_rows``)."""
         size = self.update_cfg.micro_batch_size or len(batch)
         for start in range(0, len(batch), size):
-            yield batch.select(torch.arange(start, min(start + size, len(batch))))
+            rows = torch.arange(start, min(start + size, len(batch)))
+            yield (rows, batch.select(rows)) if with_rows else batch.select(rows)
 
     # ------------------------------------------------------------------ validation, warm start, saving
     @torch.no_grad()

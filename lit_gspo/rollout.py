@@ -194,12 +194,15 @@ def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float 
         h, y = hidden[:, start:start + chunk], targets[:, start:start + chunk]
         if torch.is_grad_enabled() and chunk < T:
             logp = checkpoint(_chunk_logprobs, h, y, head.weight, head.bias, temperature, use_reentrant=False)
-        else:
-            logp = _chunk_logprobs(h, y, head.weight, head.bias, temperature)
+            if with_entropy:
+                with torch.no_grad():
+                    ents.append(_entropy(_logits(h, head.weight, head.bias, temperature)))
+        else:  # one LM-head matmul serves both
+            logits = _logits(h, head.weight, head.bias, temperature)
+            logp = _target_logprobs(logits, y)
+            if with_entropy:
+                ents.append(_entropy(logits.detach()))
         logps.append(logp)
-        if with_entropy:
-            with torch.no_grad():
-                ents.append(_chunk_entropy(h, head.weight, head.bias, temperature))
     values = value_head(hidden.float()).squeeze(-1) if value_head is not None else None
     empty = hidden.new_zeros(hidden.shape[0], 0, dtype=torch.float32)
     return TokenForward(logprobs=torch.cat(logps, 1) if logps else empty,
@@ -237,10 +240,15 @@ def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: fl
 
 
 def _chunk_logprobs(hidden: Tensor, targets: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
-    logits = _logits(hidden, weight, bias, temperature)  # (B, c, V) fp32
+    return _target_logprobs(_logits(hidden, weight, bias, temperature), targets)
+
+
+def _target_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
+    """log softmax(logits)[target] for (B, c, V) fp32 logits, without materialising the log-softmax."""
     return logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)
 
 
-def _chunk_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
-    logp = _logits(hidden, weight, bias, temperature).log_softmax(-1)
+@torch.no_grad()
+def _entropy(logits: Tensor) -> Tensor:
+    logp = logits.log_softmax(-1)
     return -(logp.exp() * logp).sum(-1)

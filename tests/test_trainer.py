@@ -154,7 +154,8 @@ def test_dynamic_sampling_drops_all_equal_groups_and_a_signal_free_run_stops_wit
 
 def test_lora_trains_adapters_only_and_saves_a_merged_hf_model(tmp_path):
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "3", "--model.lora", "{r: 4, alpha: 8}",
-                             "--model.optimizer.lr", "0.01"), run=False)
+                             "--model.optimizer.lr", "0.01",  # kl measured on every row, signal or not:
+                             "--model.update.skip_zero_advantage_rows", "false"), run=False)
     base = {k: v.clone() for k, v in cli.model.policy.state_dict().items() if "lora_" not in k}
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     after = cli.model.policy.state_dict()

@@ -139,6 +139,8 @@ class Objective:
       advantage_estimator: ``group`` (R − mean)/std, ``group_mean`` (no std, Dr. GRPO), ``rloo`` or ``gae``
       needs_critic: train a value head (PPO)
       dynamic_sampling: drop groups whose rewards are all equal and refill (DAPO)
+      zero_advantage_has_no_gradient: ``policy_loss`` is 0 with zero gradient on a row whose Â is 0,
+        so the trainer may skip such rows (set it only if that holds: it is tested for the built-ins)
     """
 
     name: ClassVar[str] = "objective"
@@ -148,6 +150,7 @@ class Objective:
     advantage_estimator: ClassVar[str] = "group"
     needs_critic: ClassVar[bool] = False
     dynamic_sampling: ClassVar[bool] = False
+    zero_advantage_has_no_gradient: ClassVar[bool] = False
 
     def __init_subclass__(cls, register: bool = True, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -26,6 +26,7 @@ class CISPO(Objective):
     """
 
     name = "cispo"
+    zero_advantage_has_no_gradient = True  # every policy-loss term is a multiple of Â
     default_clip_low = 1.0
     default_clip_high = 3.0
     default_aggregation = "token-mean"

@@ -25,6 +25,7 @@ class GMPO(Objective):
     """
 
     name = "gmpo"
+    zero_advantage_has_no_gradient = True  # every policy-loss term is a multiple of Â
     default_clip_low = 0.4
     default_clip_high = 0.4
     default_aggregation = "seq-mean-token-mean"

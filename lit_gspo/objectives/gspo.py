@@ -22,6 +22,7 @@ class GSPO(Objective):
     """
 
     name = "gspo"
+    zero_advantage_has_no_gradient = True  # every policy-loss term is a multiple of Â
     default_clip_low = 3e-4
     default_clip_high = 4e-4
     default_aggregation = "seq-mean-token-mean"

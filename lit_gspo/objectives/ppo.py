@@ -27,6 +27,7 @@ class PPO(Objective):
     """
 
     name = "ppo"
+    zero_advantage_has_no_gradient = True  # every policy-loss term is a multiple of Â
     default_clip_low = 0.2
     default_clip_high = 0.2
     default_aggregation = "token-mean"

@@ -1,0 +1,133 @@
+"""The update loop: old log-probs are computed only where an optimiser step has been taken."""
+
+import copy
+
+import torch
+
+from lit_gspo.config import Generation, Update
+from lit_gspo.module import RLModule
+from lit_gspo.objectives import GSPO
+from lit_gspo.rewards import CharAccuracy
+from lit_gspo.rollout import token_logprobs
+
+ROWS = [{"prompt": "rev 12=", "answer": "21"}, {"prompt": "rev 1234567=", "answer": "7654321"},
+        {"prompt": "rev 345=", "answer": "543"}, {"prompt": "rev 98765=", "answer": "56789"}]
+
+
+def standalone(module: RLModule, momentum_sgd: bool = False) -> RLModule:
+    """Run ``update`` outside a Trainer: plain backward and one AdamW (or SGD with momentum)."""
+    opt = (torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9) if momentum_sgd
+           else torch.optim.AdamW(module.parameters(), lr=1e-2))
+    module.optimizers = lambda: opt
+    module.lr_schedulers = lambda: None
+    module.manual_backward = lambda loss: loss.backward()
+    return module
+
+
+class RowsForwarded:
+    """Counts the sequences the policy runs forward on."""
+
+    def __init__(self, model):
+        self.rows, self.model = 0, model
+
+    def __enter__(self):
+        self.handle = self.model.register_forward_pre_hook(self.count, with_kwargs=True)
+        return self
+
+    def count(self, module, args, kwargs):
+        self.rows += (kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]).shape[0]
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+def test_lazy_old_logprobs_match_a_full_old_pass_and_skip_the_first_minibatch():
+    torch.manual_seed(0)
+    update = Update(epochs=2, num_minibatches=2, micro_batch_size=3)
+    base = RLModule(model="tiny-llama", objective=GSPO(clip_low=0.02, clip_high=0.02), rewards=[CharAccuracy()],
+                    kl_to_ref=False, generation=Generation(num_generations=3, max_new_tokens=6), update=update)
+    rollout, _, _ = base.sample(ROWS)
+    rollout = rollout.trimmed()
+    rollout.rewards = torch.tensor([0.0, 1.0, 3.0] * 4)  # every row has a nonzero advantage
+    base.snapshot(rollout)
+    assert rollout.old_logprobs is None  # no pass before the update
+
+    eager, lazy = standalone(copy.deepcopy(base)), standalone(copy.deepcopy(base))
+    eager_rollout, lazy_rollout = copy.deepcopy(rollout), copy.deepcopy(rollout)
+    with torch.no_grad():  # the reference: every row's old log-probs from one pass before any step
+        eager_rollout.old_logprobs = token_logprobs(eager.policy, eager_rollout).logprobs
+    with RowsForwarded(eager.policy) as eager_rows:
+        torch.manual_seed(1)
+        eager_metrics = eager.update(eager_rollout)
+    with RowsForwarded(lazy.policy) as lazy_rows:
+        torch.manual_seed(1)
+        lazy_metrics = lazy.update(lazy_rollout)
+
+    n = len(rollout)
+    assert eager_rows.rows == 2 * n  # two epochs of training forwards
+    assert lazy_rows.rows == 2 * n + n // 2  # + old log-probs of the second minibatch only
+    mask = rollout.completion_mask
+    torch.testing.assert_close(lazy_rollout.old_logprobs[mask], eager_rollout.old_logprobs[mask], rtol=0, atol=1e-6)
+    for p, q in zip(eager.parameters(), lazy.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+    assert lazy_metrics["clip_frac"] == eager_metrics["clip_frac"] and eager_metrics["clip_frac"] > 0
+
+
+def signal_module_and_rollout(update: Update):
+    torch.manual_seed(0)
+    module = RLModule(model="tiny-llama", objective=GSPO(clip_low=0.02, clip_high=0.02), rewards=[CharAccuracy()],
+                      kl_to_ref=False, generation=Generation(num_generations=3, max_new_tokens=6), update=update)
+    rollout, _, _ = module.sample(ROWS)
+    rollout = rollout.trimmed()
+    return module, rollout
+
+
+def with_rewards(module: RLModule, rollout, rewards: list[float]):
+    rollout = copy.deepcopy(rollout)
+    rollout.rewards = torch.tensor(rewards)
+    module.snapshot(rollout)
+    return rollout
+
+
+def test_rows_without_advantage_are_skipped_with_the_same_gradient_steps():
+    """Groups 0 and 2 have equal rewards (Â = 0): skipping them changes no parameter, only the work done."""
+    update = dict(epochs=2, num_minibatches=2, micro_batch_size=2)
+    base, rollout = signal_module_and_rollout(Update(**update))
+    rewards = [1.0, 1.0, 1.0, 0.0, 0.5, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]  # groups of 3
+    # SGD: the step is linear in the gradient (Adam would magnify float-order noise in ~0 gradients)
+    full = standalone(copy.deepcopy(base), momentum_sgd=True)
+    full.update_cfg = Update(**update, skip_zero_advantage_rows=False)
+    lean = standalone(copy.deepcopy(base), momentum_sgd=True)
+    for step_rewards in (rewards, [1.0] * 12):  # the second rollout has no signal at all: momentum still moves
+        ran = []
+        for module in (full, lean):
+            batch = with_rewards(module, rollout, step_rewards)
+            with RowsForwarded(module.policy) as counter:
+                torch.manual_seed(1)
+                module.update(batch)
+            ran.append(counter.rows)
+        for p, q in zip(full.parameters(), lean.parameters()):
+            torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+        assert ran[0] == 2 * 12 + 6  # two epochs + the second minibatch's old log-probs
+        if step_rewards == rewards:
+            assert ran[1] < ran[0] and ran[1] <= 2 * 6 + 6  # only the 6 rows with signal (+ their old log-probs)
+        else:
+            assert ran[1] == 2 * 2  # one placeholder row per minibatch, no old-log-prob pass
+    assert any(not torch.equal(p, q) for p, q in zip(base.parameters(), lean.parameters()))
+
+
+def test_built_in_objectives_flagged_inert_have_no_gradient_on_zero_advantage_rows():
+    from lit_gspo.objectives import OBJECTIVES
+
+    g = torch.Generator().manual_seed(0)
+    logprobs = (-torch.rand(4, 5, generator=g) * 3).requires_grad_()
+    old = logprobs.detach() + torch.randn(4, 5, generator=g)  # far off-policy: clipping active
+    advantages = torch.tensor([1.5, 0.0, -0.7, 0.0])
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    flagged = [cls for cls in OBJECTIVES.values() if cls.zero_advantage_has_no_gradient]
+    assert {c.name for c in flagged} >= {"ppo", "grpo", "dapo", "dr_grpo", "gspo", "gspo_token", "cispo", "gmpo"}
+    for cls in flagged:
+        logprobs.grad = None
+        cls()(logprobs, old, advantages, mask).loss.backward()
+        assert torch.all(logprobs.grad[[1, 3]] == 0), cls.name
+        assert logprobs.grad[[0, 2]].abs().sum() > 0, cls.name
