@@ -24,10 +24,16 @@ class Generation:
     #: ``hf``: ``model.generate``; ``fast``: :func:`lit_gspo.fast_generate.fast_generate` (one prefill per
     #: prompt shared by its G completions, finished rows dropped from the KV cache; same greedy tokens)
     backend: str = "hf"
+    #: attention kernel while sampling (``eager``, ``sdpa``, ...); None keeps the model's. The update's
+    #: forward always uses the model's own, and log-probs come only from that forward.
+    attn_implementation: str | None = None
 
     def __post_init__(self):
         if self.backend not in ("hf", "fast"):
             raise ValueError(f"generation.backend must be 'hf' or 'fast', got {self.backend!r}")
+        if self.attn_implementation not in (None, "eager", "sdpa", "flash_attention_2", "flex_attention"):
+            raise ValueError(f"generation.attn_implementation must be null, 'eager', 'sdpa', 'flash_attention_2' or "
+                             f"'flex_attention', got {self.attn_implementation!r}")
         if self.num_generations < 1 or self.max_new_tokens < 1:
             raise ValueError(f"num_generations and max_new_tokens must be >= 1, got {self.num_generations} "
                              f"and {self.max_new_tokens}")

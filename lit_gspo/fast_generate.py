@@ -6,13 +6,19 @@ What it saves against ``model.generate`` (same tokens for greedy decoding, teste
   so the prompt runs once and its KV cache is repeated G times (``batch_repeat_interleave``);
 - **finished rows leave the batch**: after a row emits EOS its cache rows are dropped, so each
   decoding step costs what the still-running rows cost (RL answers are often short, a few stragglers long);
-- **logits of the last position only**, sampling in fp32, no logits-processor/stopping-criteria machinery.
+- **logits of the last position only**, sampling in fp32, no logits-processor/stopping-criteria machinery;
+- **sampling by inverting the CDF** (:func:`sample_tokens`), exact and ~15× cheaper on CPU than
+  ``torch.multinomial`` over a 49k vocabulary (whose exponential draws took ~15 % of decoding);
+- optionally another **attention implementation while decoding** (``eager`` beats SDPA's CPU flash
+  kernel for one query token per step: 7.0 s vs 9.5 s for 32 completions of SmolLM2-135M, bf16, 1 thread).
 
 Output layout is that of ``model.generate``: ``(N·G, P + T)`` with the left-padded prompt, then the
 completion, ``pad_id`` after EOS; rows are group-major (prompt 0's G completions first).
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +39,30 @@ def filter_logits(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_
         remove[..., -1:] = False  # keep at least one token
         logits = logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
     return logits
+
+
+def sample_tokens(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One token per row of ``probs`` (B, V): the first index whose cumulative probability exceeds u·total.
+
+    u ~ U[0, 1) scaled by each row's total, so a zero-probability token (cdf flat there) is never drawn.
+    """
+    cdf = probs.float().cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
+
+
+@contextmanager
+def attention_implementation(model: nn.Module, implementation: str | None):
+    """Run with ``config._attn_implementation = implementation`` (None: leave the model's)."""
+    previous = getattr(model.config, "_attn_implementation", None)
+    if implementation is None or implementation == previous:
+        yield
+        return
+    model.set_attn_implementation(implementation)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
 
 
 @torch.no_grad()
@@ -70,8 +100,7 @@ def fast_generate(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *
     used = 0
     for step in range(max_new_tokens):
         if do_sample:
-            probs = filter_logits(logits, temperature, top_k, top_p).softmax(-1)
-            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            nxt = sample_tokens(filter_logits(logits, temperature, top_k, top_p).softmax(-1), generator)
         else:
             nxt = logits.argmax(-1)
         tokens[active, step] = nxt

@@ -112,6 +112,7 @@ class RLModule(LightningModule):
         self.dynamic_sampling = self.objective.dynamic_sampling if dynamic_sampling is None else dynamic_sampling
         self.max_sampling_rounds, self.gamma, self.lam = max_sampling_rounds, gamma, lam
         self.max_skipped_steps, self._skipped_in_a_row = max_skipped_steps, 0
+        self._logged_keys: set[str] = set()
         self.chat_template, self.system_prompt = chat_template, system_prompt
         self.val_every_n_steps, self.seed = val_every_n_steps, resolve_seed(seed)
         if self.advantage_estimator == "gae" and not self.objective.needs_critic:
@@ -193,8 +194,11 @@ class RLModule(LightningModule):
                 f"max_skipped_steps={self.max_skipped_steps}")
         stats = reduce_step_stats(stats, None if rollout is None else rollout.rewards,  # over ranks (DDP/FSDP2)
                                   None if rollout is None else rollout.completion_mask.sum(1))
-        self.log_dict({f"train/{k}" if not k.startswith("time/") else k: float(v) for k, v in stats.items()},
-                      on_step=True, on_epoch=False, batch_size=len(rows))
+        values = {f"train/{k}" if not k.startswith("time/") else k: float(v) for k, v in stats.items()}
+        # a step without a metric (e.g. clip_frac when no row carried a signal) logs NaN, not the last value
+        values.update({k: float("nan") for k in self._logged_keys - values.keys()})
+        self._logged_keys |= values.keys()
+        self.log_dict(values, on_step=True, on_epoch=False, batch_size=len(rows))
         self.log_dict({"reward": float(stats["reward"]), "clip": float(stats.get("clip_frac", 0.0))},
                       prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=len(rows))
         if self.val_every_n_steps and (self.rl_step + 1) % self.val_every_n_steps == 0:
@@ -223,7 +227,7 @@ class RLModule(LightningModule):
         batch = generate(self.policy, self.encode(rows), num_generations=group, max_new_tokens=g.max_new_tokens,
                          pad_id=self.tokenizer.pad_token_id, eos_id=self.tokenizer.eos_token_id,
                          temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, do_sample=not greedy,
-                         synced_gpus=self._synced_gpus(), backend=g.backend)
+                         synced_gpus=self._synced_gpus(), backend=g.backend, attn_implementation=g.attn_implementation)
         completion_ids = batch.input_ids[:, batch.prompt_length:].masked_fill(~batch.completion_mask, self.tokenizer.pad_token_id)
         completions = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         prompts = [r["prompt"] for r in rows for _ in range(group)]

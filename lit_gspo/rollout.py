@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from lit_gspo.fast_generate import attention_implementation, fast_generate
+
 
 @dataclass
 class RolloutBatch:
@@ -118,10 +120,12 @@ def completion_mask_through_eos(completions: Tensor, eos_id: int | list[int]) ->
 @torch.no_grad()
 def generate(model: nn.Module, prompt_ids: list[list[int]], *, num_generations: int, max_new_tokens: int,
              pad_id: int, eos_id: int | list[int], temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-             do_sample: bool = True, synced_gpus: bool = False, backend: str = "hf") -> RolloutBatch:
+             do_sample: bool = True, synced_gpus: bool = False, backend: str = "hf",
+             attn_implementation: str | None = None) -> RolloutBatch:
     """Sample ``num_generations`` completions per prompt (group-major), the model in eval mode.
 
-    ``backend="fast"`` uses :func:`lit_gspo.fast_generate.fast_generate` (not with ``synced_gpus``).
+    ``backend="fast"`` uses :func:`lit_gspo.fast_generate.fast_generate` (not with ``synced_gpus``);
+    ``attn_implementation`` switches the attention kernel for the duration of sampling.
     """
     ids, attn = left_pad(prompt_ids, pad_id)
     device = next(model.parameters()).device
@@ -134,16 +138,16 @@ def generate(model: nn.Module, prompt_ids: list[list[int]], *, num_generations: 
     model.eval()  # gradient checkpointing disables the KV cache in train mode
     try:
         sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k) if do_sample else {}
-        if fast:
-            from lit_gspo.fast_generate import fast_generate
-
-            out = fast_generate(model, ids, attn, num_generations=num_generations, max_new_tokens=max_new_tokens,
-                                eos_id=eos_id, pad_id=pad_id, do_sample=do_sample, **sampling)
-            ids = ids.repeat_interleave(num_generations, 0)
-            attn = attn.repeat_interleave(num_generations, 0)
-        else:
-            out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=do_sample,
-                                 pad_token_id=pad_id, eos_token_id=eos_id, synced_gpus=synced_gpus, **sampling)
+        with attention_implementation(model, attn_implementation):
+            if fast:
+                out = fast_generate(model, ids, attn, num_generations=num_generations, max_new_tokens=max_new_tokens,
+                                    eos_id=eos_id, pad_id=pad_id, do_sample=do_sample, **sampling)
+                ids = ids.repeat_interleave(num_generations, 0)
+                attn = attn.repeat_interleave(num_generations, 0)
+            else:
+                out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
+                                     do_sample=do_sample, pad_token_id=pad_id, eos_token_id=eos_id,
+                                     synced_gpus=synced_gpus, **sampling)
     finally:
         model.train(was_training)
     prompt_length = ids.shape[1]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lit_gspo.config import Generation
-from lit_gspo.fast_generate import fast_generate, filter_logits
+from lit_gspo.fast_generate import attention_implementation, fast_generate, filter_logits, sample_tokens
 from lit_gspo.rollout import generate, left_pad
 
 PAD, EOS = 0, 1  # as in conftest.py's tiny model
@@ -80,6 +80,32 @@ def test_sampled_tokens_follow_the_model_distribution(model):
                         generator=torch.Generator().manual_seed(0))
     freq = torch.bincount(out[:, -1], minlength=probs.numel()).float() / 4000
     assert (freq - probs).abs().max() < 0.03
+
+
+def test_inverse_cdf_sampling_matches_the_distribution_and_never_draws_a_zero_probability_token():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.2, 0.3, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]]).repeat(20000, 1)
+    probs[::2] *= 3.0  # unnormalised rows are fine: u is scaled by the row total
+    draws = sample_tokens(probs, torch.Generator().manual_seed(0)).view(20000, 2)
+    freq = torch.bincount(draws[:, 0], minlength=6).float() / 20000
+    assert freq[[0, 2, 5]].sum() == 0
+    torch.testing.assert_close(freq, torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0]), rtol=0, atol=0.015)
+    assert torch.all(draws[:, 1] == 5)
+
+
+def test_generation_can_sample_with_another_attention_kernel_and_restores_the_models(model):
+    assert model.config._attn_implementation == "sdpa"
+    sdpa = generate(model, PROMPTS, num_generations=2, max_new_tokens=8, pad_id=PAD, eos_id=EOS, do_sample=False,
+                    backend="fast")
+    eager = generate(model, PROMPTS, num_generations=2, max_new_tokens=8, pad_id=PAD, eos_id=EOS, do_sample=False,
+                     backend="fast", attn_implementation="eager")
+    assert torch.equal(sdpa.input_ids, eager.input_ids)  # fp32: the kernels agree on the greedy tokens
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(RuntimeError), attention_implementation(model, "eager"):
+        assert model.config._attn_implementation == "eager"
+        raise RuntimeError
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match="attn_implementation"):
+        Generation(attn_implementation="fast")
 
 
 def test_filter_logits_top_k_top_p():

@@ -115,6 +115,28 @@ def test_a_failing_reward_is_masked_and_counted_not_fatal(tmp_path):
     assert 0 < failed[1] < 16  # then every third sample returned None
 
 
+class SignalOnOddCalls:
+    """Rewards that vary within groups on calls 1, 3, ... and are all 0 (no signal) on calls 2, 4, ..."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, prompts, completions, **columns):
+        self.calls += 1
+        return [float(i % 2) * (self.calls % 2) for i in range(len(completions))]
+
+
+def test_a_step_without_signal_logs_nan_per_token_metrics_not_the_last_value(tmp_path):
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "4", "--model.val_every_n_steps", "0"), run=False)
+    cli.model.reward_set.functions[0] = SignalOnOddCalls()
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    rows = [r for r in read_metrics(tmp_path) if r.get("train/frac_zero_std_groups")]
+    no_signal = [float(r["train/frac_zero_std_groups"]) == 1.0 for r in rows]
+    assert len(rows) == 4 and 0 < sum(no_signal) < 4  # (validation calls the reward too)
+    clip = [float(r["train/clip_frac"] or "nan") for r in rows]
+    assert [c != c for c in clip] == no_signal  # empty/NaN exactly where no row had a signal, not the last value
+
+
 def test_unknown_objective_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli_main(tiny_args(tmp_path, "--model.objective", "NotAnObjective"), run=False)
