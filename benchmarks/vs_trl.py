@@ -84,7 +84,7 @@ def run_lit(args) -> dict:
     from lit_gspo.objectives import GSPO
     from lit_gspo.rewards import AnswerMatch
 
-    cycles, update_phase, tokens = [], [], []
+    cycles, update_phase, tokens, trained = [], [], [], []
 
     class Timer(Callback):
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
@@ -95,6 +95,7 @@ def run_lit(args) -> dict:
             m = trainer.callback_metrics
             update_phase.append(float(m["time/update_s"]))
             tokens.append(float(m["train/response_length"]))
+            trained.append(float(m["train/rows_with_gradient"]))
 
     # token-mean = TRL's default loss_type "dapo" (Σ tokens / tokens in the batch), so both optimise the same loss
     module = RLModule(model=str(args.model_dir),
@@ -115,7 +116,10 @@ def run_lit(args) -> dict:
     rows = train_rows(64)
     return dict(cycle_s=cycles, update_phase_s=[u / UPDATES_PER_ROLLOUT for u in update_phase],
                 completion_tokens=[t * G * PROMPTS_PER_UPDATE * UPDATES_PER_ROLLOUT for t in tokens],
-                mean_completion=tokens, prompt_tokens=prompt_tokens(module.tokenizer, rows),
+                mean_completion=tokens,
+                # executed training FLOPs relative to 6·params·tokens: fwd+bwd on the rows with a gradient,
+                # plus a forward (2/6) for half of them (old log-probs of the second minibatch)
+                work_fraction=[f * (1 + 1 / 6) for f in trained], prompt_tokens=prompt_tokens(module.tokenizer, rows),
                 params=sum(p.numel() for p in module.policy.parameters()))
 
 
@@ -193,10 +197,11 @@ def summarise(runs: list[dict]) -> dict:
     update_s = statistics.median(update)
     params, prompt = runs[0]["params"], runs[0]["prompt_tokens"]
     train_tokens = G * PROMPTS_PER_UPDATE * (prompt + statistics.median(comp))
-    flops = 6 * params * train_tokens
+    work = statistics.median(w for r in runs for w in r.get("work_fraction", [1.0])[1:] or [1.0])
+    flops = 6 * params * train_tokens * work  # FLOPs executed in the update phase
     peak = statistics.median(r["matmul_flops"] for r in runs)
     return dict(sec_per_update=sec_per_update, completion_tok_s=statistics.median(toks) / (2 * sec_per_update),
-                update_phase_s=update_s, mfu=flops / update_s / peak, matmul_gflops=peak / 1e9,
+                update_phase_s=update_s, mfu=flops / update_s / peak, work_fraction=work, matmul_gflops=peak / 1e9,
                 peak_rss_mb=max(r["peak_rss_mb"] for r in runs), mean_completion=statistics.median(comp),
                 cycles_counted=len(cycle))
 
@@ -240,14 +245,15 @@ def main(argv=None) -> None:
     print(f"\nSmolLM2-135M-Instruct, {G * PROMPTS_PER_UPDATE} completions/update, {UPDATES_PER_ROLLOUT} updates/rollout, "
           f"≤{MAX_NEW} new tokens, {args.precision}, {args.threads} thread(s), lit_gspo backend {args.backend}")
     print(f"{'':>8} {'s/update':>9} {'compl tok/s':>12} {'update-phase s':>15} {'MFU':>6} {'matmul GFLOP/s':>15} "
-          f"{'peak RSS MB':>12} {'mean len':>9} {'cycles':>7}")
+          f"{'peak RSS MB':>12} {'mean len':>9} {'cycles':>7} {'work':>5}")
     for s, t in table.items():
         print(f"{s:>8} {t['sec_per_update']:9.2f} {t['completion_tok_s']:12.1f} {t['update_phase_s']:15.2f} "
               f"{100 * t['mfu']:5.1f}% {t['matmul_gflops']:15.1f} {t['peak_rss_mb']:12.0f} {t['mean_completion']:9.1f} "
-              f"{t['cycles_counted']:7d}")
+              f"{t['cycles_counted']:7d} {t['work_fraction']:5.2f}")
     if len(table) == 2:
         print(f"ratio trl/lit: {table['trl']['sec_per_update'] / table['lit']['sec_per_update']:.2f}x s/update, "
               f"RSS lit/trl {table['lit']['peak_rss_mb'] / table['trl']['peak_rss_mb']:.2f}")
+    print("work: update-phase FLOPs executed / 6·params·tokens (lit_gspo skips rows with zero advantage)")
     print(f"reproduce: {command}")
     print("JSON " + json.dumps(table))
 

@@ -382,6 +382,7 @@ class RLModule(LightningModule):
         metrics = reduce_weighted_means(records)  # token-weighted over every rank's micro-batches
         metrics["loss"] = sum_over_ranks(sum(step_losses) / len(step_losses))  # micro-batch and rank shares add up
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        metrics["rows_with_gradient"] = float(active.float().mean())  # share of rows the update ran (this rank)
         metrics["lr"] = opt.param_groups[0]["lr"] if not hasattr(opt, "optimizer") else opt.optimizer.param_groups[0]["lr"]
         if not cfg.on_policy:  # ratio diagnostics (lit_gspo.diagnostics); NaN where undefined, same keys every step
             metrics.update({f"ratio/{k}": v for k, v in ratio_stats.compute(self.generation.max_new_tokens).items()})
