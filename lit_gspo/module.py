@@ -34,7 +34,7 @@ from lit_gspo.diagnostics import RatioStats
 from lit_gspo.distributed import (
     apply_fsdp2, check_strategy, full_state_dict, is_sharded, reduce_step_stats, reduce_weighted_means, sum_over_ranks,
 )
-from lit_gspo.models import load_policy
+from lit_gspo.models import enable_gradient_checkpointing, load_policy
 from lit_gspo.models.lora import apply_lora, merged_for_saving, reference_mode
 from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, replay_routing, routing_volatility
 from lit_gspo.objectives import GSPO, Counts, Objective
@@ -64,6 +64,8 @@ class RLModule(LightningModule):
             groups' rewards equal, or every reward failed). Skipped steps make no optimiser step, so they
             do not count towards ``trainer.max_steps``.
         kl_to_ref: keep a frozen reference policy to log ``train/kl`` even when β = 0.
+        gradient_checkpointing: recompute each decoder layer's activations in backward (less memory,
+            about a third more compute; TRL's GRPOTrainer turns it on by default).
         val_every_n_steps: greedy validation every n RL steps (also once before the first update).
         routing_replay: MoE only: record each layer's top-k experts in the old-policy pass (which then runs even
             on-policy) and force the update's forward to use them (Routing Replay, GSPO paper §5.3).
@@ -94,6 +96,7 @@ class RLModule(LightningModule):
         chat_template: bool | None = None,
         system_prompt: str | None = None,
         lora: LoRA | None = None,
+        gradient_checkpointing: bool = False,
         warm_start: WarmStart | None = None,
         val_every_n_steps: int = 10,
         routing_replay: bool = False,
@@ -129,6 +132,8 @@ class RLModule(LightningModule):
         if lora is not None:
             self.policy = apply_lora(self.policy, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
                                      target_modules=tuple(lora.target_modules))
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(self.policy)
         needs_ref = (self.objective.beta > 0 or kl_to_ref) and lora is None
         self.ref_policy = _frozen_copy(self.policy) if needs_ref else None
         self.use_ref = self.objective.beta > 0 or kl_to_ref

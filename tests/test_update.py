@@ -131,3 +131,27 @@ def test_built_in_objectives_flagged_inert_have_no_gradient_on_zero_advantage_ro
         cls()(logprobs, old, advantages, mask).loss.backward()
         assert torch.all(logprobs.grad[[1, 3]] == 0), cls.name
         assert logprobs.grad[[0, 2]].abs().sum() > 0, cls.name
+
+
+def test_gradient_checkpointing_changes_memory_not_the_update():
+    def build(checkpointing: bool) -> RLModule:
+        torch.manual_seed(0)
+        return RLModule(model="tiny-llama", objective=GSPO(), rewards=[CharAccuracy()], kl_to_ref=False, seed=0,
+                        generation=Generation(num_generations=3, max_new_tokens=6), gradient_checkpointing=checkpointing,
+                        update=Update(num_minibatches=2))
+
+    plain, checkpointed = standalone(build(False), momentum_sgd=True), standalone(build(True), momentum_sgd=True)
+    assert checkpointed.policy.is_gradient_checkpointing and not plain.policy.is_gradient_checkpointing
+    torch.manual_seed(0)
+    rollout, _, _ = plain.sample(ROWS)  # sampling runs in eval mode: the KV cache works with checkpointing on
+    rollout = rollout.trimmed()
+    for module in (plain, checkpointed):
+        batch = with_rewards(module, rollout, [0.0, 1.0, 3.0] * 4)
+        torch.manual_seed(1)
+        module.update(batch)
+    for p, q in zip(plain.parameters(), checkpointed.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+    assert any(not torch.equal(p, q) for p, q in zip(build(False).parameters(), plain.parameters()))
+    torch.manual_seed(0)
+    again, _, _ = checkpointed.sample(ROWS)
+    assert again.input_ids.shape[0] == len(ROWS) * 3
