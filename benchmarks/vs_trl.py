@@ -105,7 +105,7 @@ def run_lit(args) -> dict:
                       generation=Generation(num_generations=G, max_new_tokens=MAX_NEW, backend=args.backend,
                                             attn_implementation=None if args.sampling_attention == "none" else args.sampling_attention),
                       update=Update(num_minibatches=UPDATES_PER_ROLLOUT, max_grad_norm=1.0),
-                      kl_to_ref=False, val_every_n_steps=0)
+                      kl_to_ref=False, val_every_n_steps=0, gradient_checkpointing=args.checkpointing == "on")
     data = PromptDataModule(train_source="arithmetic", num_train=400, num_val=1, prompts_per_step=PROMPTS_PER_UPDATE *
                             UPDATES_PER_ROLLOUT, task_kwargs=dict(digits=2, ops="+", template=TEMPLATE))
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=args.cycles * UPDATES_PER_ROLLOUT, logger=False,
@@ -159,7 +159,8 @@ def run_trl(args) -> dict:
                         max_grad_norm=1.0, importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4,
                         beta=0.0, temperature=1.0, max_steps=args.cycles * UPDATES_PER_ROLLOUT, logging_steps=1,
                         report_to="none", save_strategy="no", use_cpu=True, bf16=args.precision == "bf16",
-                        seed=0, dataloader_num_workers=0, disable_tqdm=True)
+                        seed=0, dataloader_num_workers=0, disable_tqdm=True,
+                        gradient_checkpointing=args.checkpointing == "on")
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
@@ -213,6 +214,8 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads in each run (same for both)")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--backend", choices=["hf", "fast"], default="fast", help="lit_gspo generation backend")
+    p.add_argument("--checkpointing", choices=["on", "off"], default="on",
+                   help="gradient checkpointing on both sides (TRL's GRPOConfig default: on)")
     p.add_argument("--sampling-attention", default="eager", help="lit_gspo generation.attn_implementation ('none': the model's)")
     p.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "smollm2-135m-instruct-hf")
     p.add_argument("--only", choices=["lit", "trl"], help="run one side only")
@@ -230,7 +233,7 @@ def main(argv=None) -> None:
         for side in sides:
             cmd = [sys.executable, __file__, "--worker", side, "--cycles", str(args.cycles), "--threads",
                    str(args.threads), "--precision", args.precision, "--backend", args.backend,
-                   "--sampling-attention", args.sampling_attention,
+                   "--sampling-attention", args.sampling_attention, "--checkpointing", args.checkpointing,
                    "--model-dir", str(args.model_dir)]
             start = time.perf_counter()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
@@ -243,7 +246,8 @@ def main(argv=None) -> None:
                   f"({time.perf_counter() - start:.0f} s with loading)", flush=True)
     table = {s: summarise(r) for s, r in results.items()}
     print(f"\nSmolLM2-135M-Instruct, {G * PROMPTS_PER_UPDATE} completions/update, {UPDATES_PER_ROLLOUT} updates/rollout, "
-          f"≤{MAX_NEW} new tokens, {args.precision}, {args.threads} thread(s), lit_gspo backend {args.backend}")
+          f"≤{MAX_NEW} new tokens, {args.precision}, {args.threads} thread(s), gradient checkpointing {args.checkpointing}, "
+          f"lit_gspo backend {args.backend}")
     print(f"{'':>8} {'s/update':>9} {'compl tok/s':>12} {'update-phase s':>15} {'MFU':>6} {'matmul GFLOP/s':>15} "
           f"{'peak RSS MB':>12} {'mean len':>9} {'cycles':>7} {'work':>5}")
     for s, t in table.items():
