@@ -17,6 +17,9 @@ class Generation:
 
     num_generations: int = 8
     max_new_tokens: int = 16
+    #: new-token limit of the greedy validation (None: ``max_new_tokens``), e.g. to score with a longer
+    #: budget than the rollouts are sampled with
+    val_max_new_tokens: int | None = None
     max_prompt_length: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
@@ -34,6 +37,8 @@ class Generation:
         if self.attn_implementation not in (None, "eager", "sdpa", "flash_attention_2", "flex_attention"):
             raise ValueError(f"generation.attn_implementation must be null, 'eager', 'sdpa', 'flash_attention_2' or "
                              f"'flex_attention', got {self.attn_implementation!r}")
+        if self.val_max_new_tokens is not None and self.val_max_new_tokens < 1:
+            raise ValueError(f"val_max_new_tokens must be >= 1 or null, got {self.val_max_new_tokens}")
         if self.num_generations < 1 or self.max_new_tokens < 1:
             raise ValueError(f"num_generations and max_new_tokens must be >= 1, got {self.num_generations} "
                              f"and {self.max_new_tokens}")

@@ -217,19 +217,21 @@ class RLModule(LightningModule):
     # ------------------------------------------------------------------ rollout
     def encode(self, rows: list[dict]) -> list[list[int]]:
         g = self.generation
-        context = getattr(self.policy.config, "max_position_embeddings", None) or g.max_prompt_length + g.max_new_tokens
-        if context - g.max_new_tokens < 1:
-            raise ValueError(f"generation.max_new_tokens={g.max_new_tokens} leaves no room for a prompt in the "
+        new_tokens = max(g.max_new_tokens, g.val_max_new_tokens or 0)
+        context = getattr(self.policy.config, "max_position_embeddings", None) or g.max_prompt_length + new_tokens
+        if context - new_tokens < 1:
+            raise ValueError(f"generation.max_new_tokens={new_tokens} leaves no room for a prompt in the "
                              f"model's context of {context} tokens")
         return encode_prompts(self.tokenizer, [r["prompt"] for r in rows], chat_template=self.chat_template,
-                              max_prompt_length=min(g.max_prompt_length, context - g.max_new_tokens),
+                              max_prompt_length=min(g.max_prompt_length, context - new_tokens),
                               system_prompt=self.system_prompt)
 
     def sample(self, rows: list[dict], *, greedy: bool = False) -> tuple[RolloutBatch, list[str], dict]:
         """Generate (G per prompt, or one greedy) and score; returns the batch, completions and reward stats."""
         g = self.generation
         group = 1 if greedy else g.num_generations
-        batch = generate(self.policy, self.encode(rows), num_generations=group, max_new_tokens=g.max_new_tokens,
+        max_new_tokens = (g.val_max_new_tokens or g.max_new_tokens) if greedy else g.max_new_tokens
+        batch = generate(self.policy, self.encode(rows), num_generations=group, max_new_tokens=max_new_tokens,
                          pad_id=self.tokenizer.pad_token_id, eos_id=self.tokenizer.eos_token_id,
                          temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, do_sample=not greedy,
                          synced_gpus=self._synced_gpus(), backend=g.backend, attn_implementation=g.attn_implementation)
@@ -238,7 +240,7 @@ class RLModule(LightningModule):
         prompts = [r["prompt"] for r in rows for _ in range(group)]
         columns = {k: [r.get(k) for r in rows for _ in range(group)] for k in rows[0] if k != "prompt"}
         columns["completion_lengths"] = batch.completion_mask.sum(1).tolist()
-        columns["max_completion_length"] = g.max_new_tokens
+        columns["max_completion_length"] = max_new_tokens
         scores = self.reward_set.score(prompts, completions, columns)
         valid = scores.valid
         batch.rewards = _fill_failed_with_group_mean(scores.total.float(), valid, group)

@@ -144,6 +144,15 @@ def test_unknown_objective_is_a_clear_error(tmp_path, capsys):
     assert "NotAnObjective" in err
 
 
+def test_validation_can_decode_longer_than_the_rollouts(tmp_path):
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.generation.max_new_tokens", "2",
+                             "--model.generation.val_max_new_tokens", "6"), run=False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    rows = read_metrics(tmp_path)
+    assert max(column(rows, "train/response_length")) <= 2
+    assert max(column(rows, "val/response_length")) > 2
+
+
 def test_prompt_longer_than_the_context_is_refused(tmp_path):
     cli = cli_main(tiny_args(tmp_path, "--model.model_config", "{max_position_embeddings: 8}"), run=False)
     with pytest.raises(ValueError, match="longer than max_prompt_length"):
