@@ -53,8 +53,9 @@ class Update:
     One epoch and one minibatch is on-policy: the ratio is exactly 1 and no old-log-prob pass runs.
     ``skip_zero_advantage_rows``: leave out of the forward/backward the rows whose advantage is 0
     everywhere when the objective's gradient vanishes there (β = 0, no critic). The loss and gradient
-    are unchanged (those rows still count in the normalisers); the per-token metrics (clip_frac,
-    entropy, ratios) are then over the rows that carry a signal.
+    are unchanged (those rows still count in the normalisers). ``clip_frac`` stays a fraction of every
+    token (clipping never zeroes a gradient where Â = 0); entropy, KL and ratio statistics are then
+    over the rows that carry a signal (one row when none does; no ratio statistics then).
     """
 
     epochs: int = 1

@@ -365,7 +365,11 @@ class RLModule(LightningModule):
                 # rows without gradient are left out; if none has one, a single row still runs (its loss is 0)
                 # so that every rank backpropagates and the optimiser steps as it would on a zero gradient
                 placeholder = not bool(active[rows].any())
-                rows = rows[:1] if placeholder else rows[active[rows]]
+                kept = torch.zeros(len(rows), dtype=torch.bool)
+                kept[:1] = placeholder
+                kept |= active[rows]
+                skipped_tokens = float(rollout.completion_mask[rows[~kept]].sum())
+                rows = rows[kept]
                 opt.zero_grad()
                 step_loss = 0.0  # this rank's share of the minibatch loss (normalised by global counts)
                 for micro_rows, micro in self._micro_batches(rollout.select(rows), with_rows=True):
@@ -377,9 +381,14 @@ class RLModule(LightningModule):
                         self.manual_backward(out.loss * world)  # DDP/FSDP average gradients over ranks
                     if steps_done == 0 and rollout.old_logprobs is not None:  # later epochs reuse these rows
                         rollout.old_logprobs[rows[micro_rows], :logprobs.shape[1]] = logprobs
-                    if not placeholder:
-                        records.append(({k: float(v) for k, v in out.metrics.items()}, tokens))
+                    micro_metrics = {k: float(v) for k, v in out.metrics.items()}
+                    if placeholder:  # its ratio is 1 by construction: keep only what it measures for real
+                        micro_metrics = {k: v for k, v in micro_metrics.items()
+                                         if k.startswith("clip_frac") or k in ("entropy", "kl")}
+                    records.append((micro_metrics, tokens))
                     step_loss += float(out.loss.detach())
+                if skipped_tokens:  # Â = 0: no clipping can zero a gradient there, so clip fractions stay over every token
+                    records.append(({k: 0.0 for k in micro_metrics if k.startswith("clip_frac")}, skipped_tokens))
                 step_losses.append(step_loss)
                 grad_norms.append(self.clip_and_norm())
                 opt.step()

@@ -126,15 +126,21 @@ class SignalOnOddCalls:
         return [float(i % 2) * (self.calls % 2) for i in range(len(completions))]
 
 
-def test_a_step_without_signal_logs_nan_per_token_metrics_not_the_last_value(tmp_path):
-    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "4", "--model.val_every_n_steps", "0"), run=False)
+def test_a_step_without_signal_logs_zero_clipping_and_no_stale_ratio_statistics(tmp_path):
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "8", "--model.val_every_n_steps", "0",
+                             "--model.update.num_minibatches", "2"), run=False)
     cli.model.reward_set.functions[0] = SignalOnOddCalls()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     rows = [r for r in read_metrics(tmp_path) if r.get("train/frac_zero_std_groups")]
     no_signal = [float(r["train/frac_zero_std_groups"]) == 1.0 for r in rows]
     assert len(rows) == 4 and 0 < sum(no_signal) < 4  # (validation calls the reward too)
-    clip = [float(r["train/clip_frac"] or "nan") for r in rows]
-    assert [c != c for c in clip] == no_signal  # empty/NaN exactly where no row had a signal, not the last value
+    for row, empty in zip(rows, no_signal):
+        assert 0 <= float(row["train/clip_frac"]) <= 1 and float(row["train/entropy"]) > 0  # contract columns
+        ratio = float(row["train/ratio_mean"] or "nan")
+        if empty:  # nothing was clipped, and no ratio was measured: not the previous step's value
+            assert float(row["train/clip_frac"]) == 0 and ratio != ratio
+        else:
+            assert ratio == ratio
 
 
 def test_unknown_objective_is_a_clear_error(tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 
 from lit_gspo.config import Generation, Update
@@ -99,17 +100,19 @@ def test_rows_without_advantage_are_skipped_with_the_same_gradient_steps():
     full.update_cfg = Update(**update, skip_zero_advantage_rows=False)
     lean = standalone(copy.deepcopy(base), momentum_sgd=True)
     for step_rewards in (rewards, [1.0] * 12):  # the second rollout has no signal at all: momentum still moves
-        ran = []
+        ran, clip = [], []
         for module in (full, lean):
             batch = with_rewards(module, rollout, step_rewards)
             with RowsForwarded(module.policy) as counter:
                 torch.manual_seed(1)
-                module.update(batch)
+                clip.append(module.update(batch)["clip_frac"])
             ran.append(counter.rows)
+        assert clip[1] == pytest.approx(clip[0], abs=1e-9)  # still a fraction of every token
         for p, q in zip(full.parameters(), lean.parameters()):
             torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
         assert ran[0] == 2 * 12 + 6  # two epochs + the second minibatch's old log-probs
         if step_rewards == rewards:
+            assert clip[0] > 0
             assert ran[1] < ran[0] and ran[1] <= 2 * 6 + 6  # only the 6 rows with signal (+ their old log-probs)
         else:
             assert ran[1] == 2 * 2  # one placeholder row per minibatch, no old-log-prob pass
