@@ -34,7 +34,7 @@ from lit_gspo.diagnostics import RatioStats
 from lit_gspo.distributed import (
     apply_fsdp2, check_strategy, full_state_dict, is_sharded, reduce_step_stats, reduce_weighted_means, sum_over_ranks,
 )
-from lit_gspo.models import enable_gradient_checkpointing, load_policy
+from lit_gspo.models import checkpointing_active, enable_gradient_checkpointing, load_policy
 from lit_gspo.models.lora import apply_lora, merged_for_saving, reference_mode
 from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, replay_routing, routing_volatility
 from lit_gspo.objectives import GSPO, Counts, Objective
@@ -344,6 +344,10 @@ class RLModule(LightningModule):
     # ------------------------------------------------------------------ update
     def update(self, rollout: RolloutBatch) -> dict[str, float]:
         """K epochs × M minibatches of optimiser steps; normalisers are those of each whole minibatch."""
+        with checkpointing_active(self.policy):  # a no-op unless gradient_checkpointing is on
+            return self._update(rollout)
+
+    def _update(self, rollout: RolloutBatch) -> dict[str, float]:
         cfg = self.update_cfg
         opt = self.optimizers()
         scheduler = self.lr_schedulers()

@@ -32,7 +32,7 @@ def main(run_dir: str, out: str, updates_per_step: str = "2",
             train.append((k * step, 100 * float(row["train/reward"])))
     fig, ax = plt.subplots(figsize=(5.5, 3.2), dpi=90)
     if train:
-        ax.plot(*zip(*train), color="0.7", lw=1, label="train reward (sampled, T=1)")
+        ax.plot(*zip(*train), color="0.7", lw=1, label="train reward (sampled)")
     ax.plot(*zip(*val), "o-", color="C0", label="val accuracy (greedy, 128 held-out)")
     ax.set_xlabel("update (optimiser step)")
     ax.set_ylabel("% correct (last number)")

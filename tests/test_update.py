@@ -145,13 +145,21 @@ def test_gradient_checkpointing_changes_memory_not_the_update():
 
     plain, checkpointed = standalone(build(False), momentum_sgd=True), standalone(build(True), momentum_sgd=True)
     assert checkpointed.policy.is_gradient_checkpointing and not plain.policy.is_gradient_checkpointing
+    assert not checkpointed.policy.training  # as from_pretrained leaves it: checkpointing must still run
     torch.manual_seed(0)
     rollout, _, _ = plain.sample(ROWS)  # sampling runs in eval mode: the KV cache works with checkpointing on
     rollout = rollout.trimmed()
+    saved = []
     for module in (plain, checkpointed):
         batch = with_rewards(module, rollout, [0.0, 1.0, 3.0] * 4)
-        torch.manual_seed(1)
-        module.update(batch)
+        count = []
+        # tensors autograd keeps for backward outside a checkpoint (inside one, the checkpoint's own hooks
+        # take them and keep only the layer inputs)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: count.append(1) or t, lambda t: t):
+            torch.manual_seed(1)
+            module.update(batch)
+        saved.append(len(count))
+    assert saved[1] < saved[0] / 2
     for p, q in zip(plain.parameters(), checkpointed.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
     assert any(not torch.equal(p, q) for p, q in zip(build(False).parameters(), plain.parameters()))

@@ -13,7 +13,7 @@ from .routing import (
     routing_volatility,
 )
 from .tokenizer import char_tokenizer
-from .utils import ParameterCount, count_parameters, enable_gradient_checkpointing, freeze
+from .utils import ParameterCount, checkpointing_active, count_parameters, enable_gradient_checkpointing, freeze
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -26,6 +26,7 @@ __all__ = [
     "char_tokenizer",
     "count_parameters",
     "drop_quantizer",
+    "checkpointing_active",
     "enable_gradient_checkpointing",
     "freeze",
     "is_lora",

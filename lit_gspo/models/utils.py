@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import NamedTuple
 
 from torch import nn
@@ -37,6 +38,25 @@ def enable_gradient_checkpointing(model: nn.Module) -> nn.Module:
     else:
         target.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     return model
+
+
+@contextmanager
+def checkpointing_active(model: nn.Module):
+    """Let gradient checkpointing run while the model stays in eval mode.
+
+    transformers checkpoints a layer only when that layer's ``training`` flag is set, and a policy
+    loaded by ``from_pretrained`` is in eval mode (Lightning keeps submodules' modes). This sets the
+    flag on the checkpointed layers alone, not on their submodules, so dropout stays off; restored on exit.
+    """
+    layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", None) is True]
+    before = [m.training for m in layers]
+    for m in layers:
+        m.training = True
+    try:
+        yield
+    finally:
+        for m, flag in zip(layers, before):
+            m.training = flag
 
 
 def freeze(model: nn.Module) -> nn.Module:
