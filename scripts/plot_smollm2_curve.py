@@ -25,8 +25,8 @@ def main(run_dir: str, out: str, updates_per_step: str = "2",
     last = max(int(r["step"]) for r in rows if r.get("train/reward"))
     for i, row in enumerate(rows):
         step = int(row["step"])
-        if row.get("val/reward"):  # the first is before any update; the others follow RL step `step`
-            updates = 0 if not val and not train else min(k * (step + 1), k * (last + 1))
+        if row.get("val/reward"):  # logged at step = RL steps done (0: before any update)
+            updates = min(k * step, k * (last + 1))
             val.append((updates, 100 * float(row["val/reward"])))
         if row.get("train/reward"):  # sampled at the start of RL step `step`
             train.append((k * step, 100 * float(row["train/reward"])))

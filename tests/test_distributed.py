@@ -43,7 +43,9 @@ def run_args(root: Path, *extra: str, prompts: int = 4, devices: int = 1, steps:
             "--data.num_val", "8", "--data.prompts_per_step", str(prompts), "--model.generation.num_generations", "4",
             "--model.generation.max_new_tokens", "4", "--model.optimizer.lr", "0.01",
             "--model.rewards", '[{class_path: lit_gspo.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]',
-            "--model.update.epochs", "2", "--model.update.micro_batch_size", "4", *extra]
+            "--model.update.epochs", "2", "--model.update.micro_batch_size", "4",
+            # every row runs, so entropy/kl/ratio means cover the same rows however they are split over ranks
+            "--model.update.skip_zero_advantage_rows", "false", *extra]
 
 
 def launch(out: Path, cli_args: list[str], *, ckpt_path: str | None = None, timeout: int = 240) -> dict:
@@ -88,6 +90,15 @@ def test_ddp_two_processes_match_one_process_on_the_same_global_batch(tmp_path, 
     assert len(metric(result, "train/loss")) == 2 and any(v != 0 for _, v in metric(result, "train/loss"))
     assert any(v > 0 for _, v in metric(result, "train/clip_frac"))  # the off-policy epoch clips: not trivially equal
     assert_same_run(result, single)
+
+
+@pytest.mark.distributed
+def test_ddp_skipping_zero_advantage_rows_gives_the_same_weights_as_one_process_running_every_row(tmp_path, single):
+    """Each rank skips its own rows with Â = 0 (one placeholder row if it has none): gradients stay exact."""
+    skip = ["--model.update.skip_zero_advantage_rows", "true"]
+    result = launch(tmp_path, run_args(tmp_path, "--trainer.strategy", "ddp", *skip, prompts=2, devices=2))
+    for name in single["weights"]:
+        torch.testing.assert_close(result["weights"][name], single["weights"][name], atol=1e-5, rtol=0, msg=name)
 
 
 @pytest.mark.distributed
