@@ -6,16 +6,20 @@ update (2 prompts), 2 updates per rollout (TRL ``steps_per_generation=2``; lit_g
 ``num_minibatches=2``), ≤ 48 new tokens, AdamW lr 5e-6 constant, β = 0, ε 3e-4/4e-4, the same loss
 normalisation (token-mean = TRL's default ``loss_type="dapo"``), the same precision and thread count.
 lit_gspo runs as a user would: its sampler (``backend="fast"``, eager attention while decoding),
-skipping rows with zero advantage, old log-probs only for the second minibatch. TRL runs offline (HF_HUB_OFFLINE=1, local dir, ``report_to="none"``).
+skipping rows with zero advantage (``--skip-zero-advantage off`` runs every row, as TRL does), old
+log-probs only for the second minibatch. Gradient checkpointing is the same on both sides
+(``--checkpointing``, default on = TRL's default). TRL runs offline (HF_HUB_OFFLINE=1, local dir,
+``report_to="none"``).
 
 Runs alternate (A B A B ...), each a fresh process doing ``--cycles`` rollouts (the first is
 warm-up and not counted). Reported per side: median seconds per update step (= rollout cycle / 2,
 generation included), completion tokens/s, peak RSS of the process, and training-phase model FLOP
-utilisation: 6 · params · (prompt + completion tokens) per update over the time of the update
-phase, against a matmul of the model's shape measured in the same process.
+utilisation: the FLOPs executed per update (6 · params · (prompt + completion tokens) × ``work``, the
+share of that work actually run; recompute not counted) over the time of the update phase, against
+a matmul of the model's shape measured in the same process.
 
     pip install -e '.[bench]'
-    python benchmarks/vs_trl.py --rounds 2 --cycles 3 --threads 1 --precision fp32
+    python benchmarks/vs_trl.py --rounds 2 --cycles 2 --threads 2 --precision fp32 --checkpointing on
 """
 
 from __future__ import annotations
