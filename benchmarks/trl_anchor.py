@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_trl import G, LR, MAX_NEW, PROMPTS_PER_UPDATE, ROOT, UPDATES_PER_ROLLOUT, model_dir, train_rows  # noqa: E402
+from vs_trl import ROOT, model_dir, trl_trainer  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -35,21 +35,9 @@ def main(argv=None) -> None:
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
 
     import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from lit_gspo.rewards import AnswerMatch
+    from transformers import TrainerCallback
 
     torch.set_num_threads(args.threads)
-    judge = AnswerMatch(mode="last_number")
-
-    def reward(prompts, completions, answer, **_):
-        return judge(prompts, [c[-1]["content"] for c in completions], answer=answer)
-
-    rows = train_rows(4000)
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
-                                 for r in rows])
     log: list[dict] = []
 
     class Log(TrainerCallback):
@@ -63,17 +51,9 @@ def main(argv=None) -> None:
             if logs and log:
                 log[-1].update({k: logs[k] for k in ("reward", "completions/mean_length") if k in logs})
 
-    config = GRPOConfig(output_dir=str(args.output), per_device_train_batch_size=G * PROMPTS_PER_UPDATE,
-                        num_generations=G, steps_per_generation=UPDATES_PER_ROLLOUT, max_completion_length=MAX_NEW,
-                        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-                        max_grad_norm=1.0, importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4,
-                        beta=0.0, temperature=1.0, max_steps=args.updates, logging_steps=1, report_to="none",
-                        save_strategy="no", use_cpu=True, bf16=args.precision == "bf16", seed=args.seed,
-                        dataloader_num_workers=0, disable_tqdm=True)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir(args.model_dir), padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[Log()])
+    trainer = trl_trainer(model_dir(args.model_dir), args.output, updates=args.updates, precision=args.precision,
+                          checkpointing=True, num_prompts=4000, callbacks=[Log()], seed=args.seed)
+    tokenizer = trainer.processing_class
     start = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - start

@@ -128,10 +128,12 @@ def run_lit(args) -> dict:
                 params=sum(p.numel() for p in module.policy.parameters()))
 
 
-def run_trl(args) -> dict:
+def trl_trainer(model_dir: Path, output_dir: Path, *, updates: int, precision: str, checkpointing: bool,
+                num_prompts: int, callbacks: list, seed: int = 0):
+    """TRL's GRPOTrainer at the anchor's GSPO settings on the addition prompts (shared with trl_anchor.py)."""
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from lit_gspo.rewards import AnswerMatch
@@ -142,9 +144,24 @@ def run_trl(args) -> dict:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return judge(prompts, texts, answer=answer)
 
-    rows = train_rows(400)
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
-                                 for r in rows])
+                                 for r in train_rows(num_prompts)])
+    config = GRPOConfig(output_dir=str(output_dir), per_device_train_batch_size=G * PROMPTS_PER_UPDATE,
+                        num_generations=G, steps_per_generation=UPDATES_PER_ROLLOUT, max_completion_length=MAX_NEW,
+                        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+                        max_grad_norm=1.0, importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4,
+                        beta=0.0, temperature=1.0, max_steps=updates, logging_steps=1,
+                        report_to="none", save_strategy="no", use_cpu=True, bf16=precision == "bf16",
+                        seed=seed, dataloader_num_workers=0, disable_tqdm=True, gradient_checkpointing=checkpointing)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
+                       processing_class=tokenizer, callbacks=callbacks)
+
+
+def run_trl(args) -> dict:
+    from transformers import TrainerCallback
+
     steps, lengths = [], []
 
     class Timer(TrainerCallback):
@@ -158,26 +175,17 @@ def run_trl(args) -> dict:
             if logs and "completions/mean_length" in logs:
                 lengths.append(float(logs["completions/mean_length"]))
 
-    config = GRPOConfig(output_dir=str(ROOT / "runs" / "bench_trl"), per_device_train_batch_size=G * PROMPTS_PER_UPDATE,
-                        num_generations=G, steps_per_generation=UPDATES_PER_ROLLOUT, max_completion_length=MAX_NEW,
-                        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-                        max_grad_norm=1.0, importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4,
-                        beta=0.0, temperature=1.0, max_steps=args.cycles * UPDATES_PER_ROLLOUT, logging_steps=1,
-                        report_to="none", save_strategy="no", use_cpu=True, bf16=args.precision == "bf16",
-                        seed=0, dataloader_num_workers=0, disable_tqdm=True,
-                        gradient_checkpointing=args.checkpointing == "on")
-    tokenizer = AutoTokenizer.from_pretrained(args.model_dir, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[Timer()])
+    trainer = trl_trainer(args.model_dir, ROOT / "runs" / "bench_trl", updates=args.cycles * UPDATES_PER_ROLLOUT,
+                          precision=args.precision, checkpointing=args.checkpointing == "on", num_prompts=400,
+                          callbacks=[Timer()])
     trainer.train()
     cycles = [steps[i] + steps[i + 1] for i in range(0, len(steps) - 1, UPDATES_PER_ROLLOUT)]
     train_only = [steps[i + 1] for i in range(0, len(steps) - 1, UPDATES_PER_ROLLOUT)]  # no generation in step 2
     per_gen = lengths[::UPDATES_PER_ROLLOUT] if len(lengths) >= 2 * len(cycles) else lengths
     return dict(cycle_s=cycles, update_phase_s=train_only,
                 completion_tokens=[l * G * PROMPTS_PER_UPDATE * UPDATES_PER_ROLLOUT for l in per_gen[:len(cycles)]],
-                mean_completion=per_gen[:len(cycles)], prompt_tokens=prompt_tokens(tokenizer, rows[:64]),
-                params=sum(p.numel() for p in model.parameters()))
+                mean_completion=per_gen[:len(cycles)], prompt_tokens=prompt_tokens(trainer.processing_class, train_rows(64)),
+                params=sum(p.numel() for p in trainer.model.parameters()))
 
 
 def worker(args) -> None:

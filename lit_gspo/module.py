@@ -368,10 +368,9 @@ class RLModule(LightningModule):
                 counts = self.global_counts(rollout.completion_mask[rows])  # normalisers count every row
                 # rows without gradient are left out; if none has one, a single row still runs (its loss is 0)
                 # so that every rank backpropagates and the optimiser steps as it would on a zero gradient
-                placeholder = not bool(active[rows].any())
-                kept = torch.zeros(len(rows), dtype=torch.bool)
-                kept[:1] = placeholder
-                kept |= active[rows]
+                kept = active[rows].clone()
+                placeholder = not bool(kept.any())
+                kept[0] |= placeholder
                 skipped_tokens = float(rollout.completion_mask[rows[~kept]].sum())
                 rows = rows[kept]
                 opt.zero_grad()
@@ -457,12 +456,11 @@ class RLModule(LightningModule):
 
     def micro_step(self, micro: RolloutBatch, counts: Counts, with_entropy: bool, ratio_stats: RatioStats | None = None,
                    current_is_old: bool = False):
-        """Loss of one micro-batch; returns (loss output, completion tokens, detached log-probs).
+        """Loss of one (trimmed) micro-batch; returns (loss output, completion tokens, detached log-probs).
 
         ``current_is_old``: no optimiser step since the rollout, so the old log-probs are these very
         log-probs (detached) and ``micro.old_logprobs`` is not read.
         """
-        micro = micro.trimmed()
         fwd = token_logprobs(self.policy, micro, temperature=self.generation.temperature, with_entropy=with_entropy,
                              value_head=self.value_head)
         old = fwd.logprobs.detach() if current_is_old or micro.old_logprobs is None else micro.old_logprobs
