@@ -109,7 +109,8 @@ def run_lit(args) -> dict:
                       generation=Generation(num_generations=G, max_new_tokens=MAX_NEW, backend=args.backend,
                                             attn_implementation=None if args.sampling_attention == "none" else args.sampling_attention),
                       update=Update(num_minibatches=UPDATES_PER_ROLLOUT, max_grad_norm=1.0,
-                                    skip_zero_advantage_rows=args.skip_zero_advantage == "on"),
+                                    skip_zero_advantage_rows=args.skip_zero_advantage == "on",
+                                    micro_batch_tokens=args.micro_batch_tokens or None),
                       kl_to_ref=False, val_every_n_steps=0, gradient_checkpointing=args.checkpointing == "on")
     data = PromptDataModule(train_source="arithmetic", num_train=400, num_val=1, prompts_per_step=PROMPTS_PER_UPDATE *
                             UPDATES_PER_ROLLOUT, task_kwargs=dict(digits=2, ops="+", template=TEMPLATE))
@@ -231,6 +232,8 @@ def main(argv=None) -> None:
                    help="gradient checkpointing on both sides (TRL's GRPOConfig default: on)")
     p.add_argument("--skip-zero-advantage", choices=["on", "off"], default="on",
                    help="lit_gspo update.skip_zero_advantage_rows (off: every row runs forward/backward, as in TRL)")
+    p.add_argument("--micro-batch-tokens", type=int, default=0,
+                   help="lit_gspo update.micro_batch_tokens (0: one micro-batch per minibatch)")
     p.add_argument("--sampling-attention", default="eager", help="lit_gspo generation.attn_implementation ('none': the model's)")
     p.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "smollm2-135m-instruct-hf")
     p.add_argument("--only", choices=["lit", "trl"], help="run one side only")
@@ -249,7 +252,7 @@ def main(argv=None) -> None:
             cmd = [sys.executable, __file__, "--worker", side, "--cycles", str(args.cycles), "--threads",
                    str(args.threads), "--precision", args.precision, "--backend", args.backend,
                    "--sampling-attention", args.sampling_attention, "--checkpointing", args.checkpointing,
-                   "--skip-zero-advantage", args.skip_zero_advantage,
+                   "--skip-zero-advantage", args.skip_zero_advantage, "--micro-batch-tokens", str(args.micro_batch_tokens),
                    "--model-dir", str(args.model_dir)]
             start = time.perf_counter()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
@@ -263,7 +266,7 @@ def main(argv=None) -> None:
     table = {s: summarise(r) for s, r in results.items()}
     print(f"\nSmolLM2-135M-Instruct, {G * PROMPTS_PER_UPDATE} completions/update, {UPDATES_PER_ROLLOUT} updates/rollout, "
           f"≤{MAX_NEW} new tokens, {args.precision}, {args.threads} thread(s), gradient checkpointing {args.checkpointing}, "
-          f"lit_gspo skip_zero_advantage_rows {args.skip_zero_advantage}, "
+          f"lit_gspo skip_zero_advantage_rows {args.skip_zero_advantage}, micro_batch_tokens {args.micro_batch_tokens or None}, "
           f"lit_gspo backend {args.backend}")
     print(f"{'':>8} {'s/update':>9} {'compl tok/s':>12} {'update-phase s':>15} {'MFU':>6} {'matmul GFLOP/s':>15} "
           f"{'peak RSS MB':>12} {'mean len':>9} {'cycles':>7} {'work':>5}")

@@ -56,11 +56,14 @@ class Update:
     are unchanged (those rows still count in the normalisers). ``clip_frac`` stays a fraction of every
     token (clipping never zeroes a gradient where Â = 0); entropy, KL and ratio statistics are then
     over the rows that carry a signal (one row when none does; no ratio statistics then).
+    ``micro_batch_tokens``: a budget of padded tokens per micro-batch; rows are then grouped by length
+    (``rollout.micro_batch_rows``) so that short completions are not padded to the longest one.
     """
 
     epochs: int = 1
     num_minibatches: int = 1
     micro_batch_size: int | None = None
+    micro_batch_tokens: int | None = None
     max_grad_norm: float | None = 1.0
     skip_zero_advantage_rows: bool = True
 
@@ -69,6 +72,8 @@ class Update:
             raise ValueError(f"epochs and num_minibatches must be >= 1, got {self.epochs} and {self.num_minibatches}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or null, got {self.micro_batch_size}")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ValueError(f"micro_batch_tokens must be >= 1 or null, got {self.micro_batch_tokens}")
 
     @property
     def on_policy(self) -> bool:

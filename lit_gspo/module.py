@@ -40,7 +40,7 @@ from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, 
 from lit_gspo.objectives import GSPO, Counts, Objective
 from lit_gspo.optim import shard_aware
 from lit_gspo.rewards import ExactMatch, RewardSet
-from lit_gspo.rollout import RolloutBatch, concat_rollouts, generate, left_pad, token_logprobs
+from lit_gspo.rollout import RolloutBatch, concat_rollouts, generate, left_pad, micro_batch_rows, token_logprobs
 
 
 def default_optimizer(params) -> torch.optim.Optimizer:
@@ -490,10 +490,8 @@ class RLModule(LightningModule):
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
     def _micro_batches(self, batch: RolloutBatch, with_rows: bool = False):
-        """Consecutive micro-batches of ``batch`` (with their row indices into it when ``with_rows``)."""
-        size = self.update_cfg.micro_batch_size or len(batch)
-        for start in range(0, len(batch), size):
-            rows = torch.arange(start, min(start + size, len(batch)))
+        """Micro-batches of ``batch`` (with their row indices into it when ``with_rows``); see ``micro_batch_rows``."""
+        for rows in micro_batch_rows(batch, self.update_cfg.micro_batch_size, self.update_cfg.micro_batch_tokens):
             yield (rows, batch.select(rows)) if with_rows else batch.select(rows)
 
     # ------------------------------------------------------------------ validation, warm start, saving

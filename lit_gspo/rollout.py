@@ -97,6 +97,33 @@ def concat_rollouts(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     return RolloutBatch(**out)
 
 
+def micro_batch_rows(batch: RolloutBatch, max_rows: int | None = None, max_tokens: int | None = None) -> list[Tensor]:
+    """Row indices of ``batch``'s micro-batches: at most ``max_rows`` rows and ``max_tokens`` padded tokens each.
+
+    Without a token budget: consecutive chunks of ``max_rows``. With one, rows are sorted by length
+    (real prompt tokens + used completion tokens, longest first) and filled greedily, so that a
+    micro-batch costs ``rows × (longest prompt + longest completion)`` after ``trimmed()``: rows of
+    similar length go together and little padding is computed. A row longer than the budget runs alone.
+    """
+    n = len(batch)
+    max_rows = max_rows or n
+    if not max_tokens:
+        return [torch.arange(start, min(start + max_rows, n)) for start in range(0, n, max_rows)]
+    prompt_len = batch.attention_mask[:, :batch.prompt_length].sum(1).cpu()
+    used = torch.arange(1, batch.completion_mask.shape[1] + 1)
+    completion_len = (batch.completion_mask.cpu() * used).amax(1)  # index of the last used column + 1
+    order = torch.argsort(prompt_len + completion_len, descending=True, stable=True)
+    groups, current, widest_prompt, widest_completion = [], [], 0, 0
+    for row in order.tolist():
+        p, c = max(widest_prompt, int(prompt_len[row])), max(widest_completion, int(completion_len[row]))
+        if current and (len(current) == max_rows or (len(current) + 1) * (p + c) > max_tokens):
+            groups.append(torch.tensor(current))
+            current, p, c = [], int(prompt_len[row]), int(completion_len[row])
+        current.append(row)
+        widest_prompt, widest_completion = p, c
+    return groups + [torch.tensor(current)] if current else groups
+
+
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     """Stack token lists left-padded: (ids, attention_mask), both (N, max_len)."""
     width = max(len(s) for s in sequences)

@@ -26,17 +26,18 @@ def standalone(module: RLModule, momentum_sgd: bool = False) -> RLModule:
 
 
 class RowsForwarded:
-    """Counts the sequences the policy runs forward on."""
+    """Counts the sequences (and padded tokens) the policy runs forward on."""
 
     def __init__(self, model):
-        self.rows, self.model = 0, model
+        self.rows, self.tokens, self.model = 0, 0, model
 
     def __enter__(self):
         self.handle = self.model.register_forward_pre_hook(self.count, with_kwargs=True)
         return self
 
     def count(self, module, args, kwargs):
-        self.rows += (kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]).shape[0]
+        ids = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]
+        self.rows, self.tokens = self.rows + ids.shape[0], self.tokens + ids.numel()
 
     def __exit__(self, *exc):
         self.handle.remove()
@@ -166,3 +167,49 @@ def test_gradient_checkpointing_changes_memory_not_the_update():
     torch.manual_seed(0)
     again, _, _ = checkpointed.sample(ROWS)
     assert again.input_ids.shape[0] == len(ROWS) * 3
+
+
+def padded_tokens(batch, groups) -> int:
+    return sum(len(rows) * batch.select(rows).trimmed().input_ids.shape[1] for rows in groups)
+
+
+def test_token_budget_groups_rows_by_length_and_respects_the_budget():
+    from lit_gspo.rollout import RolloutBatch, micro_batch_rows
+
+    prompt_len = [3, 5, 3, 5, 4, 2]  # real prompt tokens (left-padded to 5)
+    completion_len = [1, 8, 2, 7, 0, 8]  # used completion tokens (right-padded to 8)
+    attention = torch.tensor([[0] * (5 - p) + [1] * p + [1] * 8 for p in prompt_len])
+    completion = torch.tensor([[True] * c + [False] * (8 - c) for c in completion_len])
+    batch = RolloutBatch(input_ids=torch.zeros(6, 13, dtype=torch.long), attention_mask=attention, prompt_length=5,
+                         completion_mask=completion)
+    groups = micro_batch_rows(batch, max_tokens=26)
+    # longest first (13, 12, 10, 5, 4, 4), filled greedily; a group costs rows × (widest prompt + widest completion):
+    # [1, 3] 2 × 13, then [5, 2] 2 × (3 + 8) (adding 0 would make 3 × 11), then [0, 4] 2 × (4 + 1)
+    assert [g.tolist() for g in groups] == [[1, 3], [5, 2], [0, 4]]
+    assert sorted(torch.cat(groups).tolist()) == list(range(6))
+    assert all(len(g) * (max(prompt_len[i] for i in g) + max(completion_len[i] for i in g)) <= 26 for g in groups)
+    consecutive = micro_batch_rows(batch, 2)  # [0, 1] 2 × (5 + 8), [2, 3] 2 × (5 + 7), [4, 5] 2 × (4 + 8)
+    assert padded_tokens(batch, groups) == 26 + 22 + 10 < padded_tokens(batch, consecutive) == 26 + 24 + 24
+    assert [g.tolist() for g in micro_batch_rows(batch, max_rows=3, max_tokens=100)] == [[1, 3, 5], [2, 0, 4]]
+    assert [g.tolist() for g in micro_batch_rows(batch, max_tokens=1)] == [[1], [3], [5], [2], [0], [4]]  # each alone
+    assert [g.tolist() for g in micro_batch_rows(batch, 4)] == [[0, 1, 2, 3], [4, 5]]  # no budget: consecutive
+
+
+def test_token_budget_micro_batches_change_the_work_not_the_update():
+    update = dict(epochs=2, num_minibatches=2, skip_zero_advantage_rows=False)
+    base, rollout = signal_module_and_rollout(Update(**update))
+    rewards = [0.0, 1.0, 3.0] * 4
+    whole = standalone(copy.deepcopy(base), momentum_sgd=True)
+    budgeted = standalone(copy.deepcopy(base), momentum_sgd=True)
+    budgeted.update_cfg = Update(**update, micro_batch_tokens=3 * rollout.input_ids.shape[1])
+    clip, tokens = [], []
+    for module in (whole, budgeted):
+        torch.manual_seed(1)
+        with RowsForwarded(module.policy) as counter:
+            clip.append(module.update(with_rewards(module, rollout, rewards))["clip_frac"])
+        tokens.append(counter.tokens)
+    assert tokens[1] < tokens[0]  # less padding forwarded
+    assert clip[0] > 0 and clip[1] == pytest.approx(clip[0], abs=1e-7)
+    for p, q in zip(whole.parameters(), budgeted.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+    assert any(not torch.equal(p, q) for p, q in zip(base.parameters(), budgeted.parameters()))
