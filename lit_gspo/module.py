@@ -503,6 +503,7 @@ class RLModule(LightningModule):
         if dm is None or not hasattr(dm, "val_dataloader") or step == self._last_val_step:
             return {}  # (the last periodic validation may coincide with the one at the end)
         self._last_val_step = step
+        start = time.perf_counter()
         total, count, lengths = 0.0, 0, 0.0
         for rows in dm.val_dataloader():
             rows = rows[self.global_rank::self.trainer.world_size]
@@ -516,10 +517,11 @@ class RLModule(LightningModule):
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(sums)
         metrics = {"val/reward": float(sums[0] / sums[1].clamp(min=1)),
-                   "val/response_length": float(sums[2] / sums[1].clamp(min=1))}
+                   "val/response_length": float(sums[2] / sums[1].clamp(min=1)),
+                   "time/val_s": time.perf_counter() - start}
         for logger in self.loggers:
             logger.log_metrics(metrics, step=step)
-        rank_zero_info(f"step {step}: val/reward = {metrics['val/reward']:.4f}")
+        rank_zero_info(f"step {step}: val/reward = {metrics['val/reward']:.4f} ({metrics['time/val_s']:.1f} s)")
         return metrics
 
     def run_warm_start(self) -> None:

@@ -69,6 +69,7 @@ def test_fit_updates_the_policy_logs_the_contract_columns_and_saves_an_hf_model(
     # validation before the first update (step 0), every 2 steps, and at the end
     assert len(column(rows, "val/reward")) >= 3
     assert min(int(r["step"]) for r in rows if r.get("val/reward")) == 0
+    assert len(column(rows, "time/val_s")) == len(column(rows, "val/reward")) and min(column(rows, "time/val_s")) > 0
     assert all(0 <= v <= 1 for v in column(rows, "train/clip_frac"))
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf_model")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf_model")
