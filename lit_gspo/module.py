@@ -497,12 +497,22 @@ class RLModule(LightningModule):
     # ------------------------------------------------------------------ validation, warm start, saving
     @torch.no_grad()
     def run_validation(self, step: int | None = None) -> dict[str, float]:
-        """Mean reward of greedy completions on the held-out prompts, logged as ``val/reward``."""
+        """Mean reward of greedy completions on the held-out prompts, logged as ``val/reward``.
+
+        Runs on a fork of the RNG state: how often one validates does not change the training run
+        (a DataLoader iterator alone draws from the global generator).
+        """
         dm = self.trainer.datamodule if self._trainer is not None else None
         step = self.rl_step if step is None else step
         if dm is None or not hasattr(dm, "val_dataloader") or step == self._last_val_step:
             return {}  # (the last periodic validation may coincide with the one at the end)
         self._last_val_step = step
+        device_type = self.device.type
+        devices = [self.device.index or 0] if device_type not in ("cpu", "meta") else []
+        with torch.random.fork_rng(devices=devices, device_type=device_type if devices else None):
+            return self._validate(dm, step)
+
+    def _validate(self, dm, step: int) -> dict[str, float]:
         start = time.perf_counter()
         total, count, lengths = 0.0, 0, 0.0
         for rows in dm.val_dataloader():

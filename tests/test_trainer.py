@@ -205,3 +205,17 @@ def test_lora_trains_adapters_only_and_saves_a_merged_hf_model(tmp_path):
     assert not any("lora" in k for k in reloaded.state_dict())
     ids = torch.tensor([[1, 31, 18, 35, 66, 11]])
     torch.testing.assert_close(reloaded(ids).logits, cli.model.policy.eval()(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_how_often_one_validates_does_not_change_the_training_run(tmp_path):
+    """Validation runs on a fork of the RNG: the sampled rollouts, hence the weights, are the same."""
+    weights, rewards = [], []
+    for every in ("1", "0"):
+        root = tmp_path / f"val_every_{every}"
+        cli = cli_main(tiny_args(root, "--model.val_every_n_steps", every, "--seed_everything", "3"), run=False)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        weights.append({k: v.clone() for k, v in cli.model.policy.state_dict().items()})
+        rewards.append(column(read_metrics(root), "train/reward"))
+    assert len(rewards[0]) == 3 and rewards[0] == rewards[1]
+    for k in weights[0]:
+        assert torch.equal(weights[0][k], weights[1][k]), k
