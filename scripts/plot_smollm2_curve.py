@@ -1,4 +1,4 @@
-"""Plot val/reward (greedy accuracy on 128 held-out prompts) and train/reward against updates from a run's metrics.csv.
+"""Plot val/reward (greedy accuracy on the held-out prompts) and train/reward against updates from a run's metrics.csv.
 
     python scripts/plot_smollm2_curve.py runs/smollm2_gspo_bf16 docs/smollm2_gspo_arithmetic.png [updates_per_step=2]
 """
@@ -33,7 +33,7 @@ def main(run_dir: str, out: str, updates_per_step: str = "2",
     fig, ax = plt.subplots(figsize=(5.5, 3.2), dpi=90)
     if train:
         ax.plot(*zip(*train), color="0.7", lw=1, label="train reward (sampled)")
-    ax.plot(*zip(*val), "o-", color="C0", label="val accuracy (greedy, 128 held-out)")
+    ax.plot(*zip(*val), "o-", color="C0", label="val accuracy (greedy, held-out prompts)")
     ax.set_xlabel("update (optimiser step)")
     ax.set_ylabel("% correct (last number)")
     ax.set_ylim(0, 100)
