@@ -115,12 +115,13 @@ def micro_batch_rows(batch: RolloutBatch, max_rows: int | None = None, max_token
     order = torch.argsort(prompt_len + completion_len, descending=True, stable=True)
     groups, current, widest_prompt, widest_completion = [], [], 0, 0
     for row in order.tolist():
-        p, c = max(widest_prompt, int(prompt_len[row])), max(widest_completion, int(completion_len[row]))
-        if current and (len(current) == max_rows or (len(current) + 1) * (p + c) > max_tokens):
+        p, c = int(prompt_len[row]), int(completion_len[row])
+        width = max(widest_prompt, p) + max(widest_completion, c)  # the trimmed width with this row added
+        if current and (len(current) == max_rows or (len(current) + 1) * width > max_tokens):
             groups.append(torch.tensor(current))
-            current, p, c = [], int(prompt_len[row]), int(completion_len[row])
+            current, widest_prompt, widest_completion = [], 0, 0
         current.append(row)
-        widest_prompt, widest_completion = p, c
+        widest_prompt, widest_completion = max(widest_prompt, p), max(widest_completion, c)
     return groups + [torch.tensor(current)] if current else groups
 
 
