@@ -58,6 +58,13 @@ class Update:
     over the rows that carry a signal (one row when none does; no ratio statistics then).
     ``micro_batch_tokens``: a budget of padded tokens per micro-batch; rows are then grouped by length
     (``rollout.micro_batch_rows``) so that short completions are not padded to the longest one.
+    ``share_prompt_forward``: rows of a micro-batch with the same prompt run it once and continue from
+    its KV cache (P + G·T tokens per group instead of G·(P + T)); the same log-probs and gradients
+    (``rollout.completion_states_shared_prompts``). Off by itself for MoE, gradient checkpointing, FSDP2.
+    ``shuffle``: how rows are dealt to minibatches each epoch: ``"rows"`` (rows in random order, as
+    TRL) or ``"groups"`` (whole groups in random order, as verl's consecutive minibatches: each
+    minibatch holds every row of its prompts, so its advantages sum to 0 per group and a shared prompt
+    forward covers all G rows).
     """
 
     epochs: int = 1
@@ -66,6 +73,8 @@ class Update:
     micro_batch_tokens: int | None = None
     max_grad_norm: float | None = 1.0
     skip_zero_advantage_rows: bool = True
+    share_prompt_forward: bool = True
+    shuffle: str = "rows"
 
     def __post_init__(self):
         if self.epochs < 1 or self.num_minibatches < 1:
@@ -74,6 +83,8 @@ class Update:
             raise ValueError(f"micro_batch_size must be >= 1 or null, got {self.micro_batch_size}")
         if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens must be >= 1 or null, got {self.micro_batch_tokens}")
+        if self.shuffle not in ("groups", "rows"):
+            raise ValueError(f"shuffle must be 'groups' or 'rows', got {self.shuffle!r}")
 
     @property
     def on_policy(self) -> bool:

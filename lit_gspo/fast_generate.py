@@ -65,6 +65,25 @@ def attention_implementation(model: nn.Module, implementation: str | None):
         model.set_attn_implementation(previous)
 
 
+@contextmanager
+def weights_cast_once(device_type: str):
+    """Under autocast, cast each weight to the autocast dtype once for the whole block, not once per call.
+
+    Lightning's bf16-mixed autocast runs without autocast's cast cache (weights change between
+    forwards of a training step), so every decoding step would re-cast every weight. While sampling
+    they do not change. The cache is dropped on leaving the block (leaving an inner autocast block
+    does not drop it), so later forwards see the updated weights. Outside autocast: nothing.
+    """
+    if not torch.is_autocast_enabled(device_type):
+        yield
+        return
+    with torch.autocast(device_type, dtype=torch.get_autocast_dtype(device_type), cache_enabled=True):
+        try:
+            yield
+        finally:
+            torch.clear_autocast_cache()
+
+
 @torch.no_grad()
 def fast_generate(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, num_generations: int = 1,
                   max_new_tokens: int, eos_id: int | list[int], pad_id: int, do_sample: bool = True,

@@ -40,7 +40,7 @@ from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, 
 from lit_gspo.objectives import GSPO, Counts, Objective
 from lit_gspo.optim import shard_aware
 from lit_gspo.rewards import ExactMatch, RewardSet
-from lit_gspo.rollout import RolloutBatch, concat_rollouts, generate, left_pad, micro_batch_rows, token_logprobs
+from lit_gspo.rollout import RolloutBatch, TokenForward, concat_rollouts, generate, left_pad, micro_batch_rows, token_logprobs
 
 
 def default_optimizer(params) -> torch.optim.Optimizer:
@@ -134,6 +134,7 @@ class RLModule(LightningModule):
                                      target_modules=tuple(lora.target_modules))
         if gradient_checkpointing:
             enable_gradient_checkpointing(self.policy)
+        self.gradient_checkpointing = gradient_checkpointing
         needs_ref = (self.objective.beta > 0 or kl_to_ref) and lora is None
         self.ref_policy = _frozen_copy(self.policy) if needs_ref else None
         self.use_ref = self.objective.beta > 0 or kl_to_ref
@@ -305,8 +306,7 @@ class RLModule(LightningModule):
         for micro in self._micro_batches(rollout):
             if need_old:
                 with record_routing(self.policy) if self.records_routing else nullcontext() as recorder:
-                    fwd = token_logprobs(self.policy, micro, temperature=self.generation.temperature,
-                                         value_head=self.value_head)
+                    fwd = self.completion_logprobs(self.policy, micro, value_head=self.value_head)
                 if recorder is not None:
                     routes.append(recorder.record)
                 olds.append(fwd.logprobs)
@@ -338,8 +338,8 @@ class RLModule(LightningModule):
     def _ref_logprobs(self, micro: RolloutBatch) -> Tensor:
         if self.lora is not None:
             with reference_mode(self.policy):
-                return token_logprobs(self.policy, micro, temperature=self.generation.temperature).logprobs
-        return token_logprobs(self.ref_policy, micro, temperature=self.generation.temperature).logprobs
+                return self.completion_logprobs(self.policy, micro).logprobs
+        return self.completion_logprobs(self.ref_policy, micro).logprobs
 
     # ------------------------------------------------------------------ update
     def update(self, rollout: RolloutBatch) -> dict[str, float]:
@@ -359,7 +359,7 @@ class RLModule(LightningModule):
         ratio_stats, steps_done = RatioStats(), 0  # ratios seen after ≥1 optimiser step (before it they are 1)
         active = self.rows_with_gradient(rollout)  # (N,) bool
         for epoch in range(cfg.epochs):
-            order = torch.randperm(n) if cfg.num_minibatches > 1 else torch.arange(n)
+            order = self.minibatch_order(n)
             if not cfg.on_policy and rollout.old_logprobs is None:  # rows order[:size]: filled by their own forward
                 later = order[size:]
                 rollout.old_logprobs = self.old_logprobs(rollout, later[active[later]])
@@ -395,6 +395,8 @@ class RLModule(LightningModule):
                 step_losses.append(step_loss)
                 grad_norms.append(self.clip_and_norm())
                 opt.step()
+                # an autocast with its cast cache on (not Lightning's) would keep the pre-step bf16 weights
+                torch.clear_autocast_cache()
                 steps_done += 1
                 if scheduler is not None:
                     scheduler.step()
@@ -443,6 +445,31 @@ class RLModule(LightningModule):
         nonzero = adv != 0 if adv.dim() == 1 else ((adv != 0) & rollout.completion_mask).any(1)
         return (nonzero & rollout.completion_mask.any(1)).cpu()
 
+    def minibatch_order(self, n: int) -> Tensor:
+        """The rows of a group-major rollout in the order minibatches take them (``update.shuffle``)."""
+        cfg, G = self.update_cfg, self.generation.num_generations
+        if cfg.num_minibatches == 1:
+            return torch.arange(n)
+        if cfg.shuffle == "rows" or n % G:
+            return torch.randperm(n)
+        return (torch.randperm(n // G)[:, None] * G + torch.arange(G)).flatten()
+
+    @property
+    def shares_prompts(self) -> bool:
+        """Whether rows with the same prompt share one forward of it (``update.share_prompt_forward``).
+
+        Off where the two-part forward would not be the same computation: MoE routing records and
+        replays positions of one whole-sequence forward, checkpointed layers would append to the KV
+        cache again when recomputed, and FSDP2 expects one root forward per backward.
+        """
+        return (self.update_cfg.share_prompt_forward and not self.is_moe and not self.gradient_checkpointing
+                and not is_sharded(self.policy))
+
+    def completion_logprobs(self, model: nn.Module, micro: RolloutBatch, **kwargs) -> TokenForward:
+        """:func:`token_logprobs` at the sampling temperature, sharing prompts where :attr:`shares_prompts`."""
+        return token_logprobs(model, micro, temperature=self.generation.temperature, share_prompts=self.shares_prompts,
+                              **kwargs)
+
     @torch.no_grad()
     def old_logprobs(self, rollout: RolloutBatch, rows: Tensor) -> Tensor:
         """(N, T) log-probs of the policy before this update's first optimiser step, computed for ``rows`` (0 elsewhere)."""
@@ -450,7 +477,7 @@ class RLModule(LightningModule):
         if len(rows):
             for micro_rows, micro in self._micro_batches(rollout.select(rows), with_rows=True):
                 micro = micro.trimmed()
-                logprobs = token_logprobs(self.policy, micro, temperature=self.generation.temperature).logprobs
+                logprobs = self.completion_logprobs(self.policy, micro).logprobs
                 old[rows[micro_rows], :logprobs.shape[1]] = logprobs
         return old
 
@@ -461,8 +488,7 @@ class RLModule(LightningModule):
         ``current_is_old``: no optimiser step since the rollout, so the old log-probs are these very
         log-probs (detached) and ``micro.old_logprobs`` is not read.
         """
-        fwd = token_logprobs(self.policy, micro, temperature=self.generation.temperature, with_entropy=with_entropy,
-                             value_head=self.value_head)
+        fwd = self.completion_logprobs(self.policy, micro, with_entropy=with_entropy, value_head=self.value_head)
         old = fwd.logprobs.detach() if current_is_old or micro.old_logprobs is None else micro.old_logprobs
         if ratio_stats is not None and micro.old_logprobs is not None:
             ratio_stats.add(fwd.logprobs, old, micro.completion_mask)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from lit_gspo.fast_generate import attention_implementation, fast_generate
+from lit_gspo.fast_generate import attention_implementation, fast_generate, weights_cast_once
 
 
 @dataclass
@@ -166,7 +166,7 @@ def generate(model: nn.Module, prompt_ids: list[list[int]], *, num_generations: 
     model.eval()  # gradient checkpointing disables the KV cache in train mode
     try:
         sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k) if do_sample else {}
-        with attention_implementation(model, attn_implementation):
+        with attention_implementation(model, attn_implementation), weights_cast_once(device.type):
             if fast:
                 out = fast_generate(model, ids, attn, num_generations=num_generations, max_new_tokens=max_new_tokens,
                                     eos_id=eos_id, pad_id=pad_id, do_sample=do_sample, **sampling)
@@ -205,16 +205,20 @@ def position_ids_of(attention_mask: Tensor) -> Tensor:
 
 
 def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float = 1.0, with_entropy: bool = False,
-                   value_head: nn.Module | None = None, max_chunk_elements: int = 2**26) -> TokenForward:
+                   value_head: nn.Module | None = None, max_chunk_elements: int = 2**26,
+                   share_prompts: bool = False) -> TokenForward:
     """log π(y_t | y_<t) of every completion token, gathering chunk by chunk in fp32.
 
     The backbone runs once; the LM head and log-softmax run over chunks of positions so that at
     most ``max_chunk_elements`` logits exist at a time, and (with grad) each chunk is recomputed in
-    backward instead of keeping its (B, c, V) logits alive.
+    backward instead of keeping its (B, c, V) logits alive. ``share_prompts``: rows with the same
+    prompt share one forward of it (:func:`completion_states_shared_prompts`).
     """
     P, T = batch.prompt_length, batch.completion_mask.shape[1]
-    hidden = _decoder_output_through_root(model, batch.input_ids, batch.attention_mask)
-    hidden = hidden[:, P - 1:P - 1 + T]  # the state that predicts completion token t
+    hidden = completion_states_shared_prompts(model, batch) if share_prompts else None
+    if hidden is None:
+        hidden = _decoder_output_through_root(model, batch.input_ids, batch.attention_mask)
+        hidden = hidden[:, P - 1:P - 1 + T]  # the state that predicts completion token t
     targets = batch.input_ids[:, P:P + T]
     head = model.get_output_embeddings()
     if type(head.weight).__name__ == "DTensor":
@@ -228,12 +232,12 @@ def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float 
             logp = checkpoint(_chunk_logprobs, h, y, head.weight, head.bias, temperature, use_reentrant=False)
             if with_entropy:
                 with torch.no_grad():
-                    ents.append(_entropy(_logits(h, head.weight, head.bias, temperature)))
-        else:  # one LM-head matmul serves both
-            logits = _logits(h, head.weight, head.bias, temperature)
-            logp = _target_logprobs(logits, y)
+                    logits = _logits(h, head.weight, head.bias, temperature)
+                    ents.append(_entropy(logits, logits.logsumexp(-1)))
+        else:  # one LM-head matmul and one softmax serve both
+            logp, entropy = target_logprobs_and_entropy(_logits(h, head.weight, head.bias, temperature), y, with_entropy)
             if with_entropy:
-                ents.append(_entropy(logits.detach()))
+                ents.append(entropy)
         logps.append(logp)
     values = value_head(hidden.float()).squeeze(-1) if value_head is not None else None
     empty = hidden.new_zeros(hidden.shape[0], 0, dtype=torch.float32)
@@ -242,7 +246,39 @@ def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float 
                         values=values)
 
 
-def _decoder_output_through_root(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+def completion_states_shared_prompts(model: nn.Module, batch: RolloutBatch) -> Tensor | None:
+    """The decoder states that predict each completion token, running each distinct prompt once.
+
+    A group's G rows share their prompt, so its forward (with grad) runs once per distinct prompt and
+    its KV cache is indexed out to the rows; the completions then run on top of that cache. The
+    states are those of the full-sequence forward (same computation, tested), and in backward the
+    rows' gradients meet in the shared prompt's graph. Tokens through the backbone per group:
+    P + G·T instead of G·(P + T). Returns None when no two rows share a prompt (nothing to save).
+    Needs a model whose forward takes ``past_key_values`` (decoder-only HF models; not with
+    gradient checkpointing, which recomputes layers that would append to the cache twice).
+    """
+    from transformers import DynamicCache
+
+    P, T = batch.prompt_length, batch.completion_mask.shape[1]
+    prompt_rows = torch.cat([batch.input_ids[:, :P], batch.attention_mask[:, :P].long()], 1)
+    distinct, row_to_prompt = torch.unique(prompt_rows, dim=0, return_inverse=True)
+    if len(distinct) == len(batch):
+        return None
+    cache = DynamicCache(config=model.config)
+    prompt_states = _decoder_output_through_root(model, distinct[:, :P], distinct[:, P:], past_key_values=cache)
+    states = prompt_states[row_to_prompt, -1:]  # (N, 1, H): predicts completion token 0
+    if T > 1:  # completion tokens 0..T-2 predict tokens 1..T-1
+        cache.batch_select_indices(row_to_prompt)
+        mask = batch.attention_mask[:, :P + T - 1]
+        completion_states = _decoder_output_through_root(model, batch.input_ids[:, P:P + T - 1], mask,
+                                                         position_ids=position_ids_of(mask)[:, P:],
+                                                         past_key_values=cache)
+        states = torch.cat([states, completion_states], 1)
+    return states
+
+
+def _decoder_output_through_root(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *,
+                                 position_ids: Tensor | None = None, past_key_values: Any = None) -> Tensor:
     """The decoder's last hidden state, running the *root* module's forward.
 
     Going through the root keeps every wrapper's hooks in play (FSDP2, PEFT, Routing Replay). Under
@@ -259,8 +295,10 @@ def _decoder_output_through_root(model: nn.Module, input_ids: Tensor, attention_
 
     handle = model.get_decoder().register_forward_hook(keep)
     try:
-        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_of(attention_mask),
-              use_cache=False, logits_to_keep=torch.zeros(0, dtype=torch.long, device=input_ids.device))
+        model(input_ids=input_ids, attention_mask=attention_mask,
+              position_ids=position_ids_of(attention_mask) if position_ids is None else position_ids,
+              past_key_values=past_key_values, use_cache=past_key_values is not None,
+              logits_to_keep=torch.zeros(0, dtype=torch.long, device=input_ids.device))
     finally:
         handle.remove()
     return captured["hidden"]
@@ -268,19 +306,51 @@ def _decoder_output_through_root(model: nn.Module, input_ids: Tensor, attention_
 
 def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
     with torch.autocast(hidden.device.type, enabled=False):  # the LM head in fp32, always
-        return F.linear(hidden.float(), weight.float(), None if bias is None else bias.float()) / temperature
+        logits = F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+        return logits if temperature == 1.0 else logits / temperature
 
 
 def _chunk_logprobs(hidden: Tensor, targets: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
-    return _target_logprobs(_logits(hidden, weight, bias, temperature), targets)
+    return target_logprobs_and_entropy(_logits(hidden, weight, bias, temperature), targets)[0]
 
 
-def _target_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
-    """log softmax(logits)[target] for (B, c, V) fp32 logits, without materialising the log-softmax."""
-    return logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)
+def target_logprobs_and_entropy(logits: Tensor, targets: Tensor, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """log softmax(z)[y] (with grad) and, if asked, the entropy of softmax(z) (detached), for (B, c, V) fp32 logits z."""
+    if torch.is_grad_enabled() and logits.requires_grad:
+        logp, entropy = _TargetLogprob.apply(logits, targets, with_entropy)
+        return logp, entropy if with_entropy else None
+    lse = logits.logsumexp(-1)
+    logp = logits.gather(-1, targets[..., None]).squeeze(-1) - lse
+    return logp, _entropy(logits, lse) if with_entropy else None
+
+
+class _TargetLogprob(torch.autograd.Function):
+    """log p_y = z_y − logsumexp(z), keeping p = softmax(z) for backward: ∂ log p_y / ∂z = onehot(y) − p.
+
+    Autograd's own graph for ``gather − logsumexp`` recomputes exp(z − lse) and fills a zero (B, c, V)
+    buffer for the gather in backward; here backward is one multiply and one scatter. The entropy
+    H = lse − Σ p·z comes from the same p (no gradient: it is a diagnostic).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, with_entropy: bool):
+        lse = logits.logsumexp(-1, keepdim=True)
+        probs = (logits - lse).exp_()
+        logp = logits.gather(-1, targets[..., None]).squeeze(-1) - lse.squeeze(-1)
+        entropy = lse.squeeze(-1) - (probs * logits).sum(-1) if with_entropy else logp.new_zeros(())
+        ctx.save_for_backward(probs, targets)
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
+        probs, targets = ctx.saved_tensors
+        grad = probs * -grad_logp[..., None]
+        grad.scatter_add_(-1, targets[..., None], grad_logp[..., None])
+        return grad, None, None
 
 
 @torch.no_grad()
-def _entropy(logits: Tensor) -> Tensor:
-    logp = logits.log_softmax(-1)
-    return -(logp.exp() * logp).sum(-1)
+def _entropy(logits: Tensor, lse: Tensor) -> Tensor:
+    """H = −Σ p log p = lse − Σ p·z for p = softmax(z), lse = logsumexp(z)."""
+    return lse - ((logits - lse[..., None]).exp() * logits).sum(-1)

@@ -45,7 +45,10 @@ def run_args(root: Path, *extra: str, prompts: int = 4, devices: int = 1, steps:
             "--model.rewards", '[{class_path: lit_gspo.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]',
             "--model.update.epochs", "2", "--model.update.micro_batch_size", "4",
             # every row runs, so entropy/kl/ratio means cover the same rows however they are split over ranks
-            "--model.update.skip_zero_advantage_rows", "false", *extra]
+            "--model.update.skip_zero_advantage_rows", "false",
+            # FSDP2 runs every row's prompt (one root forward per backward): the single-process reference too,
+            # so that the runs compare sharding alone (AdamW at lr 0.01 magnifies float-order differences)
+            "--model.update.share_prompt_forward", "false", *extra]
 
 
 def launch(out: Path, cli_args: list[str], *, ckpt_path: str | None = None, timeout: int = 240) -> dict:

@@ -1,5 +1,7 @@
 """The fast sampler: same greedy tokens as HF generate, EOS handling, group-major order, filters, wiring."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -151,3 +153,37 @@ def test_bf16_autocast_keeps_logprobs_and_ratios_fp32(model):
     out.loss.backward()
     assert all(p.grad is None or p.grad.dtype == torch.float32 for p in model.parameters())
     model.zero_grad()
+
+
+
+def test_weights_are_cast_once_while_sampling_and_the_cache_is_dropped_after():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from lit_gspo.fast_generate import weights_cast_once
+
+    class CountCasts(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16:
+                CountCasts.count += 1
+            return func(*args, **kwargs)
+
+    layer, x = torch.nn.Linear(8, 8), torch.randn(2, 8)
+
+    def two_forwards(cached: bool):
+        CountCasts.count = 0
+        with torch.no_grad(), CountCasts(), weights_cast_once("cpu") if cached else contextlib.nullcontext():
+            outputs = layer(x), layer(x)
+        return outputs, CountCasts.count
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):  # as Lightning's bf16-mixed
+        (first, _), uncached = two_forwards(cached=False)
+        (same, _), cached = two_forwards(cached=True)
+        with torch.no_grad():
+            layer.weight.add_(1.0)  # an optimiser step after sampling
+            after = layer(x)
+    assert (uncached, cached) == (6, 4)  # input, weight, bias per call; with the cache the weight and bias once
+    torch.testing.assert_close(same, first, rtol=0, atol=0)
+    assert not torch.allclose(after.float(), first.float())  # the cache did not outlive the block

@@ -104,3 +104,63 @@ def test_concat_and_trim_keep_every_rows_logprobs(model):
     trimmed_b = both.select(torch.tensor([1])).trimmed()
     assert trimmed_b.prompt_length == 2
     torch.testing.assert_close(token_logprobs(model, trimmed_b).logprobs[0], lp[1])
+
+
+def test_shared_prompt_forward_gives_the_full_forwards_logprobs_and_gradients(model):
+    """Rows sharing a prompt run it once; log-probs, entropy and gradients equal the full-sequence forward."""
+    prompts = [[2, 5, 6, 7], [2, 9], [2, 5, 6, 7], [2, 9], [2, 5, 6, 7]]  # 2 distinct prompts, rows interleaved
+    completions = [[10, 11, 12, EOS], [13, EOS], [14], [15, 16, 17, 18, 19], [20, 21, EOS]]
+    batch = batch_of(prompts, completions)
+    weights = torch.randn(batch.completion_mask.shape)  # an arbitrary loss, so every row's gradient matters
+
+    def forward_backward(share):
+        model.zero_grad()
+        out = token_logprobs(model, batch, with_entropy=True, share_prompts=share)
+        (out.logprobs * weights * batch.completion_mask).sum().backward()
+        return out, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    full, full_grads = forward_backward(False)
+    shared, shared_grads = forward_backward(True)
+    model.zero_grad()
+    mask = batch.completion_mask
+    torch.testing.assert_close(shared.logprobs[mask], full.logprobs[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared.entropy[mask], full.entropy[mask], atol=1e-5, rtol=1e-5)
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    for row, (p, c) in enumerate(zip(prompts, completions)):  # and the naive per-sequence values
+        torch.testing.assert_close(shared.logprobs[row, :len(c)], naive_logprobs(model, p, c), atol=1e-5, rtol=1e-5)
+
+
+def test_shared_prompt_forward_runs_each_distinct_prompt_once(model):
+    from lit_gspo.rollout import completion_states_shared_prompts
+
+    batch = batch_of([[2, 5, 6, 7]] * 3 + [[2, 9]] * 3, [[10, 11, 12]] * 6)
+    seen = []
+    handle = model.model.register_forward_hook(lambda m, args, kw, out: seen.append(tuple(kw["input_ids"].shape)),
+                                               with_kwargs=True)
+    try:
+        states = completion_states_shared_prompts(model, batch)
+    finally:
+        handle.remove()
+    assert seen == [(2, 4), (6, 2)]  # 2 distinct prompts of 4 tokens, then 6 rows × completion tokens 0..T-2
+    assert states.shape == (6, 3, 32)
+    distinct = batch_of([[2, 5], [2, 6]], [[10], [11]])  # nothing shared: the caller runs the full forward
+    assert completion_states_shared_prompts(model, distinct) is None
+
+
+def test_target_logprob_backward_is_autograds_and_the_entropy_is_the_softmaxs():
+    from lit_gspo.rollout import target_logprobs_and_entropy
+
+    g = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(2, 3, 7, generator=g, dtype=torch.float64)).requires_grad_()
+    targets = torch.randint(7, (2, 3), generator=g)
+    assert torch.autograd.gradcheck(lambda z: target_logprobs_and_entropy(z, targets)[0], (logits,))
+    logp, entropy = target_logprobs_and_entropy(logits, targets, with_entropy=True)
+    reference = logits.log_softmax(-1)
+    torch.testing.assert_close(logp, reference.gather(-1, targets[..., None]).squeeze(-1))
+    torch.testing.assert_close(entropy, -(reference.exp() * reference).sum(-1))
+    assert not entropy.requires_grad
+    with torch.no_grad():  # the no-grad path gives the same numbers
+        plain = target_logprobs_and_entropy(logits, targets, with_entropy=True)
+    torch.testing.assert_close(plain[0], logp.detach())
+    torch.testing.assert_close(plain[1], entropy)

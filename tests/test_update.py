@@ -45,7 +45,7 @@ class RowsForwarded:
 
 def test_lazy_old_logprobs_match_a_full_old_pass_and_skip_the_first_minibatch():
     torch.manual_seed(0)
-    update = Update(epochs=2, num_minibatches=2, micro_batch_size=3)
+    update = Update(epochs=2, num_minibatches=2, micro_batch_size=3, share_prompt_forward=False)  # one forward per row
     base = RLModule(model="tiny-llama", objective=GSPO(clip_low=0.02, clip_high=0.02), rewards=[CharAccuracy()],
                     kl_to_ref=False, generation=Generation(num_generations=3, max_new_tokens=6), update=update)
     rollout, _, _ = base.sample(ROWS)
@@ -93,7 +93,7 @@ def with_rewards(module: RLModule, rollout, rewards: list[float]):
 
 def test_rows_without_advantage_are_skipped_with_the_same_gradient_steps():
     """Groups 0 and 2 have equal rewards (Â = 0): skipping them changes no parameter, only the work done."""
-    update = dict(epochs=2, num_minibatches=2, micro_batch_size=2)
+    update = dict(epochs=2, num_minibatches=2, micro_batch_size=2, share_prompt_forward=False)  # one forward per row
     base, rollout = signal_module_and_rollout(Update(**update))
     rewards = [1.0, 1.0, 1.0, 0.0, 0.5, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]  # groups of 3
     # SGD: the step is linear in the gradient (Adam would magnify float-order noise in ~0 gradients)
@@ -196,7 +196,7 @@ def test_token_budget_groups_rows_by_length_and_respects_the_budget():
 
 
 def test_token_budget_micro_batches_change_the_work_not_the_update():
-    update = dict(epochs=2, num_minibatches=2, skip_zero_advantage_rows=False)
+    update = dict(epochs=2, num_minibatches=2, skip_zero_advantage_rows=False, share_prompt_forward=False)
     base, rollout = signal_module_and_rollout(Update(**update))
     rewards = [0.0, 1.0, 3.0] * 4
     whole = standalone(copy.deepcopy(base), momentum_sgd=True)
@@ -213,3 +213,66 @@ def test_token_budget_micro_batches_change_the_work_not_the_update():
     for p, q in zip(whole.parameters(), budgeted.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
     assert any(not torch.equal(p, q) for p, q in zip(base.parameters(), budgeted.parameters()))
+
+
+def test_sharing_prompt_forwards_changes_the_work_not_the_update():
+    """G rows of a group run their prompt once: fewer tokens through the policy, the same parameters."""
+    update = dict(epochs=2, num_minibatches=2, skip_zero_advantage_rows=False)
+    base, rollout = signal_module_and_rollout(Update(**update))
+    per_row = standalone(copy.deepcopy(base), momentum_sgd=True)
+    per_row.update_cfg = Update(**update, share_prompt_forward=False)
+    shared = standalone(copy.deepcopy(base), momentum_sgd=True)
+    assert shared.shares_prompts and not per_row.shares_prompts
+    clip, tokens = [], []
+    for module in (per_row, shared):
+        torch.manual_seed(1)
+        with RowsForwarded(module.policy) as counter:
+            clip.append(module.update(with_rewards(module, rollout, [0.0, 1.0, 3.0] * 4))["clip_frac"])
+        tokens.append(counter.tokens)
+    assert tokens[1] < tokens[0]
+    assert clip[0] > 0 and clip[1] == pytest.approx(clip[0], abs=1e-7)
+    for p, q in zip(per_row.parameters(), shared.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+    assert any(not torch.equal(p, q) for p, q in zip(base.parameters(), shared.parameters()))
+
+
+def test_later_minibatches_see_the_stepped_weights_under_an_autocast_that_caches_casts():
+    """torch.autocast caches each weight's bf16 copy until the outermost autocast exits; an in-place optimiser
+    step inside it must not leave the next minibatch on the pre-step copy."""
+    base, rollout = signal_module_and_rollout(Update(num_minibatches=2, skip_zero_advantage_rows=False))
+    module = standalone(base)  # AdamW, lr 1e-2: a step moves the weights far beyond bf16 rounding
+    batch = with_rewards(module, rollout, [0.0, 1.0, 3.0] * 4)
+    seen, micro_step = [], module.micro_step
+
+    def checked(micro, *args, **kwargs):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            fresh = module.completion_logprobs(module.policy, micro).logprobs  # the weights as they are now
+        out = micro_step(micro, *args, **kwargs)
+        seen.append((fresh, out[2]))
+        return out
+
+    module.micro_step = checked
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # cache_enabled=True, as a user's own autocast would be
+        module.update(batch)
+    assert len(seen) == 2
+    for fresh, used in seen:
+        torch.testing.assert_close(used, fresh, rtol=0, atol=1e-6)
+
+
+def test_minibatches_take_whole_groups_or_shuffled_rows():
+    module = RLModule(model="tiny-llama", objective=GSPO(), rewards=[CharAccuracy()], kl_to_ref=False,
+                      generation=Generation(num_generations=3, max_new_tokens=2),
+                      update=Update(num_minibatches=2, shuffle="groups"))
+    torch.manual_seed(0)
+    order = module.minibatch_order(12)
+    assert sorted(order.tolist()) == list(range(12))
+    groups = order.view(4, 3)  # consecutive triples are whole groups, in a random group order
+    assert all(g.tolist() == [3 * (int(g[0]) // 3) + i for i in range(3)] for g in groups)
+    assert groups[:, 0].tolist() != [0, 3, 6, 9]  # shuffled (this seed)
+    module.update_cfg = Update(num_minibatches=2, shuffle="rows")
+    rows = torch.stack([module.minibatch_order(12) for _ in range(5)])
+    assert any(sorted(r.view(4, 3).tolist()) != [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]] for r in rows)
+    module.update_cfg = Update(num_minibatches=1)
+    assert module.minibatch_order(12).tolist() == list(range(12))
+    with pytest.raises(ValueError, match="'groups' or 'rows', got 'prompts'"):
+        Update(shuffle="prompts")
