@@ -8,7 +8,8 @@ normalisation (token-mean = TRL's default ``loss_type="dapo"``), the same precis
 lit_gspo runs as a user would: its sampler (``backend="fast"``, eager attention while decoding),
 skipping rows with zero advantage (``--skip-zero-advantage off`` runs every row, as TRL does), old
 log-probs only for the second minibatch. Gradient checkpointing is the same on both sides
-(``--checkpointing``, default on = TRL's default). TRL runs offline (HF_HUB_OFFLINE=1, local dir,
+(``--checkpointing``, default on = TRL's default) unless ``--lit-checkpointing`` sets lit_gspo's alone:
+checkpointing is a memory strategy, not part of the algorithm, and peak RSS is reported for both. TRL runs offline (HF_HUB_OFFLINE=1, local dir,
 ``report_to="none"``).
 
 Runs alternate (A B A B ...), each a fresh process doing ``--cycles`` rollouts (the first is
@@ -104,14 +105,14 @@ def run_lit(args) -> dict:
     # token-mean = TRL's default loss_type "dapo" (Σ tokens / tokens in the batch), so both optimise the same loss
     module = RLModule(model=str(args.model_dir),
                       objective=GSPO(clip_low=3e-4, clip_high=4e-4, beta=0.0, aggregation="token-mean"),
-                      optimizer=lambda p: torch.optim.AdamW(p, lr=LR, weight_decay=0.0),
+                      optimizer=lambda p: torch.optim.AdamW(p, lr=LR, weight_decay=0.0, fused=True),  # TRL: adamw_torch_fused
                       rewards=[AnswerMatch(mode="last_number")],
                       generation=Generation(num_generations=G, max_new_tokens=MAX_NEW, backend=args.backend,
                                             attn_implementation=None if args.sampling_attention == "none" else args.sampling_attention),
                       update=Update(num_minibatches=UPDATES_PER_ROLLOUT, max_grad_norm=1.0,
                                     skip_zero_advantage_rows=args.skip_zero_advantage == "on",
                                     micro_batch_tokens=args.micro_batch_tokens or None),
-                      kl_to_ref=False, val_every_n_steps=0, gradient_checkpointing=args.checkpointing == "on")
+                      kl_to_ref=False, val_every_n_steps=0, gradient_checkpointing=lit_checkpointing(args) == "on")
     data = PromptDataModule(train_source="arithmetic", num_train=400, num_val=1, prompts_per_step=PROMPTS_PER_UPDATE *
                             UPDATES_PER_ROLLOUT, task_kwargs=dict(digits=2, ops="+", template=TEMPLATE))
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=args.cycles * UPDATES_PER_ROLLOUT, logger=False,
@@ -189,6 +190,10 @@ def run_trl(args) -> dict:
                 params=sum(p.numel() for p in trainer.model.parameters()))
 
 
+def lit_checkpointing(args) -> str:
+    return args.checkpointing if args.lit_checkpointing == "same" else args.lit_checkpointing
+
+
 def worker(args) -> None:
     import torch
 
@@ -230,6 +235,8 @@ def main(argv=None) -> None:
     p.add_argument("--backend", choices=["hf", "fast"], default="fast", help="lit_gspo generation backend")
     p.add_argument("--checkpointing", choices=["on", "off"], default="on",
                    help="gradient checkpointing on both sides (TRL's GRPOConfig default: on)")
+    p.add_argument("--lit-checkpointing", choices=["same", "on", "off"], default="same",
+                   help="lit_gspo's gradient checkpointing alone (same: as --checkpointing)")
     p.add_argument("--skip-zero-advantage", choices=["on", "off"], default="on",
                    help="lit_gspo update.skip_zero_advantage_rows (off: every row runs forward/backward, as in TRL)")
     p.add_argument("--micro-batch-tokens", type=int, default=0,
@@ -252,6 +259,7 @@ def main(argv=None) -> None:
             cmd = [sys.executable, __file__, "--worker", side, "--cycles", str(args.cycles), "--threads",
                    str(args.threads), "--precision", args.precision, "--backend", args.backend,
                    "--sampling-attention", args.sampling_attention, "--checkpointing", args.checkpointing,
+                   "--lit-checkpointing", args.lit_checkpointing,
                    "--skip-zero-advantage", args.skip_zero_advantage, "--micro-batch-tokens", str(args.micro_batch_tokens),
                    "--model-dir", str(args.model_dir)]
             start = time.perf_counter()
@@ -265,7 +273,7 @@ def main(argv=None) -> None:
                   f"({time.perf_counter() - start:.0f} s with loading)", flush=True)
     table = {s: summarise(r) for s, r in results.items()}
     print(f"\nSmolLM2-135M-Instruct, {G * PROMPTS_PER_UPDATE} completions/update, {UPDATES_PER_ROLLOUT} updates/rollout, "
-          f"≤{MAX_NEW} new tokens, {args.precision}, {args.threads} thread(s), gradient checkpointing {args.checkpointing}, "
+          f"≤{MAX_NEW} new tokens, {args.precision}, {args.threads} thread(s), gradient checkpointing {args.checkpointing} (lit_gspo {lit_checkpointing(args)}), "
           f"lit_gspo skip_zero_advantage_rows {args.skip_zero_advantage}, micro_batch_tokens {args.micro_batch_tokens or None}, "
           f"lit_gspo backend {args.backend}")
     print(f"{'':>8} {'s/update':>9} {'compl tok/s':>12} {'update-phase s':>15} {'MFU':>6} {'matmul GFLOP/s':>15} "
