@@ -27,16 +27,17 @@ class Generation:
     #: ``hf``: ``model.generate``; ``fast``: :func:`lit_gspo.fast_generate.fast_generate` (one prefill per
     #: prompt shared by its G completions, finished rows dropped from the KV cache; same greedy tokens)
     backend: str = "hf"
-    #: attention kernel while sampling (``eager``, ``sdpa``, ...); None keeps the model's. The update's
-    #: forward always uses the model's own, and log-probs come only from that forward.
+    #: attention kernel while sampling (``eager``, ``sdpa``, ``lit_gqa_eager``: eager without copying K, V
+    #: per query head, ...); None keeps the model's. The update's forward always uses the model's own,
+    #: and log-probs come only from that forward.
     attn_implementation: str | None = None
 
     def __post_init__(self):
         if self.backend not in ("hf", "fast"):
             raise ValueError(f"generation.backend must be 'hf' or 'fast', got {self.backend!r}")
-        if self.attn_implementation not in (None, "eager", "sdpa", "flash_attention_2", "flex_attention"):
-            raise ValueError(f"generation.attn_implementation must be null, 'eager', 'sdpa', 'flash_attention_2' or "
-                             f"'flex_attention', got {self.attn_implementation!r}")
+        known = (None, "eager", "lit_gqa_eager", "sdpa", "flash_attention_2", "flex_attention")
+        if self.attn_implementation not in known:
+            raise ValueError(f"generation.attn_implementation must be one of {known}, got {self.attn_implementation!r}")
         if self.val_max_new_tokens is not None and self.val_max_new_tokens < 1:
             raise ValueError(f"val_max_new_tokens must be >= 1 or null, got {self.val_max_new_tokens}")
         if self.num_generations < 1 or self.max_new_tokens < 1:

@@ -51,6 +51,42 @@ def sample_tokens(probs: Tensor, generator: torch.Generator | None = None) -> Te
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
 
 
+GQA_EAGER = "lit_gqa_eager"
+
+
+def gqa_eager_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                        scaling: float, dropout: float = 0.0, **kwargs) -> tuple[Tensor, None]:
+    """Eager attention for grouped-query heads that does not copy K and V once per query head.
+
+    HF's eager path expands each layer's keys and values n_rep = heads / kv_heads times
+    (``repeat_kv``), which while decoding copies the whole KV cache n_rep times per layer and step.
+    Here the n_rep query heads that read one KV head are stacked along the query axis instead:
+    (B, kv, n_rep·q, D) @ (B, kv, D, S). Same products, softmax in fp32 as in eager.
+    Registered as ``attn_implementation="lit_gqa_eager"`` (with eager's additive mask).
+    """
+    B, H, q, D = query.shape
+    kv = key.shape[1]
+    n_rep = H // kv
+    scores = torch.matmul(query.reshape(B, kv, n_rep * q, D), key.transpose(2, 3)) * scaling
+    if attention_mask is not None:  # (B, 1, q, S), the same for every head
+        scores = (scores.view(B, kv, n_rep, q, -1) + attention_mask[:, :, None]).view(B, kv, n_rep * q, -1)
+    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    probs = nn.functional.dropout(probs, p=dropout, training=module.training)
+    out = torch.matmul(probs, value).view(B, H, q, D)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register_gqa_eager() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(GQA_EAGER, gqa_eager_attention)
+    AttentionMaskInterface.register(GQA_EAGER, eager_mask)
+
+
+_register_gqa_eager()
+
+
 @contextmanager
 def attention_implementation(model: nn.Module, implementation: str | None):
     """Run with ``config._attn_implementation = implementation`` (None: leave the model's)."""

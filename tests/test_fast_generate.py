@@ -187,3 +187,22 @@ def test_weights_are_cast_once_while_sampling_and_the_cache_is_dropped_after():
     assert (uncached, cached) == (6, 4)  # input, weight, bias per call; with the cache the weight and bias once
     torch.testing.assert_close(same, first, rtol=0, atol=0)
     assert not torch.allclose(after.float(), first.float())  # the cache did not outlive the block
+
+
+def test_grouped_query_eager_attention_equals_eager(model):
+    """lit_gqa_eager: the same log-probs and greedy tokens as eager, without repeating K and V per head."""
+    from lit_gspo.fast_generate import GQA_EAGER
+    from lit_gspo.rollout import token_logprobs
+
+    assert model.config.num_attention_heads // model.config.num_key_value_heads == 2
+    prompts = [[2, 5, 6, 7, 8], [2, 9]]  # left padding exercises the mask
+    outputs = {}
+    for implementation in ("eager", GQA_EAGER):
+        with attention_implementation(model, implementation):
+            rollout = generate(model, prompts, num_generations=1, max_new_tokens=6, pad_id=PAD, eos_id=EOS,
+                               do_sample=False, backend="fast")
+            outputs[implementation] = rollout, token_logprobs(model, rollout).logprobs
+    (eager, eager_lp), (gqa, gqa_lp) = outputs["eager"], outputs[GQA_EAGER]
+    assert torch.equal(gqa.input_ids, eager.input_ids)
+    torch.testing.assert_close(gqa_lp, eager_lp, atol=1e-5, rtol=1e-5)
+    assert model.config._attn_implementation != GQA_EAGER  # restored after the block
