@@ -9,8 +9,8 @@ lit_gspo runs as a user would: its sampler (``backend="fast"``, eager attention 
 skipping rows with zero advantage (``--skip-zero-advantage off`` runs every row, as TRL does), old
 log-probs only for the second minibatch. Gradient checkpointing is the same on both sides
 (``--checkpointing``, default on = TRL's default) unless ``--lit-checkpointing`` sets lit_gspo's alone:
-checkpointing is a memory strategy, not part of the algorithm, and peak RSS is reported for both. TRL runs offline (HF_HUB_OFFLINE=1, local dir,
-``report_to="none"``).
+checkpointing is a memory strategy, not part of the algorithm, and peak RSS is reported for both.
+TRL runs offline (HF_HUB_OFFLINE=1, local dir, ``report_to="none"``).
 
 Runs alternate (A B A B ...), each a fresh process doing ``--cycles`` rollouts (the first is
 warm-up and not counted). Reported per side: median seconds per update step (= rollout cycle / 2,

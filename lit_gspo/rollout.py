@@ -232,8 +232,7 @@ def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float 
             logp = checkpoint(_chunk_logprobs, h, y, head.weight, head.bias, temperature, use_reentrant=False)
             if with_entropy:
                 with torch.no_grad():
-                    logits = _logits(h, head.weight, head.bias, temperature)
-                    ents.append(_entropy(logits, logits.logsumexp(-1)))
+                    ents.append(target_logprobs_and_entropy(_logits(h, head.weight, head.bias, temperature), y, True)[1])
         else:  # one LM-head matmul and one softmax serve both
             logp, entropy = target_logprobs_and_entropy(_logits(h, head.weight, head.bias, temperature), y, with_entropy)
             if with_entropy:
@@ -319,9 +318,14 @@ def target_logprobs_and_entropy(logits: Tensor, targets: Tensor, with_entropy: b
     if torch.is_grad_enabled() and logits.requires_grad:
         logp, entropy = _TargetLogprob.apply(logits, targets, with_entropy)
         return logp, entropy if with_entropy else None
-    lse = logits.logsumexp(-1)
-    logp = logits.gather(-1, targets[..., None]).squeeze(-1) - lse
+    logp, lse = _target_logprob_and_lse(logits, targets)
     return logp, _entropy(logits, lse) if with_entropy else None
+
+
+def _target_logprob_and_lse(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """(z_y − logsumexp(z), logsumexp(z)) without materialising the log-softmax."""
+    lse = logits.logsumexp(-1)
+    return logits.gather(-1, targets[..., None]).squeeze(-1) - lse, lse
 
 
 class _TargetLogprob(torch.autograd.Function):
@@ -334,10 +338,9 @@ class _TargetLogprob(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, with_entropy: bool):
-        lse = logits.logsumexp(-1, keepdim=True)
-        probs = (logits - lse).exp_()
-        logp = logits.gather(-1, targets[..., None]).squeeze(-1) - lse.squeeze(-1)
-        entropy = lse.squeeze(-1) - (probs * logits).sum(-1) if with_entropy else logp.new_zeros(())
+        logp, lse = _target_logprob_and_lse(logits, targets)
+        probs = (logits - lse[..., None]).exp_()
+        entropy = _entropy(logits, lse, probs) if with_entropy else logp.new_zeros(())
         ctx.save_for_backward(probs, targets)
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
@@ -351,6 +354,8 @@ class _TargetLogprob(torch.autograd.Function):
 
 
 @torch.no_grad()
-def _entropy(logits: Tensor, lse: Tensor) -> Tensor:
-    """H = −Σ p log p = lse − Σ p·z for p = softmax(z), lse = logsumexp(z)."""
-    return lse - ((logits - lse[..., None]).exp() * logits).sum(-1)
+def _entropy(logits: Tensor, lse: Tensor, probs: Tensor | None = None) -> Tensor:
+    """H = −Σ p log p = lse − Σ p·z for p = softmax(z) (given, or computed from lse = logsumexp(z))."""
+    if probs is None:
+        probs = (logits - lse[..., None]).exp()
+    return lse - (probs * logits).sum(-1)
