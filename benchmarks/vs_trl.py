@@ -241,7 +241,7 @@ def main(argv=None) -> None:
                    help="lit_gspo update.skip_zero_advantage_rows (off: every row runs forward/backward, as in TRL)")
     p.add_argument("--micro-batch-tokens", type=int, default=0,
                    help="lit_gspo update.micro_batch_tokens (0: one micro-batch per minibatch)")
-    p.add_argument("--sampling-attention", default="eager", help="lit_gspo generation.attn_implementation ('none': the model's)")
+    p.add_argument("--sampling-attention", default="lit_gqa_eager", help="lit_gspo generation.attn_implementation while sampling (as in configs/smollm2; eager: HF eager; none: the model's)")
     p.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "smollm2-135m-instruct-hf")
     p.add_argument("--only", choices=["lit", "trl"], help="run one side only")
     p.add_argument("--worker", choices=["lit", "trl"], help=argparse.SUPPRESS)
