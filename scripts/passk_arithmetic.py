@@ -1,0 +1,79 @@
+"""pass@k and mean@1 of a model on the held-out arithmetic sets: how far reinforcing its own samples can reach.
+
+    python scripts/passk_arithmetic.py smollm2-135m-instruct            # the base model
+    python scripts/passk_arithmetic.py runs/smollm2_gspo_arithmetic/hf_model --k 64 --n 64
+
+For each of ``n`` held-out prompts per set (the training wording, ``scripts/eval_arithmetic.py``'s
+``add`` and ``sub``), ``k`` replies are sampled as in training (temperature ``T``, ≤ ``max_new_tokens``)
+and scored with the training reward (last number = answer). pass@k = share of prompts with at least one
+correct reply (the unbiased estimator with c correct of k samples is 1 if c > 0); mean@1 = mean reward.
+A prompt with pass@k = 0 gives GRPO-style objectives no signal: every reward of its group is equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from eval_arithmetic import eval_sets
+
+
+@torch.no_grad()
+def sampled_scores(model, tokenizer, rows: list[dict], k: int, temperature: float, max_new_tokens: int,
+                   prompts_per_batch: int) -> torch.Tensor:
+    """(len(rows), k) rewards of k sampled replies per prompt."""
+    from lit_gspo.data import encode_prompts
+    from lit_gspo.fast_generate import fast_generate
+    from lit_gspo.rewards import AnswerMatch
+    from lit_gspo.rollout import left_pad
+
+    judge, scores = AnswerMatch(mode="last_number"), []
+    for start in range(0, len(rows), prompts_per_batch):
+        batch = rows[start:start + prompts_per_batch]
+        ids, attn = left_pad(encode_prompts(tokenizer, [r["prompt"] for r in batch], max_prompt_length=512),
+                             tokenizer.pad_token_id)
+        out = fast_generate(model, ids, attn, num_generations=k, max_new_tokens=max_new_tokens,
+                            eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, temperature=temperature)
+        replies = tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
+        prompts = [r["prompt"] for r in batch for _ in range(k)]
+        answers = [r["answer"] for r in batch for _ in range(k)]
+        scores.append(torch.tensor(judge(prompts, replies, answer=answers), dtype=torch.float32).view(len(batch), k))
+    return torch.cat(scores)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from lit_gspo.models import load_policy
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("model", help="HF model dir, or a name load_policy knows (e.g. smollm2-135m-instruct)")
+    parser.add_argument("--k", type=int, default=64, help="samples per prompt")
+    parser.add_argument("--n", type=int, default=64, help="held-out prompts per set")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max_new_tokens", type=int, default=16, help="as in configs/smollm2 (sampling)")
+    parser.add_argument("--prompts_per_batch", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.k < 1 or args.n < 1:
+        parser.error(f"--k and --n must be ≥ 1, got k={args.k}, n={args.n}")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_policy(args.model)
+    model.eval()
+    sets, results = eval_sets(args.n), {}
+    for name in ("add", "sub"):
+        scores = sampled_scores(model, tokenizer, sets[name], args.k, args.temperature, args.max_new_tokens,
+                                args.prompts_per_batch)
+        results[name] = {f"pass@{args.k}": (scores.max(1).values > 0).float().mean().item(),
+                         "mean@1": scores.mean().item()}
+        print(f"{name}: pass@{args.k} {results[name][f'pass@{args.k}']:.3f}  mean@1 {results[name]['mean@1']:.3f}"
+              f"  ({args.n} prompts × {args.k} samples, T {args.temperature}, ≤ {args.max_new_tokens} tokens)",
+              flush=True)
+    print(f"reproduce: python scripts/passk_arithmetic.py {args.model} --k {args.k} --n {args.n} "
+          f"--temperature {args.temperature} --max_new_tokens {args.max_new_tokens} --seed {args.seed}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
