@@ -228,16 +228,14 @@ def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float 
     logps, ents = [], []
     for start in range(0, T, chunk):
         h, y = hidden[:, start:start + chunk], targets[:, start:start + chunk]
-        if torch.is_grad_enabled() and chunk < T:
-            logp = checkpoint(_chunk_logprobs, h, y, head.weight, head.bias, temperature, use_reentrant=False)
-            if with_entropy:
-                with torch.no_grad():
-                    ents.append(target_logprobs_and_entropy(_logits(h, head.weight, head.bias, temperature), y, True)[1])
-        else:  # one LM-head matmul and one softmax serve both
-            logp, entropy = target_logprobs_and_entropy(_logits(h, head.weight, head.bias, temperature), y, with_entropy)
-            if with_entropy:
-                ents.append(entropy)
+        args = (h, y, head.weight, head.bias, temperature, with_entropy)
+        if torch.is_grad_enabled() and chunk < T:  # the chunk's (B, c, V) logits are recomputed in backward
+            logp, entropy = checkpoint(_chunk_logprobs_and_entropy, *args, use_reentrant=False)
+        else:
+            logp, entropy = _chunk_logprobs_and_entropy(*args)
         logps.append(logp)
+        if with_entropy:
+            ents.append(entropy)
     values = value_head(hidden.float()).squeeze(-1) if value_head is not None else None
     empty = hidden.new_zeros(hidden.shape[0], 0, dtype=torch.float32)
     return TokenForward(logprobs=torch.cat(logps, 1) if logps else empty,
@@ -309,8 +307,10 @@ def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: fl
         return logits if temperature == 1.0 else logits / temperature
 
 
-def _chunk_logprobs(hidden: Tensor, targets: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
-    return target_logprobs_and_entropy(_logits(hidden, weight, bias, temperature), targets)[0]
+def _chunk_logprobs_and_entropy(hidden: Tensor, targets: Tensor, weight: Tensor, bias: Tensor | None, temperature: float,
+                                with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """One LM-head matmul and one softmax serve the log-probs and the entropy."""
+    return target_logprobs_and_entropy(_logits(hidden, weight, bias, temperature), targets, with_entropy)
 
 
 def target_logprobs_and_entropy(logits: Tensor, targets: Tensor, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
