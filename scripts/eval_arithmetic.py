@@ -60,17 +60,20 @@ def eval_sets(n: int) -> dict[str, list[dict]]:
 
 
 @torch.no_grad()
-def greedy_replies(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[str]:
+def replies_to(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int, *,
+               num_generations: int = 1, temperature: float | None = None) -> list[str]:
+    """Replies to ``prompts`` (``num_generations`` consecutive ones per prompt): greedy, or sampled at ``temperature``."""
     from lit_gspo.data import encode_prompts
     from lit_gspo.fast_generate import fast_generate
     from lit_gspo.rollout import left_pad
 
+    sampling = {"do_sample": False} if temperature is None else {"temperature": temperature}
     replies = []
     for start in range(0, len(prompts), batch_size):
         ids, attn = left_pad(encode_prompts(tokenizer, prompts[start:start + batch_size], max_prompt_length=512),
                              tokenizer.pad_token_id)
-        out = fast_generate(model, ids, attn, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
-                            pad_id=tokenizer.pad_token_id, do_sample=False)
+        out = fast_generate(model, ids, attn, num_generations=num_generations, max_new_tokens=max_new_tokens,
+                            eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, **sampling)
         replies += tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
     return replies
 
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     for name, rows in eval_sets(args.n).items():
         prompts = [r["prompt"] for r in rows]
-        replies = greedy_replies(model, tokenizer, prompts, args.max_new_tokens, args.batch_size)
+        replies = replies_to(model, tokenizer, prompts, args.max_new_tokens, args.batch_size)
         scores = judge(prompts, replies, answer=[r["answer"] for r in rows])
         results[name] = sum(scores) / len(scores)
         print(f"{name:>13}: {100 * results[name]:5.1f}%  ({int(sum(scores))}/{len(scores)})", flush=True)

@@ -16,30 +16,20 @@ import argparse
 
 import torch
 
-from eval_arithmetic import eval_sets
+from eval_arithmetic import eval_sets, replies_to
 
 
-@torch.no_grad()
 def sampled_scores(model, tokenizer, rows: list[dict], k: int, temperature: float, max_new_tokens: int,
                    prompts_per_batch: int) -> torch.Tensor:
     """(len(rows), k) rewards of k sampled replies per prompt."""
-    from lit_gspo.data import encode_prompts
-    from lit_gspo.fast_generate import fast_generate
     from lit_gspo.rewards import AnswerMatch
-    from lit_gspo.rollout import left_pad
 
-    judge, scores = AnswerMatch(mode="last_number"), []
-    for start in range(0, len(rows), prompts_per_batch):
-        batch = rows[start:start + prompts_per_batch]
-        ids, attn = left_pad(encode_prompts(tokenizer, [r["prompt"] for r in batch], max_prompt_length=512),
-                             tokenizer.pad_token_id)
-        out = fast_generate(model, ids, attn, num_generations=k, max_new_tokens=max_new_tokens,
-                            eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, temperature=temperature)
-        replies = tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
-        prompts = [r["prompt"] for r in batch for _ in range(k)]
-        answers = [r["answer"] for r in batch for _ in range(k)]
-        scores.append(torch.tensor(judge(prompts, replies, answer=answers), dtype=torch.float32).view(len(batch), k))
-    return torch.cat(scores)
+    replies = replies_to(model, tokenizer, [r["prompt"] for r in rows], max_new_tokens, prompts_per_batch,
+                         num_generations=k, temperature=temperature)
+    prompts = [r["prompt"] for r in rows for _ in range(k)]
+    answers = [r["answer"] for r in rows for _ in range(k)]
+    scores = AnswerMatch(mode="last_number")(prompts, replies, answer=answers)
+    return torch.tensor(scores, dtype=torch.float32).view(len(rows), k)
 
 
 def main(argv: list[str] | None = None) -> dict:
