@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import sys
 
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 
-import lit_gspo.objectives  # noqa: F401  (registers every objective so `--model.objective GSPO` resolves)
+from lit_gspo.objectives import OBJECTIVES  # importing registers every objective: `--model.objective GSPO` resolves
 from lit_gspo.data import PromptDataModule
 from lit_gspo.module import RLModule
 
@@ -19,6 +19,23 @@ TRAINER_DEFAULTS = {
 }
 
 
+def objective_hint(message: str) -> str:
+    """What to add to a parser error about ``model.objective``: the registered names (jsonargparse only
+    says the value is not an import path)."""
+    if 'key "model.objective"' not in message:
+        return ""
+    names = ", ".join(sorted(cls.__name__ for cls in set(OBJECTIVES.values())))
+    return (f"\n  Known objectives: {names} (class names, e.g. `--model.objective GSPO`), or the dotted "
+            "import path of your own Objective subclass (`--model.objective my_pkg.MyObjective`).")
+
+
+class RLArgumentParser(LightningArgumentParser):
+    """Parser errors about the objective list the objectives that exist."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        return super().error(message + objective_hint(message), ex)
+
+
 class RLCLI(LightningCLI):
     """LightningCLI with CSV metrics by default (``<default_root_dir>/**/metrics.csv``) and checkpoints.
 
@@ -26,6 +43,9 @@ class RLCLI(LightningCLI):
     ``checkpoint_every_n_steps`` steps, written atomically; resume with ``--ckpt_path last``.
     ``FSDPStrategy`` (FSDP1) is refused with a pointer to ``ModelParallelStrategy`` (FSDP2).
     """
+
+    def __init__(self, *args, parser_class: type[LightningArgumentParser] = RLArgumentParser, **kwargs) -> None:
+        super().__init__(*args, parser_class=parser_class, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--checkpoint_every_n_steps", type=int, default=50,

@@ -20,8 +20,8 @@ class ParseOnlyCLI(RLCLI):
         pass
 
 
-def parse(*configs: Path):
-    args = [a for c in configs for a in ("--config", str(c))]
+def parse(*configs: Path, extra: tuple[str, ...] = ()):
+    args = [a for c in configs for a in ("--config", str(c))] + list(extra)
     return ParseOnlyCLI(RLModule, PromptDataModule, args=args, run=False).config
 
 
@@ -42,6 +42,21 @@ def test_objective_overlay_swaps_only_the_objective(path):
     config, base = parse(QUICKSTART, path), parse(QUICKSTART)
     assert config.model.objective.class_path.rsplit(".", 1)[-1] == OBJECTIVES[path.stem].__name__
     assert config.data == base.data and config.model.rewards == base.model.rewards
+
+
+@pytest.mark.parametrize("value", ["GSPOO", "lit_gspo.objectives.GSPOO"])
+def test_unknown_objective_error_lists_the_known_ones(value, capsys):
+    from lit_gspo.objectives import OBJECTIVES
+
+    with pytest.raises(SystemExit):
+        parse(QUICKSTART, extra=("--model.objective", value))
+    err = capsys.readouterr().err
+    assert value in err and "Known objectives:" in err
+    assert all(cls.__name__ in err for cls in OBJECTIVES.values())
+
+
+def test_objective_by_class_name_still_parses():
+    assert parse(QUICKSTART, extra=("--model.objective", "GRPO")).model.objective.class_path.endswith(".GRPO")
 
 
 def test_every_registered_objective_has_an_overlay():
