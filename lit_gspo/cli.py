@@ -24,7 +24,7 @@ def objective_hint(message: str) -> str:
     says the value is not an import path)."""
     if 'key "model.objective"' not in message:
         return ""
-    names = ", ".join(sorted(cls.__name__ for cls in set(OBJECTIVES.values())))
+    names = ", ".join(sorted(cls.__name__ for cls in OBJECTIVES.values()))
     return (f"\n  Known objectives: {names} (class names, e.g. `--model.objective GSPO`), or the dotted "
             "import path of your own Objective subclass (`--model.objective my_pkg.MyObjective`).")
 
