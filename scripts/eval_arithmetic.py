@@ -13,6 +13,8 @@ with just the number." of each pair falls in the task's held-out split):
 
 A reply is correct when its last number equals the answer (``AnswerMatch(mode="last_number")``,
 the reward used in training). Prompts go through the chat template with its default system prompt.
+Subtraction sets are also scored apart by whether the units column borrows (``a % 10 < b % 10``):
+``sub_borrow`` and ``sub_no_borrow`` in the JSON, with their counts.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def eval_sets(n: int) -> dict[str, list[dict]]:
         rows = []
         for i, (a, b) in enumerate(held_out_pairs(op, n)):
             template = templates[i % len(templates)]
-            rows.append({"prompt": template.format(a=a, op=op, b=b), "answer": str(a + b if op == "+" else a - b)})
+            rows.append({"prompt": template.format(a=a, op=op, b=b), "answer": str(a + b if op == "+" else a - b),
+                         "borrow": op == "-" and a % 10 < b % 10})
         sets[name] = rows
     return sets
 
@@ -102,6 +105,11 @@ def main(argv: list[str] | None = None) -> dict:
         scores = judge(prompts, replies, answer=[r["answer"] for r in rows])
         results[name] = sum(scores) / len(scores)
         print(f"{name:>13}: {100 * results[name]:5.1f}%  ({int(sum(scores))}/{len(scores)})", flush=True)
+        if "sub" in name:
+            for part, borrow in (("borrow", True), ("no_borrow", False)):
+                kept = [s for s, r in zip(scores, rows) if r["borrow"] == borrow]
+                results[f"{name}_{part}"] = {"correct": int(sum(kept)), "of": len(kept)}
+                print(f"{'':>15}{part.replace('_', ' ')}: {int(sum(kept))}/{len(kept)}")
         for p, r, s in list(zip(prompts, replies, scores))[:args.show]:
             print(f"    {p!r} -> {r!r} ({'ok' if s else 'wrong'})")
     results["seconds"] = time.perf_counter() - start
