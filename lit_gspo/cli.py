@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 
 from lit_gspo.objectives import OBJECTIVES  # importing registers every objective: `--model.objective GSPO` resolves
 from lit_gspo.data import PromptDataModule
-from lit_gspo.hardware import SlowPrecisionWarning, bf16_on_cpu_warning
 from lit_gspo.module import RLModule
 
 TRAINER_DEFAULTS = {
@@ -44,7 +42,6 @@ class RLCLI(LightningCLI):
     Checkpoints (``lit_gspo.checkpointing``): ``<default_root_dir>/checkpoints/last.ckpt`` every
     ``checkpoint_every_n_steps`` steps, written atomically; resume with ``--ckpt_path last``.
     ``FSDPStrategy`` (FSDP1) is refused with a pointer to ``ModelParallelStrategy`` (FSDP2).
-    ``bf16-mixed`` on a CPU that emulates bf16 (slower than fp32) warns with the fix.
     """
 
     def __init__(self, *args, parser_class: type[LightningArgumentParser] = RLArgumentParser, **kwargs) -> None:
@@ -62,9 +59,6 @@ class RLCLI(LightningCLI):
             config["logger"] = CSVLogger(save_dir=config.get("default_root_dir") or os.getcwd())
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         configure_checkpointing(config, callbacks, cfg.get("checkpoint_every_n_steps", 50))
-        advice = bf16_on_cpu_warning(config.get("precision"), config.get("accelerator", "auto"))
-        if advice:
-            warnings.warn(advice, SlowPrecisionWarning, stacklevel=2)
         return super()._instantiate_trainer(config, callbacks)
 
 

@@ -20,17 +20,9 @@ def cpu_has_native_bf16() -> bool:
     return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
 
 
-def runs_on_cpu(accelerator) -> bool:
-    """Whether a Trainer ``accelerator`` setting puts the model on the CPU ("auto" does without CUDA/MPS)."""
-    name = accelerator if isinstance(accelerator, str) else type(accelerator).__name__.lower()
-    if name == "auto":
-        return not (torch.cuda.is_available() or torch.backends.mps.is_available())
-    return name.startswith("cpu")
-
-
-def bf16_on_cpu_warning(precision, accelerator) -> str | None:
-    """The advice to give when ``precision`` asks for bf16 on a CPU without native bf16, else None."""
-    if not (str(precision).startswith("bf16") and runs_on_cpu(accelerator)) or cpu_has_native_bf16():
+def bf16_on_cpu_warning(precision, device_type: str) -> str | None:
+    """The advice to give when ``precision`` asks for bf16 on a ``device_type`` "cpu" without native bf16, else None."""
+    if not (str(precision).startswith("bf16") and device_type == "cpu") or cpu_has_native_bf16():
         return None
     return (f"precision={precision!r} on a CPU without native bf16 matmuls (no AMX, no AVX512-BF16): bf16 "
             "is emulated here and runs slower than fp32 (about 3x on an AVX-512 Ice Lake). Pass "

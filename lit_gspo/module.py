@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 
 from lit_gspo import advantages as adv
@@ -34,6 +34,7 @@ from lit_gspo.diagnostics import RatioStats
 from lit_gspo.distributed import (
     apply_fsdp2, check_strategy, full_state_dict, is_sharded, reduce_step_stats, reduce_weighted_means, sum_over_ranks,
 )
+from lit_gspo.hardware import SlowPrecisionWarning, bf16_on_cpu_warning
 from lit_gspo.models import checkpointing_active, enable_gradient_checkpointing, load_policy
 from lit_gspo.models.lora import apply_lora, merged_for_saving, reference_mode
 from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, replay_routing, routing_volatility
@@ -152,6 +153,11 @@ class RLModule(LightningModule):
         if self.scheduler_factory is None:
             return opt
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
+
+    def setup(self, stage: str) -> None:
+        advice = bf16_on_cpu_warning(self.trainer.precision, self.trainer.strategy.root_device.type)
+        if advice:  # bf16 emulated on this CPU: slower than fp32
+            rank_zero_warn(advice, category=SlowPrecisionWarning)
 
     def configure_model(self) -> None:
         """FSDP2 (``ModelParallelStrategy``): ``fully_shard`` each decoder layer, then the root; FSDP1 is refused."""
