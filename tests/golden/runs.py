@@ -1,0 +1,142 @@
+"""Golden runs: fits whose every logged value and final weights a refactor must reproduce bit for bit.
+
+Each run is ``lit-gspo fit`` as a user types it, in a fresh process, for 40 RL steps. The process is
+pinned to one thread and to the AVX2 code paths of ATen, MKL and oneDNN, so that the same bits come out
+on any x86-64 CPU with AVX2 (the CPUs these machines have had: Intel with AMX, Ice Lake, AMD Zen),
+not only on the CPU that recorded them.
+
+    python tests/golden/runs.py record          # (re)write tests/golden/*.json from the current code
+    python tests/golden/runs.py check [NAME..]  # compare the current code with the recorded files
+
+Re-recording is a decision, not a fix: say in the commit which values changed and why.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+RL_STEPS = 40
+
+PINNED_ENV = {
+    "ATEN_CPU_CAPABILITY": "avx2",  # ATen's vectorised kernels
+    "MKL_CBWR": "AVX2,STRICT",  # MKL's conditional numerical reproducibility (GEMMs)
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "OMP_NUM_THREADS": "1",  # reductions split over threads would change the summation order
+    "MKL_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "PYTHONHASHSEED": "0",
+}
+
+QUICKSTART = ["--config", "configs/quickstart.yaml", "--model.val_every_n_steps", "10"]
+MOE = ["--model.model", "tiny-qwen3-moe",
+       "--model.model_config", "{hidden_size: 64, num_hidden_layers: 2, moe_intermediate_size: 32}",
+       "--model.update.num_minibatches", "4", "--model.update.skip_zero_advantage_rows", "false",
+       "--model.objective", "GRPO", "--model.routing_replay", "true"]
+
+#: name -> (extra ``fit`` arguments, optimiser steps per RL step)
+RUNS: dict[str, tuple[list[str], int]] = {
+    "quickstart": ([], 1),
+    "ppo": (["--config", "configs/objectives/ppo.yaml"], 1),
+    "moe_routing_replay": (MOE, 4),
+    "dapo_dynamic_sampling": (["--config", "configs/objectives/dapo.yaml"], 1),
+    "lora": (["--model.lora", "{r: 8, alpha: 16}"], 1),
+    "minibatches4_epochs2": (["--model.update.num_minibatches", "4", "--model.update.epochs", "2"], 8),
+}
+
+
+def fit_args(name: str, run_dir: Path) -> list[str]:
+    extra, steps_per_rl_step = RUNS[name]
+    return [*QUICKSTART, *extra, "--trainer.max_steps", str(RL_STEPS * steps_per_rl_step),
+            "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false"]
+
+
+def run(name: str) -> dict:
+    """Fit ``name`` in a fresh, pinned process; return its logged values (``repr`` floats) and weights' hash."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / name
+        env = {**os.environ, **PINNED_ENV}
+        cmd = [sys.executable, "-m", "lit_gspo.cli", "fit", *fit_args(name, run_dir)]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"golden run {name!r} failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
+        (metrics_file,) = run_dir.glob("**/metrics.csv")
+        return {"args": fit_args(name, Path("RUN_DIR")), "metrics": logged_values(metrics_file),
+                "weights_sha256": weights_hash(run_dir / "hf_model")}
+
+
+def logged_values(path: Path) -> dict[str, dict[str, str]]:
+    """step -> {key: repr(value)} of every ``train/*`` and ``val/*`` value logged (timings left out)."""
+    out: dict[str, dict[str, str]] = {}
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            values = {k: repr(float(v)) for k, v in row.items()
+                      if v not in ("", None) and (k.startswith("train/") or k.startswith("val/"))}
+            if values:
+                out.setdefault(row["step"], {}).update(values)
+    return out
+
+
+def weights_hash(hf_dir: Path) -> str:
+    """sha256 over the saved tensors (name, dtype, shape, bytes) in name order."""
+    from safetensors.torch import load_file
+
+    digest = hashlib.sha256()
+    for file in sorted(hf_dir.glob("*.safetensors")):
+        tensors = load_file(file)
+        for key in sorted(tensors):
+            t = tensors[key].contiguous()
+            digest.update(f"{key}:{t.dtype}:{tuple(t.shape)}".encode())
+            digest.update(t.view(-1).view(__import__("torch").uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def golden_path(name: str) -> Path:
+    return HERE / f"{name}.json"
+
+
+def differences(name: str, got: dict) -> list[str]:
+    """Human-readable differences between a run and its recorded golden file (empty when bit-exact)."""
+    want = json.loads(golden_path(name).read_text())
+    out = []
+    if got["weights_sha256"] != want["weights_sha256"]:
+        out.append(f"final weights differ (sha256 {got['weights_sha256'][:12]} vs {want['weights_sha256'][:12]})")
+    for step in sorted(set(want["metrics"]) | set(got["metrics"]), key=int):
+        w, g = want["metrics"].get(step, {}), got["metrics"].get(step, {})
+        for key in sorted(set(w) | set(g)):
+            if w.get(key) != g.get(key):
+                out.append(f"step {step} {key}: recorded {w.get(key)}, now {g.get(key)}")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("record", "check"):
+        print(__doc__)
+        return 2
+    names = argv[1:] or list(RUNS)
+    failed = 0
+    for name in names:
+        got = run(name)
+        if argv[0] == "record":
+            golden_path(name).write_text(json.dumps(got, indent=0, sort_keys=True) + "\n")
+            print(f"recorded {name}: {len(got['metrics'])} steps, weights {got['weights_sha256'][:12]}")
+        else:
+            diff = differences(name, got)
+            failed += bool(diff)
+            print(f"{name}: {'bit-exact' if not diff else f'{len(diff)} differences'}")
+            for line in diff[:20]:
+                print("   ", line)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
