@@ -5,7 +5,7 @@ chat-templated prompts ("What is A + B? Answer with just the number."), G = 8, 1
 update (2 prompts), 2 updates per rollout (TRL ``steps_per_generation=2``; lit_gspo
 ``num_minibatches=2``), ≤ 48 new tokens, AdamW lr 5e-6 constant, β = 0, ε 3e-4/4e-4, the same loss
 normalisation (token-mean = TRL's default ``loss_type="dapo"``), the same precision and thread count.
-lit_gspo runs as a user would: its sampler (``backend="fast"``, eager attention while decoding),
+lit_gspo runs as a user would: its lean sampler (``LeanSampler``, eager GQA attention while decoding),
 skipping rows with zero advantage (``--skip-zero-advantage off`` runs every row, as TRL does), old
 log-probs only for the second minibatch. Gradient checkpointing is the same on both sides
 (``--checkpointing``, default on = TRL's default) unless ``--lit-checkpointing`` sets lit_gspo's alone:
@@ -85,6 +85,7 @@ def run_lit(args) -> dict:
 
     from lit_gspo.config import Generation, Update
     from lit_gspo.data import PromptDataModule
+    from lit_gspo.engines import HFGenerate, LeanSampler
     from lit_gspo.module import RLModule
     from lit_gspo.objectives import GSPO
     from lit_gspo.rewards import AnswerMatch
@@ -107,8 +108,9 @@ def run_lit(args) -> dict:
                       objective=GSPO(clip_low=3e-4, clip_high=4e-4, beta=0.0, aggregation="token-mean"),
                       optimizer=lambda p: torch.optim.AdamW(p, lr=LR, weight_decay=0.0, fused=True),  # TRL: adamw_torch_fused
                       rewards=[AnswerMatch(mode="last_number")],
-                      generation=Generation(num_generations=G, max_new_tokens=MAX_NEW, backend=args.backend,
-                                            attn_implementation=None if args.sampling_attention == "none" else args.sampling_attention),
+                      engine=(LeanSampler if args.backend == "fast" else HFGenerate)(
+                          attn_implementation=None if args.sampling_attention == "none" else args.sampling_attention),
+                      generation=Generation(num_generations=G, max_new_tokens=MAX_NEW),
                       update=Update(num_minibatches=UPDATES_PER_ROLLOUT, max_grad_norm=1.0,
                                     skip_zero_advantage_rows=args.skip_zero_advantage == "on",
                                     micro_batch_tokens=args.micro_batch_tokens or None),
@@ -232,7 +234,7 @@ def main(argv=None) -> None:
     p.add_argument("--cycles", type=int, default=3, help="rollouts per run (2 updates each); the first is warm-up")
     p.add_argument("--threads", type=int, default=1, help="torch threads in each run (same for both)")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    p.add_argument("--backend", choices=["hf", "fast"], default="fast", help="lit_gspo generation backend")
+    p.add_argument("--backend", choices=["hf", "fast"], default="fast", help="lit_gspo engine: fast = LeanSampler, hf = HFGenerate")
     p.add_argument("--checkpointing", choices=["on", "off"], default="on",
                    help="gradient checkpointing on both sides (TRL's GRPOConfig default: on)")
     p.add_argument("--lit-checkpointing", choices=["same", "on", "off"], default="same",
@@ -241,7 +243,7 @@ def main(argv=None) -> None:
                    help="lit_gspo update.skip_zero_advantage_rows (off: every row runs forward/backward, as in TRL)")
     p.add_argument("--micro-batch-tokens", type=int, default=0,
                    help="lit_gspo update.micro_batch_tokens (0: one micro-batch per minibatch)")
-    p.add_argument("--sampling-attention", default="lit_gqa_eager", help="lit_gspo generation.attn_implementation while sampling (as in configs/smollm2; eager: HF eager; none: the model's)")
+    p.add_argument("--sampling-attention", default="lit_gqa_eager", help="lit_gspo engine attn_implementation while sampling (as in configs/smollm2; eager: HF eager; none: the model's)")
     p.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "smollm2-135m-instruct-hf")
     p.add_argument("--only", choices=["lit", "trl"], help="run one side only")
     p.add_argument("--worker", choices=["lit", "trl"], help=argparse.SUPPRESS)

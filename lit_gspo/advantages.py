@@ -1,24 +1,30 @@
-"""Advantage estimators: rewards → advantages, pure torch in fp32.
+"""Advantage estimators: a rollout's rewards (and, for GAE, the critic's values) → Â, in fp32.
 
 Rows are ordered group-major: prompt 0's G completions, then prompt 1's, and so on.
 
-    group       Â_i = (R_i − mean_g R) / (std_g R + eps)      GRPO, DAPO, GSPO (std unbiased, as torch.std)
-    group_mean  Â_i = R_i − mean_g R                          Dr. GRPO (no std division)
-    batch       Â_i = (R_i − mean_g R) / (std_batch R + eps)  group baseline, batch-wide scale
-    rloo        Â_i = R_i − (Σ_g R − R_i) / (G − 1)           leave-one-out baseline
-    gae         generalised advantage estimation with a critic (needs values: ``gae``)
+    GroupNormalized  "group"       Â_i = (R_i − mean_g R) / (std_g R + eps)      GRPO, DAPO, GSPO (std unbiased)
+    GroupMean        "group_mean"  Â_i = R_i − mean_g R                          Dr. GRPO (no std division)
+    BatchNormalized  "batch"       Â_i = (R_i − mean_g R) / (std_batch R + eps)  group baseline, batch-wide scale
+    RLOO             "rloo"        Â_i = R_i − (Σ_g R − R_i) / (G − 1)           leave-one-out baseline
+    GAE              "gae"         generalised advantage estimation on a critic's values, whitened (PPO)
 
+Each is a small class picked by class path or name (``--model.advantage RLOO``); :func:`get_advantage`
+builds one by name. An estimator returns Â per row (N,) or per token (N, T); one that needs the
+critic's values (``needs_values``) reads ``rollout.old_values`` and also fills ``rollout.returns``.
 A group whose rewards are all equal carries no signal: its advantages are exactly 0, never NaN.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 from torch import Tensor
 
-ESTIMATORS: tuple[str, ...] = ("group", "group_mean", "batch", "rloo")
+if TYPE_CHECKING:
+    from lit_gspo.rollout import RolloutBatch
+
+ADVANTAGES: dict[str, type["AdvantageEstimator"]] = {}
 
 
 def _grouped(rewards: Tensor, group_size: int) -> Tensor:
@@ -93,34 +99,101 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
     return adv, torch.where(m, adv + v, zero)
 
 
-def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
-    """DAPO soft overlong punishment of completion lengths L:
+class AdvantageEstimator:
+    """Base class: ``estimator(rollout, group_size)`` → Â, (N,) per row or (N, T) per completion token.
 
-        0                             if L ≤ L_max − L_cache
-        (L_max − L_cache − L) / L_cache   if L_max − L_cache < L ≤ L_max
-        −1                            if L > L_max
+    Subclasses register under ``name`` (picked in YAML by class name or path). ``needs_values``: the
+    estimator reads the critic's ``rollout.old_values`` (the trainer then needs an objective with a critic).
     """
-    if not 0 <= cache_len <= max_len:
-        raise ValueError(f"need 0 <= cache_len <= max_len, got cache_len={cache_len}, max_len={max_len}")
-    lengths = torch.as_tensor(lengths).float()
-    start = max_len - cache_len
-    ramp = (start - lengths) / max(cache_len, 1)
-    penalty = torch.where(lengths <= start, torch.zeros_like(lengths), ramp)
-    return torch.where(lengths > max_len, -torch.ones_like(lengths), penalty)
+
+    name: ClassVar[str] = "advantage"
+    needs_values: ClassVar[bool] = False
+
+    def __init_subclass__(cls, register: bool = True, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if register:
+            ADVANTAGES[cls.name] = cls
+
+    def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
 
 
-def compute_advantages(estimator: str, rewards: Tensor, group_size: int, **kw) -> Tensor:
-    """Dispatch to an estimator by name (``group``, ``group_mean``, ``batch``, ``rloo``); (N,) → (N,)."""
-    if estimator == "group":
-        return group_advantages(rewards, group_size, scale="group", **kw)
-    if estimator == "group_mean":
-        return group_advantages(rewards, group_size, scale="none", **kw)
-    if estimator == "batch":
-        return group_advantages(rewards, group_size, scale="batch", **kw)
-    if estimator == "rloo":
-        return rloo_advantages(rewards, group_size, **kw)
-    if estimator == "gae":
-        raise ValueError("the 'gae' estimator needs a critic's values: call lit_gspo.advantages.gae(rewards, values, "
-                         f"mask) in the trainer; compute_advantages handles {', '.join(ESTIMATORS)}")
-    raise ValueError(f"unknown advantage estimator {estimator!r}; valid: {', '.join(ESTIMATORS)} (and 'gae' "
-                     "with values)")
+class GroupNormalized(AdvantageEstimator):
+    """Â_i = (R_i − mean_g R) / (std_g R + eps): GRPO's group-relative advantage."""
+
+    name = "group"
+
+    def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
+        return group_advantages(rollout.rewards, group_size, scale="group")
+
+
+class GroupMean(AdvantageEstimator):
+    """Â_i = R_i − mean_g R: Dr. GRPO's advantage, no std division."""
+
+    name = "group_mean"
+
+    def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
+        return group_advantages(rollout.rewards, group_size, scale="none")
+
+
+class BatchNormalized(AdvantageEstimator):
+    """Â_i = (R_i − mean_g R) / (std_batch R + eps): group baseline, one scale for the batch."""
+
+    name = "batch"
+
+    def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
+        return group_advantages(rollout.rewards, group_size, scale="batch")
+
+
+class RLOO(AdvantageEstimator):
+    """Â_i = R_i − mean of the other G − 1 rewards of its group (REINFORCE leave-one-out)."""
+
+    name = "rloo"
+
+    def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
+        return rloo_advantages(rollout.rewards, group_size)
+
+
+class GAE(AdvantageEstimator):
+    """Per-token GAE on the critic's values; the reward sits on each row's last completion token.
+
+        Â = gae(r, V_old, mask; γ, λ),  returns = Â + V_old,  then Â ← (Â − mean Â) / (std Â + 1e-8)
+    whitened over the batch's valid tokens, as PPO does (``whiten``). Fills ``rollout.returns``.
+    """
+
+    name = "gae"
+    needs_values = True
+
+    def __init__(self, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True):
+        if not (0 <= gamma <= 1 and 0 <= lam <= 1):
+            raise ValueError(f"GAE needs 0 <= gamma <= 1 and 0 <= lam <= 1, got gamma={gamma}, lam={lam}")
+        self.gamma, self.lam, self.whiten = gamma, lam, whiten
+
+    def __repr__(self) -> str:
+        return f"GAE(gamma={self.gamma}, lam={self.lam}, whiten={self.whiten})"
+
+    def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
+        values, mask = rollout.old_values, rollout.completion_mask
+        if values is None:
+            raise ValueError("GAE needs the critic's values (rollout.old_values): use an objective with a critic (PPO)")
+        token_rewards = torch.zeros_like(values)
+        last = (mask.sum(1) - 1).clamp(min=0)
+        token_rewards[torch.arange(len(rollout)), last] = rollout.rewards
+        advantages, rollout.returns = gae(token_rewards, values, mask, gamma=self.gamma, lam=self.lam)
+        valid = advantages[mask]
+        if self.whiten and valid.numel() > 1:
+            advantages = (advantages - valid.mean()) / (valid.std() + 1e-8)
+        return advantages * mask
+
+
+def get_advantage(name: str, **kwargs) -> AdvantageEstimator:
+    """Build a registered estimator by name (``group``, ``group_mean``, ``batch``, ``rloo``, ``gae``) or class name."""
+    by_class = {cls.__name__: cls for cls in ADVANTAGES.values()}
+    cls = ADVANTAGES.get(name) or by_class.get(name)
+    if cls is None:
+        raise ValueError(f"unknown advantage estimator {name!r}; valid: {', '.join(ADVANTAGES)} "
+                         f"(or the class names {', '.join(by_class)})")
+    return cls(**kwargs)

@@ -8,7 +8,9 @@ import sys
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 
-from lit_gspo.objectives import OBJECTIVES  # importing registers every objective: `--model.objective GSPO` resolves
+# importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
+from lit_gspo import advantages, engines, envs  # noqa: F401
+from lit_gspo.objectives import OBJECTIVES
 from lit_gspo.data import PromptDataModule
 from lit_gspo.module import RLModule
 

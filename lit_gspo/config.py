@@ -13,7 +13,8 @@ def resolve_seed(seed: int | None) -> int:
 
 @dataclass
 class Generation:
-    """How completions are sampled. ``num_generations`` is G, the group size per prompt."""
+    """What is sampled, whatever the engine: G completions per prompt (``num_generations``), their length,
+    the sampling distribution. Which engine samples, and its kernels, is ``model.engine``."""
 
     num_generations: int = 8
     max_new_tokens: int = 16
@@ -24,20 +25,8 @@ class Generation:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    #: ``hf``: ``model.generate``; ``fast``: :func:`lit_gspo.fast_generate.fast_generate` (one prefill per
-    #: prompt shared by its G completions, finished rows dropped from the KV cache; same greedy tokens)
-    backend: str = "hf"
-    #: attention kernel while sampling (``eager``, ``sdpa``, ``lit_gqa_eager``: eager without copying K, V
-    #: per query head, ...); None keeps the model's. The update's forward always uses the model's own,
-    #: and log-probs come only from that forward.
-    attn_implementation: str | None = None
 
     def __post_init__(self):
-        if self.backend not in ("hf", "fast"):
-            raise ValueError(f"generation.backend must be 'hf' or 'fast', got {self.backend!r}")
-        known = (None, "eager", "lit_gqa_eager", "sdpa", "flash_attention_2", "flex_attention")
-        if self.attn_implementation not in known:
-            raise ValueError(f"generation.attn_implementation must be one of {known}, got {self.attn_implementation!r}")
         if self.val_max_new_tokens is not None and self.val_max_new_tokens < 1:
             raise ValueError(f"val_max_new_tokens must be >= 1 or null, got {self.val_max_new_tokens}")
         if self.num_generations < 1 or self.max_new_tokens < 1:

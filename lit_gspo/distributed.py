@@ -123,12 +123,15 @@ def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
 
 
 # ---------------------------------------------------------------------- metrics
+def all_reduce_sum(tensor: Tensor) -> Tensor:
+    """``tensor`` summed over ranks, in place (unchanged in one process)."""
+    if world_size() > 1:
+        dist.all_reduce(tensor)
+    return tensor
+
+
 def sum_over_ranks(value: float) -> float:
-    if world_size() == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t)
-    return float(t)
+    return float(all_reduce_sum(torch.tensor([value], dtype=torch.float64))) if world_size() > 1 else value
 
 
 def gather_objects(obj: Any) -> list[Any]:

@@ -52,6 +52,8 @@ def sample_tokens(probs: Tensor, generator: torch.Generator | None = None) -> Te
 
 
 GQA_EAGER = "lit_gqa_eager"
+#: attention kernels an engine may switch to while sampling (None: the model's own)
+ATTENTION_IMPLEMENTATIONS = (None, "eager", GQA_EAGER, "sdpa", "flash_attention_2", "flex_attention")
 
 
 def gqa_eager_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
@@ -124,9 +126,11 @@ def weights_cast_once(device_type: str):
 def fast_generate(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, num_generations: int = 1,
                   max_new_tokens: int, eos_id: int | list[int], pad_id: int, do_sample: bool = True,
                   temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                  generator: torch.Generator | None = None) -> Tensor:
-    """Sample ``num_generations`` completions for each (left-padded) prompt row; returns (N·G, P + T) token ids.
+                  generator: torch.Generator | None = None, return_logprobs: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """Sample ``num_generations`` completions for each (left-padded) prompt row.
 
+    Returns (N·G, P + T) token ids; with ``return_logprobs`` also (N·G, T) fp32 log-probs of the sampled
+    tokens under the distribution they were drawn from (after temperature, top-k, top-p).
     ``input_ids``/``attention_mask`` hold each prompt once (N rows). T ≤ ``max_new_tokens`` is the
     longest completion (generation stops once every row has emitted an EOS).
     """
@@ -151,14 +155,18 @@ def fast_generate(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *
     next_pos = positions[:, -1:] + 1  # (R, 1)
     attn = attention_mask.long()
     tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros((rows, max_new_tokens), device=device) if return_logprobs else None
     active = torch.arange(rows, device=device)  # rows of the output still generating, in cache order
     used = 0
     for step in range(max_new_tokens):
         if do_sample:
-            nxt = sample_tokens(filter_logits(logits, temperature, top_k, top_p).softmax(-1), generator)
+            logits = filter_logits(logits, temperature, top_k, top_p)
+            nxt = sample_tokens(logits.softmax(-1), generator)
         else:
             nxt = logits.argmax(-1)
         tokens[active, step] = nxt
+        if logprobs is not None:
+            logprobs[active, step] = logits.log_softmax(-1).gather(-1, nxt[:, None]).squeeze(1)
         used = step + 1
         running = ~torch.isin(nxt, eos)
         if step == max_new_tokens - 1 or not bool(running.any()):
@@ -173,4 +181,5 @@ def fast_generate(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *
         logits = out.logits[:, -1].float()
         next_pos = next_pos + 1
     prompts = input_ids.repeat_interleave(G, 0) if G > 1 else input_ids
-    return torch.cat([prompts, tokens[:, :used]], 1)
+    sequences = torch.cat([prompts, tokens[:, :used]], 1)
+    return sequences if logprobs is None else (sequences, logprobs[:, :used])

@@ -1,8 +1,10 @@
-"""Rollouts: sampling G completions per prompt, and per-token log-probs in fp32 without (B, T, V).
+"""Rollout batches (the trajectories the learner trains on) and per-token log-probs in fp32 without (B, T, V).
 
 Layout of a rollout: every row is one prompt, left-padded to P tokens, followed by its completion,
-right-padded to T tokens; ``completion_mask`` (N, T) is 1 up to and including the first EOS.
-Rows are group-major: prompt 0's G completions, then prompt 1's, and so on.
+right-padded to T tokens. ``completion_mask`` (N, T) is the per-token loss mask: 1 on tokens the policy
+sampled (single-turn: up to and including the first EOS), 0 on padding and on any token the
+environment appended; ``attention_mask`` marks every real token. Rows are group-major: prompt 0's G
+completions, then prompt 1's, and so on. Engines (``lit_gspo.engines``) produce them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from lit_gspo.fast_generate import attention_implementation, fast_generate, weights_cast_once
 
 
 @dataclass
@@ -25,7 +26,8 @@ class RolloutBatch:
     input_ids: Tensor  # (N, P + T)
     attention_mask: Tensor  # (N, P + T)
     prompt_length: int  # P
-    completion_mask: Tensor  # (N, T) bool
+    completion_mask: Tensor  # (N, T) bool, the loss mask: 1 on policy tokens
+    engine_logprobs: Tensor | None = None  # (N, T) fp32, the sampler's own log-probs of the sampled tokens
     rewards: Tensor | None = None  # (N,) fp32
     advantages: Tensor | None = None  # (N,) or (N, T) fp32
     old_logprobs: Tensor | None = None  # (N, T) fp32; None = on-policy (reuse the update's detached log-probs)
@@ -143,51 +145,6 @@ def completion_mask_through_eos(completions: Tensor, eos_id: int | list[int]) ->
     is_eos = torch.isin(completions, eos_ids).long()
     after_eos = (is_eos.cumsum(1) - is_eos) > 0
     return ~after_eos
-
-
-@torch.no_grad()
-def generate(model: nn.Module, prompt_ids: list[list[int]], *, num_generations: int, max_new_tokens: int,
-             pad_id: int, eos_id: int | list[int], temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-             do_sample: bool = True, synced_gpus: bool = False, backend: str = "hf",
-             attn_implementation: str | None = None) -> RolloutBatch:
-    """Sample ``num_generations`` completions per prompt (group-major), the model in eval mode.
-
-    ``backend="fast"`` uses :func:`lit_gspo.fast_generate.fast_generate` (not with ``synced_gpus``);
-    ``attn_implementation`` switches the attention kernel for the duration of sampling.
-    """
-    ids, attn = left_pad(prompt_ids, pad_id)
-    device = next(model.parameters()).device
-    ids, attn = ids.to(device), attn.to(device)
-    fast = backend == "fast" and not synced_gpus
-    if not fast:
-        ids = ids.repeat_interleave(num_generations, 0)
-        attn = attn.repeat_interleave(num_generations, 0)
-    was_training = model.training
-    model.eval()  # gradient checkpointing disables the KV cache in train mode
-    try:
-        sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k) if do_sample else {}
-        with attention_implementation(model, attn_implementation), weights_cast_once(device.type):
-            if fast:
-                out = fast_generate(model, ids, attn, num_generations=num_generations, max_new_tokens=max_new_tokens,
-                                    eos_id=eos_id, pad_id=pad_id, do_sample=do_sample, **sampling)
-                ids = ids.repeat_interleave(num_generations, 0)
-                attn = attn.repeat_interleave(num_generations, 0)
-            else:
-                out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens,
-                                     do_sample=do_sample, pad_token_id=pad_id, eos_token_id=eos_id,
-                                     synced_gpus=synced_gpus, **sampling)
-    finally:
-        model.train(was_training)
-    prompt_length = ids.shape[1]
-    completions = out[:, prompt_length:]
-    mask = completion_mask_through_eos(completions, eos_id)
-    completions = completions.masked_fill(~mask, pad_id)
-    used = int(mask.sum(1).max()) if mask.numel() else 0  # trim columns no row uses
-    completions, mask = completions[:, :used], mask[:, :used]
-    input_ids = torch.cat([ids, completions], 1)
-    attention_mask = torch.cat([attn, mask.long()], 1)
-    return RolloutBatch(input_ids=input_ids, attention_mask=attention_mask, prompt_length=prompt_length,
-                        completion_mask=mask)
 
 
 @dataclass

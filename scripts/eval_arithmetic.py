@@ -67,17 +67,16 @@ def replies_to(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_
                num_generations: int = 1, temperature: float | None = None) -> list[str]:
     """Replies to ``prompts`` (``num_generations`` consecutive ones per prompt): greedy, or sampled at ``temperature``."""
     from lit_gspo.data import encode_prompts
-    from lit_gspo.fast_generate import fast_generate
-    from lit_gspo.rollout import left_pad
+    from lit_gspo.engines import LeanSampler
 
-    sampling = {"do_sample": False} if temperature is None else {"temperature": temperature}
+    engine, pad_id = LeanSampler(), tokenizer.pad_token_id
     replies = []
     for start in range(0, len(prompts), batch_size):
-        ids, attn = left_pad(encode_prompts(tokenizer, prompts[start:start + batch_size], max_prompt_length=512),
-                             tokenizer.pad_token_id)
-        out = fast_generate(model, ids, attn, num_generations=num_generations, max_new_tokens=max_new_tokens,
-                            eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, **sampling)
-        replies += tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
+        batch = engine.sample(model, encode_prompts(tokenizer, prompts[start:start + batch_size], max_prompt_length=512),
+                              num_generations=num_generations, max_new_tokens=max_new_tokens, pad_id=pad_id,
+                              eos_id=tokenizer.eos_token_id, greedy=temperature is None, temperature=temperature or 1.0)
+        completions = batch.input_ids[:, batch.prompt_length:].masked_fill(~batch.completion_mask, pad_id)
+        replies += tokenizer.batch_decode(completions, skip_special_tokens=True)
     return replies
 
 

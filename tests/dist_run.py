@@ -30,24 +30,23 @@ class _Step:
     value = 0
 
 
-def per_prompt_seeded_generate():
-    import lit_gspo.module as module_mod
+def per_prompt_seeded_engine():
+    """HFGenerate, but each prompt's completions come from a generator seeded by (prompt tokens, step)."""
+    from lit_gspo.engines import HFGenerate
     from lit_gspo.rollout import concat_rollouts
 
-    original = module_mod.generate
+    class PerPromptSeeded(HFGenerate):
+        def sample(self, policy, prompt_ids, *, pad_id, greedy=False, **kwargs):
+            if greedy:
+                return super().sample(policy, prompt_ids, pad_id=pad_id, greedy=True, **kwargs)
+            parts = []
+            for ids in prompt_ids:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(zlib.crc32(str((list(ids), _Step.value)).encode()))
+                    parts.append(super().sample(policy, [ids], pad_id=pad_id, **kwargs))
+            return concat_rollouts(parts, pad_id)
 
-    def generate(model, prompt_ids, *, num_generations, pad_id, do_sample=True, **kwargs):
-        if not do_sample:
-            return original(model, prompt_ids, num_generations=num_generations, pad_id=pad_id, do_sample=False, **kwargs)
-        parts = []
-        for ids in prompt_ids:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(zlib.crc32(str((list(ids), _Step.value)).encode()))
-                parts.append(original(model, [ids], num_generations=num_generations, pad_id=pad_id, do_sample=True,
-                                      **kwargs))
-        return concat_rollouts(parts, pad_id)
-
-    module_mod.generate = generate
+    return PerPromptSeeded()
 
 
 def crash_during_save(n: int, marker: Path) -> None:
@@ -84,7 +83,6 @@ def main() -> None:
     out = Path(args.out)
     cli_args = [a for a in args.cli if a != "--"]
 
-    per_prompt_seeded_generate()
     if args.crash_at_save:
         crash_during_save(args.crash_at_save, out / "crashing")
 
@@ -93,6 +91,7 @@ def main() -> None:
     from lit_gspo.optim import optimizer_state_bytes, state_dtypes
 
     cli = cli_main(cli_args, run=False)
+    cli.model.collector.engine = per_prompt_seeded_engine()
     from lightning.pytorch.callbacks import Callback
 
     class TrackStep(Callback):

@@ -5,7 +5,12 @@ import math
 import pytest
 import torch
 
-from lit_gspo.advantages import compute_advantages, gae, group_advantages, overlong_penalty, rloo_advantages
+from lit_gspo.advantages import (
+    ADVANTAGES, GAE, RLOO, BatchNormalized, GroupMean, GroupNormalized, gae, get_advantage, group_advantages,
+    rloo_advantages,
+)
+from lit_gspo.rewards import overlong_penalty
+from lit_gspo.rollout import RolloutBatch
 
 
 def test_group_advantages_hand_values():
@@ -57,16 +62,40 @@ def test_group_size_must_divide_n():
         group_advantages(torch.tensor([1.0, float("nan")]), 2)
 
 
-def test_compute_advantages_dispatch():
-    r = torch.tensor([1.0, 0.0, 3.0, 3.0])
-    torch.testing.assert_close(compute_advantages("group", r, 2), group_advantages(r, 2))
-    torch.testing.assert_close(compute_advantages("group_mean", r, 2), torch.tensor([0.5, -0.5, 0.0, 0.0]))
-    torch.testing.assert_close(compute_advantages("batch", r, 2), group_advantages(r, 2, scale="batch"))
-    torch.testing.assert_close(compute_advantages("rloo", r, 2), torch.tensor([1.0, -1.0, 0.0, 0.0]))
-    with pytest.raises(ValueError, match="group, group_mean, batch, rloo"):
-        compute_advantages("grpo", r, 2)
-    with pytest.raises(ValueError, match="values"):
-        compute_advantages("gae", r, 2)
+def rollout_with(rewards: list[float], completion_mask=None, old_values=None) -> RolloutBatch:
+    mask = completion_mask if completion_mask is not None else torch.ones(len(rewards), 1, dtype=torch.bool)
+    return RolloutBatch(input_ids=torch.zeros(len(rewards), 1 + mask.shape[1], dtype=torch.long),
+                        attention_mask=torch.ones(len(rewards), 1 + mask.shape[1], dtype=torch.long), prompt_length=1,
+                        completion_mask=mask, rewards=torch.tensor(rewards), old_values=old_values)
+
+
+def test_estimators_by_class_and_by_name():
+    batch = rollout_with([1.0, 0.0, 3.0, 3.0])
+    r = batch.rewards
+    torch.testing.assert_close(GroupNormalized()(batch, 2), group_advantages(r, 2))
+    torch.testing.assert_close(GroupMean()(batch, 2), torch.tensor([0.5, -0.5, 0.0, 0.0]))
+    torch.testing.assert_close(BatchNormalized()(batch, 2), group_advantages(r, 2, scale="batch"))
+    torch.testing.assert_close(RLOO()(batch, 2), torch.tensor([1.0, -1.0, 0.0, 0.0]))
+    assert set(ADVANTAGES) == {"group", "group_mean", "batch", "rloo", "gae"}
+    assert type(get_advantage("rloo")) is RLOO and type(get_advantage("GroupMean")) is GroupMean
+    with pytest.raises(ValueError, match="group, group_mean, batch, rloo, gae"):
+        get_advantage("grpo")
+    with pytest.raises(ValueError, match="critic"):
+        GAE()(batch, 2)  # no values to estimate from
+
+
+def test_gae_estimator_puts_the_reward_on_the_last_token_whitens_and_fills_returns():
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    values = torch.tensor([[0.5, 0.5, 0.5], [0.2, 9.0, 9.0]])
+    batch = rollout_with([1.0, 0.0], completion_mask=mask, old_values=values)
+    adv = GAE(gamma=1.0, lam=0.5)(batch, 1)
+    # row 0 as in test_gae_hand_values: Â = [0.125, 0.25, 0.5]; row 1: one token, δ = 0 − 0.2
+    raw = torch.tensor([0.125, 0.25, 0.5, -0.2])
+    torch.testing.assert_close(adv[mask], (raw - raw.mean()) / (raw.std() + 1e-8))
+    assert adv[~mask].eq(0).all()
+    torch.testing.assert_close(batch.returns[mask], raw + values[mask])
+    unwhitened = GAE(gamma=1.0, lam=0.5, whiten=False)(batch, 1)
+    torch.testing.assert_close(unwhitened[mask], raw)
 
 
 def test_gae_hand_values():

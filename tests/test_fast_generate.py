@@ -5,11 +5,17 @@ import contextlib
 import pytest
 import torch
 
-from lit_gspo.config import Generation
+from lit_gspo.engines import HFGenerate, LeanSampler
 from lit_gspo.fast_generate import attention_implementation, fast_generate, filter_logits, sample_tokens
-from lit_gspo.rollout import generate, left_pad
+from lit_gspo.rollout import left_pad
 
 PAD, EOS = 0, 1  # as in conftest.py's tiny model
+
+
+def generate(model, prompts, *, backend="hf", attn_implementation=None, do_sample=True, **kwargs):
+    """Sample through an engine as the trainer does (``hf``: HFGenerate, ``fast``: LeanSampler)."""
+    engine = (LeanSampler if backend == "fast" else HFGenerate)(attn_implementation=attn_implementation)
+    return engine.sample(model, prompts, greedy=not do_sample, **kwargs)
 
 
 
@@ -106,8 +112,8 @@ def test_generation_can_sample_with_another_attention_kernel_and_restores_the_mo
         assert model.config._attn_implementation == "eager"
         raise RuntimeError
     assert model.config._attn_implementation == "sdpa"
-    with pytest.raises(ValueError, match="attn_implementation"):
-        Generation(attn_implementation="fast")
+    with pytest.raises(ValueError, match="attn_implementation must be one of"):
+        LeanSampler(attn_implementation="fast")
 
 
 def test_filter_logits_top_k_top_p():
@@ -127,12 +133,6 @@ def test_rollout_backends_agree_on_greedy(model):
     assert torch.equal(hf.input_ids, fast.input_ids)
     assert torch.equal(hf.attention_mask, fast.attention_mask)
     assert torch.equal(hf.completion_mask, fast.completion_mask)
-
-
-def test_generation_backend_is_validated():
-    assert Generation(backend="fast").backend == "fast"
-    with pytest.raises(ValueError, match="backend"):
-        Generation(backend="vllm")
 
 
 def test_bf16_autocast_keeps_logprobs_and_ratios_fp32(model):

@@ -47,9 +47,9 @@ def moe_module(**kwargs) -> RLModule:
 
 def snapshot_rollout(module: RLModule):
     torch.manual_seed(0)
-    rollout, _, _ = module.sample(ROWS)
+    rollout, _, _ = module.collector.sample(module.policy, ROWS)
     rollout = rollout.trimmed()
-    module.snapshot(rollout)
+    module.learner.snapshot(rollout)
     return rollout
 
 
@@ -79,7 +79,7 @@ def test_replay_uses_the_recorded_experts_and_reproduces_old_logprobs(replay):
     rows = torch.tensor([0, 6, 7, 8])  # prompts 0 and 2 are the shortest: trimming drops prompt padding
     micro = rollout.select(rows).trimmed()
     assert micro.prompt_length < rollout.prompt_length
-    with torch.no_grad(), ExpertInputs(module.policy) as experts, module._replayed_routing(micro):
+    with torch.no_grad(), ExpertInputs(module.policy) as experts, module.learner.replayed_routing(micro):
         logp = token_logprobs(module.policy, micro, temperature=module.generation.temperature).logprobs
     for layer, used in enumerate(experts.seen):
         assert torch.equal(used, micro.routing.indices[layer].reshape(used.shape))
@@ -96,7 +96,7 @@ def test_replay_pins_the_experts_after_the_router_moved():
     micro = rollout.select(torch.arange(len(rollout))).trimmed()
     with torch.no_grad(), ExpertInputs(module.policy) as free:
         token_logprobs(module.policy, micro)
-    with torch.no_grad(), ExpertInputs(module.policy) as pinned, module._replayed_routing(micro):
+    with torch.no_grad(), ExpertInputs(module.policy) as pinned, module.learner.replayed_routing(micro):
         token_logprobs(module.policy, micro)
     recorded = [t.reshape(-1, t.shape[-1]) for t in micro.routing.indices]
     assert any(not torch.equal(a, b) for a, b in zip(free.seen, recorded))
@@ -105,12 +105,12 @@ def test_replay_pins_the_experts_after_the_router_moved():
 
 def test_volatility_is_zero_before_an_update_and_positive_after_the_router_moved():
     module = moe_module()  # no replay: volatility tracking alone records the old pass, even on-policy
-    module.update_cfg = Update()
+    module.learner.cfg = Update()
     rollout = snapshot_rollout(module)
     assert rollout.routing is not None and rollout.old_logprobs is None
-    assert module.measure_routing_volatility(rollout) == 0.0
+    assert module.learner.measure_routing_volatility(rollout) == 0.0
     perturb_routers(module.policy, scale=2.0)
-    assert 0.0 < module.measure_routing_volatility(rollout) <= 1.0
+    assert 0.0 < module.learner.measure_routing_volatility(rollout) <= 1.0
 
 
 def test_routing_replay_on_a_dense_model_is_refused():
@@ -131,7 +131,7 @@ def test_fit_logs_routing_volatility_for_moe_and_moves_the_router(tmp_path):
     from lit_gspo.cli import cli_main
 
     cli = cli_main(args, run=False)
-    cli.model.reward_set.functions[0] = first_char_parity  # varies even for a random policy: non-zero advantages
+    cli.model.collector.rewards.functions[0] = first_char_parity  # varies even for a random policy: non-zero advantages
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     rows = read_metrics(tmp_path)
     assert max(column(rows, "train/grad_norm")) > 0

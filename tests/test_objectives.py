@@ -139,7 +139,7 @@ def test_cispo_hand_values():
 
 
 def test_defaults_and_class_attributes():
-    table = {  # name: (ε_low, ε_high, aggregation, advantage_estimator, needs_critic, dynamic_sampling)
+    table = {  # name: (ε_low, ε_high, aggregation, paper's advantage, needs_critic, paper's dynamic sampling)
         "ppo": (0.2, 0.2, "token-mean", "gae", True, False),
         "grpo": (0.2, 0.2, "seq-mean-token-mean", "group", False, False),
         "dapo": (0.2, 0.28, "token-mean", "group", False, True),
@@ -152,12 +152,14 @@ def test_defaults_and_class_attributes():
     for name, (lo, hi, agg, est, critic, dyn) in table.items():
         obj = get_objective(name)
         assert (obj.clip_low, obj.clip_high, obj.aggregation) == (lo, hi, agg), name
-        assert (obj.advantage_estimator, obj.needs_critic, obj.dynamic_sampling) == (est, critic, dyn), name
+        assert (obj.paper_advantage, obj.needs_critic, obj.paper_dynamic_sampling) == (est, critic, dyn), name
     classes = {"ppo": PPO, "grpo": GRPO, "dapo": DAPO, "gspo": GSPO, "gspo_token": GSPOToken, "dr_grpo": DrGRPO,
                "cispo": CISPO, "gmpo": GMPO}
     for name, cls in classes.items():
         assert OBJECTIVES[name] is cls
         assert isinstance(get_objective(cls.__name__), cls)  # class names work too (LightningCLI style)
+    # only PPO has a value loss: the token-clip objectives share its policy loss, not its critic
+    assert [name for name, cls in classes.items() if hasattr(cls(), "vf_coef")] == ["ppo"]
 
 
 def test_ppo_signature_is_explicit_for_jsonargparse():

@@ -1,4 +1,4 @@
-"""Rollout mechanics: EOS masks, padding, chunked fp32 log-probs, and agreement with generate()."""
+"""Rollout mechanics: EOS masks, padding, chunked fp32 log-probs, what the learner reads."""
 
 import torch
 
@@ -6,7 +6,6 @@ from lit_gspo.rollout import (
     RolloutBatch,
     completion_mask_through_eos,
     concat_rollouts,
-    generate,
     left_pad,
     token_logprobs,
 )
@@ -62,33 +61,6 @@ def test_chunked_logprobs_and_gradients_equal_unchunked(model):
     torch.testing.assert_close(model.model.embed_tokens.weight.grad, grad_full)
     model.zero_grad()
     assert (full.entropy >= 0).all() and (full.entropy <= torch.log(torch.tensor(23.0)) + 1e-5).all()
-
-
-def test_greedy_generation_picks_the_argmax_of_our_logprobs(model):
-    """generate() and token_logprobs() must see the same positions, also for left-padded prompts."""
-    rollout = generate(model, [[2, 5, 6, 7, 8, 9], [2, 4]], num_generations=1, max_new_tokens=6, pad_id=PAD,
-                       eos_id=EOS, do_sample=False)
-    lp = token_logprobs(model, rollout).logprobs
-    assert rollout.completion_mask[:, 0].all()
-    # greedy tokens have the maximal log-prob at every valid step: logp(y_t) == max_v logp(v)
-    P = rollout.prompt_length
-    ids, attn = rollout.input_ids, rollout.attention_mask
-    from lit_gspo.rollout import position_ids_of
-
-    logits = model(ids, attention_mask=attn, position_ids=position_ids_of(attn)).logits.float().log_softmax(-1)
-    best = logits[:, P - 1:-1].max(-1).values
-    mask = rollout.completion_mask
-    torch.testing.assert_close(lp[mask], best[mask], atol=1e-5, rtol=1e-5)
-
-
-def test_generation_is_group_major_and_masks_after_eos(model):
-    torch.manual_seed(1)
-    rollout = generate(model, [[2, 5], [2, 6, 7]], num_generations=3, max_new_tokens=5, pad_id=PAD, eos_id=EOS)
-    assert len(rollout) == 6
-    prompts = rollout.input_ids[:, :rollout.prompt_length]
-    assert torch.equal(prompts[0], prompts[2]) and torch.equal(prompts[3], prompts[5])
-    completions = rollout.input_ids[:, rollout.prompt_length:]
-    assert (completions[~rollout.completion_mask] == PAD).all()
 
 
 def test_concat_and_trim_keep_every_rows_logprobs(model):

@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lit_gspo.cli import cli_main
+from lit_gspo.engines import HFGenerate
 from lit_gspo.objectives import GSPO
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,7 +110,7 @@ def test_every_objective_runs_by_class_name(tmp_path, name):
 
 def test_a_failing_reward_is_masked_and_counted_not_fatal(tmp_path):
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.val_every_n_steps", "0"), run=False)
-    cli.model.reward_set.functions[0] = FlakyReward()  # a plain callable, as a user may pass in Python
+    cli.model.collector.rewards.functions[0] = FlakyReward()  # a plain callable, as a user may pass in Python
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     failed = column(read_metrics(tmp_path), "train/reward_failed")
     assert failed[0] == 16  # first call raised: every sample of the step masked
@@ -130,7 +131,7 @@ class SignalOnOddCalls:
 def test_a_step_without_signal_logs_zero_clipping_and_no_stale_ratio_statistics(tmp_path):
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "8", "--model.val_every_n_steps", "0",
                              "--model.update.num_minibatches", "2"), run=False)
-    cli.model.reward_set.functions[0] = SignalOnOddCalls()
+    cli.model.collector.rewards.functions[0] = SignalOnOddCalls()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     rows = [r for r in read_metrics(tmp_path) if r.get("train/frac_zero_std_groups")]
     no_signal = [float(r["train/frac_zero_std_groups"]) == 1.0 for r in rows]
@@ -175,14 +176,15 @@ def test_dynamic_sampling_drops_all_equal_groups_and_a_signal_free_run_stops_wit
                              "--model.rewards", '[{class_path: lit_gspo.rewards.FormatReward, init_args: {pattern: ".*"}}]'),
                    run=False)
     before = {k: v.clone() for k, v in cli.model.policy.state_dict().items()}
-    calls, sample = [], cli.model.sample
+    calls = []
 
-    def counting_sample(rows, greedy=False):
-        if not greedy:
-            calls.append(len(rows))
-        return sample(rows, greedy=greedy)
+    class CountingEngine(HFGenerate):
+        def sample(self, policy, prompt_ids, **kwargs):
+            if not kwargs.get("greedy"):
+                calls.append(len(prompt_ids))
+            return super().sample(policy, prompt_ids, **kwargs)
 
-    cli.model.sample = counting_sample
+    cli.model.collector.engine = CountingEngine()
     with pytest.raises(RuntimeError, match="3 RL steps in a row had nothing to learn from"):
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert calls == [4, 4, 4] * 3  # each step: 3 rounds, every round refilling all 4 dropped groups

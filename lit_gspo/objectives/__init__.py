@@ -23,7 +23,7 @@ from lit_gspo.objectives.base import (
     token_ratio_metrics,
 )
 from lit_gspo.objectives.gspo import GSPO, GSPOToken
-from lit_gspo.objectives.ppo import PPO
+from lit_gspo.objectives.ppo import PPO, PPOClip
 from lit_gspo.objectives.grpo import GRPO
 from lit_gspo.objectives.dapo import DAPO
 from lit_gspo.objectives.dr_grpo import DrGRPO
@@ -34,5 +34,5 @@ __all__ = [
     "AGGREGATIONS", "KL_ESTIMATORS", "OBJECTIVES", "Counts", "LossOutput", "Objective", "aggregate",
     "get_objective", "kl_penalty", "masked_mean", "masked_sum", "MAX_LOG_RATIO", "clipped_surrogate", "log_ratio",
     "sequence_ratio_metrics", "token_ratio_metrics",
-    "PPO", "GRPO", "DAPO", "GSPO", "GSPOToken", "DrGRPO", "CISPO", "GMPO",
+    "PPO", "PPOClip", "GRPO", "DAPO", "GSPO", "GSPOToken", "DrGRPO", "CISPO", "GMPO",
 ]

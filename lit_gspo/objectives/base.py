@@ -135,22 +135,26 @@ class Objective:
     new algorithm is one class; ``get_objective(name)`` and LightningCLI (by class name or class
     path) both find it.
 
-    Class attributes a trainer reads (the objective's recommendations, overridable in the trainer):
-      advantage_estimator: ``group`` (R − mean)/std, ``group_mean`` (no std, Dr. GRPO), ``rloo`` or ``gae``
-      needs_critic: train a value head (PPO)
-      dynamic_sampling: drop groups whose rewards are all equal and refill (DAPO)
+    Class attributes (facts about the algorithm, not settings):
+      needs_critic: the loss trains a value head on ``values``/``old_values``/``returns`` (PPO)
       zero_advantage_has_no_gradient: ``policy_loss`` is 0 with zero gradient on a row whose Â is 0,
         so the trainer may skip such rows (set it only if that holds: it is tested for the built-ins)
+      paper_advantage: the advantage estimator of the paper (``lit_gspo.advantages`` name: ``group``,
+        ``group_mean``, ``rloo``, ``gae``), used when ``model.advantage`` is not set
+      paper_dynamic_sampling: whether the paper drops all-equal groups and refills (DAPO), used when
+        ``model.dynamic_sampling`` is not set
+    The settings themselves live on the stage that uses them: the loss's hyperparameters here, the
+    advantage estimator on ``model.advantage``, dynamic sampling on ``model.dynamic_sampling``.
     """
 
     name: ClassVar[str] = "objective"
     default_clip_low: ClassVar[float] = 0.2
     default_clip_high: ClassVar[float] = 0.2
     default_aggregation: ClassVar[str] = "token-mean"
-    advantage_estimator: ClassVar[str] = "group"
     needs_critic: ClassVar[bool] = False
-    dynamic_sampling: ClassVar[bool] = False
     zero_advantage_has_no_gradient: ClassVar[bool] = False
+    paper_advantage: ClassVar[str] = "group"
+    paper_dynamic_sampling: ClassVar[bool] = False
 
     def __init_subclass__(cls, register: bool = True, **kwargs):
         super().__init_subclass__(**kwargs)

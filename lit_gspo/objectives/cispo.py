@@ -30,7 +30,6 @@ class CISPO(Objective):
     default_clip_low = 1.0
     default_clip_high = 3.0
     default_aggregation = "token-mean"
-    advantage_estimator = "group"
 
     def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
                     counts: Counts, **extra) -> LossOutput:

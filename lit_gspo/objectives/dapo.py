@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-from lit_gspo.objectives.ppo import PPO
+from lit_gspo.objectives.ppo import PPOClip
 
 
-class DAPO(PPO):
+class DAPO(PPOClip):
     """GRPO with clip-higher, token-level averaging over the whole step and dynamic sampling.
 
         ℓ_{i,t} = −min( r_{i,t} Â_i, clip(r_{i,t}, 1 − ε_low, 1 + ε_high) Â_i )
         loss = Σ_i Σ_t ℓ_{i,t} / Σ_i |y_i|                            (``token-mean``)
 
-    ε_low = 0.2, ε_high = 0.28; ``dynamic_sampling``: the trainer drops groups whose rewards are all
-    equal and refills the batch. Overlong reward shaping is ``lit_gspo.advantages.overlong_penalty``.
+    ε_low = 0.2, ε_high = 0.28. Dynamic sampling (drop groups whose rewards are all equal, refill the
+    batch) is the collect stage's ``model.dynamic_sampling``, on by default with DAPO
+    (``paper_dynamic_sampling``); overlong reward shaping is the reward ``lit_gspo.rewards.OverlongPenalty``.
     """
 
     name = "dapo"
     default_clip_low = 0.2
     default_clip_high = 0.28
     default_aggregation = "token-mean"
-    advantage_estimator = "group"
-    needs_critic = False
-    dynamic_sampling = True
+    paper_dynamic_sampling = True

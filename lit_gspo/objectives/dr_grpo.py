@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from lit_gspo.objectives.ppo import PPO
+from lit_gspo.objectives.ppo import PPOClip
 
 
-class DrGRPO(PPO):
+class DrGRPO(PPOClip):
     """GRPO without its two biases: no std division, no per-sequence length normalisation.
 
         Â_i = R_i − mean_group R                                     (``group_mean`` estimator)
@@ -19,5 +19,4 @@ class DrGRPO(PPO):
     default_clip_low = 0.2
     default_clip_high = 0.2
     default_aggregation = "seq-mean-token-sum-norm"
-    advantage_estimator = "group_mean"
-    needs_critic = False
+    paper_advantage = "group_mean"

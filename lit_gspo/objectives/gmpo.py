@@ -29,7 +29,6 @@ class GMPO(Objective):
     default_clip_low = 0.4
     default_clip_high = 0.4
     default_aggregation = "seq-mean-token-mean"
-    advantage_estimator = "group"
 
     def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
                     counts: Counts, **extra) -> LossOutput:

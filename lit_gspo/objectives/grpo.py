@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from lit_gspo.objectives.ppo import PPO
+from lit_gspo.objectives.ppo import PPOClip
 
 
-class GRPO(PPO):
+class GRPO(PPOClip):
     """PPO-clip per token with the group-relative advantage and no critic.
 
         Â_i = (R_i − mean_group R) / (std_group R + eps)              (every token of y_i)
@@ -19,5 +19,3 @@ class GRPO(PPO):
     default_clip_low = 0.2
     default_clip_high = 0.2
     default_aggregation = "seq-mean-token-mean"
-    advantage_estimator = "group"
-    needs_critic = False

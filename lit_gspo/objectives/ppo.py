@@ -1,4 +1,4 @@
-"""PPO-clip (Schulman et al., 2017), the token-level surrogate GRPO, DAPO and Dr. GRPO reuse."""
+"""PPO-clip (Schulman et al., 2017): the token-level surrogate GRPO, DAPO and Dr. GRPO reuse, and PPO with its critic."""
 
 from __future__ import annotations
 
@@ -11,47 +11,34 @@ from lit_gspo.objectives.base import (
 )
 
 
-class PPO(Objective):
-    """Clipped surrogate per token, optional dual clip, optional clipped value loss.
+class PPOClip(Objective, register=False):
+    """PPO's clipped surrogate per token, optional dual clip; no critic.
 
         r_t = exp(logp_t − old_logp_t)
         ℓ_t = −min( r_t Â_t, clip(r_t, 1 − ε_low, 1 + ε_high) Â_t )
         dual clip c > 1 (Â_t < 0 only):  ℓ_t = min( ℓ_t, −c Â_t )     (caps the loss when r_t ≫ 1)
-        value loss (when ``values``, ``old_values``, ``returns`` are passed):
-        ℓ^V_t = ½ max( (V_t − R_t)², (V_old,t + clip(V_t − V_old,t, −δ, δ) − R_t)² )
-        loss = aggregate(ℓ) + vf_coef · aggregate(ℓ^V)          (same aggregation and Counts)
+        loss = aggregate(ℓ)
 
-    Defaults: ε 0.2/0.2, ``token-mean``, δ (value_clip) 0.2, vf_coef 0.5; GAE advantages from a
-    critic. Dual-clipped tokens count in ``clip_frac`` and ``clip_frac_high`` (their r_t is above the
-    band and their gradient is zero) and alone in ``dual_clip_frac``.
+    Dual-clipped tokens count in ``clip_frac`` and ``clip_frac_high`` (their r_t is above the band
+    and their gradient is zero) and alone in ``dual_clip_frac``. GRPO, DAPO and Dr. GRPO are this
+    loss with their papers' ε, aggregation and advantage estimator.
     """
 
-    name = "ppo"
     zero_advantage_has_no_gradient = True  # every policy-loss term is a multiple of Â
-    default_clip_low = 0.2
-    default_clip_high = 0.2
-    default_aggregation = "token-mean"
-    advantage_estimator = "gae"
-    needs_critic = True
 
     def __init__(self, clip_low: float | None = None, clip_high: float | None = None, beta: float = 0.0,
-                 kl_estimator: KLEstimator = "k3", aggregation: Aggregation | None = None, dual_clip: float | None = None,
-                 value_clip: float | None = 0.2, vf_coef: float = 0.5):
+                 kl_estimator: KLEstimator = "k3", aggregation: Aggregation | None = None, dual_clip: float | None = None):
         super().__init__(clip_low=clip_low, clip_high=clip_high, beta=beta, kl_estimator=kl_estimator,
                          aggregation=aggregation)
         if dual_clip is not None and dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
-        if value_clip is not None and value_clip < 0:
-            raise ValueError(f"value_clip must be >= 0 (or None), got {value_clip}")
-        self.dual_clip, self.value_clip, self.vf_coef = dual_clip, value_clip, float(vf_coef)
+        self.dual_clip = dual_clip
 
     def __repr__(self) -> str:
-        return (f"{super().__repr__()[:-1]}, dual_clip={self.dual_clip}, value_clip={self.value_clip}, "
-                f"vf_coef={self.vf_coef})")
+        return f"{super().__repr__()[:-1]}, dual_clip={self.dual_clip})"
 
     def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                    counts: Counts, values: Tensor | None = None, old_values: Tensor | None = None,
-                    returns: Tensor | None = None, **extra) -> LossOutput:
+                    counts: Counts, **extra) -> LossOutput:
         ratio = torch.exp(log_ratio(logprobs, old_logprobs))  # (B, T)
         loss, clipped_low, clipped_high = clipped_surrogate(ratio, advantages, self.clip_low, self.clip_high)
         dual = torch.zeros_like(mask)
@@ -61,14 +48,51 @@ class PPO(Objective):
             loss = torch.where(dual, cap, loss)  # constant there: zero gradient
         metrics = token_ratio_metrics(ratio, mask, clipped_low, clipped_high | dual)
         metrics["dual_clip_frac"] = masked_mean(dual.float(), mask)
-        total = aggregate(loss, mask, self.aggregation, counts)
+        return LossOutput(aggregate(loss, mask, self.aggregation, counts), metrics)
+
+
+class PPO(PPOClip):
+    """PPO-clip per token plus a clipped value loss on a critic's values.
+
+        ℓ_t as in :class:`PPOClip`
+        ℓ^V_t = ½ max( (V_t − R_t)², (clip(V_t, V_old,t − δ, V_old,t + δ) − R_t)² )
+        loss = aggregate(ℓ) + vf_coef · aggregate(ℓ^V)          (same aggregation and Counts)
+
+    Defaults: ε 0.2/0.2, ``token-mean``, δ (value_clip) 0.2, vf_coef 0.5; GAE advantages from the critic.
+    ``value_clip_frac``: share of valid tokens whose value gradient the clip zeroes (V outside V_old ± δ
+    and the clipped error the larger).
+    """
+
+    name = "ppo"
+    default_clip_low = 0.2
+    default_clip_high = 0.2
+    default_aggregation = "token-mean"
+    paper_advantage = "gae"
+    needs_critic = True
+
+    def __init__(self, clip_low: float | None = None, clip_high: float | None = None, beta: float = 0.0,
+                 kl_estimator: KLEstimator = "k3", aggregation: Aggregation | None = None, dual_clip: float | None = None,
+                 value_clip: float | None = 0.2, vf_coef: float = 0.5):
+        super().__init__(clip_low=clip_low, clip_high=clip_high, beta=beta, kl_estimator=kl_estimator,
+                         aggregation=aggregation, dual_clip=dual_clip)
+        if value_clip is not None and value_clip < 0:
+            raise ValueError(f"value_clip must be >= 0 (or None), got {value_clip}")
+        self.value_clip, self.vf_coef = value_clip, float(vf_coef)
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()[:-1]}, value_clip={self.value_clip}, vf_coef={self.vf_coef})"
+
+    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                    counts: Counts, values: Tensor | None = None, old_values: Tensor | None = None,
+                    returns: Tensor | None = None, **extra) -> LossOutput:
+        out = super().policy_loss(logprobs, old_logprobs, advantages, mask, counts)
         given = {"values": values, "old_values": old_values, "returns": returns}
         if any(v is not None for v in given.values()):
             missing = [k for k, v in given.items() if v is None]
             if missing:
                 raise ValueError(f"the value loss needs values, old_values and returns; missing: {', '.join(missing)}")
-            total = total + self.vf_coef * self._value_loss(values, old_values, returns, mask, counts, metrics)
-        return LossOutput(total, metrics)
+            out.loss = out.loss + self.vf_coef * self._value_loss(values, old_values, returns, mask, counts, out.metrics)
+        return out
 
     def _value_loss(self, values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, counts: Counts,
                     metrics: dict[str, Tensor]) -> Tensor:

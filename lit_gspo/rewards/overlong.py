@@ -3,8 +3,23 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
-from lit_gspo.advantages import overlong_penalty
+
+def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
+    """DAPO soft overlong punishment of completion lengths L:
+
+        0                                 if L ≤ L_max − L_cache
+        (L_max − L_cache − L) / L_cache   if L_max − L_cache < L ≤ L_max
+        −1                                if L > L_max
+    """
+    if not 0 <= cache_len <= max_len:
+        raise ValueError(f"need 0 <= cache_len <= max_len, got cache_len={cache_len}, max_len={max_len}")
+    lengths = torch.as_tensor(lengths).float()
+    start = max_len - cache_len
+    ramp = (start - lengths) / max(cache_len, 1)
+    penalty = torch.where(lengths <= start, torch.zeros_like(lengths), ramp)
+    return torch.where(lengths > max_len, -torch.ones_like(lengths), penalty)
 
 
 class OverlongPenalty:

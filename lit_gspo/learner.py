@@ -1,0 +1,280 @@
+"""learn: the old-policy snapshot and K epochs × M minibatches × micro-batches of optimiser steps.
+
+    snapshot(rollout):  reference log-probs; old values and MoE routes when a critic or routing needs the
+                        old-policy pass (old log-probs otherwise wait for learn: see below)
+    learn(rollout):     for epoch in 1..K, minibatch in 1..M:
+                            counts = tokens and sequences of the whole minibatch, over every rank
+                            for micro-batch: loss = objective(logp, old_logp, Â, mask, counts); backward
+                            clip gradients, optimiser step, scheduler step
+
+Old log-probs: the first minibatch's equal its own detached log-probs (no optimiser step yet), so an
+old-policy pass runs only for minibatches 2..M, and not at all on-policy (one epoch, one minibatch).
+Rows whose advantage is 0 everywhere are left out of forward and backward when the objective's
+gradient vanishes there; they still count in the normalisers. No Lightning here: the trainer hands in
+the optimiser, the scheduler and its backward.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import torch
+from torch import Tensor, nn
+
+from lit_gspo.config import Update
+from lit_gspo.diagnostics import RatioStats
+from lit_gspo.distributed import all_reduce_sum, is_sharded, reduce_weighted_means, sum_over_ranks
+from lit_gspo.models import checkpointing_active
+from lit_gspo.models.lora import reference_mode
+from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, replay_routing, routing_volatility
+from lit_gspo.objectives import Counts, Objective
+from lit_gspo.rollout import RolloutBatch, TokenForward, micro_batch_rows, token_logprobs
+
+
+class Learner:
+    """Updates ``policy`` (and ``value_head``) on rollouts with ``objective``.
+
+    Args:
+        policy: the causal LM being trained.
+        objective: the loss.
+        update: epochs, minibatches, micro-batches, gradient clipping, row skipping, prompt sharing.
+        value_head: the critic's head on the decoder's last state (objectives with ``needs_critic``).
+        reference: where reference log-probs come from: a frozen model, ``"adapters_off"`` (LoRA: the
+            policy with its adapters disabled) or None (no reference log-probs).
+        temperature: the sampling temperature (log-probs are those of the distribution sampled from).
+        max_len: the generation budget L (``Counts.max_len``, Dr. GRPO's constant length).
+        group_size: G, for ``update.shuffle="groups"``.
+        routing_replay: MoE: replay the old pass's experts in the update's forward.
+        record_routing: MoE: record the old pass's experts (for replay, or to measure volatility).
+        gradient_checkpointing: the policy recomputes its layers in backward (no shared prompt forward).
+    """
+
+    def __init__(self, policy: nn.Module, objective: Objective, update: Update, *, value_head: nn.Module | None = None,
+                 reference: nn.Module | str | None = None, temperature: float = 1.0, max_len: int = 1,
+                 group_size: int = 1, routing_replay: bool = False, record_routing: bool = False,
+                 gradient_checkpointing: bool = False):
+        if reference is not None and not isinstance(reference, nn.Module) and reference != "adapters_off":
+            raise ValueError(f"reference must be a model, 'adapters_off' or None, got {reference!r}")
+        if (routing_replay or record_routing) and not moe_routers(policy):
+            raise ValueError("routing_replay/record_routing need an MoE policy with top-k routers; this one has none")
+        self.policy, self.objective, self.cfg, self.value_head = policy, objective, update, value_head
+        self.reference, self.temperature, self.max_len, self.group_size = reference, temperature, max_len, group_size
+        self.routing_replay, self.records_routing = routing_replay, record_routing or routing_replay
+        self.gradient_checkpointing = gradient_checkpointing
+        self.is_moe = bool(moe_routers(policy))
+
+    # ------------------------------------------------------------------ snapshot
+    @torch.no_grad()
+    def snapshot(self, rollout: RolloutBatch) -> None:
+        """Reference log-probs; old values, routes (and old log-probs, off-policy) when a critic or routing needs the pass."""
+        need_old = self.value_head is not None or self.records_routing
+        olds, refs, vals, routes = [], [], [], []
+        for micro in self.micro_batches(rollout):
+            if need_old:
+                with record_routing(self.policy) if self.records_routing else nullcontext() as recorder:
+                    fwd = self.completion_logprobs(self.policy, micro, value_head=self.value_head)
+                if recorder is not None:
+                    routes.append(recorder.record)
+                olds.append(fwd.logprobs)
+                if fwd.values is not None:
+                    vals.append(fwd.values.float())
+            if self.reference is not None:
+                refs.append(self.reference_logprobs(micro))
+        if need_old and not self.cfg.on_policy:
+            rollout.old_logprobs = torch.cat(olds)
+        if routes:
+            rollout.routing = RoutingRecord.cat(routes)  # (N, P + T, k) per MoE layer
+        if refs:
+            rollout.ref_logprobs = torch.cat(refs)
+        if vals:
+            rollout.old_values = torch.cat(vals)
+
+    def reference_logprobs(self, micro: RolloutBatch) -> Tensor:
+        if self.reference == "adapters_off":
+            with reference_mode(self.policy):
+                return self.completion_logprobs(self.policy, micro).logprobs
+        return self.completion_logprobs(self.reference, micro).logprobs
+
+    # ------------------------------------------------------------------ learn
+    def learn(self, rollout: RolloutBatch, optimizer, scheduler=None, *, backward: Callable[[Tensor], None] | None = None,
+              world_size: int = 1) -> dict[str, float]:
+        """K epochs × M minibatches of optimiser steps on ``rollout`` (advantages set); returns the step's metrics.
+
+        ``backward(loss)`` defaults to ``loss.backward()``; ``world_size``: each rank's loss is its share of the
+        global minibatch, multiplied by the world size because DDP and FSDP2 average gradients over ranks.
+        """
+        with checkpointing_active(self.policy):  # a no-op unless gradient checkpointing is on
+            return self._learn(rollout, optimizer, scheduler, backward or Tensor.backward, world_size)
+
+    def _learn(self, rollout: RolloutBatch, opt, scheduler, backward, world: int) -> dict[str, float]:
+        cfg = self.cfg
+        n = len(rollout)
+        size = math.ceil(n / cfg.num_minibatches)
+        records: list[tuple[dict, float]] = []
+        grad_norms, step_losses = [], []
+        ratio_stats, steps_done = RatioStats(), 0  # ratios seen after ≥1 optimiser step (before it they are 1)
+        active = self.rows_with_gradient(rollout)  # (N,) bool
+        for epoch in range(cfg.epochs):
+            order = self.minibatch_order(n)
+            if not cfg.on_policy and rollout.old_logprobs is None:  # rows order[:size]: filled by their own forward
+                later = order[size:]
+                rollout.old_logprobs = self.old_logprobs(rollout, later[active[later]])
+            for start in range(0, n, size):
+                rows = order[start:start + size]
+                counts = self.global_counts(rollout.completion_mask[rows])  # normalisers count every row
+                # rows without gradient are left out; if none has one, a single row still runs (its loss is 0)
+                # so that every rank backpropagates and the optimiser steps as it would on a zero gradient
+                kept = active[rows].clone()
+                placeholder = not bool(kept.any())
+                kept[0] |= placeholder
+                skipped_tokens = float(rollout.completion_mask[rows[~kept]].sum())
+                rows = rows[kept]
+                opt.zero_grad()
+                step_loss = 0.0  # this rank's share of the minibatch loss (normalised by global counts)
+                for micro_rows, micro in self.micro_batches(rollout.select(rows), with_rows=True):
+                    micro = micro.trimmed()
+                    with self.replayed_routing(micro):  # backward inside too: checkpointed layers route again
+                        out, tokens, logprobs = self.micro_step(micro, counts, with_entropy=epoch == 0,
+                                                                ratio_stats=ratio_stats if steps_done and not placeholder else None,
+                                                                current_is_old=steps_done == 0 or placeholder)
+                        backward(out.loss * world)  # DDP/FSDP average gradients over ranks
+                    if steps_done == 0 and rollout.old_logprobs is not None:  # later epochs reuse these rows
+                        rollout.old_logprobs[rows[micro_rows], :logprobs.shape[1]] = logprobs
+                    micro_metrics = {k: float(v) for k, v in out.metrics.items()}
+                    if placeholder:  # its ratio is 1 by construction: keep only what it measures for real
+                        micro_metrics = {k: v for k, v in micro_metrics.items()
+                                         if k.startswith("clip_frac") or k in ("entropy", "kl")}
+                    records.append((micro_metrics, tokens))
+                    step_loss += float(out.loss.detach())
+                if skipped_tokens:  # Â = 0: no clipping can zero a gradient there, so clip fractions stay over every token
+                    records.append(({k: 0.0 for k in micro_metrics if k.startswith("clip_frac")}, skipped_tokens))
+                step_losses.append(step_loss)
+                grad_norms.append(self.clip_and_norm())
+                opt.step()
+                # an autocast with its cast cache on (not Lightning's) would keep the pre-step bf16 weights
+                torch.clear_autocast_cache()
+                steps_done += 1
+                if scheduler is not None:
+                    scheduler.step()
+        metrics = reduce_weighted_means(records)  # token-weighted over every rank's micro-batches
+        metrics["loss"] = sum_over_ranks(sum(step_losses) / len(step_losses))  # micro-batch and rank shares add up
+        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        metrics["rows_with_gradient"] = float(active.float().mean())  # share of rows the update ran (this rank)
+        metrics["lr"] = opt.param_groups[0]["lr"] if not hasattr(opt, "optimizer") else opt.optimizer.param_groups[0]["lr"]
+        if not cfg.on_policy:  # ratio diagnostics (lit_gspo.diagnostics); NaN where undefined, same keys every step
+            metrics.update({f"ratio/{k}": v for k, v in ratio_stats.compute(self.max_len).items()})
+        if self.records_routing and rollout.routing is not None:
+            metrics["routing_volatility"] = self.measure_routing_volatility(rollout)
+        return metrics
+
+    def micro_step(self, micro: RolloutBatch, counts: Counts, with_entropy: bool, ratio_stats: RatioStats | None = None,
+                   current_is_old: bool = False):
+        """Loss of one (trimmed) micro-batch; returns (loss output, completion tokens, detached log-probs).
+
+        ``current_is_old``: no optimiser step since the rollout, so the old log-probs are these very
+        log-probs (detached) and ``micro.old_logprobs`` is not read.
+        """
+        fwd = self.completion_logprobs(self.policy, micro, with_entropy=with_entropy, value_head=self.value_head)
+        old = fwd.logprobs.detach() if current_is_old or micro.old_logprobs is None else micro.old_logprobs
+        if ratio_stats is not None and micro.old_logprobs is not None:
+            ratio_stats.add(fwd.logprobs, old, micro.completion_mask)
+        extra = {}
+        if self.value_head is not None:
+            extra = dict(values=fwd.values, old_values=micro.old_values, returns=micro.returns)
+        out = self.objective(fwd.logprobs, old, micro.advantages, micro.completion_mask, counts=counts,
+                             ref_logprobs=micro.ref_logprobs, **extra)
+        mask = micro.completion_mask
+        if fwd.entropy is not None and mask.any():
+            out.metrics["entropy"] = fwd.entropy[mask].mean()
+        return out, float(mask.sum()), fwd.logprobs.detach()
+
+    # ------------------------------------------------------------------ pieces
+    def rows_with_gradient(self, rollout: RolloutBatch) -> Tensor:
+        """(N,) bool: rows whose loss can have a gradient.
+
+        With ``update.skip_zero_advantage_rows``, an objective whose loss vanishes with Â
+        (``zero_advantage_has_no_gradient``), β = 0 and no critic, a row whose advantage is 0 on every
+        completion token (e.g. a group whose rewards are all equal) adds exactly nothing to the
+        gradient, so the update skips its forward and backward. It still counts in the normalisers.
+        """
+        n = len(rollout)
+        if not (self.cfg.skip_zero_advantage_rows and self.objective.zero_advantage_has_no_gradient
+                and self.objective.beta == 0 and self.value_head is None):
+            return torch.ones(n, dtype=torch.bool)
+        adv = rollout.advantages.to(rollout.completion_mask.device)
+        nonzero = adv != 0 if adv.dim() == 1 else ((adv != 0) & rollout.completion_mask).any(1)
+        return (nonzero & rollout.completion_mask.any(1)).cpu()
+
+    def minibatch_order(self, n: int) -> Tensor:
+        """The rows of a group-major rollout in the order minibatches take them (``update.shuffle``)."""
+        cfg, G = self.cfg, self.group_size
+        if cfg.num_minibatches == 1:
+            return torch.arange(n)
+        if cfg.shuffle == "rows" or n % G:
+            return torch.randperm(n)
+        return (torch.randperm(n // G)[:, None] * G + torch.arange(G)).flatten()
+
+    @property
+    def shares_prompts(self) -> bool:
+        """Whether rows with the same prompt share one forward of it (``update.share_prompt_forward``).
+
+        Off where the two-part forward would not be the same computation: MoE routing records and
+        replays positions of one whole-sequence forward, checkpointed layers would append to the KV
+        cache again when recomputed, and FSDP2 expects one root forward per backward.
+        """
+        return (self.cfg.share_prompt_forward and not self.is_moe and not self.gradient_checkpointing
+                and not is_sharded(self.policy))
+
+    def completion_logprobs(self, model: nn.Module, micro: RolloutBatch, **kwargs) -> TokenForward:
+        """:func:`token_logprobs` at the sampling temperature, sharing prompts where :attr:`shares_prompts`."""
+        return token_logprobs(model, micro, temperature=self.temperature, share_prompts=self.shares_prompts, **kwargs)
+
+    @torch.no_grad()
+    def old_logprobs(self, rollout: RolloutBatch, rows: Tensor) -> Tensor:
+        """(N, T) log-probs of the policy before this update's first optimiser step, computed for ``rows`` (0 elsewhere)."""
+        old = torch.zeros(rollout.completion_mask.shape, dtype=torch.float32, device=rollout.input_ids.device)
+        if len(rows):
+            for micro_rows, micro in self.micro_batches(rollout.select(rows), with_rows=True):
+                micro = micro.trimmed()
+                logprobs = self.completion_logprobs(self.policy, micro).logprobs
+                old[rows[micro_rows], :logprobs.shape[1]] = logprobs
+        return old
+
+    def global_counts(self, mask: Tensor) -> Counts:
+        """Tokens and sequences of the whole minibatch, summed over ranks."""
+        local = torch.tensor([float(mask.sum()), float(mask.shape[0])], dtype=torch.float64, device=mask.device)
+        total = all_reduce_sum(local)
+        return Counts(tokens=float(total[0]), seqs=float(total[1]), max_len=float(self.max_len))
+
+    def clip_and_norm(self) -> float:
+        """Clip the gradient norm to ``update.max_grad_norm`` (None: no clipping); returns the norm before clipping."""
+        modules = [self.policy] if self.value_head is None else [self.policy, self.value_head]
+        params = [p for m in modules for p in m.parameters() if p.grad is not None]
+        max_norm = self.cfg.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def micro_batches(self, batch: RolloutBatch, with_rows: bool = False):
+        """Micro-batches of ``batch`` (with their row indices into it when ``with_rows``); see ``micro_batch_rows``."""
+        for rows in micro_batch_rows(batch, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens):
+            yield (rows, batch.select(rows)) if with_rows else batch.select(rows)
+
+    def replayed_routing(self, micro: RolloutBatch):
+        if self.routing_replay and micro.routing is not None:
+            return replay_routing(self.policy, micro.routing)
+        return nullcontext()
+
+    @torch.no_grad()
+    def measure_routing_volatility(self, rollout: RolloutBatch) -> float:
+        """Share of (completion token, layer, top-k slot) choices of the current policy that differ from ``rollout.routing``.
+
+        One no-grad forward over the whole rollout, in micro-batches, without replay.
+        """
+        with record_routing(self.policy) as recorder:
+            for micro in self.micro_batches(rollout):
+                token_logprobs(self.policy, micro, temperature=self.temperature)
+        mask = torch.cat([torch.zeros_like(rollout.input_ids[:, :rollout.prompt_length], dtype=torch.bool),
+                          rollout.completion_mask], 1)
+        return routing_volatility(rollout.routing, recorder.record, mask)

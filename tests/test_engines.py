@@ -1,0 +1,89 @@
+"""Rollout engines: the sampler's own log-probs, and that asking for them changes nothing sampled."""
+
+import pytest
+import torch
+
+from lit_gspo.engines import HFGenerate, LeanSampler, RolloutEngine
+from lit_gspo.rollout import token_logprobs
+
+PAD, EOS = 0, 1  # conftest.py's tiny model
+PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12]]
+
+
+def sample(engine, model, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    return engine.sample(model, PROMPTS, num_generations=3, max_new_tokens=8, pad_id=PAD, eos_id=EOS, **kwargs)
+
+
+@pytest.mark.parametrize("engine", [HFGenerate(), LeanSampler()], ids=["hf", "lean"])
+def test_engine_logprobs_are_the_trainers_when_both_see_the_same_distribution(model, engine):
+    batch = sample(engine, model, temperature=0.7, return_logprobs=True)
+    plain = sample(engine, model, temperature=0.7)
+    assert torch.equal(batch.input_ids, plain.input_ids) and plain.engine_logprobs is None  # same draws
+    mask = batch.completion_mask
+    assert batch.engine_logprobs.dtype == torch.float32 and batch.engine_logprobs.shape == mask.shape
+    assert batch.engine_logprobs[~mask].eq(0).all() and (batch.engine_logprobs[mask] < 0).all()
+    with torch.no_grad():
+        trainer = token_logprobs(model, batch, temperature=0.7).logprobs
+    torch.testing.assert_close(batch.engine_logprobs[mask], trainer[mask], atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("engine", [HFGenerate(), LeanSampler()], ids=["hf", "lean"])
+def test_with_top_k_the_sampler_renormalises_so_its_logprobs_exceed_the_trainers(model, engine):
+    """The sampler draws from the top-k distribution; the trainer scores under the full softmax (a mismatch)."""
+    batch = sample(engine, model, top_k=3, return_logprobs=True)
+    mask = batch.completion_mask
+    with torch.no_grad():
+        trainer = token_logprobs(model, batch).logprobs
+    gap = (batch.engine_logprobs - trainer)[mask]
+    assert (gap > 1e-4).all()  # the 3 kept tokens' mass is < 1 under the full softmax
+
+
+def test_lean_and_hf_engines_agree_on_greedy_tokens_and_logprobs(model):
+    hf = sample(HFGenerate(), model, greedy=True, return_logprobs=True)
+    lean = sample(LeanSampler(), model, greedy=True, return_logprobs=True)
+    assert torch.equal(hf.input_ids, lean.input_ids) and torch.equal(hf.completion_mask, lean.completion_mask)
+    torch.testing.assert_close(hf.engine_logprobs, lean.engine_logprobs, atol=2e-5, rtol=0)
+
+
+def test_an_engine_is_one_method_and_sample_does_the_layout(model):
+    class Fixed(RolloutEngine):
+        """Always answers 4, 4, EOS (then junk the layout must mask)."""
+
+        def generate(self, policy, input_ids, attention_mask, *, num_generations, **kwargs):
+            reply = torch.tensor([4, 4, EOS, 9])
+            rows = input_ids.repeat_interleave(num_generations, 0)
+            return torch.cat([rows, reply.expand(len(rows), -1)], 1), None
+
+    batch = Fixed().sample(model, PROMPTS, num_generations=2, max_new_tokens=4, pad_id=PAD, eos_id=EOS)
+    assert len(batch) == 6 and batch.prompt_length == 5
+    assert batch.completion_mask.tolist() == [[True, True, True]] * 6  # through the EOS, the 9 trimmed
+    assert batch.input_ids[0, 5:].tolist() == [4, 4, EOS] and batch.engine_logprobs is None
+    assert batch.attention_mask[1].tolist() == [1] * 8 and batch.attention_mask[2].tolist() == [0, 0, 0, 1, 1, 1, 1, 1]
+
+
+def test_greedy_generation_picks_the_argmax_of_our_logprobs(model):
+    """The engine and token_logprobs() must see the same positions, also for left-padded prompts."""
+    rollout = HFGenerate().sample(model, [[2, 5, 6, 7, 8, 9], [2, 4]], num_generations=1, max_new_tokens=6, pad_id=PAD,
+                                  eos_id=EOS, greedy=True)
+    lp = token_logprobs(model, rollout).logprobs
+    assert rollout.completion_mask[:, 0].all()
+    # greedy tokens have the maximal log-prob at every valid step: logp(y_t) == max_v logp(v)
+    P = rollout.prompt_length
+    ids, attn = rollout.input_ids, rollout.attention_mask
+    from lit_gspo.rollout import position_ids_of
+
+    logits = model(ids, attention_mask=attn, position_ids=position_ids_of(attn)).logits.float().log_softmax(-1)
+    best = logits[:, P - 1:-1].max(-1).values
+    mask = rollout.completion_mask
+    torch.testing.assert_close(lp[mask], best[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_generation_is_group_major_and_masks_after_eos(model):
+    torch.manual_seed(1)
+    rollout = HFGenerate().sample(model, [[2, 5], [2, 6, 7]], num_generations=3, max_new_tokens=5, pad_id=PAD, eos_id=EOS)
+    assert len(rollout) == 6
+    prompts = rollout.input_ids[:, :rollout.prompt_length]
+    assert torch.equal(prompts[0], prompts[2]) and torch.equal(prompts[3], prompts[5])
+    completions = rollout.input_ids[:, rollout.prompt_length:]
+    assert (completions[~rollout.completion_mask] == PAD).all()
