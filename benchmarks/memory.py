@@ -4,7 +4,7 @@
     python benchmarks/memory.py --hidden 768 --layers 8 --intermediate 2048   # ~45M
 
 Each configuration runs in fresh processes (so peak RSS is that configuration's own): build the model
-(FSDP2: ``fully_shard`` per decoder layer and the root over 2 gloo ranks, as ``RLModule.configure_model``
+(FSDP2: ``lit_gspo.distributed.shard_model`` over 2 gloo ranks, as ``RLModule.configure_model``
 does), then ``--steps`` forward/backward/optimizer steps on random tokens. Reported per rank (the
 maximum over ranks): peak RSS (``ru_maxrss``), its growth over the process after imports, and the
 optimizer state held by the rank; "state bytes / param" divides the state of all ranks by the model's
@@ -40,7 +40,7 @@ def child(args) -> None:
         import torch.distributed as dist
 
         dist.init_process_group("gloo", rank=rank, world_size=world)
-    from lit_gspo.distributed import decoder_layers
+    from lit_gspo.distributed import shard_model
     from lit_gspo.models import load_policy
     from lit_gspo.optim import optimizer_state_bytes, shard_aware
 
@@ -54,12 +54,8 @@ def child(args) -> None:
     n_params = sum(p.numel() for p in policy.parameters())
     if world > 1:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh("cpu", (world,))
-        for layer in decoder_layers(policy):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(policy, mesh=mesh)
+        shard_model(policy, init_device_mesh("cpu", (world,)))
     module, name = OPTIMIZERS[args.optimizer].rsplit(".", 1)
     opt = shard_aware(getattr(importlib.import_module(module), name)(policy.parameters(), lr=1e-4))
     policy.train()

@@ -26,7 +26,6 @@ so on CPU the same config and seed reproduce the same summary numbers (wall time
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -37,8 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from jsonargparse import ArgumentParser
 
 from lit_gspo.ablate_report import SUMMARY_COLUMNS, summarise_run, write_report
+from lit_gspo.rlcli import cli_main
 
 SEED_KEYS = ("seed_everything", "model.seed", "data.seed")
 
@@ -132,8 +133,6 @@ def fit_args(ab: Ablation, arm: Arm, seed: int, run_dir: Path, base_path: Path) 
 
 def run_one(args: list[str]) -> None:
     """One fit, in this process."""
-    from lit_gspo.cli import cli_main
-
     cli = cli_main(args, run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
 
@@ -214,15 +213,20 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="lit-gspo ablate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True, help="the ablation YAML (configs/ablate/<name>.yaml)")
-    parser.add_argument("--output_dir", help="override output_dir (runs)")
-    parser.add_argument("--report_dir", help="override report_dir (summary.csv, report.md, plots)")
-    parser.add_argument("--arms", help="comma-separated arm names to run (default: all)")
-    parser.add_argument("--seeds", help="comma-separated seeds (default: the config's)")
+def make_parser() -> ArgumentParser:
+    """The ``lit-gspo ablate`` arguments (the entry point also lists this parser in ``lit-gspo --help``)."""
+    parser = ArgumentParser(prog="lit-gspo ablate", description="Every arm × seed of one base fit config, then a report.")
+    parser.add_argument("--config", type=str, required=True, help="the ablation YAML (configs/ablate/<name>.yaml)")
+    parser.add_argument("--output_dir", type=str, help="override output_dir (runs)")
+    parser.add_argument("--report_dir", type=str, help="override report_dir (summary.csv, report.md, plots)")
+    parser.add_argument("--arms", type=str, help="comma-separated arm names to run (null: all)")
+    parser.add_argument("--seeds", type=str, help="comma-separated seeds (null: the config's)")
     parser.add_argument("--report-only", action="store_true", help="rebuild summary/report from finished runs")
-    ns = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    ns = make_parser().parse_args(argv)
     ab = load_ablation(ns.config)
     if ns.output_dir:
         ab.output_dir = Path(ns.output_dir)
@@ -234,4 +238,4 @@ def main(argv: list[str] | None = None) -> None:
     run_ablation(ab, only=ns.arms.split(",") if ns.arms else None, report_only=ns.report_only)
 
 
-__all__ = ["Ablation", "Arm", "fit_args", "load_ablation", "main", "run_ablation"]
+__all__ = ["Ablation", "Arm", "fit_args", "load_ablation", "main", "make_parser", "run_ablation"]

@@ -9,7 +9,7 @@ gradient is exactly the single-process gradient of the global batch.
 
 FSDP2 (``strategy: lightning.pytorch.strategies.ModelParallelStrategy`` with
 ``data_parallel_size: <world>`` and ``tensor_parallel_size: 1``): :func:`apply_fsdp2` shards every
-decoder layer and then the root of the policy (and of the frozen reference) with ``fully_shard``.
+decoder layer and then the root (:func:`shard_model`) of the policy (and of the frozen reference) with ``fully_shard``.
 FSDP2 also averages gradients (reduce-scatter), so the same ×world scaling holds.
 
 FSDP1 (``FSDPStrategy``) is refused: manual optimisation with it is broken in Lightning (#19626,
@@ -69,11 +69,22 @@ def is_sharded(module: nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
-def apply_fsdp2(module: nn.Module, mesh) -> None:
-    """``fully_shard`` each decoder layer, then the root, of ``module.policy`` and ``module.ref_policy``.
+def shard_model(model: nn.Module, mesh) -> None:
+    """``fully_shard`` each decoder layer of a causal LM, then the root, over ``mesh`` (a 1-D device mesh).
 
     The root keeps its parameters unsharded between forward and backward (FSDP2's default for the
     root), which ``token_logprobs`` relies on to use the LM head weight after the root's forward.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def apply_fsdp2(module: nn.Module, mesh) -> None:
+    """:func:`shard_model` ``module.policy`` and ``module.ref_policy`` over the data-parallel part of ``mesh``.
+
     The critic head (PPO) is sharded on its own so that its gradient is reduced as well.
     """
     from torch.distributed.fsdp import fully_shard
@@ -81,11 +92,8 @@ def apply_fsdp2(module: nn.Module, mesh) -> None:
     dp_mesh = _data_parallel_mesh(mesh)
     for name in ("policy", "ref_policy"):
         model = getattr(module, name, None)
-        if model is None or is_sharded(model):
-            continue
-        for layer in decoder_layers(model):
-            fully_shard(layer, mesh=dp_mesh)
-        fully_shard(model, mesh=dp_mesh)
+        if model is not None and not is_sharded(model):
+            shard_model(model, dp_mesh)
     value_head = getattr(module, "value_head", None)
     if value_head is not None and not is_sharded(value_head):
         fully_shard(value_head, mesh=dp_mesh)

@@ -8,21 +8,38 @@ a CPU costs time instead of saving it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
+
+#: The CPU flags (named as in /proc/cpuinfo) of the instructions oneDNN's fast bf16 matmuls use.
+NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
 
 
 class SlowPrecisionWarning(UserWarning):
     """The chosen precision is slower than fp32 on this hardware."""
 
 
-def cpu_has_native_bf16() -> bool:
-    """True when the CPU has AMX tiles or AVX512-BF16 (what oneDNN's fast bf16 matmuls need)."""
-    return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+def cpu_flags() -> frozenset[str]:
+    """This CPU's ``NATIVE_BF16_FLAGS`` as torch detects them (CPUID, and for AMX the OS's support too).
+
+    torch probes AMX tiles; every AMX CPU so far has AMX-BF16 with them.
+    """
+    probes = {"amx_bf16": torch.cpu._is_amx_tile_supported, "avx512_bf16": torch.cpu._is_avx512_bf16_supported}
+    return frozenset(flag for flag, probe in probes.items() if probe())
 
 
-def bf16_on_cpu_warning(precision, device_type: str) -> str | None:
-    """The advice to give when ``precision`` asks for bf16 on a ``device_type`` "cpu" without native bf16, else None."""
-    if not (str(precision).startswith("bf16") and device_type == "cpu") or cpu_has_native_bf16():
+def cpu_has_native_bf16(flags: Iterable[str] | None = None) -> bool:
+    """True when the CPU has AMX-BF16 or AVX512-BF16; ``flags``: a CPU's flags as in /proc/cpuinfo (default: this one)."""
+    return bool(NATIVE_BF16_FLAGS & set(cpu_flags() if flags is None else flags))
+
+
+def bf16_on_cpu_warning(precision, device_type: str, flags: Iterable[str] | None = None) -> str | None:
+    """The advice to give when ``precision`` asks for bf16 on a ``device_type`` "cpu" without native bf16, else None.
+
+    ``flags``: the CPU's flags as in /proc/cpuinfo (default: this CPU's).
+    """
+    if not (str(precision).startswith("bf16") and device_type == "cpu") or cpu_has_native_bf16(flags):
         return None
     return (f"precision={precision!r} on a CPU without native bf16 matmuls (no AMX, no AVX512-BF16): bf16 "
             "is emulated here and runs slower than fp32 (about 3x on an AVX-512 Ice Lake). Pass "

@@ -3,8 +3,9 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
-from lit_gspo.ablate import load_ablation
+from lit_gspo.ablate import fit_args, load_ablation
 from lit_gspo.cli import RLCLI
 from lit_gspo.data import PromptDataModule
 from lit_gspo.module import RLModule
@@ -65,7 +66,31 @@ def test_every_registered_objective_has_an_overlay():
     assert {p.stem for p in (CONFIGS / "objectives").glob("*.yaml")} == set(OBJECTIVES)
 
 
+def value_at(config, dotted: str):
+    """``config[dotted]``, looking through a class's ``init_args`` (``model.objective.clip_high``) as the CLI does."""
+    node = config
+    for key in dotted.split("."):
+        if key not in node and "init_args" in node:
+            node = node.init_args
+        node = node[key]
+    return node
+
+
 @pytest.mark.parametrize("path", sorted((CONFIGS / "ablate").glob("*.yaml")), ids=lambda p: p.stem)
-def test_ablation_config_loads_and_its_arms_parse(path):
+def test_ablation_config_loads_and_its_arms_parse(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(CONFIGS.parent)  # an ablation's base path is relative to the repository
     ablation = load_ablation(path)
-    assert ablation.arms and ablation.seeds
+    assert ablation.arms and ablation.seeds and ablation.seed_keys
+    base = Path(ablation.base) if isinstance(ablation.base, str) else tmp_path / "base.yaml"
+    if isinstance(ablation.base, dict):
+        base.write_text(yaml.safe_dump(ablation.base))
+    base_objective = parse(base).model.objective.class_path
+    for seed in ablation.seeds:
+        for arm in ablation.arms:
+            args = fit_args(ablation, arm, seed, tmp_path / arm.name, base)
+            config = ParseOnlyCLI(RLModule, PromptDataModule, args=args, run=False).config
+            objective = arm.objective or base_objective
+            assert config.model.objective.class_path.rsplit(".", 1)[-1] == objective.rsplit(".", 1)[-1], (arm, seed)
+            for key, value in {**ablation.overrides, **arm.overrides}.items():
+                assert value_at(config, key) == value, (arm.name, key)
+            assert all(value_at(config, key) == seed for key in ablation.seed_keys)

@@ -9,34 +9,53 @@ import pytest
 
 import lit_gspo.hardware as hardware
 from lit_gspo.cli import cli_main
-from lit_gspo.hardware import SlowPrecisionWarning, bf16_on_cpu_warning
+from lit_gspo.hardware import SlowPrecisionWarning, bf16_on_cpu_warning, cpu_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 
+BASE = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi1 bmi2"
+AVX512 = "avx512f avx512dq avx512cd avx512bw avx512vl avx512_vnni avx512_bitalg avx512_vpopcntdq"
+# /proc/cpuinfo flag lines (abridged) and whether the CPU multiplies bf16 natively
+CPUS = {
+    "Zen 3 / AVX2 laptop": (BASE, False),
+    "Ice Lake (AVX-512, no bf16)": (f"{BASE} {AVX512} avx512ifma avx512vbmi", False),
+    "Cooper Lake / Zen 4 (AVX512-BF16)": (f"{BASE} {AVX512} avx512_bf16", True),
+    "Sapphire Rapids (AMX)": (f"{BASE} {AVX512} avx512_bf16 avx512_fp16 amx_bf16 amx_tile amx_int8", True),
+    "AMX-BF16 without AVX512-BF16": (f"{BASE} {AVX512} amx_bf16 amx_tile", True),
+}
+BF16 = ("bf16-mixed", "bf16-true", "bf16")
+NOT_BF16 = ("32-true", "32", 32, "16-mixed", "64-true", None)
 
-@pytest.mark.parametrize("native", [True, False])
-def test_advice_only_for_bf16_on_a_cpu_without_native_bf16(monkeypatch, native):
-    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: native)
-    for precision in ("32-true", "32", 32, "16-mixed", None):
-        assert bf16_on_cpu_warning(precision, "cpu") is None
-    for precision in ("bf16-mixed", "bf16-true"):
-        advice = bf16_on_cpu_warning(precision, "cpu")
-        assert (advice is None) == native
+
+@pytest.mark.parametrize("cpu", list(CPUS))
+def test_advice_exactly_for_bf16_on_a_cpu_without_native_bf16(cpu):
+    flags, native = CPUS[cpu]
+    flags = flags.split()
+    for precision in BF16:
+        advice = bf16_on_cpu_warning(precision, "cpu", flags)
+        assert (advice is None) == native, (cpu, precision)
         if not native:
             assert repr(precision) in advice and "--trainer.precision 32-true" in advice
-    assert bf16_on_cpu_warning("bf16-mixed", "cuda") is None  # a GPU's bf16 is native
+        assert bf16_on_cpu_warning(precision, "cuda", flags) is None  # a GPU's bf16 is native
+    for precision in NOT_BF16:
+        assert bf16_on_cpu_warning(precision, "cpu", flags) is None, (cpu, precision)
 
 
-def test_native_bf16_follows_the_cpu_flags(monkeypatch):
-    for amx, avx512_bf16 in [(False, False), (True, False), (False, True)]:
-        monkeypatch.setattr(hardware.torch.cpu, "_is_amx_tile_supported", lambda: amx)
-        monkeypatch.setattr(hardware.torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
-        assert hardware.cpu_has_native_bf16() == (amx or avx512_bf16)
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="no /proc/cpuinfo")
+def test_this_cpus_flags_are_what_the_kernel_reports():
+    """torch's probes (what the warning uses by default) agree with /proc/cpuinfo on this machine."""
+    lines = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")]
+    if not lines:
+        pytest.skip("/proc/cpuinfo lists no flags (not x86)")
+    reported = set(lines[0].split(":", 1)[1].split())
+    assert cpu_flags() == hardware.NATIVE_BF16_FLAGS & reported
+    assert (bf16_on_cpu_warning("bf16-mixed", "cpu") is None) == (bf16_on_cpu_warning("bf16-mixed", "cpu", reported) is None)
 
 
 @pytest.mark.parametrize("native", [True, False])
 def test_fit_warns_for_bf16_on_a_cpu_without_native_bf16(monkeypatch, tmp_path, native):
-    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: native)
+    flags = CPUS["Sapphire Rapids (AMX)" if native else "Ice Lake (AVX-512, no bf16)"][0]
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(flags.split()))
     args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
             "--trainer.accelerator", "cpu", "--trainer.precision", "bf16-mixed", "--trainer.max_steps", "1",
             "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "0", "--model.val_every_n_steps", "0",

@@ -1,0 +1,95 @@
+"""LightningCLI for ``RLModule``: ``lit-gspo fit --config configs/quickstart.yaml`` (and validate/test/predict).
+
+The ``lit-gspo`` entry point is ``lit_gspo.cli``; ``lit_gspo.ablate`` runs its fits through ``cli_main`` here.
+"""
+
+from __future__ import annotations
+
+import os
+
+from jsonargparse import ArgumentParser
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger
+
+# importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
+from lit_gspo import advantages, engines, envs  # noqa: F401
+from lit_gspo.objectives import OBJECTIVES
+from lit_gspo.data import PromptDataModule
+from lit_gspo.module import RLModule
+
+TRAINER_DEFAULTS = {
+    "log_every_n_steps": 1,  # one CSV row per RL step
+    "num_sanity_val_steps": 0,
+    "enable_model_summary": False,
+}
+
+
+def objective_hint(message: str) -> str:
+    """What to add to a parser error about ``model.objective``: the registered names (jsonargparse only
+    says the value is not an import path)."""
+    if 'key "model.objective"' not in message:
+        return ""
+    names = ", ".join(sorted(cls.__name__ for cls in OBJECTIVES.values()))
+    return (f"\n  Known objectives: {names} (class names, e.g. `--model.objective GSPO`), or the dotted "
+            "import path of your own Objective subclass (`--model.objective my_pkg.MyObjective`).")
+
+
+class RLArgumentParser(LightningArgumentParser):
+    """Parser errors about the objective list the objectives that exist; keeps its subcommands action."""
+
+    subcommands_action = None
+
+    def error(self, message: str, ex: Exception | None = None):
+        return super().error(message + objective_hint(message), ex)
+
+    def add_subcommands(self, *args, **kwargs):
+        self.subcommands_action = super().add_subcommands(*args, **kwargs)
+        return self.subcommands_action
+
+
+class RLCLI(LightningCLI):
+    """LightningCLI with CSV metrics by default (``<default_root_dir>/**/metrics.csv``) and checkpoints.
+
+    Checkpoints (``lit_gspo.checkpointing``): ``<default_root_dir>/checkpoints/last.ckpt`` every
+    ``checkpoint_every_n_steps`` steps, written atomically; resume with ``--ckpt_path last``.
+    ``FSDPStrategy`` (FSDP1) is refused with a pointer to ``ModelParallelStrategy`` (FSDP2).
+
+    ``other_subcommands`` (name → parser) are listed in ``--help`` and in the "expected subcommand" error
+    beside fit/validate/test/predict; they are run by the entry point (``lit_gspo.cli``), not here.
+    """
+
+    def __init__(self, *args, parser_class: type[LightningArgumentParser] = RLArgumentParser,
+                 other_subcommands: dict[str, ArgumentParser] | None = None, **kwargs) -> None:
+        self.other_subcommands = dict(other_subcommands or {})
+        super().__init__(*args, parser_class=parser_class, **kwargs)
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        for name, parser in self.other_subcommands.items():
+            self.parser.subcommands_action.add_subcommand(name, parser, help=parser.description)
+
+    def before_instantiate_classes(self) -> None:
+        if self.subcommand in self.other_subcommands:
+            self.parser.error(f"`{self.subcommand}` must come first: lit-gspo {self.subcommand} --help")
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument("--checkpoint_every_n_steps", type=int, default=50,
+                            help="save <default_root_dir>/checkpoints/last.ckpt every n optimiser steps "
+                                 "(with trainer.enable_checkpointing; 0 = at the end of each epoch)")
+
+    def _instantiate_trainer(self, config, callbacks):
+        from lit_gspo.checkpointing import configure_checkpointing
+
+        if config.get("logger") in (None, True):
+            config["logger"] = CSVLogger(save_dir=config.get("default_root_dir") or os.getcwd())
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        configure_checkpointing(config, callbacks, cfg.get("checkpoint_every_n_steps", 50))
+        return super()._instantiate_trainer(config, callbacks)
+
+
+def cli_main(args: list[str] | None = None, run: bool = True,
+             other_subcommands: dict[str, ArgumentParser] | None = None) -> RLCLI:
+    """``args`` None: LightningCLI reads ``sys.argv``."""
+    return RLCLI(RLModule, PromptDataModule, seed_everything_default=0, trainer_defaults=TRAINER_DEFAULTS,
+                 save_config_kwargs={"overwrite": True}, args=args, run=run, other_subcommands=other_subcommands)
+

@@ -1,0 +1,58 @@
+"""The `lit-gspo` entry point: one front door for LightningCLI's subcommands and `ablate`, without an import cycle."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from lit_gspo.ablate import make_parser
+from lit_gspo.cli import cli_main, main
+
+PACKAGE = Path(__file__).resolve().parents[1] / "lit_gspo"
+
+
+def run_main(args, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out + err
+
+
+def test_help_lists_ablate_beside_lightnings_subcommands(capsys):
+    code, out = run_main(["--help"], capsys)
+    assert code == 0
+    assert "{fit,validate,test,predict,ablate}" in out
+    assert "Every arm × seed" in out  # ablate's one-line description, as fit's is listed
+
+
+def test_no_subcommand_names_ablate_among_the_choices(capsys):
+    code, out = run_main([], capsys)
+    assert code == 2 and "ablate" in out and "fit" in out
+
+
+def test_ablate_help_is_ablates_own(capsys):
+    code, out = run_main(["ablate", "--help"], capsys)
+    assert code == 0 and "--report-only" in out and "--trainer" not in out
+
+
+def test_ablate_after_lightning_options_is_refused_with_a_pointer(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["ablate", "--config", "x.yaml"], other_subcommands={"ablate": make_parser()})
+    assert "must come first" in capsys.readouterr().err
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, at the top or inside a function."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def test_nothing_in_the_package_imports_the_entry_point():
+    importers = [p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+                 if p.name != "cli.py" and "lit_gspo.cli" in imported_modules(p)]
+    assert importers == []
