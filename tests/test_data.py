@@ -1,5 +1,6 @@
 import glob
 import json
+import logging
 
 import lightning as L
 import pytest
@@ -194,6 +195,57 @@ def test_datamodule_file_val_fraction(tmp_path):
     dm.setup()
     assert len(dm.val_rows) == 3 and len(dm.train_rows) == 7
     assert not {r["prompt"] for r in dm.val_rows} & {r["prompt"] for r in dm.train_rows}
+
+
+def write_rows(path, n):
+    path.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(n)))
+    return str(path)
+
+
+@pytest.fixture
+def info_log(caplog, monkeypatch):
+    """Lightning's logger does not propagate to the root logger that caplog listens on: let it, for the test."""
+    monkeypatch.setattr(logging.getLogger("lightning.pytorch"), "propagate", True)
+    caplog.set_level(logging.INFO)
+    return caplog
+
+
+def test_datamodule_uses_every_row_of_a_file_and_says_so(tmp_path, info_log):
+    path = write_rows(tmp_path / "x.jsonl", 5000)
+    dm = PromptDataModule(path)
+    dm.setup()
+    assert len(dm.val_rows) == 64 and len(dm.train_rows) == 5000 - 64  # every row is used: 64 held out, the rest trained on
+    assert f"train: 4936 rows from {path}, val: 64 rows held out of it" in info_log.text
+    info_log.clear()
+    val = write_rows(tmp_path / "val.jsonl", 300)
+    dm = PromptDataModule(path, val_source=val)
+    dm.setup()
+    assert len(dm.train_rows) == 5000 and len(dm.val_rows) == 300
+    assert f"train: 5000 rows from {path}, val: 300 rows from {val}" in info_log.text
+
+
+def test_datamodule_explicit_limits_still_cut(tmp_path, info_log):
+    path = write_rows(tmp_path / "x.jsonl", 5000)
+    dm = PromptDataModule(path, num_train=1000)
+    dm.setup()
+    assert len(dm.train_rows) == 1000 and len(dm.val_rows) == 64
+    assert f"train: 1000 of 4936 rows (num_train=1000) from {path}" in info_log.text
+    val = write_rows(tmp_path / "val.jsonl", 300)
+    dm = PromptDataModule(path, val_source=val, num_train=200, num_val=10)
+    dm.setup()
+    assert len(dm.train_rows) == 200 and len(dm.val_rows) == 10
+    assert dm.train_rows == load_prompt_rows(path, n=200)  # the same seeded subset load_prompt_rows takes
+    assert f"val: 10 of 300 rows (num_val=10) from {val}" in info_log.text
+    with pytest.raises(ValueError, match="num_val must be >= 0 or None.*got -1"):
+        PromptDataModule(path, num_val=-1)
+
+
+def test_datamodule_task_defaults_unchanged(info_log):
+    dm = PromptDataModule("arithmetic")
+    dm.setup()
+    assert len(dm.train_rows) == 1000 and len(dm.val_rows) == 64
+    assert (dm.train_rows, dm.val_rows) == task_splits("arithmetic", 1000, 64, seed=0)
+    assert "train: 1000 rows from task 'arithmetic' (train split), val: 64 rows from task 'arithmetic' (validation split)" in info_log.text
 
 
 def test_sampler_resume_and_ranks():

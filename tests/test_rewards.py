@@ -139,3 +139,134 @@ def test_reward_set_masks_failures_and_never_crashes():
     with pytest.warns(RewardWarning, match="needs an 'answer' column"):
         s = RewardSet([ExactMatch()]).score(["p"], ["a"], {})
     assert s.num_failed == 1 and math.isnan(s.means()["exact_match"])
+
+
+# ---------------------------------------------------------------- calling conventions: lit_gspo's positional, TRL's keyword
+# Copied unchanged from TRL's GRPOTrainer docs, "Using a custom reward function", Examples 1, 1.1 and 3:
+# https://huggingface.co/docs/trl/main/en/grpo_trainer#using-a-custom-reward-function
+# (source: https://github.com/huggingface/trl/blob/main/docs/source/grpo_trainer.md). Each sits in its
+# own factory because the docs name all three `reward_func`.
+def trl_example_1():
+    def reward_func(completion_ids, **kwargs):
+        """Reward function that assigns higher scores to longer completions (in terms of token count)."""
+        return [float(len(ids)) for ids in completion_ids]
+    return reward_func
+
+
+def trl_example_1_1():
+    def reward_func(completions, **kwargs):
+        """Reward function that assigns higher scores to longer completions (in terms of character count)."""
+        return [float(len(completion)) for completion in completions]
+    return reward_func
+
+
+def trl_example_3():
+    import re
+
+    def reward_func(completions, ground_truth, **kwargs):
+        # Regular expression to capture content inside \boxed{}
+        matches = [re.search(r"\\boxed\{(.*?)\}", completion) for completion in completions]
+        contents = [match.group(1) if match else "" for match in matches]
+        # Reward 1 if the content is the same as the ground truth, 0 otherwise
+        return [1.0 if c == gt else 0.0 for c, gt in zip(contents, ground_truth)]
+    return reward_func
+
+
+TRL_PROMPTS = ["Problem: Solve the equation $2x + 3 = 7$. Solution:", "Problem: Solve the equation $3x - 5 = 10$."]
+TRL_COMPLETIONS = [r" The solution is \boxed{2}.", r" The solution is \boxed{6}."]
+TRL_COLUMNS = {"ground_truth": ["2", "5"], "completion_lengths": [6, 6], "max_completion_length": 16}
+
+
+def test_trl_doc_examples_score_through_reward_set():
+    rs = RewardSet([trl_example_3(), trl_example_1_1(), trl_example_1()], weights=[1.0, 0.0, 0.0])
+    assert [c.keyword for c in rs.conventions] == [True, True, True]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no function may fail
+        s = rs.score(TRL_PROMPTS, TRL_COMPLETIONS, TRL_COLUMNS, completion_ids=[[1, 2], [3, 4, 5, 6]])
+    assert s.valid.all() and s.num_failed == 0
+    assert s.per_function["reward_func"].tolist() == [1.0, 0.0]  # the docs' expected output
+    assert s.per_function["reward_func_2"].tolist() == [float(len(c)) for c in TRL_COMPLETIONS]
+    assert s.per_function["reward_func_3"].tolist() == [2.0, 4.0]
+    assert s.total.tolist() == [1.0, 0.0]
+    rs.check(["prompt", "ground_truth"])  # every parameter can be filled
+
+
+def test_trl_style_without_kwargs_gets_only_what_it_names():
+    def accuracy(prompts, completions, answer):
+        assert len(prompts) == len(completions) == len(answer)
+        return [float(c == a) for c, a in zip(completions, answer)]
+
+    def length(completions):
+        return [float(len(c)) for c in completions]
+
+    s = RewardSet([accuracy, length]).score(["p", "p"], ["1", "22"], {"answer": ["1", "2"], "completion_lengths": [1, 2]},
+                                             completion_ids=[[1], [2, 2]])
+    assert s.valid.all() and s.per_function["accuracy"].tolist() == [1.0, 0.0] and s.per_function["length"].tolist() == [1, 2]
+
+
+def test_positional_functions_still_work():
+    def short_names(p, c, **kw):
+        return [float(len(x) == len(a)) for x, a in zip(c, kw["answer"])]
+
+    def no_kwargs(prompts_, completions_, answer):  # takes no **columns: unused columns are not forced on it
+        return [float(x == a) for x, a in zip(completions_, answer)]
+
+    def wants_ids(p, c, completion_ids, **kw):
+        return [float(len(i)) for i in completion_ids]
+
+    variadic = lambda *args, **kw: [float(len(args[1][0]))] * len(args[1])  # noqa: E731
+    rs = RewardSet([short_names, no_kwargs, wants_ids, variadic, ExactMatch()])
+    assert [c.keyword for c in rs.conventions] == [False, False, False, False, True]  # ExactMatch names prompts, completions
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s = rs.score(["a", "b"], ["12", "3"], {"answer": ["12", "4"], "completion_lengths": [2, 1]}, completion_ids=[[5, 6], [7]])
+    assert s.valid.all()
+    assert [s.per_function[n].tolist() for n in rs.names] == [[1, 1], [1, 0], [2, 1], [2, 2], [1, 0]]
+    rs.check(["prompt", "answer"])
+
+
+def test_callable_classes_in_both_conventions():
+    class TrlStyle:
+        def __call__(self, completions, answer, **kwargs):
+            return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+    class Positional:
+        weight = 0.5
+
+        def __call__(self, prompts_, completions_, **columns):
+            return [float(p in c) for p, c in zip(prompts_, completions_)]
+
+    rs = RewardSet([TrlStyle(), Positional()])
+    assert rs.names == ["trl_style", "positional"] and [c.keyword for c in rs.conventions] == [True, False]
+    s = rs.score(["1", "x"], [" 1", "2"], {"answer": ["1", "3"]})
+    assert s.valid.all() and s.total.tolist() == [1.5, 0.0]
+    rs.check(["answer"])
+
+
+def test_check_names_function_parameter_and_columns():
+    def accuracy_reward(completions, solution, **kwargs):
+        return [1.0] * len(completions)
+
+    rs = RewardSet([ExactMatch(), accuracy_reward])
+    with pytest.raises(ValueError) as err:
+        rs.check(["prompt", "answer", "level"])
+    msg = str(err.value)
+    assert "'accuracy_reward' (completions, solution, **kwargs)" in msg and "cannot be given ['solution']" in msg
+    assert "the columns ['answer', 'level', 'completion_lengths', 'max_completion_length']" in msg and "exact_match" not in msg
+    rs.check(["prompt", "answer", "solution"])  # passes once the column exists
+
+    def curriculum(completions, trainer_state, **kwargs):
+        return [1.0] * len(completions)
+
+    def positional_extra(p, c, difficulty):
+        return [1.0] * len(c)
+
+    def one_slot(x):
+        return [1.0]
+
+    with pytest.raises(ValueError, match=r"'curriculum'.*\['trainer_state'\] \(\['trainer_state'\] exist only in TRL\)"
+                                         r".*'positional_extra' \(p, c, difficulty\) \[positional style.*\['difficulty'\]"):
+        RewardSet([curriculum, positional_extra]).check(["answer"])
+    RewardSet([positional_extra]).check(["difficulty"])
+    with pytest.raises(ValueError, match=r"'one_slot' \(x\) \[TRL keyword style\] cannot be given \['x'\]"):
+        RewardSet([one_slot]).check([])

@@ -12,15 +12,22 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lit_gspo.config import resolve_seed
-from lit_gspo.data.prompts import load_prompt_rows
+from lit_gspo.data.prompts import load_prompt_rows, subset_indices
 from lit_gspo.data.synthetic import TASKS
+
+#: sizes of a built-in task when num_train / num_val are None (files and datasets are used whole)
+TASK_NUM_TRAIN, TASK_NUM_VAL = 1000, 64
+#: at most this many rows are held out of a training file for validation when num_val is None
+HELD_OUT_MAX = 64
 
 
 class RowDataset(Dataset):
@@ -108,6 +115,16 @@ class PromptLoader(DataLoader):
         self.sampler.load_state_dict(state)
 
 
+def _count(kept: list, rows: list, limit: str) -> str:
+    """``"5000 rows"``, or ``"1000 of 5000 rows (num_train=1000)"`` when a limit cut them."""
+    return f"{len(kept)} rows" if len(kept) == len(rows) else f"{len(kept)} of {len(rows)} rows ({limit})"
+
+
+def _name(source: str, split: str) -> str:
+    """A file as given; a directory or Hub dataset with its split."""
+    return source if Path(source).is_file() else f"{source} [{split}]"
+
+
 class PromptDataModule(LightningDataModule):
     """Prompt rows for RL: ``train_dataloader`` yields lists of ``prompts_per_step`` row dicts.
 
@@ -118,8 +135,11 @@ class PromptDataModule(LightningDataModule):
             task, or ``val_fraction`` of the rows of a file/dataset (removed from training).
         prompt_column: the column holding prompts.
         answer_column: the column holding reference answers (None for none).
-        num_train: training prompts (exactly, for a task; at most, for files; None = all of a file).
-        num_val: held-out prompts (exactly, for a task; at most, otherwise).
+        num_train: training prompts: exactly this many for a task (None: 1000); at most this many of
+            a file/dataset, a seeded sample (None: every row not held out).
+        num_val: validation prompts: exactly this many for a task (None: 64); at most this many of
+            ``val_source`` (None: all its rows); held out of the training file when ``val_source`` is
+            None: ``min(num_val, ceil(val_fraction · rows))`` with num_val None counting as 64.
         task_kwargs: options of a built-in task, e.g. ``{"digits": 1, "ops": "+"}``.
         prompts_per_step: prompts per rollout batch on each process (an incomplete last batch is dropped).
         val_batch_size: prompts per validation batch.
@@ -130,7 +150,7 @@ class PromptDataModule(LightningDataModule):
     """
 
     def __init__(self, train_source: str = "arithmetic", val_source: str | None = None, prompt_column: str = "prompt",
-                 answer_column: str | None = "answer", num_train: int | None = 1000, num_val: int = 64,
+                 answer_column: str | None = "answer", num_train: int | None = None, num_val: int | None = None,
                  task_kwargs: dict | None = None, prompts_per_step: int = 8, val_batch_size: int = 64, seed: int | None = None,
                  train_split: str = "train", val_split: str = "validation", val_fraction: float = 0.1) -> None:
         super().__init__()
@@ -138,6 +158,9 @@ class PromptDataModule(LightningDataModule):
             raise ValueError(f"prompts_per_step and val_batch_size must be >= 1, got {prompts_per_step} and {val_batch_size}")
         if not 0 < val_fraction < 1:
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        for name, n in (("num_train", num_train), ("num_val", num_val)):
+            if n is not None and n < 0:
+                raise ValueError(f"{name} must be >= 0 or None (every row of a file; a task's default size), got {n}")
         self.save_hyperparameters()
         self.train_source, self.val_source = train_source, val_source
         self.prompt_column, self.answer_column = prompt_column, answer_column
@@ -148,24 +171,36 @@ class PromptDataModule(LightningDataModule):
         self.train_rows: list[dict] | None = None
         self.val_rows: list[dict] | None = None
 
-    def _load(self, source: str, split: str, n: int | None) -> list[dict]:
-        kwargs = self.task_kwargs if source in TASKS else {}
-        return load_prompt_rows(source, split, self.prompt_column, self.answer_column, n=n, seed=self.seed, **kwargs)
+    def _load(self, source: str, split: str, limit: str) -> tuple[list[dict], str]:
+        """The rows for ``limit`` (``"num_train"``/``"num_val"``) and their description for the log line."""
+        n = getattr(self, limit)
+        if source in TASKS:
+            n = (TASK_NUM_TRAIN if limit == "num_train" else TASK_NUM_VAL) if n is None else n
+            rows = load_prompt_rows(source, split, self.prompt_column, self.answer_column, n=n, seed=self.seed, **self.task_kwargs)
+            return rows, f"{len(rows)} rows from task {source!r} ({split} split)"
+        rows = load_prompt_rows(source, split, self.prompt_column, self.answer_column, seed=self.seed)
+        kept = [rows[i] for i in subset_indices(len(rows), n, self.seed)]
+        return kept, _count(kept, rows, f"{limit}={n}") + f" from {_name(source, split)}"
 
     def setup(self, stage: str | None = None) -> None:
-        """Load (or generate) the train and validation rows once."""
+        """Load (or generate) the train and validation rows once and say how many there are (rank 0)."""
         if self.train_rows is not None:
             return
         if self.val_source is not None or self.train_source in TASKS:
-            train = self._load(self.train_source, self.train_split, self.num_train)
-            val = self._load(self.val_source or self.train_source, self.val_split, self.num_val)
+            train, train_text = self._load(self.train_source, self.train_split, "num_train")
+            val, val_text = self._load(self.val_source or self.train_source, self.val_split, "num_val")
         else:
-            rows = self._load(self.train_source, self.train_split, None)
+            rows = load_prompt_rows(self.train_source, self.train_split, self.prompt_column, self.answer_column, seed=self.seed)
             order = list(range(len(rows)))
             random.Random(self.seed).shuffle(order)
-            n_val = min(self.num_val, max(1, math.ceil(self.val_fraction * len(rows))))
+            cap = HELD_OUT_MAX if self.num_val is None else self.num_val
+            n_val = min(cap, max(1, math.ceil(self.val_fraction * len(rows))))
             val = [rows[i] for i in sorted(order[:n_val])]
-            train = [rows[i] for i in sorted(order[n_val:])][: self.num_train]
+            rest = [rows[i] for i in sorted(order[n_val:])]
+            train = rest[: self.num_train]
+            train_text = _count(train, rest, f"num_train={self.num_train}") + f" from {_name(self.train_source, self.train_split)}"
+            val_text = f"{len(val)} rows held out of it (val_fraction={self.val_fraction}, at most {cap})"
+        rank_zero_info(f"train: {train_text}, val: {val_text}")
         if len(train) < self.prompts_per_step:
             raise ValueError(f"{self.train_source!r} gave {len(train)} training prompts, fewer than prompts_per_step={self.prompts_per_step}")
         self.train_rows, self.val_rows = train, val

@@ -39,6 +39,13 @@ def _load_dataset(source: str, split: str):
         ) from err
 
 
+def subset_indices(total: int, n: int | None, seed: int) -> list[int]:
+    """The rows ``load_prompt_rows`` keeps of ``total``: all when ``n`` is None or >= total, else a seeded sample of ``n`` in file order."""
+    if n is None or n >= total:
+        return list(range(total))
+    return sorted(random.Random(seed).sample(range(total), n))
+
+
 def load_prompt_rows(source: str, split: str = "train", prompt_column: str = "prompt",
                      answer_column: str | None = "answer", n: int | None = None, seed: int = 0,
                      **task_kwargs) -> list[dict]:
@@ -75,10 +82,8 @@ def load_prompt_rows(source: str, split: str = "train", prompt_column: str = "pr
     if missing:
         raise ValueError(f"{source!r} has no column {missing[0]!r}; its columns are {columns}. "
                          "Set prompt_column / answer_column (answer_column=None for data without answers).")
-    indices = list(range(len(dataset)))
-    if n is not None and n < len(indices):
-        indices = sorted(random.Random(seed).sample(indices, n))
-        dataset = dataset.select(indices)
+    if n is not None and n < len(dataset):
+        dataset = dataset.select(subset_indices(len(dataset), n, seed))
     rows = []
     for record in dataset:
         row = dict(record)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lit_gspo.rewards.calling import CALL_INPUTS, TRAINER_COLUMNS, TRL_ONLY, Convention, convention
+
 
 class RewardWarning(UserWarning):
     """A reward function failed; the samples it affects are masked (each kind logged once per function)."""
@@ -53,10 +55,21 @@ def function_name(fn: Callable) -> str:
 class RewardSet:
     """Weighted sum of reward functions that never lets one bad function or sample crash a run.
 
-    A reward function is any callable ``(prompts, completions, **columns) -> list[float | None]``.
-    ``columns`` carries the dataset columns per sample (e.g. ``answer=[...]``) and trainer-provided
-    ones (``completion_lengths=[...]`` in tokens, ``max_completion_length=int``); functions should
-    accept ``**columns`` and ignore what they do not use.
+    A reward function returns one score (or None) per completion and takes one of two signatures,
+    told apart once from its parameters (see ``lit_gspo.rewards.calling``):
+
+    - lit_gspo's, called positionally: ``def f(prompts, completions, **columns)``;
+    - TRL's (``GRPOTrainer``), called by keyword: ``def f(completions, **kwargs)``,
+      ``def f(completions, answer, **kwargs)``, ``def f(prompts, completions, ground_truth, **kwargs)``,
+      ``def f(completion_ids, **kwargs)`` — any function whose first parameter is ``completions`` or
+      ``completion_ids``, that names both ``prompts`` and ``completions``, or that cannot take two
+      positional arguments (``def f(**kwargs)``).
+
+    Inputs: ``prompts`` and ``completions`` (lists of N strings), ``completion_ids`` (N lists of
+    token ids, when the caller gives them), the dataset columns per sample (e.g. ``answer=[...]``)
+    and trainer ones (``completion_lengths=[...]`` in tokens, ``max_completion_length=int``). A
+    function without ``**kwargs`` gets only the inputs it names. ``check(columns)`` verifies at the
+    start of a run that every required parameter can be filled.
 
     Failures are masked, counted and warned about (``RewardWarning``, once per function and kind):
     a function that raises marks the whole batch invalid; a returned ``None``, NaN, ±inf or non-number
@@ -73,7 +86,8 @@ class RewardSet:
             raise ValueError("RewardSet needs at least one reward function, got an empty list")
         for fn in functions:
             if not callable(fn):
-                raise TypeError(f"reward function {fn!r} is not callable; expected (prompts, completions, **columns) -> list[float]")
+                raise TypeError(f"reward function {fn!r} is not callable; expected (prompts, completions, **columns) "
+                                "or TRL's (completions, **kwargs) -> list[float]")
         if weights is None:
             weights = [float(getattr(fn, "weight", 1.0)) for fn in functions]
         elif len(weights) != len(functions):
@@ -81,6 +95,7 @@ class RewardSet:
         self.functions = functions
         self.weights = [float(w) for w in weights]
         self.names = self._unique_names(functions)
+        self.conventions = [convention(fn) for fn in functions]
         self._warned: set[tuple[str, str]] = set()
 
     @staticmethod
@@ -98,12 +113,38 @@ class RewardSet:
             warnings.warn(message + " (the affected samples are masked; further warnings of this kind are silenced)",
                           RewardWarning, stacklevel=3)
 
-    def _run(self, name: str, fn: Callable, prompts: list[str], completions: list[str], columns: dict) -> Tensor:
+    def check(self, columns: list[str]) -> None:
+        """Fail now if a function has a required parameter no call will fill.
+
+        Args:
+            columns: the dataset's column names (``"prompt"`` is ignored: it arrives as ``prompts``);
+                the trainer columns ``completion_lengths`` and ``max_completion_length`` are added.
+
+        Raises:
+            ValueError: naming each such function, its parameters, the unfillable ones and what is available.
+        """
+        columns = [c for c in dict.fromkeys(columns) if c != "prompt"]
+        available = columns + [c for c in TRAINER_COLUMNS if c not in columns]
+        problems = []
+        for name, conv in zip(self.names, self.conventions):
+            missing = conv.missing(set(CALL_INPUTS) | set(available))
+            if missing:
+                style = "TRL keyword style" if conv.keyword else "positional style (prompts, completions, **columns)"
+                problems.append(f"reward function {name!r} {conv.describe()} [{style}] cannot be given {missing}")
+                if set(missing) & set(TRL_ONLY):
+                    problems[-1] += f" ({sorted(set(missing) & set(TRL_ONLY))} exist only in TRL)"
+        if problems:
+            raise ValueError("; ".join(problems) + f". Available inputs: {list(CALL_INPUTS)} and the columns {available}. "
+                             "Rename the parameter to a column, give it a default, or add the column to the data "
+                             "(the answer column is always passed as 'answer').")
+
+    def _run(self, name: str, fn: Callable, conv: Convention, prompts: list[str], completions: list[str], columns: dict,
+             completion_ids: list | None) -> Tensor:
         """Call one function; returns (N,) fp32 with NaN wherever it failed."""
         n = len(completions)
         nan = torch.full((n,), float("nan"))
         try:
-            result = fn(prompts, completions, **columns)
+            result = conv.call(fn, prompts, completions, columns, completion_ids)
         except Exception as err:  # noqa: BLE001 — a reward bug must not kill the run
             self._warn(name, "raised", f"reward function {name!r} raised {type(err).__name__}: {err}")
             return nan
@@ -129,14 +170,16 @@ class RewardSet:
         out = torch.tensor(values, dtype=torch.float32)
         return out.masked_fill(~torch.isfinite(out), float("nan"))
 
-    def score(self, prompts: list[str], completions: list[str], columns: dict | None = None) -> RewardScores:
-        """Score N completions: ``columns`` maps column name → list of N values (or a scalar)."""
+    def score(self, prompts: list[str], completions: list[str], columns: dict | None = None,
+              completion_ids: list[list[int]] | None = None) -> RewardScores:
+        """Score N completions: ``columns`` maps column name → list of N values (or a scalar);
+        ``completion_ids`` holds each completion's token ids (no padding), for functions that take them."""
         if len(prompts) != len(completions):
             raise ValueError(f"RewardSet.score got {len(prompts)} prompts for {len(completions)} completions")
         columns = dict(columns or {})
         n = len(completions)
-        per_function = {name: self._run(name, fn, prompts, completions, columns)
-                        for name, fn in zip(self.names, self.functions)}
+        per_function = {name: self._run(name, fn, conv, prompts, completions, columns, completion_ids)
+                        for name, fn, conv in zip(self.names, self.functions, self.conventions)}
         valid = torch.ones(n, dtype=torch.bool)
         total = torch.zeros(n, dtype=torch.float32)
         for weight, values in zip(self.weights, per_function.values()):
