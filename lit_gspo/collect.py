@@ -63,7 +63,8 @@ class Collector:
         columns = {k: [r.get(k) for r in episode_rows] for k in rows[0] if k != "prompt"}
         columns["completion_lengths"] = batch.completion_mask.sum(1).tolist()
         columns["max_completion_length"] = max_new_tokens
-        scores = self.rewards.score([r["prompt"] for r in episode_rows], replies, columns)
+        ids = [row[mask].tolist() for row, mask in zip(batch.input_ids[:, batch.prompt_length:], batch.completion_mask)]
+        scores = self.rewards.score([r["prompt"] for r in episode_rows], replies, columns, completion_ids=ids)
         turn_rewards = torch.tensor([turn.reward or 0.0 for turn in turns], dtype=torch.float32)
         total = scores.total.float() + turn_rewards if any(turn.reward is not None for turn in turns) else scores.total.float()
         batch.rewards = fill_failed_with_group_mean(total, scores.valid, group)

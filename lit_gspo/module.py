@@ -237,6 +237,11 @@ class RLModule(LightningModule):
         # checkpoints written before the counter was saved: Lightning's count of batches is the same number
         self.rl_step = checkpoint.get("rl_step", _batches_that_stepped(checkpoint))
 
+    def on_fit_start(self) -> None:
+        rows = getattr(self.trainer.datamodule, "train_rows", None)
+        if rows:  # a reward function whose parameters no dataset column fills fails now, not after N steps
+            self.collector.rewards.check(list(rows[0]))
+
     def on_train_start(self) -> None:
         if self.global_step == 0:
             if self.warm_start_cfg.steps > 0:

@@ -14,3 +14,13 @@ def model():
                          num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
                          pad_token_id=PAD, eos_token_id=EOS, bos_token_id=2)
     return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(autouse=True)
+def no_global_seed_between_tests():
+    """A fit's ``seed_everything`` sets PL_GLOBAL_SEED, which seeds later datamodules and modules: clear it around every test."""
+    import os
+
+    os.environ.pop("PL_GLOBAL_SEED", None)
+    yield
+    os.environ.pop("PL_GLOBAL_SEED", None)
