@@ -78,6 +78,24 @@ def test_ppo_dual_clip():
         PPO(dual_clip=1.0)
 
 
+def test_ppo_value_clip_counts_no_in_band_token_as_clipped():
+    """V − V_old = 0.166 is inside δ = 0.2: V_old + clamp(V − V_old, ±δ) is not bit-equal to V in fp32 here
+    (the old formula counted this token as clipped); the clipped value must be V itself."""
+    t = lambda x: torch.tensor([[x]])  # noqa: E731
+    out = PPO()(t(-1.0), t(-1.0), torch.zeros(1), torch.ones(1, 1, dtype=torch.bool), values=t(0.07671012729406357),
+                old_values=t(-0.08940243721008301), returns=t(-0.6209129691123962))
+    assert out.metrics["value_clip_frac"].item() == 0.0
+    g = torch.Generator().manual_seed(0)
+    old_v, values = torch.randn(64, 32, generator=g), torch.randn(64, 32, generator=g) * 0.3
+    values = old_v + values  # about a third of the tokens outside the ±0.2 band
+    returns = torch.randn(64, 32, generator=g)
+    out = PPO()(torch.zeros(64, 32), torch.zeros(64, 32), torch.zeros(64), torch.ones(64, 32, dtype=torch.bool),
+                values=values, old_values=old_v, returns=returns)
+    outside = ((values - old_v).abs() > 0.2)
+    clipped_wins = ((old_v + (values - old_v).clamp(-0.2, 0.2) - returns).square() > (values - returns).square())
+    assert out.metrics["value_clip_frac"].item() == pytest.approx(float((outside & clipped_wins).float().mean()))
+
+
 def test_ppo_value_loss_hand_values():
     # Â = 0: only the value loss remains. token 0: V=1, V_old=0.5, R=2 → clipped V = 0.7;
     #   max((1−2)², (0.7−2)²) = 1.69 → ½·1.69 = 0.845 (clipped term wins, zero grad to V)

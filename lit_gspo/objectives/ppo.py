@@ -100,7 +100,9 @@ class PPO(PPOClip):
         if self.value_clip is None:
             clipped = unclipped
         else:
-            v_clip = old_values + (values - old_values).clamp(-self.value_clip, self.value_clip)
+            # max(min(V, V_old + δ), V_old − δ) is V itself inside the band; V_old + clamp(V − V_old, ±δ) is not
+            # always bit-equal to V there, and would count in-band tokens as clipped
+            v_clip = torch.maximum(torch.minimum(values, old_values + self.value_clip), old_values - self.value_clip)
             clipped = (v_clip - returns).square()  # (B, T)
         value_loss = aggregate(0.5 * torch.maximum(unclipped, clipped), mask, self.aggregation, counts)
         metrics["value_loss"] = value_loss.detach()
