@@ -278,6 +278,7 @@ class RLModule(LightningModule):
 
     def _validate(self, dm, step: int) -> dict[str, float]:
         start = time.perf_counter()
+        self.collector.engine.sync_weights(self.policy)
         total, count, lengths = 0.0, 0, 0.0
         for rows in dm.val_dataloader():
             rows = rows[self.global_rank::self.trainer.world_size]
