@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from lit_gspo.objectives import (
-    CISPO, DAPO, GMPO, GRPO, GSPO, OBJECTIVES, PPO, Counts, DrGRPO, GSPOToken, Objective, get_objective, kl_penalty,
+    CISPO, DAPO, GMPO, GRPO, GSPO, OBJECTIVES, PPO, SAPO, Counts, DrGRPO, GSPOToken, Objective, get_objective, kl_penalty,
 )
 
-ALL = ["ppo", "grpo", "dapo", "gspo", "gspo_token", "dr_grpo", "cispo", "gmpo"]
+ALL = ["ppo", "grpo", "dapo", "gspo", "gspo_token", "dr_grpo", "cispo", "gmpo", "sapo"]
 
 
 def grad_of(objective, logprobs, *args, **kw):
@@ -166,13 +166,14 @@ def test_defaults_and_class_attributes():
         "dr_grpo": (0.2, 0.2, "seq-mean-token-sum-norm", "group_mean", False, False),
         "cispo": (1.0, 3.0, "token-mean", "group", False, False),
         "gmpo": (0.4, 0.4, "seq-mean-token-mean", "group", False, False),
+        "sapo": (0.0, 0.0, "seq-mean-token-mean", "group", False, False),  # no clip: τ_pos 1.0, τ_neg 1.05
     }
     for name, (lo, hi, agg, est, critic, dyn) in table.items():
         obj = get_objective(name)
         assert (obj.clip_low, obj.clip_high, obj.aggregation) == (lo, hi, agg), name
         assert (obj.paper_advantage, obj.needs_critic, obj.paper_dynamic_sampling) == (est, critic, dyn), name
     classes = {"ppo": PPO, "grpo": GRPO, "dapo": DAPO, "gspo": GSPO, "gspo_token": GSPOToken, "dr_grpo": DrGRPO,
-               "cispo": CISPO, "gmpo": GMPO}
+               "cispo": CISPO, "gmpo": GMPO, "sapo": SAPO}
     for name, cls in classes.items():
         assert OBJECTIVES[name] is cls
         assert isinstance(get_objective(cls.__name__), cls)  # class names work too (LightningCLI style)
@@ -379,3 +380,33 @@ def test_jsonargparse_builds_objectives_by_class_name():
     assert isinstance(obj, DAPO) and (obj.dual_clip, obj.beta, obj.clip_high) == (3.0, 0.01, 0.28)
     cfg = parser.parse_args(["--objective", "GSPO", "--objective.clip_high", "5e-4"])
     assert parser.instantiate(cfg).objective.clip_high == 5e-4
+
+
+def test_sapo_hand_values():
+    # TOKEN_EXAMPLE: row 0 (Â=+1, τ=1): r 1.5, 0.9 → f = 4σ(0.5), 4σ(−0.1); row 1 (Â=−1, τ=1.05): r 0.5 →
+    # f = (4/1.05)σ(−0.525). σ(0.5) = 0.622459, σ(−0.1) = 0.475021, σ(−0.525) = 0.371684.
+    # ℓ: −2.489836, −1.900083 | +1.415938. seq-mean-token-mean: ((−2.489836 − 1.900083)/2 + 1.415947)/2
+    lp, old, mask = ratio_batch(*TOKEN_EXAMPLE)
+    out, grad = grad_of(SAPO(), lp, old, ADV, mask)
+    assert out.loss.item() == pytest.approx(((-2.489837 - 1.900083) / 2 + 1.415938) / 2, abs=1e-5)
+    # ∂ℓ/∂logp = −4σ(1−σ)·r·Â, / |y_i| / N_seqs: row 0 t0 −4·0.622459·0.377541·1.5 / 4 = −0.352502,
+    # t1 −4·0.475021·0.524979·0.9 / 4 = −0.224434; row 1 +4·0.371684·0.628316·0.5 / 2 = +0.233532
+    torch.testing.assert_close(grad, torch.tensor([[-0.352502, -0.224434], [0.233532, 0.0]]), atol=1e-5, rtol=0)
+    assert out.metrics["clip_frac"].item() == 0.0  # a soft gate never zeroes a gradient
+    w = [4 * 0.622459 * 0.377541, 4 * 0.475021 * 0.524979, 4 * 0.371684 * 0.628316]
+    assert out.metrics["gate_weight"].item() == pytest.approx(sum(w) / 3, abs=1e-5)
+    with pytest.raises(ValueError, match="tau_pos and tau_neg must be > 0"):
+        SAPO(tau_neg=0.0)
+
+
+def test_sapo_on_policy_gradient_is_the_policy_gradient_grpo_takes():
+    """At r = 1 the gate's weight is exactly 1: SAPO's gradient equals GRPO's (same aggregation)."""
+    g = torch.Generator().manual_seed(0)
+    lp = -torch.rand(4, 6, generator=g) * 3
+    adv, mask = torch.randn(4, generator=g), torch.rand(4, 6, generator=g) < 0.8
+    sapo, sapo_grad = grad_of(SAPO(), lp, lp.clone(), adv, mask)
+    grpo, grpo_grad = grad_of(GRPO(), lp, lp.clone(), adv, mask)
+    torch.testing.assert_close(sapo_grad, grpo_grad, atol=1e-7, rtol=0)
+    assert sapo.metrics["gate_weight"].item() == pytest.approx(1.0, abs=1e-6)
+    far, far_grad = grad_of(SAPO(), lp, lp - 1.0, adv, mask)  # r = e: every token attenuated
+    assert far.metrics["gate_weight"].item() < 0.6

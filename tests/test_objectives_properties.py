@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from lit_gspo.objectives import AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES, Counts, get_objective
 
-NAMES = ["ppo", "grpo", "dapo", "gspo", "gspo_token", "dr_grpo", "cispo", "gmpo"]
+NAMES = ["ppo", "grpo", "dapo", "gspo", "gspo_token", "dr_grpo", "cispo", "gmpo", "sapo"]
 
 
 def batch(seed=0, B=6, T=7, spread=0.3):

@@ -29,10 +29,11 @@ from lit_gspo.objectives.dapo import DAPO
 from lit_gspo.objectives.dr_grpo import DrGRPO
 from lit_gspo.objectives.cispo import CISPO
 from lit_gspo.objectives.gmpo import GMPO
+from lit_gspo.objectives.sapo import SAPO
 
 __all__ = [
     "AGGREGATIONS", "KL_ESTIMATORS", "OBJECTIVES", "Counts", "LossOutput", "Objective", "aggregate",
     "get_objective", "kl_penalty", "masked_mean", "masked_sum", "MAX_LOG_RATIO", "clipped_surrogate", "log_ratio",
     "sequence_ratio_metrics", "token_ratio_metrics",
-    "PPO", "PPOClip", "GRPO", "DAPO", "GSPO", "GSPOToken", "DrGRPO", "CISPO", "GMPO",
+    "PPO", "PPOClip", "GRPO", "DAPO", "GSPO", "GSPOToken", "DrGRPO", "CISPO", "GMPO", "SAPO",
 ]
