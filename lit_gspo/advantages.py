@@ -104,10 +104,14 @@ class AdvantageEstimator:
 
     Subclasses register under ``name`` (picked in YAML by class name or path). ``needs_values``: the
     estimator reads the critic's ``rollout.old_values`` (the trainer then needs an objective with a critic).
+    ``needs_groups``: the estimator compares the G completions of a prompt with each other, so G = 1
+    gives Â = 0 everywhere (the trainer then refuses ``num_generations`` < 2). False by default, so a
+    user's estimator is not refused for G = 1 unless it says so.
     """
 
     name: ClassVar[str] = "advantage"
     needs_values: ClassVar[bool] = False
+    needs_groups: ClassVar[bool] = False
 
     def __init_subclass__(cls, register: bool = True, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -125,6 +129,7 @@ class GroupNormalized(AdvantageEstimator):
     """Â_i = (R_i − mean_g R) / (std_g R + eps): GRPO's group-relative advantage."""
 
     name = "group"
+    needs_groups = True
 
     def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
         return group_advantages(rollout.rewards, group_size, scale="group")
@@ -134,6 +139,7 @@ class GroupMean(AdvantageEstimator):
     """Â_i = R_i − mean_g R: Dr. GRPO's advantage, no std division."""
 
     name = "group_mean"
+    needs_groups = True
 
     def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
         return group_advantages(rollout.rewards, group_size, scale="none")
@@ -143,6 +149,7 @@ class BatchNormalized(AdvantageEstimator):
     """Â_i = (R_i − mean_g R) / (std_batch R + eps): group baseline, one scale for the batch."""
 
     name = "batch"
+    needs_groups = True
 
     def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
         return group_advantages(rollout.rewards, group_size, scale="batch")
@@ -152,6 +159,7 @@ class RLOO(AdvantageEstimator):
     """Â_i = R_i − mean of the other G − 1 rewards of its group (REINFORCE leave-one-out)."""
 
     name = "rloo"
+    needs_groups = True
 
     def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
         return rloo_advantages(rollout.rewards, group_size)

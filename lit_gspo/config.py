@@ -34,6 +34,12 @@ class Generation:
                              f"and {self.max_new_tokens}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0 (greedy decoding is used for validation), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p} (1: no nucleus cut; 0 would sample nothing)")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: no top-k), got {self.top_k}")
+        if self.max_prompt_length < 1:
+            raise ValueError(f"max_prompt_length must be >= 1, got {self.max_prompt_length}")
 
 
 @dataclass
@@ -55,6 +61,9 @@ class Update:
     TRL) or ``"groups"`` (whole groups in random order, as verl's consecutive minibatches: each
     minibatch holds every row of its prompts, so its advantages sum to 0 per group and a shared prompt
     forward covers all G rows).
+    ``max_grad_norm``: clip the gradient norm to this (> 0), or null for no clipping.
+    ``max_nonfinite_steps``: a minibatch whose loss or gradient norm is NaN/inf makes no optimiser step
+    (counted as ``nonfinite_steps``, with a warning); this many such minibatches in a row stop the run.
     """
 
     epochs: int = 1
@@ -65,6 +74,7 @@ class Update:
     skip_zero_advantage_rows: bool = True
     share_prompt_forward: bool = True
     shuffle: str = "rows"
+    max_nonfinite_steps: int = 3
 
     def __post_init__(self):
         if self.epochs < 1 or self.num_minibatches < 1:
@@ -75,6 +85,10 @@ class Update:
             raise ValueError(f"micro_batch_tokens must be >= 1 or null, got {self.micro_batch_tokens}")
         if self.shuffle not in ("groups", "rows"):
             raise ValueError(f"shuffle must be 'groups' or 'rows', got {self.shuffle!r}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:  # a negative norm would turn descent into ascent
+            raise ValueError(f"max_grad_norm must be > 0 or null (no clipping), got {self.max_grad_norm}")
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
 
     @property
     def on_policy(self) -> bool:

@@ -6,6 +6,8 @@
                             counts = tokens and sequences of the whole minibatch, over every rank
                             for micro-batch: loss = objective(logp, old_logp, Â, mask, counts); backward
                             clip gradients, optimiser step, scheduler step
+                            (no step when the loss or gradient norm is NaN/inf: counted, warned, and
+                            ``update.max_nonfinite_steps`` of them in a row raise)
 
 Old log-probs: the first minibatch's equal its own detached log-probs (no optimiser step yet), so an
 old-policy pass runs only for minibatches 2..M, and not at all on-policy (one epoch, one minibatch).
@@ -17,6 +19,7 @@ the optimiser, the scheduler and its backward.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
 
@@ -64,6 +67,8 @@ class Learner:
         self.routing_replay, self.records_routing = routing_replay, record_routing or routing_replay
         self.gradient_checkpointing = gradient_checkpointing
         self.is_moe = bool(moe_routers(policy))
+        self.updates = 0  # minibatch updates attempted, across rollouts (named in non-finite warnings)
+        self.nonfinite_in_a_row = 0
 
     # ------------------------------------------------------------------ snapshot
     @torch.no_grad()
@@ -113,7 +118,7 @@ class Learner:
         n = len(rollout)
         size = math.ceil(n / cfg.num_minibatches)
         records: list[tuple[dict, float]] = []
-        grad_norms, step_losses = [], []
+        grad_norms, step_losses, nonfinite = [], [], 0
         ratio_stats, steps_done = RatioStats(), 0  # ratios seen after ≥1 optimiser step (before it they are 1)
         active = self.rows_with_gradient(rollout)  # (N,) bool
         for epoch in range(cfg.epochs):
@@ -122,6 +127,7 @@ class Learner:
                 later = order[size:]
                 rollout.old_logprobs = self.old_logprobs(rollout, later[active[later]])
             for start in range(0, n, size):
+                first_record = len(records)
                 rows = order[start:start + size]
                 counts = self.global_counts(rollout.completion_mask[rows])  # normalisers count every row
                 # rows without gradient are left out; if none has one, a single row still runs (its loss is 0)
@@ -150,8 +156,15 @@ class Learner:
                     step_loss += float(out.loss.detach())
                 if skipped_tokens:  # Â = 0: no clipping can zero a gradient there, so clip fractions stay over every token
                     records.append(({k: 0.0 for k in micro_metrics if k.startswith("clip_frac")}, skipped_tokens))
+                norm = self.clip_and_norm()
+                self.updates += 1
+                if not self.step_is_finite(step_loss, norm, epoch, start // size):
+                    opt.zero_grad()  # NaN/inf gradients never reach the weights, the optimiser state or the schedule
+                    del records[first_record:]  # the metrics describe the steps taken
+                    nonfinite += 1
+                    continue
                 step_losses.append(step_loss)
-                grad_norms.append(self.clip_and_norm())
+                grad_norms.append(norm)
                 opt.step()
                 # an autocast with its cast cache on (not Lightning's) would keep the pre-step bf16 weights
                 torch.clear_autocast_cache()
@@ -159,8 +172,10 @@ class Learner:
                 if scheduler is not None:
                     scheduler.step()
         metrics = reduce_weighted_means(records)  # token-weighted over every rank's micro-batches
-        metrics["loss"] = sum_over_ranks(sum(step_losses) / len(step_losses))  # micro-batch and rank shares add up
-        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        nan = float("nan")  # (every minibatch skipped as non-finite)
+        metrics["loss"] = sum_over_ranks(sum(step_losses) / len(step_losses) if step_losses else nan)  # shares add up
+        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else nan
+        metrics["nonfinite_steps"] = float(nonfinite)  # minibatches whose optimiser step was skipped
         metrics["rows_with_gradient"] = float(active.float().mean())  # share of rows the update ran (this rank)
         metrics["lr"] = opt.param_groups[0]["lr"] if not hasattr(opt, "optimizer") else opt.optimizer.param_groups[0]["lr"]
         if not cfg.on_policy:  # ratio diagnostics (lit_gspo.diagnostics); NaN where undefined, same keys every step
@@ -189,6 +204,27 @@ class Learner:
         if fwd.entropy is not None and mask.any():
             out.metrics["entropy"] = fwd.entropy[mask].mean()
         return out, float(mask.sum()), fwd.logprobs.detach()
+
+    def step_is_finite(self, loss: float, grad_norm: float, epoch: int, minibatch: int) -> bool:
+        """Whether this minibatch may step; warns on a non-finite loss or gradient norm and raises after
+        ``update.max_nonfinite_steps`` in a row. Every rank decides alike (the norm is already global; the
+        loss is summed over ranks) so no rank steps, raises or waits alone."""
+        total_loss = sum_over_ranks(loss)
+        if math.isfinite(total_loss) and math.isfinite(grad_norm):
+            self.nonfinite_in_a_row = 0
+            return True
+        self.nonfinite_in_a_row += 1
+        limit = self.cfg.max_nonfinite_steps
+        where = (f"update {self.updates} (epoch {epoch + 1}, minibatch {minibatch + 1} of this rollout): "
+                 f"loss={total_loss}, grad_norm={grad_norm}")
+        warnings.warn(f"non-finite {where}; skipped the optimiser step ({self.nonfinite_in_a_row} in a row, "
+                      f"the run stops at max_nonfinite_steps={limit})", RuntimeWarning, stacklevel=3)
+        if self.nonfinite_in_a_row >= limit:
+            raise RuntimeError(
+                f"{self.nonfinite_in_a_row} optimiser steps in a row had a non-finite loss or gradient norm (last: {where}); "
+                "no weights were changed by them. Lower the learning rate, check the rewards and the objective for "
+                f"NaN/inf, or raise update.max_nonfinite_steps={limit}")
+        return False
 
     # ------------------------------------------------------------------ pieces
     def rows_with_gradient(self, rollout: RolloutBatch) -> Tensor:

@@ -71,7 +71,8 @@ class RLModule(LightningModule):
         kl_to_ref: keep a frozen reference policy to log ``train/kl`` even when β = 0.
         gradient_checkpointing: recompute each decoder layer's activations in backward (less memory,
             about a third more compute; TRL's GRPOTrainer turns it on by default).
-        val_every_n_steps: greedy validation every n RL steps (also once before the first update).
+        val_every_n_steps: greedy validation every n RL steps (also once before the first update and once at
+            the end; 0: only those two).
         routing_replay: MoE only: record each layer's top-k experts in the old-policy pass (which then runs even
             on-policy) and force the update's forward to use them (Routing Replay, GSPO paper §5.3).
         track_routing_volatility: MoE only: log ``train/routing_volatility``, the share of (completion token,
@@ -119,6 +120,15 @@ class RLModule(LightningModule):
                 "use GAE with PPO, and GroupNormalized, GroupMean, BatchNormalized or RLOO with the others")
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.generation, self.warm_start_cfg = generation or Generation(), warm_start or WarmStart()
+        if self.advantage.needs_groups and self.generation.num_generations < 2:
+            raise ValueError(
+                f"generation.num_generations={self.generation.num_generations}, but {type(self.advantage).__name__} compares "
+                "the completions of a prompt with each other (Â = 0 for a group of 1, nothing is learned): use "
+                "num_generations >= 2, or an estimator without groups (GAE with PPO)")
+        if max_skipped_steps < 1:
+            raise ValueError(f"max_skipped_steps must be >= 1, got {max_skipped_steps}")
+        if val_every_n_steps < 0:
+            raise ValueError(f"val_every_n_steps must be >= 0 (0: only before and after training), got {val_every_n_steps}")
         self.max_skipped_steps, self._skipped_in_a_row = max_skipped_steps, 0
         self.val_every_n_steps, self.seed = val_every_n_steps, resolve_seed(seed)
         self.rl_step = 0  # RL steps (rollout batches) done, across epochs and resumes: the ``step`` of the logs

@@ -108,6 +108,19 @@ def test_missing_column_names_available(tmp_path):
         load_prompt_rows(str(path), prompt_column="question")
 
 
+@pytest.mark.parametrize("prompt, what", [("", "empty"), ("  \n", "empty"), (None, "neither a string"), (7, "neither a string"),
+                                          ([], "empty"), (["hi"], "neither a string"), ([{"role": "user"}], "neither a string")])
+def test_a_bad_prompt_row_is_refused_at_load_naming_file_and_row(tmp_path, prompt, what):
+    path = tmp_path / "data.jsonl"
+    rows = [{"prompt": "ok", "answer": "1"}, {"prompt": "fine", "answer": "2"}, {"prompt": prompt, "answer": "3"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=rf"{path}.* row 2: the prompt is {what}"):
+        load_prompt_rows(str(path))
+    messages = [{"role": "user", "content": "hi"}]  # a list of chat messages is a prompt
+    path.write_text(json.dumps({"prompt": messages, "answer": None}) + "\n")
+    assert load_prompt_rows(str(path)) == [{"prompt": messages, "answer": None}]
+
+
 def test_unknown_source_error_is_clear(monkeypatch):
     import datasets.config
     import huggingface_hub.constants

@@ -2,6 +2,7 @@
 update, micro-batching and prompt sharing that change the work and not the result."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -277,3 +278,59 @@ def test_minibatches_take_whole_groups_or_shuffled_rows():
     assert learner.minibatch_order(12).tolist() == list(range(12))
     with pytest.raises(ValueError, match="'groups' or 'rows', got 'prompts'"):
         Update(shuffle="prompts")
+
+
+class FaultyGSPO(GSPO, register=False):
+    """GSPO whose loss is multiplied by ``factor`` on the calls numbered in ``calls`` (1-based): NaN, or 0 for a reference."""
+
+    def __init__(self, calls, factor, **kwargs):
+        super().__init__(**kwargs)
+        self.calls, self.factor, self.n = set(calls), factor, 0
+
+    def policy_loss(self, *args, **kwargs):
+        out = super().policy_loss(*args, **kwargs)
+        self.n += 1
+        if self.n in self.calls:
+            out.loss = out.loss * self.factor
+        return out
+
+
+def test_a_non_finite_minibatch_makes_no_optimiser_step_and_n_in_a_row_stop_the_run():
+    update = Update(num_minibatches=3, share_prompt_forward=False)  # one micro-batch, one objective call per minibatch
+    policy = make_learner(update).policy
+    rollout = sample_rollout(policy)
+    runs = {}
+    for name, factor in (("nan", float("nan")), ("zero", 0.0)):  # "zero": minibatch 2 steps on a zero gradient
+        learner = Learner(copy.deepcopy(policy), FaultyGSPO([2], factor, clip_low=0.02, clip_high=0.02), update,
+                          max_len=MAX_NEW, group_size=G)
+        batch = with_rewards(learner, rollout, [0.0, 1.0, 3.0] * 4)
+        opt = torch.optim.SGD(learner.policy.parameters(), lr=0.1)  # no momentum: a zero-gradient step changes nothing
+        scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+        torch.manual_seed(1)
+        if name == "nan":
+            with pytest.warns(RuntimeWarning, match=r"update 2 .*loss=nan.*skipped the optimiser step \(1 in a row"):
+                metrics = learner.learn(batch, opt, scheduler)
+        else:
+            metrics = learner.learn(batch, opt, scheduler)
+        runs[name] = learner, metrics, scheduler.last_epoch
+    (nan, nan_metrics, nan_sched), (zero, zero_metrics, zero_sched) = runs["nan"], runs["zero"]
+    assert nan_metrics["nonfinite_steps"] == 1 and zero_metrics["nonfinite_steps"] == 0
+    assert (nan_sched, zero_sched) == (2, 3)  # no scheduler step for the skipped minibatch
+    assert math.isfinite(nan_metrics["loss"]) and math.isfinite(nan_metrics["grad_norm"])  # over the steps taken
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in nan.policy.parameters())  # NaN gradients zeroed
+    assert any(not torch.equal(p, q) for p, q in zip(policy.parameters(), nan.policy.parameters()))
+    for p, q in zip(nan.policy.parameters(), zero.policy.parameters()):
+        assert torch.equal(p, q) and torch.isfinite(p).all()  # the same weights as the other two steps alone
+
+    stuck = Learner(copy.deepcopy(policy), FaultyGSPO(range(1, 100), float("nan"), clip_low=0.02, clip_high=0.02),
+                    Update(max_nonfinite_steps=2), max_len=MAX_NEW, group_size=G)
+    opt = torch.optim.AdamW(stuck.policy.parameters(), lr=1e-2)
+    batch = with_rewards(stuck, rollout, [0.0, 1.0, 3.0] * 4)
+    with pytest.warns(RuntimeWarning, match="1 in a row"):
+        stuck.learn(copy.deepcopy(batch), opt)
+    assert not opt.state  # AdamW never stepped
+    with pytest.raises(RuntimeError, match=r"2 optimiser steps in a row .*non-finite.*max_nonfinite_steps=2"), \
+            pytest.warns(RuntimeWarning):
+        stuck.learn(copy.deepcopy(batch), opt)
+    for p, q in zip(policy.parameters(), stuck.policy.parameters()):
+        assert torch.equal(p, q)

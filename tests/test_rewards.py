@@ -67,6 +67,18 @@ def test_char_accuracy_partial_credit_and_overlong():
     assert call(CharAccuracy(), [""], [""]) == [1.0]
 
 
+def test_a_missing_answer_is_a_failed_sample_never_the_string_none():
+    assert CharAccuracy()(["p"], ["x"], answer=[None]) == [None]
+    assert CharAccuracy()(["p"], ["None"], answer=[None]) == [None]  # not 1.0 against "None"
+    assert call(ExactMatch(), ["None", "7"], [None, "7"]) == [None, 1.0]
+    assert call(AnswerMatch(mode="last_number"), ["7", "7"], [None, "7"]) == [None, 1.0]  # no ValueError
+    assert call(AnswerMatch(), ["None", "7"], [None, "7"]) == [None, 1.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RewardWarning)
+        scores = RewardSet([CharAccuracy()]).score(["p", "q"], ["None", "12"], {"answer": [None, "12"]})
+    assert scores.valid.tolist() == [False, True] and scores.num_failed == 1
+
+
 def test_format_reward_fullmatch():
     fn = FormatReward(r"<answer>\d+</answer>")
     assert call(fn, ["<answer>12</answer>", " <answer>12</answer>\n", "so <answer>12</answer>", "<answer>x</answer>"]) == [1, 1, 0, 0]

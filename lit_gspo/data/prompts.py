@@ -66,8 +66,9 @@ def load_prompt_rows(source: str, split: str = "train", prompt_column: str = "pr
         **task_kwargs: options of the built-in task (e.g. ``digits=2``); rejected for files.
 
     Raises:
-        ValueError: a missing column (naming the columns the dataset has), an unreadable source, or a
-            task too small for ``n``.
+        ValueError: a missing column (naming the columns the dataset has), an unreadable source, a
+            task too small for ``n``, or a row whose prompt is empty, whitespace only, or neither a
+            string nor a list of ``{"role", "content"}`` messages (naming the source and row index).
     """
     if source in TASKS:
         if n is None:
@@ -82,16 +83,35 @@ def load_prompt_rows(source: str, split: str = "train", prompt_column: str = "pr
     if missing:
         raise ValueError(f"{source!r} has no column {missing[0]!r}; its columns are {columns}. "
                          "Set prompt_column / answer_column (answer_column=None for data without answers).")
+    indices = list(range(len(dataset)))
     if n is not None and n < len(dataset):
-        dataset = dataset.select(subset_indices(len(dataset), n, seed))
+        indices = subset_indices(len(dataset), n, seed)
+        dataset = dataset.select(indices)
+    where = source if Path(source).is_file() else f"{source} [{split}]"
     rows = []
-    for record in dataset:
+    for index, record in zip(indices, dataset):
         row = dict(record)
         row["prompt"] = row.pop(prompt_column)
+        problem = prompt_problem(row["prompt"])
+        if problem:
+            raise ValueError(f"{where} row {index}: the prompt is {problem}, got {row['prompt']!r} "
+                             f"(column {prompt_column!r}); fix or drop the row")
         if answer_column is not None:
             row["answer"] = row.pop(answer_column)
         rows.append(row)
     return rows
+
+
+def prompt_problem(prompt) -> str | None:
+    """Why ``prompt`` cannot be sampled from (None when it can): a non-blank string or a non-empty message list."""
+    if isinstance(prompt, str):
+        return "empty (or whitespace only)" if not prompt.strip() else None
+    if isinstance(prompt, list):
+        if not prompt:
+            return "empty (a list of no messages)"
+        if all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt):
+            return None
+    return "neither a string nor a list of {'role': str, 'content': str} messages"
 
 
 def encode_prompts(tokenizer, prompts: list, *, chat_template: bool | None = None, max_prompt_length: int,

@@ -1,4 +1,9 @@
-"""Rewards that compare a completion with the reference ``answer`` column."""
+"""Rewards that compare a completion with the reference ``answer`` column.
+
+A row whose answer is None (a missing value in the data) has nothing to compare with: these rewards
+return None for it, so its sample is masked and counted in ``reward_failed``, never scored against
+the string "None".
+"""
 
 from __future__ import annotations
 
@@ -54,10 +59,11 @@ class AnswerMatch:
         self.mode = mode
         self.weight = weight
 
-    def __call__(self, prompts: list[str], completions: list[str], answer: list | None = None, **columns) -> list[float]:
+    def __call__(self, prompts: list[str], completions: list[str], answer: list | None = None,
+                 **columns) -> list[float | None]:
         answers = _answers(answer, len(completions), "AnswerMatch")
         if self.mode == "last_number":
-            return [self._last_number(c, a) for c, a in zip(completions, answers)]
+            return [None if a is None else self._last_number(c, a) for c, a in zip(completions, answers)]
         return self._math_verify(completions, answers)
 
     @staticmethod
@@ -70,13 +76,16 @@ class AnswerMatch:
         return float(found is not None and Decimal(found) == gold)
 
     @staticmethod
-    def _math_verify(completions: list[str], answers: list) -> list[float]:
+    def _math_verify(completions: list[str], answers: list) -> list[float | None]:
         from math_verify import parse, verify
 
         # math-verify's timeouts use SIGALRM, which only the main thread may set.
         timeout = 5 if threading.current_thread() is threading.main_thread() else None
         scores = []
         for completion, answer in zip(completions, answers):
+            if answer is None:
+                scores.append(None)
+                continue
             gold = parse(str(answer), parsing_timeout=timeout)
             pred = parse(completion, parsing_timeout=timeout)
             scores.append(float(bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=timeout)))
@@ -95,10 +104,11 @@ class ExactMatch:
         self.strip = strip
         self.weight = weight
 
-    def __call__(self, prompts: list[str], completions: list[str], answer: list | None = None, **columns) -> list[float]:
+    def __call__(self, prompts: list[str], completions: list[str], answer: list | None = None,
+                 **columns) -> list[float | None]:
         answers = _answers(answer, len(completions), "ExactMatch")
         norm = (lambda s: str(s).strip()) if self.strip else str
-        return [float(norm(c) == norm(a)) for c, a in zip(completions, answers)]
+        return [None if a is None else float(norm(c) == norm(a)) for c, a in zip(completions, answers)]
 
 
 class CharAccuracy:
@@ -118,9 +128,10 @@ class CharAccuracy:
         self.strip = strip
         self.weight = weight
 
-    def __call__(self, prompts: list[str], completions: list[str], answer: list | None = None, **columns) -> list[float]:
+    def __call__(self, prompts: list[str], completions: list[str], answer: list | None = None,
+                 **columns) -> list[float | None]:
         answers = _answers(answer, len(completions), "CharAccuracy")
-        return [self.score(c, a) for c, a in zip(completions, answers)]
+        return [None if a is None else self.score(c, a) for c, a in zip(completions, answers)]
 
     def score(self, completion: str, answer) -> float:
         """Score one completion against one answer (the formula above)."""
