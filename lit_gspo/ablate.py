@@ -32,6 +32,7 @@ import math
 import shutil
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,7 @@ import yaml
 from jsonargparse import ArgumentParser
 
 from lit_gspo.ablate_report import SUMMARY_COLUMNS, summarise_run, write_report
+from lit_gspo.quiet import CLI_ARGS_WARNING
 from lit_gspo.rlcli import cli_main
 
 SEED_KEYS = ("seed_everything", "model.seed", "data.seed")
@@ -133,6 +135,9 @@ def fit_args(ab: Ablation, arm: Arm, seed: int, run_dir: Path, base_path: Path) 
 
 def run_one(args: list[str]) -> None:
     """One fit, in this process."""
+    # sys.argv holds `lit-gspo ablate ...`, which this process consumed: passing `args` is no mistake here. Not
+    # in a catch_warnings block: that would also undo the filters RLModule installs for the fit below.
+    warnings.filterwarnings("ignore", message=CLI_ARGS_WARNING)
     cli = cli_main(args, run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
 

@@ -39,6 +39,7 @@ from lit_gspo.models.lora import apply_lora, merged_for_saving
 from lit_gspo.models.routing import moe_routers
 from lit_gspo.objectives import GSPO, Objective
 from lit_gspo.optim import shard_aware
+from lit_gspo.quiet import silence_lightning_noise
 from lit_gspo.rewards import ExactMatch, RewardSet
 from lit_gspo.warm_start import warm_start
 
@@ -108,6 +109,7 @@ class RLModule(LightningModule):
         seed: int | None = None,
     ):
         super().__init__()
+        silence_lightning_noise()  # before Trainer.fit checks its configuration (lit_gspo/quiet.py says what and why)
         self.save_hyperparameters(ignore=["objective", "optimizer", "lr_scheduler", "rewards", "environment", "engine",
                                           "advantage"])
         self.automatic_optimization = False
@@ -134,6 +136,7 @@ class RLModule(LightningModule):
         self.rl_step = 0  # RL steps (rollout batches) done, across epochs and resumes: the ``step`` of the logs
         self._logged_keys: set[str] = set()
         self._last_val_step: int | None = None
+        self._last_val_metrics: dict[str, float] = {}
 
         self.policy, self.tokenizer = load_policy(model, gguf_file=gguf_file, config_overrides=model_config, seed=self.seed)
         if routing_replay and not moe_routers(self.policy):
@@ -225,6 +228,13 @@ class RLModule(LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
 
     def setup(self, stage: str) -> None:
+        # One Lightning batch is one RL step (seconds to minutes, not milliseconds): every RL step writes its
+        # train/* row, as every validation writes its val/* row. Lightning's default of a row every 50 batches
+        # (the CLI's is 1) would leave a short plain-Trainer run without a train/reward. Set on the trainer
+        # rather than by writing rows past Lightning, so the rows keep Lightning's step, epoch and flushing;
+        # 0 (logging off) is kept.
+        if self.trainer.log_every_n_steps > 1:
+            self.trainer.log_every_n_steps = 1
         advice = bf16_on_cpu_warning(self.trainer.precision, self.trainer.strategy.root_device.type)
         if advice:  # bf16 emulated on this CPU: slower than fp32
             rank_zero_warn(advice, category=SlowPrecisionWarning)
@@ -274,17 +284,21 @@ class RLModule(LightningModule):
         """Mean reward of greedy completions on the held-out prompts, logged as ``val/reward``.
 
         Runs on a fork of the RNG state: how often one validates does not change the training run
-        (a DataLoader iterator alone draws from the global generator).
+        (a DataLoader iterator alone draws from the global generator). Called again at the same step (e.g.
+        after ``fit``, which validates at its end), it returns that validation's metrics without re-running.
         """
         dm = self.trainer.datamodule if self._trainer is not None else None
         step = self.rl_step if step is None else step
-        if dm is None or not hasattr(dm, "val_dataloader") or step == self._last_val_step:
-            return {}  # (the last periodic validation may coincide with the one at the end)
+        if dm is None or not hasattr(dm, "val_dataloader"):
+            return {}
+        if step == self._last_val_step:  # the last periodic validation may coincide with the one at the end
+            return dict(self._last_val_metrics)
         self._last_val_step = step
         device_type = self.device.type
         devices = [self.device.index or 0] if device_type not in ("cpu", "meta") else []
         with torch.random.fork_rng(devices=devices, device_type=device_type if devices else None):
-            return self._validate(dm, step)
+            self._last_val_metrics = self._validate(dm, step)
+        return dict(self._last_val_metrics)
 
     def _validate(self, dm, step: int) -> dict[str, float]:
         start = time.perf_counter()

@@ -48,7 +48,8 @@ class RLArgumentParser(LightningArgumentParser):
 
 
 class RLCLI(LightningCLI):
-    """LightningCLI with CSV metrics by default (``<default_root_dir>/**/metrics.csv``) and checkpoints.
+    """LightningCLI with CSV metrics by default (``<default_root_dir>/**/metrics.csv``), checkpoints, and a
+    progress bar over RL steps (``lit_gspo.progress.RLProgressBar``).
 
     Checkpoints (``lit_gspo.checkpointing``): ``<default_root_dir>/checkpoints/last.ckpt`` every
     ``checkpoint_every_n_steps`` steps, written atomically; resume with ``--ckpt_path last``.
@@ -84,7 +85,20 @@ class RLCLI(LightningCLI):
             config["logger"] = CSVLogger(save_dir=config.get("default_root_dir") or os.getcwd())
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         configure_checkpointing(config, callbacks, cfg.get("checkpoint_every_n_steps", 50))
+        add_progress_bar(config, callbacks)
         return super()._instantiate_trainer(config, callbacks)
+
+
+def add_progress_bar(config: dict, callbacks: list) -> None:
+    """``RLProgressBar`` (RL steps n/N) in place of Lightning's default bar, unless the progress bar is off
+    (``--trainer.enable_progress_bar false``) or the user gave a progress bar of their own."""
+    from lightning.pytorch.callbacks import ProgressBar
+
+    from lit_gspo.progress import RLProgressBar
+
+    given = list(callbacks) + list(config.get("callbacks") or [])
+    if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
+        callbacks.append(RLProgressBar())
 
 
 def cli_main(args: list[str] | None = None, run: bool = True,

@@ -1,0 +1,67 @@
+"""One progress bar over RL steps: ``RL step 37/500 |███▏      | [01:02<13:00, 1.69s/it, reward=0.41, clip=0.002]``.
+
+Lightning's bar counts batches of the current data epoch ("Epoch 11 27/27") and, after a resume or with
+K epochs × M minibatches, mixes RL steps with optimiser steps. This one counts RL steps (rollout batches)
+from ``RLModule.rl_step``, so it starts where a resumed run left off, and its total is the run's:
+``trainer.max_steps`` optimiser steps / (K × M) per RL step, or the batches per epoch × ``max_epochs``
+(whichever ends the run first). ``RLCLI`` uses it unless ``--trainer.enable_progress_bar false``; with a
+plain ``lightning.Trainer`` pass ``callbacks=[RLProgressBar()]``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm, convert_inf
+
+
+def optimizer_steps_per_rl_step(pl_module) -> int:
+    """K epochs × M minibatches (1 for a module without a ``learner``)."""
+    cfg = getattr(getattr(pl_module, "learner", None), "cfg", None)
+    return (cfg.epochs * cfg.num_minibatches) if cfg is not None else 1
+
+
+def total_rl_steps(trainer, pl_module) -> int | None:
+    """RL steps the run will reach (None: unbounded or unknown)."""
+    totals = []
+    if trainer.max_steps is not None and trainer.max_steps >= 0:
+        totals.append(math.ceil(trainer.max_steps / optimizer_steps_per_rl_step(pl_module)))
+    per_epoch, max_epochs = trainer.num_training_batches, trainer.max_epochs
+    if max_epochs is not None and max_epochs >= 0 and per_epoch is not None and math.isfinite(per_epoch):
+        totals.append(int(per_epoch) * max_epochs)
+    return min(totals) if totals else None
+
+
+class RLProgressBar(TQDMProgressBar):
+    """Lightning's tqdm bar, counting RL steps across data epochs and resumes (validation/test bars unchanged)."""
+
+    BAR_FORMAT = "RL step {n_fmt}/{total_fmt} |{bar}| [{elapsed}<{remaining}, {rate_noinv_fmt}{postfix}]"
+
+    def init_train_tqdm(self) -> Tqdm:
+        bar = super().init_train_tqdm()
+        bar.bar_format = self.BAR_FORMAT  # (tqdm would print a description as "RL step: ")
+        return bar
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        bar = self.train_progress_bar
+        bar.total = convert_inf(total_rl_steps(trainer, pl_module))
+        # a resumed run starts at its RL step; the rate and ETA count only this session's steps
+        bar.initial = bar.n = getattr(pl_module, "rl_step", 0)
+        bar.refresh()
+
+    def on_train_epoch_start(self, trainer, *_: Any) -> None:
+        """One bar for the whole run: a new data epoch does not reset it."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        bar = self.train_progress_bar
+        n = getattr(pl_module, "rl_step", batch_idx + 1)
+        if bar is not None and not bar.disable and self._should_update(n, bar.total):
+            bar.n = n
+            bar.set_postfix(self.get_metrics(trainer, pl_module))  # refreshes
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if not self.train_progress_bar.disable:
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
