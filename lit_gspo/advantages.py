@@ -125,34 +125,32 @@ class AdvantageEstimator:
         return f"{type(self).__name__}()"
 
 
-class GroupNormalized(AdvantageEstimator):
+class GroupBaseline(AdvantageEstimator, register=False):
+    """Â_i = (R_i − mean_g R) / scale: the group's mean reward as baseline, ``scale`` as :func:`group_advantages`."""
+
+    scale: ClassVar[str] = "group"
+    needs_groups = True
+
+    def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
+        return group_advantages(rollout.rewards, group_size, scale=self.scale)
+
+
+class GroupNormalized(GroupBaseline):
     """Â_i = (R_i − mean_g R) / (std_g R + eps): GRPO's group-relative advantage."""
 
-    name = "group"
-    needs_groups = True
-
-    def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
-        return group_advantages(rollout.rewards, group_size, scale="group")
+    name, scale = "group", "group"
 
 
-class GroupMean(AdvantageEstimator):
+class GroupMean(GroupBaseline):
     """Â_i = R_i − mean_g R: Dr. GRPO's advantage, no std division."""
 
-    name = "group_mean"
-    needs_groups = True
-
-    def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
-        return group_advantages(rollout.rewards, group_size, scale="none")
+    name, scale = "group_mean", "none"
 
 
-class BatchNormalized(AdvantageEstimator):
+class BatchNormalized(GroupBaseline):
     """Â_i = (R_i − mean_g R) / (std_batch R + eps): group baseline, one scale for the batch."""
 
-    name = "batch"
-    needs_groups = True
-
-    def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
-        return group_advantages(rollout.rewards, group_size, scale="batch")
+    name, scale = "batch", "batch"
 
 
 class RLOO(AdvantageEstimator):
