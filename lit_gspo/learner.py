@@ -156,7 +156,7 @@ class Learner:
                     step_loss += float(out.loss.detach())
                 if skipped_tokens:  # Â = 0: no clipping can zero a gradient there, so clip fractions stay over every token
                     records.append(({k: 0.0 for k in micro_metrics if k.startswith("clip_frac")}, skipped_tokens))
-                norm = self.clip_and_norm()
+                norm, step_loss = self.clip_and_norm(), sum_over_ranks(step_loss)  # the rank shares add up
                 self.updates += 1
                 if not self.step_is_finite(step_loss, norm, epoch, start // size):
                     opt.zero_grad()  # NaN/inf gradients never reach the weights, the optimiser state or the schedule
@@ -173,7 +173,7 @@ class Learner:
                     scheduler.step()
         metrics = reduce_weighted_means(records)  # token-weighted over every rank's micro-batches
         nan = float("nan")  # (every minibatch skipped as non-finite)
-        metrics["loss"] = sum_over_ranks(sum(step_losses) / len(step_losses) if step_losses else nan)  # shares add up
+        metrics["loss"] = sum(step_losses) / len(step_losses) if step_losses else nan
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else nan
         metrics["nonfinite_steps"] = float(nonfinite)  # minibatches whose optimiser step was skipped
         metrics["rows_with_gradient"] = float(active.float().mean())  # share of rows the update ran (this rank)
@@ -207,16 +207,15 @@ class Learner:
 
     def step_is_finite(self, loss: float, grad_norm: float, epoch: int, minibatch: int) -> bool:
         """Whether this minibatch may step; warns on a non-finite loss or gradient norm and raises after
-        ``update.max_nonfinite_steps`` in a row. Every rank decides alike (the norm is already global; the
-        loss is summed over ranks) so no rank steps, raises or waits alone."""
-        total_loss = sum_over_ranks(loss)
-        if math.isfinite(total_loss) and math.isfinite(grad_norm):
+        ``update.max_nonfinite_steps`` in a row. ``loss`` and ``grad_norm`` are global (summed over ranks), so
+        every rank decides alike and none steps, raises or waits alone."""
+        if math.isfinite(loss) and math.isfinite(grad_norm):
             self.nonfinite_in_a_row = 0
             return True
         self.nonfinite_in_a_row += 1
         limit = self.cfg.max_nonfinite_steps
         where = (f"update {self.updates} (epoch {epoch + 1}, minibatch {minibatch + 1} of this rollout): "
-                 f"loss={total_loss}, grad_norm={grad_norm}")
+                 f"loss={loss}, grad_norm={grad_norm}")
         warnings.warn(f"non-finite {where}; skipped the optimiser step ({self.nonfinite_in_a_row} in a row, "
                       f"the run stops at max_nonfinite_steps={limit})", RuntimeWarning, stacklevel=3)
         if self.nonfinite_in_a_row >= limit:
