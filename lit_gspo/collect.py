@@ -56,7 +56,7 @@ class Collector:
         completion_ids = batch.input_ids[:, batch.prompt_length:].masked_fill(~batch.completion_mask, pad_id)
         replies = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         episode_rows = [r for r in rows for _ in range(group)]
-        turns = [self.environment.step(row, reply) for row, reply in zip(episode_rows, replies)]
+        turns = [self.environment.step(row, reply, {**self.environment.reset(row), "turn": 1}) for row, reply in zip(episode_rows, replies)]
         if not all(turn.done for turn in turns):
             raise NotImplementedError(f"{type(self.environment).__name__} continued an episode after the first reply; "
                                       "multi-turn episodes are not collected yet (single-turn environments only)")

@@ -115,7 +115,7 @@ def prompt_problem(prompt) -> str | None:
 
 
 def encode_prompts(tokenizer, prompts: list, *, chat_template: bool | None = None, max_prompt_length: int,
-                   system_prompt: str | None = None) -> list[list[int]]:
+                   system_prompt: str | None = None, tools: list[dict] | None = None) -> list[list[int]]:
     """Token ids of each prompt, ready for generation; never truncates.
 
     With a chat template (``chat_template=True``, or None and the tokenizer has one) each prompt
@@ -123,7 +123,7 @@ def encode_prompts(tokenizer, prompts: list, *, chat_template: bool | None = Non
     tokenized without adding special tokens (the template writes its own). A prompt may also be a
     list of messages already. Without a chat template the raw text is tokenized with the
     tokenizer's own special tokens (e.g. a BOS if it adds one); ``system_prompt`` is then
-    prepended followed by a newline.
+    prepended followed by a newline. ``tools``: JSON schemas passed to the chat template's ``tools=``.
 
     Raises:
         ValueError: a prompt longer than ``max_prompt_length`` tokens (naming its index, length and
@@ -141,7 +141,8 @@ def encode_prompts(tokenizer, prompts: list, *, chat_template: bool | None = Non
             messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
             if system_prompt is not None and not any(m.get("role") == "system" for m in messages):
                 messages = [{"role": "system", "content": system_prompt}, *messages]
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                 **({"tools": tools} if tools else {}))
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         else:
             if not isinstance(prompt, str):
