@@ -1,12 +1,12 @@
-"""collect: Environment × RolloutEngine → scored trajectories, refilled when groups carry no signal.
+"""collect: Environment × RolloutEngine → scored episodes, refilled when groups carry no signal.
 
     prompt ids  = environment.encode(rows)                      (rendered once, never truncated)
-    rollout     = engine.sample(policy, prompt ids, G per prompt)
-    rewards     = Σ_k w_k · reward_k(prompt, reply, **columns) + the environment's turn reward
+    episodes    = engine.sample(policy, prompt ids, G per prompt), then, while the environment answers
+                  and max_turns allows, its observation appended and the next reply sampled (lit_gspo.episodes)
+    rewards     = Σ_k w_k · reward_k(prompt, last reply, **columns) + Σ_turns the environment's turn reward
     a sample a reward function failed on keeps its row (groups stay whole) with loss mask 0 and its
     group's mean valid reward, so it moves neither the group's mean nor anyone's advantage
-    dynamic sampling: drop groups whose rewards are all equal, sample new prompts, ≤ max_rounds rounds
-"""
+    dynamic sampling: drop groups whose rewards are all equal, sample new prompts, ≤ max_rounds rounds"""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from lit_gspo.config import Generation
 from lit_gspo.engines import RolloutEngine
 from lit_gspo.envs import Environment
+from lit_gspo.episodes import Episode, assemble, episode_stats, replies_of, step_all
 from lit_gspo.rewards import RewardSet
 from lit_gspo.rollout import RolloutBatch, concat_rollouts
 
@@ -36,7 +37,7 @@ class Collector:
         """First-prompt ids of ``rows``, checked to leave room for the longest completion in the context."""
         g = self.generation
         new_tokens = max(g.max_new_tokens, g.val_max_new_tokens or 0)
-        context = getattr(policy.config, "max_position_embeddings", None) or g.max_prompt_length + new_tokens
+        context = _context_length(policy, g)
         if context - new_tokens < 1:
             raise ValueError(f"generation.max_new_tokens={new_tokens} leaves no room for a prompt in the "
                              f"model's context of {context} tokens")
@@ -44,35 +45,115 @@ class Collector:
 
     def sample(self, policy: nn.Module, rows: list[dict], *, greedy: bool = False, synced_gpus: bool = False
                ) -> tuple[RolloutBatch, list[str], dict[str, float]]:
-        """Generate (G per prompt, or one greedy) and score; returns the batch, the replies and reward stats."""
-        g = self.generation
+        """Run the episodes of ``rows`` (G per row, or one greedy) and score them.
+
+        Returns the batch, each episode's last reply and the step's stats.
+        """
+        g, env = self.generation, self.environment
         group = 1 if greedy else g.num_generations
         max_new_tokens = (g.val_max_new_tokens or g.max_new_tokens) if greedy else g.max_new_tokens
+        prompt_ids = self.encode(policy, rows)
+        batch = self._generate(policy, prompt_ids, group, max_new_tokens, greedy, synced_gpus)
         pad_id = self.tokenizer.pad_token_id
-        batch = self.engine.sample(policy, self.encode(policy, rows), num_generations=group,
-                                   max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=self.tokenizer.eos_token_id,
-                                   temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, greedy=greedy,
-                                   synced_gpus=synced_gpus)
         completion_ids = batch.input_ids[:, batch.prompt_length:].masked_fill(~batch.completion_mask, pad_id)
-        replies = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         episode_rows = [r for r in rows for _ in range(group)]
-        turns = [self.environment.step(row, reply, {**self.environment.reset(row), "turn": 1}) for row, reply in zip(episode_rows, replies)]
-        if not all(turn.done for turn in turns):
-            raise NotImplementedError(f"{type(self.environment).__name__} continued an episode after the first reply; "
-                                      "multi-turn episodes are not collected yet (single-turn environments only)")
-        columns = {k: [r.get(k) for r in episode_rows] for k in rows[0] if k != "prompt"}
-        columns["completion_lengths"] = batch.completion_mask.sum(1).tolist()
+        context = _context_length(policy, self.generation)
+        episodes = [Episode(row, env.reset(row), budget=min(env.max_episode_tokens or context, context - len(ids)))
+                    for row, ids in zip(episode_rows, (p for p in prompt_ids for _ in range(group)))]
+        for episode, ids, logprobs, text in zip(episodes, *replies_of(batch), texts):
+            episode.add_reply(ids[:episode.budget], None if logprobs is None else logprobs[:episode.budget], text)
+        step_all(env, episodes, texts)
+        if env.max_turns > 1:
+            self._continue_episodes(policy, episodes, [p for p in prompt_ids for _ in range(group)], max_new_tokens,
+                                    greedy, synced_gpus)
+            batch = assemble(batch, episodes, pad_id)
+        for episode in episodes:
+            episode.truncated = episode.truncated or not episode.done
+        batch.rewards, batch.token_rewards, stats = self._score(batch, episodes, group, max_new_tokens)
+        return batch, [e.replies[-1] for e in episodes], stats
+
+    def _generate(self, policy: nn.Module, prompt_ids: list[list[int]], group: int, max_new_tokens: int,
+                  greedy: bool, synced_gpus: bool) -> RolloutBatch:
+        g = self.generation
+        return self.engine.sample(policy, prompt_ids, num_generations=group, max_new_tokens=max_new_tokens,
+                                  pad_id=self.tokenizer.pad_token_id, eos_id=self.tokenizer.eos_token_id,
+                                  temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, greedy=greedy,
+                                  synced_gpus=synced_gpus)
+
+    def _continue_episodes(self, policy: nn.Module, episodes: list[Episode], prompt_ids: list[list[int]],
+                           max_new_tokens: int, greedy: bool, synced_gpus: bool) -> None:
+        """Turns 2..max_turns: append each observation, sample the next reply on exactly the ids so far."""
+        env, tok = self.environment, self.tokenizer
+        eos = set(tok.eos_token_id if isinstance(tok.eos_token_id, list) else [tok.eos_token_id])
+        for turn in range(2, env.max_turns + 1):
+            active, contexts = [], []
+            for i, episode in enumerate(episodes):
+                if episode.done:
+                    continue
+                ids = env.encode_observation(tok, episode.turns[-1].observation,
+                                             reply_ended_with_eos=episode.reply_ids[-1:] and episode.reply_ids[-1] in eos)
+                full_budget = episode.budget + len(episode.ids)
+                if len(ids) + 1 > full_budget:
+                    raise ValueError(f"{type(env).__name__} returned an observation of {len(ids)} tokens at turn {turn}; "
+                                     f"the episode's whole budget is {full_budget} tokens after the first prompt "
+                                     f"(max_episode_tokens={env.max_episode_tokens}, context {_context_length(policy, self.generation)}): "
+                                     "shorten the observation or raise the budget")
+                if len(ids) + 1 > episode.budget:  # no room for the observation and one reply token
+                    episode.truncated = True
+                    continue
+                episode.add_observation(ids)
+                active.append(episode)
+                contexts.append(prompt_ids[i] + episode.ids)
+            if not active and not synced_gpus:
+                break
+            if not active:  # every rank must call generate as often as the others under synced_gpus
+                self._generate(policy, [[tok.eos_token_id]], 1, 1, greedy, synced_gpus)
+                continue
+            batch = self._generate(policy, contexts, 1, min(max_new_tokens, max(e.budget for e in active)),
+                                   greedy, synced_gpus)
+            for episode, ids, logprobs in zip(active, *replies_of(batch)):
+                ids = ids[:episode.budget]
+                episode.add_reply(ids, None if logprobs is None else logprobs[:len(ids)],
+                                  tok.decode(ids, skip_special_tokens=True))
+            step_all(env, active, [e.replies[-1] for e in active])
+
+    def _score(self, batch: RolloutBatch, episodes: list[Episode], group: int, max_new_tokens: int
+               ) -> tuple[Tensor, Tensor | None, dict[str, float]]:
+        """Episode rewards: the reward functions' score of the last reply plus every turn's own reward.
+
+        A sample a reward function failed on keeps its row (groups stay whole) with loss mask 0 and its
+        group's mean valid reward. Multi-turn batches also get each reply's reward on its last token.
+        """
+        rows = [e.row for e in episodes]
+        columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
+        columns["completion_lengths"] = [len(e.reply_ids) for e in episodes]
         columns["max_completion_length"] = max_new_tokens
-        ids = [row[mask].tolist() for row, mask in zip(batch.input_ids[:, batch.prompt_length:], batch.completion_mask)]
-        scores = self.rewards.score([r["prompt"] for r in episode_rows], replies, columns, completion_ids=ids)
-        turn_rewards = torch.tensor([turn.reward or 0.0 for turn in turns], dtype=torch.float32)
-        total = scores.total.float() + turn_rewards if any(turn.reward is not None for turn in turns) else scores.total.float()
-        batch.rewards = fill_failed_with_group_mean(total, scores.valid, group)
+        columns["turns"] = [len(e.replies) for e in episodes]
+        columns["replies"] = [list(e.replies) for e in episodes]
+        scores = self.rewards.score([r["prompt"] for r in rows], [e.replies[-1] for e in episodes], columns,
+                                    completion_ids=[e.reply_ids for e in episodes])
+        turn_rewards = [[float(t.reward or 0.0) for t in e.turns] for e in episodes]
+        total = scores.total.float()
+        if any(t.reward is not None for e in episodes for t in e.turns):
+            total = total + torch.tensor([sum(r) for r in turn_rewards], dtype=torch.float32)
+        rewards = fill_failed_with_group_mean(total, scores.valid, group)
         # a failed sample keeps its row (groups stay intact) but carries no gradient
-        batch.completion_mask = batch.completion_mask & scores.valid[:, None]
+        batch.completion_mask = batch.completion_mask & scores.valid[:, None].to(batch.completion_mask.device)
+        token_rewards = None
+        if batch.turn_ids is not None:
+            token_rewards = torch.zeros(batch.turn_ids.shape, dtype=torch.float32)
+            for i, e in enumerate(episodes):
+                turn_rewards[i][-1] += float(rewards[i]) - sum(turn_rewards[i])  # the reward functions' (filled) share
+                last_token = {turn: t for t, (turn, policy) in enumerate(zip(e.turn_ids, e.is_policy)) if policy}
+                for turn, t in last_token.items():
+                    token_rewards[i, t] = turn_rewards[i][turn]
+            token_rewards = token_rewards.to(batch.turn_ids.device)
         stats = {"reward_failed": float(scores.num_failed)}
         stats.update({f"reward/{name}": value for name, value in scores.means().items()})
-        return batch, replies, stats
+        if self.environment.max_turns > 1:
+            stats.update(episode_stats(episodes))
+        return rewards, token_rewards, stats
 
     def collect(self, policy: nn.Module, rows: list[dict], refill: Callable[[int], list[dict]], synced_gpus: bool = False
                 ) -> tuple[RolloutBatch | None, dict[str, float]]:
@@ -108,6 +189,10 @@ class Collector:
                      response_length=float(rollout.completion_mask.sum(1).float().mean()),
                      reward_all_groups=float(all_rewards.mean()))
         return rollout.trimmed(), stats
+
+
+def _context_length(policy: nn.Module, generation: Generation) -> int:
+    return getattr(policy.config, "max_position_embeddings", None) or generation.max_prompt_length + generation.max_new_tokens
 
 
 def fill_failed_with_group_mean(rewards: Tensor, valid: Tensor, group: int) -> Tensor:

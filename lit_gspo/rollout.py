@@ -2,8 +2,8 @@
 
 Layout of a rollout: every row is one prompt, left-padded to P tokens, followed by its completion,
 right-padded to T tokens. ``completion_mask`` (N, T) is the per-token loss mask: 1 on tokens the policy
-sampled (single-turn: up to and including the first EOS), 0 on padding and on any token the
-environment appended; ``attention_mask`` marks every real token. Rows are group-major: prompt 0's G
+sampled (each reply up to and including its first EOS), 0 on padding and on the tokens the
+environment appended between replies (multi-turn); ``attention_mask`` marks every real token. Rows are group-major: prompt 0's G
 completions, then prompt 1's, and so on. Engines (``lit_gspo.engines``) produce them.
 """
 
@@ -34,6 +34,8 @@ class RolloutBatch:
     ref_logprobs: Tensor | None = None  # (N, T) fp32
     old_values: Tensor | None = None  # (N, T) fp32, PPO critic
     returns: Tensor | None = None  # (N, T) fp32, PPO critic
+    turn_ids: Tensor | None = None  # (N, T) long, multi-turn: the 0-based reply each completion token belongs to or follows
+    token_rewards: Tensor | None = None  # (N, T) fp32, multi-turn: each reply's reward on its last token; sums to rewards
     routing: Any = None  # RoutingRecord of the old-policy pass, (N, P + T, k) per MoE layer; select/trimmed slice it
 
     def __len__(self) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 #: inputs every call can supply besides the dataset's columns (trainer columns included)
 CALL_INPUTS = ("prompts", "completions", "completion_ids")
-TRAINER_COLUMNS = ("completion_lengths", "max_completion_length")
+TRAINER_COLUMNS = ("completion_lengths", "max_completion_length", "turns", "replies")
 #: TRL passes these too; lit_gspo has no equivalent, so a function must not require them
 TRL_ONLY = ("trainer_state", "log_extra", "log_metric", "environments")
 
