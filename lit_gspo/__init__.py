@@ -53,6 +53,7 @@ _EXPORTS = {
     # advantage estimators
     "AdvantageEstimator": "lit_gspo.advantages",
     "GroupNormalized": "lit_gspo.advantages",
+    "TurnGroupNormalized": "lit_gspo.advantages",
     "GroupMean": "lit_gspo.advantages",
     "BatchNormalized": "lit_gspo.advantages",
     "RLOO": "lit_gspo.advantages",

@@ -7,6 +7,7 @@ Rows are ordered group-major: prompt 0's G completions, then prompt 1's, and so 
     BatchNormalized  "batch"       Â_i = (R_i − mean_g R) / (std_batch R + eps)  group baseline, batch-wide scale
     RLOO             "rloo"        Â_i = R_i − (Σ_g R − R_i) / (G − 1)           leave-one-out baseline
     GAE              "gae"         generalised advantage estimation on a critic's values, whitened (PPO)
+    TurnGroupNormalized "turn_group"  per reply of a multi-turn episode: its return-to-go, group-normalised per turn
 
 Each is a small class picked by class path or name (``--model.advantage RLOO``); :func:`get_advantage`
 builds one by name. An estimator returns Â per row (N,) or per token (N, T); one that needs the
@@ -185,14 +186,70 @@ class GAE(AdvantageEstimator):
         values, mask = rollout.old_values, rollout.completion_mask
         if values is None:
             raise ValueError("GAE needs the critic's values (rollout.old_values): use an objective with a critic (PPO)")
-        token_rewards = torch.zeros_like(values)
-        last = (mask.sum(1) - 1).clamp(min=0)
-        token_rewards[torch.arange(len(rollout)), last] = rollout.rewards
-        advantages, rollout.returns = gae(token_rewards, values, mask, gamma=self.gamma, lam=self.lam)
+        if rollout.token_rewards is None:  # single-turn: the reward sits on the last completion token
+            token_rewards = torch.zeros_like(values)
+            last = (mask.sum(1) - 1).clamp(min=0)
+            token_rewards[torch.arange(len(rollout)), last] = rollout.rewards
+            advantages, rollout.returns = gae(token_rewards, values, mask, gamma=self.gamma, lam=self.lam)
+        else:  # multi-turn: the environment's tokens are skipped, as if the replies were one sequence
+            index, packed_mask = pack_policy_tokens(mask)
+            packed = gae(rollout.token_rewards.gather(1, index), values.gather(1, index), packed_mask,
+                         gamma=self.gamma, lam=self.lam)
+            advantages, rollout.returns = (torch.zeros_like(values).scatter(1, index, x * packed_mask) for x in packed)
         valid = advantages[mask]
         if self.whiten and valid.numel() > 1:
             advantages = (advantages - valid.mean()) / (valid.std() + 1e-8)
         return advantages * mask
+
+
+def pack_policy_tokens(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(index, packed_mask): ``x.gather(1, index)`` moves each row's masked tokens to its front, in order."""
+    order = torch.sort((~mask.bool()).to(torch.int8), dim=1, stable=True).indices  # masked positions first
+    width = max(1, int(mask.sum(1).max()))
+    index = order[:, :width]
+    return index, torch.arange(width, device=mask.device)[None] < mask.sum(1, keepdim=True)
+
+
+class TurnGroupNormalized(AdvantageEstimator):
+    """Per-turn credit for multi-turn episodes: each reply's tokens get that reply's return-to-go,
+    normalised within its group among the episodes that have a reply at the same turn.
+
+        G_{i,k} = Σ_{j ≥ k} r_{i,j}        r_{i,j}: reply j's reward (the last reply's includes the reward functions')
+        Â_{i,t} = (G_{i,k} − mean G_{·,k}) / (std G_{·,k} + eps)    for every token t of reply k of episode i
+    mean and std over the episodes of i's group with a reply k (std unbiased); Â = 0 where fewer than two
+    have one, or their returns are equal. Single-turn rollouts (one reply per episode) get exactly
+    GroupNormalized's Â. GSPO-token uses Â_{i,t} per token; GSPO and the token-level objectives too
+    (see the README's table).
+    """
+
+    name = "turn_group"
+    needs_groups = True
+
+    def __init__(self, eps: float = 1e-6):
+        self.eps = eps
+
+    def __repr__(self) -> str:
+        return f"TurnGroupNormalized(eps={self.eps})"
+
+    def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
+        if rollout.turn_ids is None:
+            return group_advantages(rollout.rewards, group_size, eps=self.eps)
+        _grouped(rollout.rewards, group_size)  # validates the layout and that rewards are finite
+        mask, turn_ids = rollout.completion_mask, rollout.turn_ids
+        turns = int(turn_ids[mask].max()) + 1 if mask.any() else 1
+        rewards = torch.zeros(len(rollout), turns, dtype=torch.float32, device=mask.device)
+        rewards.scatter_add_(1, turn_ids.clamp(max=turns - 1), torch.where(mask, rollout.token_rewards.float(), 0.0))
+        present = torch.zeros_like(rewards, dtype=torch.long).scatter_add_(1, turn_ids.clamp(max=turns - 1), mask.long()) > 0
+        returns = rewards.flip(1).cumsum(1).flip(1)  # (N, K) return-to-go of each reply
+        g_returns, g_present = returns.view(-1, group_size, turns), present.view(-1, group_size, turns)
+        n = g_present.sum(1, keepdim=True)  # (N/G, 1, K) episodes with a reply k
+        mean = (g_returns * g_present).sum(1, keepdim=True) / n.clamp(min=1)
+        var = (((g_returns - mean) * g_present) ** 2).sum(1, keepdim=True) / (n - 1).clamp(min=1)
+        highest = torch.where(g_present, g_returns, -torch.inf).amax(1, keepdim=True)
+        lowest = torch.where(g_present, g_returns, torch.inf).amin(1, keepdim=True)
+        signal = g_present & (n >= 2) & (highest != lowest)
+        adv = torch.where(signal, (g_returns - mean) / (var.sqrt() + self.eps), 0.0).view(-1, turns)
+        return adv.gather(1, turn_ids.clamp(max=turns - 1)) * mask
 
 
 def get_advantage(name: str, **kwargs) -> AdvantageEstimator:

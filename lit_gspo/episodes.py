@@ -118,6 +118,7 @@ def episode_stats(episodes: list[Episode]) -> dict[str, float]:
         known = [e.turns[k].success for e in episodes if len(e.turns) > k and e.turns[k].success is not None]
         if known:
             stats[f"success_turn{k + 1}"] = sum(known) / len(known)
+            stats[f"reached_turn{k + 1}"] = len(known) / n  # the share success_turn{k + 1} is a rate of
     if any(t.success is not None for e in episodes for t in e.turns):
         stats["success"] = sum(any(t.success for t in e.turns) for e in episodes) / n
     keys = sorted({key for e in episodes for t in e.turns for key in t.metrics})

@@ -159,7 +159,8 @@ class RLModule(LightningModule):
         self.learner = Learner(
             self.policy, self.objective, update or Update(), value_head=self.value_head,
             reference=(self.ref_policy if lora is None else "adapters_off") if use_ref else None,
-            temperature=self.generation.temperature, max_len=self.generation.max_new_tokens,
+            temperature=self.generation.temperature,
+            max_len=self.generation.max_new_tokens * self.collector.environment.max_turns,
             group_size=self.generation.num_generations, routing_replay=routing_replay,
             record_routing=bool(moe_routers(self.policy)) and track_routing_volatility,
             gradient_checkpointing=gradient_checkpointing)
@@ -303,23 +304,41 @@ class RLModule(LightningModule):
     def _validate(self, dm, step: int) -> dict[str, float]:
         start = time.perf_counter()
         self.collector.engine.sync_weights(self.policy)
+        episode_keys = self._episode_metric_keys()
         total, count, lengths = 0.0, 0, 0.0
+        episode_sums = torch.zeros(2, len(episode_keys), dtype=torch.float64)  # value × rows, rows reporting it
         for rows in dm.val_dataloader():
             rows = rows[self.global_rank::self.trainer.world_size]
             if not rows:
                 continue
-            batch, _, _ = self.collector.sample(self.policy, rows, greedy=True, synced_gpus=self._synced_gpus())
+            batch, _, stats = self.collector.sample(self.policy, rows, greedy=True, synced_gpus=self._synced_gpus())
             total += float(batch.rewards.sum())
             lengths += float(batch.completion_mask.sum())
             count += len(rows)
-        sums = all_reduce_sum(torch.tensor([total, float(count), lengths], dtype=torch.float64))
+            for j, key in enumerate(episode_keys):
+                if key in stats:  # success_turn{k} is a rate over the episodes that reached turn k
+                    reached = stats[key.replace("success_", "reached_")] if key.startswith("success_turn") else 1.0
+                    weight = len(rows) * reached
+                    episode_sums[:, j] += torch.tensor([stats[key] * weight, weight], dtype=torch.float64)
+        sums = all_reduce_sum(torch.cat([torch.tensor([total, float(count), lengths], dtype=torch.float64),
+                                         episode_sums.flatten()]))
         metrics = {"val/reward": float(sums[0] / sums[1].clamp(min=1)),
-                   "val/response_length": float(sums[2] / sums[1].clamp(min=1)),
-                   "time/val_s": time.perf_counter() - start}
+                   "val/response_length": float(sums[2] / sums[1].clamp(min=1))}
+        episode_sums = sums[3:].view(2, -1)
+        metrics.update({f"val/{key}": float(episode_sums[0, j] / episode_sums[1, j])
+                        for j, key in enumerate(episode_keys) if episode_sums[1, j] > 0})
+        metrics["time/val_s"] = time.perf_counter() - start
         for logger in self.loggers:
             logger.log_metrics(metrics, step=step)
         rank_zero_info(f"step {step}: val/reward = {metrics['val/reward']:.4f} ({metrics['time/val_s']:.1f} s)")
         return metrics
+
+    def _episode_metric_keys(self) -> list[str]:
+        """The multi-turn metrics validation reports (none for a single-turn environment)."""
+        max_turns = self.collector.environment.max_turns
+        if max_turns == 1:
+            return []
+        return ["turns", "success"] + [f"success_turn{k}" for k in range(1, max_turns + 1)]
 
     def save_hf_model(self, path: Path, state_dict: dict | None = None) -> None:
         """Save in Hugging Face format; ``state_dict``: the full weights of an FSDP2-sharded policy."""
