@@ -131,12 +131,13 @@ def test_an_environment_answering_wrongly_is_named(tiny, bad, message):
         collector(tok, Bad(max_turns=2)).sample(policy, ROWS)
 
 
-def test_retry_with_feedback_blanks_wrong_characters_and_penalises_retries():
+def test_retry_with_feedback_blanks_wrong_characters_and_charges_each_wrong_try():
     env = RetryWithFeedback(max_turns=3, retry_penalty=0.25)
     row = {"prompt": "rev 382=", "answer": "283"}
     assert env.hint("293", "283") == "2_3" and env.hint("2", "283") == "2__" and env.hint("28345", "283") == "283"
     turn = env.step(row, " 293 ", {"turn": 1})
-    assert (turn.observation, turn.done, turn.reward, turn.success) == (" 2_3=", False, -0.25, False)
+    assert (turn.observation, turn.done, turn.success) == (" 2_3=", False, False)
+    assert turn.reward == pytest.approx(2 / 3 - 1 - 0.25)  # two of three characters right, minus the penalty
     assert env.step(row, "283", {"turn": 2}) == Turn(done=True, success=True)
     assert env.step(row, "111", {"turn": 3}) == Turn(done=True, success=False)  # the last try gets no hint
     with pytest.raises(ValueError, match="must contain"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lit_gspo.envs.base import Environment, Turn
+from lit_gspo.rewards import CharAccuracy
 
 
 class RetryWithFeedback(Environment):
@@ -12,20 +13,23 @@ class RetryWithFeedback(Environment):
     answer; characters missing at the end are blanks too), e.g. answer ``283``, reply ``293`` → ``2_3``.
     The observation is ``feedback.format(hint=...)``; the policy replies again, up to ``max_turns`` replies.
 
-        turn reward:  −retry_penalty for every wrong reply that gets another try, else 0
+        turn reward:  −(1 − acc_k) − retry_penalty for a wrong reply k that gets another try, else 0
+        acc_k:        the share of reply k's characters in the right place (``CharAccuracy``)
         success:      reply.strip() == answer  (ends the episode)
 
-    The reward functions (``model.rewards``) score the last reply, so with ``ExactMatch`` an episode
-    earns 1 − retry_penalty·(turns − 1) when it ends right, and −retry_penalty·(turns − 1) when not.
+    The reward functions (``model.rewards``) score the last reply, so with ``CharAccuracy`` an episode
+    of K replies earns acc_K − Σ_{k<K} (1 − acc_k + retry_penalty): 1 when the first reply is right, and
+    each wrong try costs what it got wrong. Every reply's return-to-go thus depends on its own accuracy
+    (``TurnGroupNormalized`` credits it per turn).
 
     Args:
         feedback: the observation after a wrong reply; ``{hint}`` is replaced by the hint.
         blank: the character marking a wrong position.
-        retry_penalty: the reward of each wrong reply that is given another try (≥ 0 is subtracted).
+        retry_penalty: subtracted once more for each wrong reply that is given another try (≥ 0).
         max_turns: the most replies per episode (the first try included).
     """
 
-    def __init__(self, feedback: str = " {hint}=", blank: str = "_", retry_penalty: float = 0.2, max_turns: int = 3,
+    def __init__(self, feedback: str = " {hint}=", blank: str = "_", retry_penalty: float = 0.0, max_turns: int = 3,
                  **kwargs):
         super().__init__(max_turns=max_turns, **kwargs)
         if "{hint}" not in feedback:
@@ -54,4 +58,4 @@ class RetryWithFeedback(Environment):
         if state["turn"] >= self.max_turns:
             return Turn(done=True, success=False)
         return Turn(observation=self.feedback.format(hint=self.hint(reply, answer)), done=False,
-                    reward=-self.retry_penalty, success=False)
+                    reward=CharAccuracy(strip=False).score(reply, answer) - 1.0 - self.retry_penalty, success=False)
