@@ -61,11 +61,14 @@ def test_hermes_reads_a_json_list_string_arguments_and_an_unclosed_last_tag():
     assert [(c.name, c.arguments, c.error) for c in calls] == [("a", {}, None), ("b", {"x": 1}, None), ("c", {"y": 2}, None)]
 
 
-@pytest.mark.parametrize("reply", ["The answer is 42.", "<tool_call> is how I would call a tool", ""])
-def test_no_well_formed_tags_and_no_call(reply):
-    calls = HermesFormat().parse(reply)
-    assert calls == [] or (len(calls) == 1 and calls[0].error)  # a lone opening tag is a broken call, not silence
-    assert PlainFormat().parse(reply) == []
+@pytest.mark.parametrize("reply", ["The answer is 42.", "", "I would write CALL on a line of its own."])
+def test_a_reply_without_calls_has_none_in_either_format(reply):
+    assert HermesFormat().parse(reply) == [] and PlainFormat().parse(reply) == []
+
+
+def test_a_lone_opening_tag_is_a_broken_call_not_silence():
+    (call,) = HermesFormat().parse("<tool_call> is how I would call a tool")
+    assert call.error.startswith("the tool call is not valid JSON")
 
 
 @pytest.mark.parametrize("body", ['{"arguments": {}}', "[1]", '{"name": "add", "arguments": [1, 2]}'])
@@ -211,7 +214,7 @@ def no_args_section(x: int) -> int:
 @pytest.mark.parametrize("tool, problem", [
     (no_hints, r"no_hints .*missing a type hint"),
     (no_args_section, r"no_args_section .*no description for the argument 'x'"),
-    (lambda x: x, r"<lambda>.*"),
+    (lambda x: x, r"<lambda> .*no docstring"),
 ])
 def test_a_tool_without_a_schema_is_refused_naming_it_and_the_fix(tool, problem):
     with pytest.raises(ValueError, match=problem) as err:
@@ -360,3 +363,8 @@ def test_the_calculator_config_builds_a_tool_environment_whose_prompts_name_the_
     a, b = row["prompt"].removeprefix("What is ").split("?")[0].split(" * ")
     (call,) = env.call_format.parse(row["prompt"].split("Write ")[1].split(", then")[0])
     assert env.call(call) == (row["answer"], True) and int(row["answer"]) == int(a) * int(b)
+
+
+def test_tools_only_through_a_template_that_is_off_is_refused():
+    with pytest.raises(ValueError, match="would never see the tools"):
+        ToolUse([CALC], tools_in_system_prompt=False).encode(char_tokenizer(), [{"prompt": "Q"}], 1000)

@@ -74,9 +74,9 @@ class ToolUse(Environment):
         calls = self.call_format.parse(reply)
         if not calls:
             return Turn(done=True, metrics={"tool_calls": 0.0, "tool_errors": 0.0})
-        answers = [self.call(call) if i < self.max_calls_per_turn else
-                   (f"Error: only {self.max_calls_per_turn} tool calls are run per reply; this one was not", False)
-                   for i, call in enumerate(calls)]
+        answers = [self.call(call) for call in calls[:self.max_calls_per_turn]]
+        skipped = (f"Error: only {self.max_calls_per_turn} tool calls are run per reply; this one was not", False)
+        answers += [skipped] * (len(calls) - len(answers))
         observation = [{"role": "tool", "name": call.name, "content": text} for call, (text, _) in zip(calls, answers)]
         errors = sum(not ok for _, ok in answers)
         return Turn(observation=observation, done=False, metrics={"tool_calls": float(len(calls)), "tool_errors": float(errors)})
@@ -103,6 +103,9 @@ class ToolUse(Environment):
 
     def encode(self, tokenizer, rows: list[dict], max_prompt_length: int) -> list[list[int]]:
         if not self.describes_tools_in_text(tokenizer):
+            if not self.uses_chat_template(tokenizer):
+                raise ValueError("tools_in_system_prompt=False but chat templating is off, so the model would never "
+                                 "see the tools; use tools_in_system_prompt=None or True")
             return super().encode(tokenizer, rows, max_prompt_length)
         instructions = self.call_format.describe(self.schemas)
         system = instructions if self.system_prompt is None else f"{self.system_prompt}\n\n{instructions}"
