@@ -61,7 +61,7 @@ def test_hermes_reads_a_json_list_string_arguments_and_an_unclosed_last_tag():
     assert [(c.name, c.arguments, c.error) for c in calls] == [("a", {}, None), ("b", {"x": 1}, None), ("c", {"y": 2}, None)]
 
 
-@pytest.mark.parametrize("reply", ["The answer is 42.", "", "I would write CALL on a line of its own."])
+@pytest.mark.parametrize("reply", ["The answer is 42.", "", "I would CALL nobody."])
 def test_a_reply_without_calls_has_none_in_either_format(reply):
     assert HermesFormat().parse(reply) == [] and PlainFormat().parse(reply) == []
 
@@ -78,10 +78,21 @@ def test_hermes_json_of_the_wrong_shape_is_an_error(body):
 
 
 def test_plain_parses_positional_and_keyword_literals_one_call_per_line():
-    reply = 'I will use the tool.\nCALL calculator("123 * 45")\n  CALL add(1, b=-2)\nnot a CALL add(3)\n'
+    reply = 'I will use the tool.\nCALL calculator("123 * 45")\n  CALL add(1, b=-2)\n'
     calls = PlainFormat().parse(reply)
     assert [(c.name, c.args, c.arguments, c.error) for c in calls] == [("calculator", ("123 * 45",), {}, None),
                                                                       ("add", (1,), {"b": -2}, None)]
+
+
+def test_plain_reads_a_call_inside_a_line_up_to_its_closing_parenthesis():
+    calls = PlainFormat().parse('To answer, CALL calculator("(1 + 2) * 3"), then CALL add(1, b=2) and say it.')
+    assert [(c.name, c.args, c.arguments, c.error) for c in calls] == [("calculator", ("(1 + 2) * 3",), {}, None),
+                                                                      ("add", (1,), {"b": 2}, None)]
+
+
+@pytest.mark.parametrize("reply", ["No need to CALL anything: 42.", "Reply without CALL.", "RECALL add(1)", "CALL\nadd(1)"])
+def test_plain_prose_mentioning_call_is_not_a_call(reply):
+    assert PlainFormat().parse(reply) == []
 
 
 @pytest.mark.parametrize("line, problem", [
@@ -91,6 +102,7 @@ def test_plain_parses_positional_and_keyword_literals_one_call_per_line():
     ("CALL add(*[1, 2])", "*args and **kwargs"),
     ('CALL calculator("1 + 2"', "cannot read the call"),
     ("CALL 3 + 4", "not a call"),
+    ("CALL [718 * 328] + 6960", "not a call"),           # CALL at the start of a line is always a call attempt
 ])
 def test_plain_refuses_what_is_not_a_call_with_literal_arguments(line, problem):
     (call,) = PlainFormat().parse(line)

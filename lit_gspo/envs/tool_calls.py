@@ -8,12 +8,16 @@ results read back when chat templating is off. Picked by name in :class:`~lit_gs
     {"name": "calculator", "arguments": {"expression": "123 * 45"}}
     </tool_call>
 
-``plain`` (for small models and templates that cannot express tool calls): one call per line, the word
-``CALL`` then a Python-style call whose arguments are literals (strings, numbers, lists, ...), positional
-or by name::
+``plain`` (for small models and templates that cannot express tool calls): the word ``CALL`` then a
+Python-style call whose arguments are literals (strings, numbers, lists, ...), positional or by name; the
+call ends at its closing parenthesis, so text may follow it::
 
     CALL calculator("123 * 45")
-    CALL calculator(expression="123 * 45")
+    I will CALL calculator(expression="123 * 45") and then answer.
+
+A line that starts with ``CALL`` is always a call (one that cannot be read is reported to the model);
+inside a line, ``CALL`` counts only when a name and ``(`` follow, so prose such as "no need to CALL
+anything" is not a call.
 
 Parsing never runs what the model wrote: JSON is read with :func:`json.loads`, a ``CALL`` line with
 :func:`ast.parse` and :func:`ast.literal_eval` (literals only; names, operators and calls are refused).
@@ -99,14 +103,21 @@ def _from_json(value) -> ToolCall:
     return ToolCall(value["name"], arguments)
 
 
-_CALL_LINE = re.compile(r"^[ \t]*CALL[ \t]+(.*?)[ \t]*$", re.MULTILINE)
+_CALL = re.compile(r"\bCALL[ \t]+(?=(.*))")  # the lookahead keeps a second CALL on the same line findable
+_NAME_AND_PAREN = re.compile(r"[A-Za-z_]\w*\(")
 
 
 class PlainFormat(CallFormat):
-    """One call per line: ``CALL name(arg, key=value)`` with literal arguments; results read ``RESULT: ...``."""
+    """``CALL name(arg, key=value)`` with literal arguments; results read ``RESULT: ...``."""
 
     def parse(self, reply: str) -> list[ToolCall]:
-        return [_from_line(line) for line in _CALL_LINE.findall(reply)]
+        calls = []
+        for match in _CALL.finditer(reply):
+            line_start = reply.rfind("\n", 0, match.start()) + 1
+            rest = match.group(1)
+            if reply[line_start:match.start()].strip() == "" or _NAME_AND_PAREN.match(rest):
+                calls.append(_read_call(_call_text(rest)))
+        return calls
 
     def describe(self, schemas: list[dict]) -> str:
         lines = ["You can call these tools:"]
@@ -127,7 +138,18 @@ class PlainFormat(CallFormat):
         return "".join(f"\nRESULT: {result}" for result in results) + "\n"
 
 
-def _from_line(line: str) -> ToolCall:
+def _call_text(line: str) -> str:
+    """The shortest start of ``line`` that reads as a call (up to a closing parenthesis), else the whole line."""
+    for end in (i + 1 for i, char in enumerate(line) if char == ")"):
+        try:
+            if isinstance(ast.parse(line[:end], mode="eval").body, ast.Call):
+                return line[:end]
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+    return line.strip()
+
+
+def _read_call(line: str) -> ToolCall:
     usage = "write CALL name(argument, key=value) with literal arguments (strings, numbers, lists, ...)"
     try:
         node = ast.parse(line, mode="eval").body
