@@ -370,7 +370,7 @@ def test_the_calculator_config_builds_a_tool_environment_whose_prompts_name_the_
     parser.add_argument("--environment", type=Environment)
     env = parser.instantiate(parser.parse_object({"environment": config["model"]["environment"]})).environment
     assert isinstance(env, ToolUse) and list(env.functions) == ["calculator"] and isinstance(env.call_format, PlainFormat)
-    assert env.max_turns == 3
+    assert env.max_turns == 3 and env.system_prompt.startswith("Example:\nuser: What is 12 * 34?")
     (row,) = make_task("arithmetic", 1, **config["data"]["task_kwargs"])
     a, b = row["prompt"].removeprefix("What is ").split("?")[0].split(" * ")
     (call,) = env.call_format.parse(row["prompt"].split("Write ")[1].split(", then")[0])
