@@ -50,6 +50,7 @@ _EXPORTS = {
     "LeanSampler": "lit_gspo.engines",
     "Environment": "lit_gspo.envs",
     "SingleTurn": "lit_gspo.envs",
+    "ToolUse": "lit_gspo.envs",
     # advantage estimators
     "AdvantageEstimator": "lit_gspo.advantages",
     "GroupNormalized": "lit_gspo.advantages",

@@ -1,6 +1,10 @@
 """Environments: what the policy talks to (``--model.environment SingleTurn``, or your class path)."""
 
 from lit_gspo.envs.base import Conversation, Environment, SingleTurn, Turn
+from lit_gspo.envs.calculator import calculator
 from lit_gspo.envs.retry import RetryWithFeedback
+from lit_gspo.envs.tool_calls import CALL_FORMATS, CallFormat, HermesFormat, PlainFormat, ToolCall
+from lit_gspo.envs.tools import ToolUse
 
-__all__ = ["Conversation", "Environment", "RetryWithFeedback", "SingleTurn", "Turn"]
+__all__ = ["CALL_FORMATS", "CallFormat", "Conversation", "Environment", "HermesFormat", "PlainFormat",
+           "RetryWithFeedback", "SingleTurn", "ToolCall", "ToolUse", "Turn", "calculator"]
