@@ -267,7 +267,8 @@ class RLModule(LightningModule):
         if self.global_step == 0:
             if self.warm_start_cfg.steps > 0:
                 loss = warm_start(self.policy, self.tokenizer, self.trainer.datamodule.train_rows,
-                                  lambda rows: self.collector.encode(self.policy, rows), self.warm_start_cfg, self.seed)
+                                  lambda rows: self.collector.encode(self.policy, rows), self.warm_start_cfg, self.seed,
+                                  environment=self.collector.environment)
                 rank_zero_info(f"warm start: {self.warm_start_cfg.steps} supervised steps, last loss {loss:.4f}")
                 if self.ref_policy is not None:  # the reference is the policy RL starts from
                     self.ref_policy.load_state_dict(self.policy.state_dict())

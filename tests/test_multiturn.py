@@ -314,3 +314,28 @@ def test_multi_turn_updates_are_split_and_padding_invariant(tiny, split):
         for p, q in zip(results[0], other):
             torch.testing.assert_close(p, q, rtol=0, atol=2e-6)
     assert any(not torch.equal(p, q) for p, q in zip(policy.parameters(), results[0]))
+
+
+# ---------------------------------------------------------------- demonstrations for the warm start
+
+def test_a_tool_demonstration_is_the_replies_with_the_tools_real_answers_between_them():
+    from lit_gspo.envs import ToolUse
+    from lit_gspo.models.tokenizer import char_tokenizer
+    from lit_gspo.warm_start import demonstration_batch
+
+    tok = char_tokenizer()
+    env = ToolUse(call_format="plain", chat_template=False, demonstration=['CALL calculator("{expression}")', "{answer}"])
+    row = {"prompt": "12*34=", "answer": "408", "expression": "12 * 34"}
+    batch = demonstration_batch(env, tok, [row, {"prompt": "2*3=", "answer": "6", "expression": "2 * 3"}],
+                                [tok("12*34=")["input_ids"], tok("2*3=")["input_ids"]])
+    P = batch.prompt_length
+    real = batch.attention_mask[0, P:].bool()
+    text = tok.decode(batch.input_ids[0, P:][real])
+    call, result = 'CALL calculator("12 * 34")<eos>', env.call_format.results_text(["408"])
+    assert text == call + result + "408<eos>"
+    expected_mask = [True] * len(call.replace("<eos>", "x")) + [False] * len(result) + [True] * 4
+    assert batch.completion_mask[0][real].tolist() == expected_mask
+    single = demonstration_batch(RetryWithFeedback(), tok, [row], [tok("12*34=")["input_ids"]])
+    assert tok.decode(single.input_ids[0, single.prompt_length:]) == "408<eos>" and single.completion_mask.all()
+    with pytest.raises(ValueError, match=r"names the column 'operands'.*columns are \['answer', 'expression', 'prompt'\]"):
+        ToolUse(demonstration=["{operands}"]).demonstration(row)

@@ -1,6 +1,7 @@
 """Built-in prompt tasks that need no download: deterministic per seed, with exact answers.
 
-Every task returns rows ``{"prompt": str, "answer": str}``. Whether a prompt belongs to the
+Every task returns rows ``{"prompt": str, "answer": str}`` (``arithmetic`` also ``"expression"``:
+``"12 + 7"``, e.g. for a tool-use demonstration). Whether a prompt belongs to the
 held-out (validation) split is a fixed property of its text (a stable hash puts ``HOLDOUT_FRACTION``
 of all prompts there), so training and validation prompts never overlap, whatever the seeds or
 sizes of the two calls.
@@ -51,7 +52,7 @@ def arithmetic(rng: random.Random, digits: int = 2, ops: str = "+-", negative: b
     if op == "-" and not negative and a < b:
         a, b = b, a
     result = a + b if op == "+" else a - b if op == "-" else a * b
-    return {"prompt": template.format(a=a, op=op, b=b), "answer": str(result)}
+    return {"prompt": template.format(a=a, op=op, b=b), "answer": str(result), "expression": f"{a} {op} {b}"}
 
 
 def _arithmetic_size(digits: int = 2, ops: str = "+-", negative: bool = False, **_) -> int:

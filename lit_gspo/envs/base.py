@@ -83,6 +83,11 @@ class Environment:
         """Answer the policy's ``reply`` (``state["turn"]``: its 1-based index) in the episode of ``row``."""
         raise NotImplementedError
 
+    def demonstration(self, row: dict) -> list[str] | None:
+        """The replies of a right episode on ``row``, for the supervised warm start (default: the row's ``answer``);
+        None: ``row`` has none."""
+        return None if row.get("answer") is None else [str(row["answer"])]
+
     def tools(self) -> list[dict] | None:
         """JSON schemas of the tools offered to the policy (passed to the chat template's ``tools=``), or None."""
         return None

@@ -37,6 +37,8 @@ class ToolUse(Environment):
         max_result_chars: a longer result is cut to this many characters.
         tools_in_system_prompt: describe the tools in the system prompt (True), through the template's
             ``tools=`` (False), or whichever the template supports (None).
+        demonstration: the replies of a right episode for the supervised warm start, each formatted with the
+            row's columns, e.g. ``['CALL calculator("{expression}")', "{answer}"]``; None: the answer alone.
         system_prompt, chat_template, max_turns, max_episode_tokens: as in :class:`Environment`.
     """
 
@@ -44,7 +46,7 @@ class ToolUse(Environment):
                  call_format: str | CallFormat = "hermes", timeout: float = 5.0, max_calls_per_turn: int = 4,
                  max_result_chars: int = 2000, tools_in_system_prompt: bool | None = None,
                  system_prompt: str | None = None, chat_template: bool | None = None, max_turns: int = 3,
-                 max_episode_tokens: int | None = None):
+                 max_episode_tokens: int | None = None, demonstration: Sequence[str] | None = None):
         super().__init__(system_prompt=system_prompt, chat_template=chat_template, max_turns=max_turns,
                          max_episode_tokens=max_episode_tokens)
         if isinstance(tools, (str, bytes)) or not tools:
@@ -62,6 +64,7 @@ class ToolUse(Environment):
         self.call_format = get_call_format(call_format)
         self.timeout, self.max_calls_per_turn, self.max_result_chars = timeout, max_calls_per_turn, max_result_chars
         self.tools_in_system_prompt = tools_in_system_prompt
+        self.demonstration_templates = None if demonstration is None else list(demonstration)
 
     def __repr__(self) -> str:
         return (f"ToolUse(tools={list(self.functions)}, call_format={type(self.call_format).__name__}, "
@@ -69,6 +72,15 @@ class ToolUse(Environment):
 
     def tools(self) -> list[dict]:
         return self.schemas
+
+    def demonstration(self, row: dict) -> list[str] | None:
+        if self.demonstration_templates is None:
+            return super().demonstration(row)
+        try:
+            return [template.format(**row) for template in self.demonstration_templates]
+        except KeyError as err:
+            raise ValueError(f"ToolUse demonstration {self.demonstration_templates!r} names the column {err}, which "
+                             f"the row does not have; its columns are {sorted(row)}") from None
 
     def step(self, row: dict, reply: str, state: dict) -> Turn:
         calls = self.call_format.parse(reply)
