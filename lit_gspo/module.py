@@ -336,10 +336,11 @@ class RLModule(LightningModule):
 
     def _episode_metric_keys(self) -> list[str]:
         """The multi-turn metrics validation reports (none for a single-turn environment)."""
-        max_turns = self.collector.environment.max_turns
-        if max_turns == 1:
+        environment = self.collector.environment
+        if environment.max_turns == 1:
             return []
-        return ["turns", "success"] + [f"success_turn{k}" for k in range(1, max_turns + 1)]
+        return (["turns", "success"] + [f"success_turn{k}" for k in range(1, environment.max_turns + 1)]
+                + list(environment.metric_names))
 
     def save_hf_model(self, path: Path, state_dict: dict | None = None) -> None:
         """Save in Hugging Face format; ``state_dict``: the full weights of an FSDP2-sharded policy."""

@@ -339,3 +339,25 @@ def test_a_tool_demonstration_is_the_replies_with_the_tools_real_answers_between
     assert tok.decode(single.input_ids[0, single.prompt_length:]) == "408<eos>" and single.completion_mask.all()
     with pytest.raises(ValueError, match=r"names the column 'operands'.*columns are \['answer', 'expression', 'prompt'\]"):
         ToolUse(demonstration=["{operands}"]).demonstration(row)
+
+
+def test_the_multi_turn_quickstart_fits_and_logs_success_per_turn(tmp_path):
+    """`lit-gspo fit --config configs/multiturn/reversal_retry.yaml` end to end, a few steps."""
+    import csv
+    from pathlib import Path
+
+    from lit_gspo.cli import cli_main
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "multiturn" / "reversal_retry.yaml"
+    cli = cli_main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.default_root_dir", str(tmp_path),
+                    "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "2", "--data.num_val", "8",
+                    "--data.num_train", "16", "--data.prompts_per_step", "4"])
+    assert cli.trainer.global_step == 2
+    rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
+    train = [r for r in rows if r.get("train/reward")]
+    val = [r for r in rows if r.get("val/reward")]
+    assert len(train) == 2 and len(val) == 2
+    for r in train:
+        assert 1 <= float(r["train/turns"]) <= 3 and float(r["train/reached_turn1"]) == 1.0
+        assert 0 <= float(r["train/success_turn1"]) <= 1
+    assert all(0 <= float(r["val/success"]) <= 1 and 1 <= float(r["val/turns"]) <= 3 for r in val)

@@ -58,6 +58,9 @@ class Environment:
             None: what the model's context leaves. A turn never starts without room for one token.
     """
 
+    #: the keys of ``Turn.metrics`` this environment reports; validation logs them as ``val/<key>`` too
+    metric_names: tuple[str, ...] = ()
+
     def __init__(self, system_prompt: str | None = None, chat_template: bool | None = None, max_turns: int = 1,
                  max_episode_tokens: int | None = None):
         if max_turns < 1:

@@ -42,6 +42,8 @@ class ToolUse(Environment):
         system_prompt, chat_template, max_turns, max_episode_tokens: as in :class:`Environment`.
     """
 
+    metric_names = ("tool_calls", "tool_errors")
+
     def __init__(self, tools: Sequence[str | Callable] = ("lit_gspo.envs.calculator.calculator",),
                  call_format: str | CallFormat = "hermes", timeout: float = 5.0, max_calls_per_turn: int = 4,
                  max_result_chars: int = 2000, tools_in_system_prompt: bool | None = None,
