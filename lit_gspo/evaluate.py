@@ -21,6 +21,9 @@ from torch import nn
 
 from lit_gspo.collect import Collector
 
+#: a multi-turn environment's episode statistics that the table shows (the JSON has every statistic)
+EPISODE_KEYS = ("turns", "success")
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Probability that at least one of k samples drawn without replacement from n, c of them correct, is correct."""
@@ -45,16 +48,19 @@ def _batches(rows: list[dict], size: int):
 
 def _failed(batch) -> torch.Tensor:
     """Samples whose reward failed: ``Collector.sample`` masks their whole completion (a reply has ≥ 1 token)."""
-    return ~batch.completion_mask.any(1)
+    return ~batch.completion_mask.any(1).cpu()
 
 
-def _reward_stats(stats: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
-    """Row-weighted means of the per-function ``reward/<name>`` stats over batches, and the failed count."""
+def _aggregate_stats(stats: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """``Collector.sample``'s stats over batches of (episodes, stats): ``reward_failed`` summed, the rest
+    (``reward/<function>``, multi-turn ``turns``, ``success``, tool metrics, ...) as means over the episodes,
+    ``success_turn{k}`` over the episodes that reached turn k (``reached_turn{k}``)."""
     out = {"reward_failed": sum(s.get("reward_failed", 0.0) for _, s in stats)}
-    names = sorted({k for _, s in stats for k in s if k.startswith("reward/")})
-    for name in names:
-        pairs = [(w, s[name]) for w, s in stats if name in s and math.isfinite(s[name])]
-        out[name] = sum(w * v for w, v in pairs) / sum(w for w, _ in pairs) if pairs else float("nan")
+    for name in sorted({k for _, s in stats for k in s} - {"reward_failed"}):
+        pairs = [(w * (s.get(name.replace("success_", "reached_"), 0.0) if name.startswith("success_turn") else 1.0), s[name])
+                 for w, s in stats if name in s and math.isfinite(s[name])]
+        total = sum(w for w, _ in pairs)
+        out[name] = sum(w * v for w, v in pairs) / total if total > 0 else float("nan")
     return out
 
 
@@ -75,7 +81,8 @@ def evaluate(policy: nn.Module, collector: Collector, rows: list[dict], *, greed
         seed: ``torch.manual_seed`` right before sampling (None: the RNG as it is).
 
     Returns a JSON-ready dict: ``prompts``, ``threshold``, ``greedy`` (``reward``, ``accuracy``,
-    ``response_length``, ``reward_failed``, ``reward/<function>``), ``sampled`` (``samples``,
+    ``response_length``, ``reward_failed``, ``reward/<function>``, and a multi-turn environment's ``turns``,
+    ``success``, ...), ``sampled`` (``samples``,
     ``temperature``, ``mean@<n>``, ``pass@<k>``..., ``solved_share`` = pass@n), and ``per_prompt``: for each row
     its prompt, answer, greedy completion and reward, and the rewards of its samples.
     """
@@ -108,18 +115,18 @@ def _greedy(policy, collector, rows, per_prompt, threshold, batch_size) -> dict:
     rewards, lengths, solved, stats = [], [], [], []
     for start, chunk in zip(range(0, len(rows), batch_size), _batches(rows, batch_size)):
         batch, replies, batch_stats = collector.sample(policy, chunk, greedy=True)
-        r = batch.rewards.float()  # (B,)
+        r = batch.rewards.float().cpu()  # (B,)
         ok = (r >= threshold) & ~_failed(batch)
         for i, (reply, reward, good) in enumerate(zip(replies, r.tolist(), ok.tolist())):
             per_prompt[start + i].update(greedy_completion=reply, greedy_reward=reward, greedy_solved=bool(good))
         rewards.append(r)
         solved.append(ok)
-        lengths.append(batch.completion_mask.sum(1).float())
+        lengths.append(batch.completion_mask.sum(1).float().cpu())
         stats.append((len(chunk), batch_stats))
     g = collector.generation
     return {"reward": float(torch.cat(rewards).mean()), "accuracy": float(torch.cat(solved).float().mean()),
             "response_length": float(torch.cat(lengths).mean()), "max_new_tokens": g.val_max_new_tokens or g.max_new_tokens,
-            **_reward_stats(stats)}
+            **_aggregate_stats(stats)}
 
 
 def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold, batch_size) -> dict:
@@ -130,13 +137,13 @@ def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold,
         rewards, solved, lengths, stats = [], [], [], []
         for start, chunk in zip(range(0, len(rows), batch_size), _batches(rows, batch_size)):
             batch, _, batch_stats = collector.sample(policy, chunk)
-            r = batch.rewards.float().view(len(chunk), n)  # group-major: n samples per prompt
-            ok = ((batch.rewards.float() >= threshold) & ~_failed(batch)).view(len(chunk), n)
+            flat = batch.rewards.float().cpu()  # (B·n,) group-major: n samples per prompt
+            r, ok = flat.view(len(chunk), n), ((flat >= threshold) & ~_failed(batch)).view(len(chunk), n)
             for i in range(len(chunk)):
                 per_prompt[start + i].update(sample_rewards=r[i].tolist(), samples_solved=int(ok[i].sum()))
             rewards.append(r)
             solved.append(ok)
-            lengths.append(batch.completion_mask.sum(1).float())
+            lengths.append(batch.completion_mask.sum(1).float().cpu())
             stats.append((len(chunk) * n, batch_stats))
         g = collector.generation
     finally:
@@ -147,7 +154,7 @@ def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold,
     for k in ks:
         out[f"pass@{k}"] = sum(pass_at_k(n, int(c), k) for c in counts) / len(counts)
     out["response_length"] = float(torch.cat(lengths).mean())
-    out.update(_reward_stats(stats))
+    out.update(_aggregate_stats(stats))
     return out
 
 
@@ -159,6 +166,7 @@ def format_table(result: dict) -> str:
         g = result["greedy"]
         rows += [("greedy", "reward (mean)", g["reward"]), ("greedy", "accuracy", g["accuracy"]),
                  ("greedy", "response length", g["response_length"])]
+        rows += [("greedy", key, g[key]) for key in EPISODE_KEYS if key in g]
         if g["reward_failed"]:
             rows.append(("greedy", "reward failed (samples)", g["reward_failed"]))
     if "sampled" in result:
@@ -166,6 +174,7 @@ def format_table(result: dict) -> str:
         where = f"n={s['samples']}, T={s['temperature']:g}"
         rows += [(where, key, value) for key, value in s.items() if key.startswith(("mean@", "pass@"))]
         rows.append((where, "response length", s["response_length"]))
+        rows += [(where, key, s[key]) for key in EPISODE_KEYS if key in s]
         if s["reward_failed"]:
             rows.append((where, "reward failed (samples)", s["reward_failed"]))
     width = max(len(r[0]) for r in rows) if rows else 0

@@ -13,7 +13,7 @@ import torch
 from lit_gspo import eval_cli
 from lit_gspo.cli import cli_main, main
 from lit_gspo.eval_cli import load, run, run_config
-from lit_gspo.evaluate import default_ks, pass_at_k
+from lit_gspo.evaluate import _aggregate_stats, default_ks, pass_at_k
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,6 +30,16 @@ def test_pass_at_k_by_hand():
     with pytest.raises(ValueError):
         pass_at_k(4, 1, 5)
     assert default_ks(8) == [1, 2, 4, 8] and default_ks(6) == [1, 2, 4, 6] and default_ks(1) == [1]
+
+
+def test_batch_stats_add_up_over_episodes():
+    stats = [(4, {"reward_failed": 1.0, "turns": 2.0, "success_turn2": 0.5, "reached_turn2": 0.5, "reward/f": 0.25}),
+             (2, {"reward_failed": 0.0, "turns": 1.0, "success_turn2": 1.0, "reached_turn2": 1.0})]
+    out = _aggregate_stats(stats)
+    assert out["reward_failed"] == 1.0
+    assert out["turns"] == pytest.approx((4 * 2 + 2 * 1) / 6)
+    assert out["success_turn2"] == pytest.approx((4 * 0.5 * 0.5 + 2 * 1.0 * 1.0) / (4 * 0.5 + 2 * 1.0))  # of those reaching turn 2
+    assert out["reward/f"] == 0.25  # only the batches that report it
 
 
 @pytest.fixture(scope="module")
