@@ -1,18 +1,22 @@
-"""The ``lit-gspo`` entry point: LightningCLI's fit/validate/test/predict (``lit_gspo.rlcli``) and ``ablate``.
+"""The ``lit-gspo`` entry point: LightningCLI's ``fit`` (``lit_gspo.rlcli``), ``eval`` and ``ablate``.
 
-``lit-gspo fit --config configs/quickstart.yaml``; ``lit-gspo ablate --config configs/ablate/<name>.yaml``.
-Dependencies point one way: cli → ablate → rlcli, and cli → rlcli.
+``lit-gspo fit --config configs/quickstart.yaml``; ``lit-gspo eval --ckpt runs/quickstart/hf_model``;
+``lit-gspo ablate --config configs/ablate/<name>.yaml``.
+Dependencies point one way: cli → ablate → rlcli, cli → eval_cli → rlcli, and cli → rlcli.
 """
 
 from __future__ import annotations
 
 import sys
 
-from lit_gspo import ablate
+from lit_gspo import ablate, eval_cli
 from lit_gspo.rlcli import RLCLI, cli_main  # noqa: F401  (``lit_gspo.cli.cli_main`` is what tests and scripts import)
 
 # Subcommands run here, before LightningCLI: name → (its parser, its main).
-COMMANDS = {"ablate": (ablate.make_parser, ablate.main)}
+COMMANDS = {"eval": (eval_cli.make_parser, eval_cli.main), "ablate": (ablate.make_parser, ablate.main)}
+
+# Lightning's other subcommands: they need a validation_step/test_step, which RLModule has no use for
+NOT_COMMANDS = {"validate", "test", "predict"}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -20,7 +24,12 @@ def main(argv: list[str] | None = None) -> None:
     if args and args[0] in COMMANDS:
         COMMANDS[args[0]][1](args[1:])
         return
-    # None: LightningCLI reads sys.argv itself; its --help lists COMMANDS beside fit/validate/test/predict
+    if args and args[0] in NOT_COMMANDS:
+        print(f"lit-gspo {args[0]}: not a command. `lit-gspo fit` validates as it trains (val/reward: greedy "
+                 "completions of held-out prompts); to evaluate a checkpoint or a saved model, run "
+                 "`lit-gspo eval --ckpt <run>/hf_model` (greedy accuracy, pass@k; lit-gspo eval --help)", file=sys.stderr)
+        sys.exit(2)
+    # None: LightningCLI reads sys.argv itself; its --help lists COMMANDS beside fit
     cli_main(argv, other_subcommands={name: make_parser() for name, (make_parser, _) in COMMANDS.items()})
 
 

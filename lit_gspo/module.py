@@ -28,6 +28,7 @@ from torch import nn
 from lit_gspo.advantages import AdvantageEstimator, get_advantage
 from lit_gspo.checkpointing import restore_rng_states, rng_states
 from lit_gspo.collect import Collector
+from lit_gspo.completions_log import due, log_completions
 from lit_gspo.config import Generation, LoRA, Update, WarmStart, resolve_seed
 from lit_gspo.distributed import all_reduce_sum, apply_fsdp2, check_strategy, full_state_dict, is_sharded, reduce_step_stats
 from lit_gspo.engines import HFGenerate, RolloutEngine
@@ -74,6 +75,9 @@ class RLModule(LightningModule):
             about a third more compute; TRL's GRPOTrainer turns it on by default).
         val_every_n_steps: greedy validation every n RL steps (also once before the first update and once at
             the end; 0: only those two).
+        log_completions_every_n_steps: log the greedy completions of the first ``num_logged_completions``
+            held-out prompts (prompt, completion, reward) with the validations at steps that are multiples of n
+            (None: every validation; 0: never) through the configured loggers (``lit_gspo/completions_log.py``).
         routing_replay: MoE only: record each layer's top-k experts in the old-policy pass (which then runs even
             on-policy) and force the update's forward to use them (Routing Replay, GSPO paper §5.3).
         track_routing_volatility: MoE only: log ``train/routing_volatility``, the share of (completion token,
@@ -104,6 +108,8 @@ class RLModule(LightningModule):
         gradient_checkpointing: bool = False,
         warm_start: WarmStart | None = None,
         val_every_n_steps: int = 10,
+        log_completions_every_n_steps: int | None = None,
+        num_logged_completions: int = 8,
         routing_replay: bool = False,
         track_routing_volatility: bool = True,
         seed: int | None = None,
@@ -131,8 +137,12 @@ class RLModule(LightningModule):
             raise ValueError(f"max_skipped_steps must be >= 1, got {max_skipped_steps}")
         if val_every_n_steps < 0:
             raise ValueError(f"val_every_n_steps must be >= 0 (0: only before and after training), got {val_every_n_steps}")
+        if (log_completions_every_n_steps or 0) < 0 or num_logged_completions < 0:
+            raise ValueError(f"log_completions_every_n_steps and num_logged_completions must be >= 0, got "
+                             f"{log_completions_every_n_steps} and {num_logged_completions}")
         self.max_skipped_steps, self._skipped_in_a_row = max_skipped_steps, 0
         self.val_every_n_steps, self.seed = val_every_n_steps, resolve_seed(seed)
+        self.log_completions_every_n_steps, self.num_logged_completions = log_completions_every_n_steps, num_logged_completions
         self.rl_step = 0  # RL steps (rollout batches) done, across epochs and resumes: the ``step`` of the logs
         self._logged_keys: set[str] = set()
         self._last_val_step: int | None = None
@@ -308,11 +318,16 @@ class RLModule(LightningModule):
         episode_keys = self._episode_metric_keys()
         total, count, lengths = 0.0, 0, 0.0
         episode_sums = torch.zeros(2, len(episode_keys), dtype=torch.float64)  # value × rows, rows reporting it
+        shown = ([], [], []) if due(step, self.log_completions_every_n_steps) else None  # rows, replies, rewards
         for rows in dm.val_dataloader():
             rows = rows[self.global_rank::self.trainer.world_size]
             if not rows:
                 continue
-            batch, _, stats = self.collector.sample(self.policy, rows, greedy=True, synced_gpus=self._synced_gpus())
+            batch, replies, stats = self.collector.sample(self.policy, rows, greedy=True, synced_gpus=self._synced_gpus())
+            if shown is not None:
+                room = max(self.num_logged_completions - len(shown[0]), 0)
+                for part, new in zip(shown, (rows, replies, batch.rewards.tolist())):
+                    part.extend(new[:room])
             total += float(batch.rewards.sum())
             lengths += float(batch.completion_mask.sum())
             count += len(rows)
@@ -331,6 +346,8 @@ class RLModule(LightningModule):
         metrics["time/val_s"] = time.perf_counter() - start
         for logger in self.loggers:
             logger.log_metrics(metrics, step=step)
+        if shown is not None and self.trainer.is_global_zero:
+            log_completions(self.loggers, step, *shown)
         rank_zero_info(f"step {step}: val/reward = {metrics['val/reward']:.4f} ({metrics['time/val_s']:.1f} s)")
         return metrics
 

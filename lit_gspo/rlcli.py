@@ -1,4 +1,4 @@
-"""LightningCLI for ``RLModule``: ``lit-gspo fit --config configs/quickstart.yaml`` (and validate/test/predict).
+"""LightningCLI for ``RLModule``: ``lit-gspo fit --config configs/quickstart.yaml``.
 
 The ``lit-gspo`` entry point is ``lit_gspo.cli``; ``lit_gspo.ablate`` runs its fits through ``cli_main`` here.
 """
@@ -63,6 +63,12 @@ class RLCLI(LightningCLI):
                  other_subcommands: dict[str, ArgumentParser] | None = None, **kwargs) -> None:
         self.other_subcommands = dict(other_subcommands or {})
         super().__init__(*args, parser_class=parser_class, **kwargs)
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """``fit`` only: Lightning's validate/test/predict need a ``validation_step``/``test_step``, and RLModule
+        validates itself during fit (``val/reward``); ``lit-gspo eval`` (``lit_gspo.eval_cli``) evaluates a run."""
+        return {"fit": LightningCLI.subcommands()["fit"]}
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)

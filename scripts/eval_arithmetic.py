@@ -13,6 +13,9 @@ with just the number." of each pair falls in the task's held-out split):
 
 A reply is correct when its last number equals the answer (``AnswerMatch(mode="last_number")``,
 the reward used in training). Prompts go through the chat template with its default system prompt.
+Scored by ``lit-gspo eval``'s ``evaluate`` (``lit_gspo/evaluate.py``) on these sets, with the settings in
+``load`` below; ``lit-gspo eval --config configs/smollm2/gspo_arithmetic.yaml --ckpt <model>`` scores that
+config's own held-out prompts with its settings instead.
 Subtraction sets are also scored apart by whether the units column borrows (``a % 10 < b % 10``):
 ``sub_borrow`` and ``sub_no_borrow`` in the JSON, with their counts.
 """
@@ -23,8 +26,6 @@ import argparse
 import json
 import random
 import time
-
-import torch
 
 TRAIN_TEMPLATE = "What is {a} {op} {b}? Answer with just the number."
 WORDINGS = {
@@ -62,22 +63,17 @@ def eval_sets(n: int) -> dict[str, list[dict]]:
     return sets
 
 
-@torch.no_grad()
-def replies_to(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int, *,
-               num_generations: int = 1, temperature: float | None = None) -> list[str]:
-    """Replies to ``prompts`` (``num_generations`` consecutive ones per prompt): greedy, or sampled at ``temperature``."""
-    from lit_gspo.data import encode_prompts
-    from lit_gspo.engines import LeanSampler
+def load(model: str, *, max_new_tokens: int, seed: int = 0, device: str = "cpu"):
+    """``lit-gspo eval``'s model and trainer pieces, set as these scripts score: the training reward (the last
+    number of the reply equals the answer), the lean sampler with the model's attention, fp32, the chat template
+    with its default system prompt. An explicit config: not the settings of the run the model comes from."""
+    from lit_gspo.eval_cli import load as load_eval
 
-    engine, pad_id = LeanSampler(), tokenizer.pad_token_id
-    replies = []
-    for start in range(0, len(prompts), batch_size):
-        batch = engine.sample(model, encode_prompts(tokenizer, prompts[start:start + batch_size], max_prompt_length=512),
-                              num_generations=num_generations, max_new_tokens=max_new_tokens, pad_id=pad_id,
-                              eos_id=tokenizer.eos_token_id, greedy=temperature is None, temperature=temperature or 1.0)
-        completions = batch.input_ids[:, batch.prompt_length:].masked_fill(~batch.completion_mask, pad_id)
-        replies += tokenizer.batch_decode(completions, skip_special_tokens=True)
-    return replies
+    config = {"seed_everything": seed, "trainer": {"precision": "32-true"},
+              "model": {"rewards": [{"class_path": "lit_gspo.rewards.AnswerMatch", "init_args": {"mode": "last_number"}}],
+                        "engine": {"class_path": "lit_gspo.engines.LeanSampler"},
+                        "generation": {"max_new_tokens": max_new_tokens, "max_prompt_length": 512}}}
+    return load_eval(["--config", json.dumps(config), "--ckpt", model, "--device", device]).model
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -88,29 +84,26 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--show", type=int, default=2, help="print this many replies per set")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
 
-    from lit_gspo.models import load_policy
-    from lit_gspo.rewards import AnswerMatch
+    from lit_gspo.evaluate import evaluate
 
-    model, tokenizer = load_policy(args.model)
-    model.eval()
-    judge = AnswerMatch(mode="last_number")
+    module = load(args.model, max_new_tokens=args.max_new_tokens, device=args.device)
     results = {"model": args.model, "n": args.n, "max_new_tokens": args.max_new_tokens}
     start = time.perf_counter()
     for name, rows in eval_sets(args.n).items():
-        prompts = [r["prompt"] for r in rows]
-        replies = replies_to(model, tokenizer, prompts, args.max_new_tokens, args.batch_size)
-        scores = judge(prompts, replies, answer=[r["answer"] for r in rows])
-        results[name] = sum(scores) / len(scores)
+        out = evaluate(module.policy, module.collector, rows, greedy=True, greedy_batch_size=args.batch_size)
+        scores = [p["greedy_reward"] for p in out["per_prompt"]]
+        results[name] = out["greedy"]["accuracy"]
         print(f"{name:>13}: {100 * results[name]:5.1f}%  ({int(sum(scores))}/{len(scores)})", flush=True)
         if "sub" in name:
             for part, borrow in (("borrow", True), ("no_borrow", False)):
                 kept = [s for s, r in zip(scores, rows) if r["borrow"] == borrow]
                 results[f"{name}_{part}"] = {"correct": int(sum(kept)), "of": len(kept)}
                 print(f"{'':>15}{part.replace('_', ' ')}: {int(sum(kept))}/{len(kept)}")
-        for p, r, s in list(zip(prompts, replies, scores))[:args.show]:
-            print(f"    {p!r} -> {r!r} ({'ok' if s else 'wrong'})")
+        for p in out["per_prompt"][:args.show]:
+            print(f"    {p['prompt']!r} -> {p['greedy_completion']!r} ({'ok' if p['greedy_solved'] else 'wrong'})")
     results["seconds"] = time.perf_counter() - start
     if args.json:
         with open(args.json, "w") as f:

@@ -5,8 +5,9 @@
 
 For each of ``n`` held-out prompts per set (the training wording, ``scripts/eval_arithmetic.py``'s
 ``add`` and ``sub``), ``k`` replies are sampled as in training (temperature ``T``, ≤ ``max_new_tokens``)
-and scored with the training reward (last number = answer). pass@k = share of prompts with at least one
-correct reply (the unbiased estimator with c correct of k samples is 1 if c > 0); mean@1 = mean reward.
+and scored with the training reward (last number = answer) by ``lit-gspo eval``'s ``evaluate``. pass@k = share
+of prompts with at least one correct reply (the unbiased estimator with c correct of k samples is 1 if
+c > 0); mean@1 = mean reward (``evaluate``'s mean@k: the expected reward of one sample).
 A prompt with pass@k = 0 gives GRPO-style objectives no signal: every reward of its group is equal.
 """
 
@@ -14,26 +15,13 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
-from eval_arithmetic import eval_sets, replies_to
-
-
-def sampled_scores(model, tokenizer, rows: list[dict], k: int, temperature: float, max_new_tokens: int,
-                   prompts_per_batch: int) -> torch.Tensor:
-    """(len(rows), k) rewards of k sampled replies per prompt."""
-    from lit_gspo.rewards import AnswerMatch
-
-    replies = replies_to(model, tokenizer, [r["prompt"] for r in rows], max_new_tokens, prompts_per_batch,
-                         num_generations=k, temperature=temperature)
-    prompts = [r["prompt"] for r in rows for _ in range(k)]
-    answers = [r["answer"] for r in rows for _ in range(k)]
-    scores = AnswerMatch(mode="last_number")(prompts, replies, answer=answers)
-    return torch.tensor(scores, dtype=torch.float32).view(len(rows), k)
+from eval_arithmetic import eval_sets, load
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from lit_gspo.models import load_policy
+    import torch
+
+    from lit_gspo.evaluate import evaluate
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model", help="HF model dir, or a name load_policy knows (e.g. smollm2-135m-instruct)")
@@ -44,19 +32,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--prompts_per_batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     if args.k < 1 or args.n < 1:
         parser.error(f"--k and --n must be ≥ 1, got k={args.k}, n={args.n}")
     torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    model, tokenizer = load_policy(args.model)
-    model.eval()
+    module = load(args.model, max_new_tokens=args.max_new_tokens, seed=args.seed, device=args.device)
     sets, results = eval_sets(args.n), {}
-    for name in ("add", "sub"):
-        scores = sampled_scores(model, tokenizer, sets[name], args.k, args.temperature, args.max_new_tokens,
-                                args.prompts_per_batch)
-        results[name] = {f"pass@{args.k}": (scores.max(1).values > 0).float().mean().item(),
-                         "mean@1": scores.mean().item()}
+    for i, name in enumerate(("add", "sub")):
+        out = evaluate(module.policy, module.collector, sets[name], greedy=False, samples=args.k, ks=[args.k],
+                       temperature=args.temperature, sample_batch_size=args.prompts_per_batch,
+                       seed=args.seed if i == 0 else None)["sampled"]  # seeded once: the sets share one stream
+        results[name] = {f"pass@{args.k}": out[f"pass@{args.k}"], "mean@1": out[f"mean@{args.k}"]}
         print(f"{name}: pass@{args.k} {results[name][f'pass@{args.k}']:.3f}  mean@1 {results[name]['mean@1']:.3f}"
               f"  ({args.n} prompts × {args.k} samples, T {args.temperature}, ≤ {args.max_new_tokens} tokens)",
               flush=True)

@@ -18,11 +18,18 @@ def run_main(args, capsys):
     return exit_info.value.code, out + err
 
 
-def test_help_lists_ablate_beside_lightnings_subcommands(capsys):
+def test_help_lists_eval_and_ablate_beside_fit(capsys):
     code, out = run_main(["--help"], capsys)
     assert code == 0
-    assert "{fit,validate,test,predict,ablate}" in out
+    assert "{fit,eval,ablate}" in out  # not validate/test/predict: RLModule has no validation_step
     assert "Every arm × seed" in out  # ablate's one-line description, as fit's is listed
+    assert "pass@k" in out  # eval's
+
+
+@pytest.mark.parametrize("name", ["validate", "test", "predict"])
+def test_lightnings_other_subcommands_point_to_eval(name, capsys):
+    code, out = run_main([name, "--config", "configs/quickstart.yaml"], capsys)
+    assert code == 2 and "lit-gspo eval" in out and "No `validation_step()`" not in out
 
 
 def test_no_subcommand_names_ablate_among_the_choices(capsys):

@@ -1,0 +1,255 @@
+"""``lit-gspo eval``: greedy accuracy, mean@n and pass@k of a run's policy, with the run's own settings.
+
+    lit-gspo eval --ckpt runs/quickstart/hf_model                      # the config `fit` saved in the run
+    lit-gspo eval --config configs/quickstart.yaml --ckpt runs/quickstart/checkpoints/last.ckpt --samples 16
+    lit-gspo eval --ckpt smollm2-135m-instruct --data.train_source arithmetic \
+        --model.rewards '[{class_path: lit_gspo.rewards.AnswerMatch, init_args: {mode: last_number}}]'
+
+The arguments are ``lit-gspo fit``'s (``--config``, ``--model.*``, ``--data.*``, ``--trainer.*``, read by the
+same parser, so a fit YAML reads unchanged) plus the evaluation's own (``--ckpt``, ``--samples``, ``--k``, ...).
+``--ckpt`` is a Lightning ``.ckpt`` of a run (the policy weights are loaded into the model the config builds)
+or anything ``model.model`` takes (an HF directory such as a run's ``hf_model/``, a ``.gguf``, a GGUF alias, a
+hub id). Without ``--config``, the ``config.yaml`` that ``lit-gspo fit`` saved in the checkpoint's run
+(``<run>/*/version_*/config.yaml``, the newest) is read when there is one.
+
+The prompts are the data module's held-out rows (``--split validation``, as ``val/reward``; ``--split train``
+for the training rows); ``--data.val_source FILE`` scores every row of a file. Sampling and scoring are the
+trainer's: ``model.environment``, ``model.engine``, ``model.rewards`` and ``model.generation`` (greedy
+completions get ``val_max_new_tokens``), under ``trainer.precision`` (``*-mixed``: autocast; ``*-true``: the
+weights cast). Prints a table and writes JSON (``--output``; default ``<checkpoint>.eval.json`` next to a
+local checkpoint, else ``<model name>.eval.json`` in the working directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import time
+import warnings
+from pathlib import Path
+from typing import Literal
+
+import torch
+from jsonargparse import ArgumentParser
+
+from lit_gspo.evaluate import evaluate, format_table
+from lit_gspo.quiet import CLI_ARGS_WARNING
+from lit_gspo.rlcli import RLCLI, TRAINER_DEFAULTS
+
+DESCRIPTION = "Greedy accuracy, mean@n and pass@k of a checkpoint or HF model on a dataset, with the run's rewards."
+
+
+def make_parser() -> ArgumentParser:
+    """What ``lit-gspo --help`` lists for ``eval`` (``lit-gspo eval --help`` prints the full parser)."""
+    return ArgumentParser(prog="lit-gspo eval", description=DESCRIPTION)
+
+
+class EvalCLI(RLCLI):
+    """``RLCLI``'s parser plus the evaluation's arguments; builds the model and data module, not a Trainer."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.add_argument("--ckpt", type=str | None, default=None,
+                            help="a run's .ckpt, or an HF model dir (e.g. <run>/hf_model), .gguf, GGUF alias or hub id "
+                                 "(null: model.model as configured)")
+        parser.add_argument("--split", type=Literal["validation", "train"], default="validation",
+                            help="the data module's held-out rows (as val/reward) or its training rows")
+        parser.add_argument("--limit", type=int | None, default=None, help="only the first n rows of the split")
+        parser.add_argument("--greedy", type=bool, default=True, help="score one greedy completion per prompt")
+        parser.add_argument("--samples", type=int | None, default=None,
+                            help="n completions per prompt for mean@n and pass@k (null: model.generation.num_generations; "
+                                 "0: none)")
+        parser.add_argument("--k", type=list[int] | None, default=None,
+                            help="the k of pass@k, e.g. [1,8] (null: 1, 2, 4, ... up to n)")
+        parser.add_argument("--temperature", type=float | None, default=None,
+                            help="sampling temperature (null: model.generation.temperature)")
+        parser.add_argument("--threshold", type=float, default=1.0, help="a completion is solved when its reward is >= this")
+        parser.add_argument("--greedy_batch_size", type=int | None, default=None,
+                            help="prompts per greedy generate call (null: data.val_batch_size)")
+        parser.add_argument("--sample_batch_size", type=int | None, default=None,
+                            help="prompts per sampled generate call, n completions each (null: data.prompts_per_step)")
+        parser.add_argument("--output", type=str | None, default=None, help="the JSON file (null: next to the checkpoint)")
+        parser.add_argument("--show", type=int, default=3, help="print this many greedy completions")
+        parser.add_argument("--device", type=str | None, default=None,
+                            help="e.g. cpu, cuda, cuda:1 (null: from trainer.accelerator)")
+        # a fit config, and the config.yaml a fit saves, carry these: read, not used
+        parser.add_argument("--ckpt_path", type=str | None, default=None, help="fit's resume path: ignored here")
+        parser.add_argument("--weights_only", type=bool | None, default=None, help="fit's: ignored here")
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config
+        ckpt = cfg.get("ckpt")
+        if ckpt and not _is_lightning_checkpoint(ckpt):  # an HF dir, .gguf, alias or hub id replaces model.model
+            cfg["model.model"], cfg["model.gguf_file"] = ckpt, None
+            cfg["model.model_config"] = None  # the built-in's shape: the saved config.json has it
+            cfg["model.lora"] = None  # a saved hf_model has the adapters merged
+        cfg["model.kl_to_ref"] = False  # no frozen copy of the policy just to evaluate
+        cfg["trainer.logger"], cfg["trainer.callbacks"] = None, None  # no Trainer is built
+
+    def instantiate_classes(self) -> None:
+        """The model and the data module only (``LightningCLI`` would also build a Trainer)."""
+        self.config_init = self.parser.instantiate_classes(self.config)
+        self.model = self._get(self.config_init, "model")
+        self.datamodule = self._get(self.config_init, "data")
+        self.trainer = None
+
+
+def _is_lightning_checkpoint(path: str) -> bool:
+    return path.endswith(".ckpt") or (Path(path).is_file() and not path.endswith(".gguf"))
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """The value of ``--name X`` or ``--name=X`` in ``argv`` (the last one), or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def run_config(ckpt: str) -> Path | None:
+    """The ``config.yaml`` ``lit-gspo fit`` saved in the run of ``ckpt`` (``<run>/checkpoints/x.ckpt`` or
+    ``<run>/hf_model``): the newest ``<run>/*/version_*/config.yaml`` or ``<run>/config.yaml``."""
+    path = Path(ckpt)
+    if not path.exists():
+        return None
+    found = []
+    for run in {path.parent, path.parent.parent} if path.is_file() else {path.parent}:
+        found += list(run.glob("*/version_*/config.yaml")) + list(run.glob("config.yaml"))
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def load(argv: list[str]) -> EvalCLI:
+    """Parse ``argv`` (fit's arguments plus the evaluation's), build the model and data module, load ``--ckpt``."""
+    argv = list(argv)
+    ckpt = _option(argv, "--ckpt")
+    if _option(argv, "--config") is None and ckpt:
+        found = run_config(ckpt)
+        if found is not None:
+            print(f"eval: reading the run's config {found} (pass --config to use another)", flush=True)
+            argv = ["--config", str(found)] + argv
+    with warnings.catch_warnings():
+        # `lit-gspo eval` consumed sys.argv and hands the rest over as `args`: no mistake here
+        warnings.filterwarnings("ignore", message=CLI_ARGS_WARNING)
+        cli = EvalCLI(_module_class(), _datamodule_class(), seed_everything_default=0, trainer_defaults=TRAINER_DEFAULTS,
+                      args=argv, run=False, save_config_callback=None,
+                      parser_kwargs={"prog": "lit-gspo eval", "description": DESCRIPTION})
+    cfg = cli.config
+    if cfg.get("ckpt") and _is_lightning_checkpoint(cfg.ckpt):
+        load_policy_weights(cli.model, cfg.ckpt)
+    device = torch.device(cfg.get("device") or _device_of(cfg.get("trainer.accelerator")))
+    cli.model.policy.to(device)
+    _cast(cli.model.policy, cfg.get("trainer.precision"))
+    return cli
+
+
+def _module_class():
+    from lit_gspo.module import RLModule
+
+    return RLModule
+
+
+def _datamodule_class():
+    from lit_gspo.data import PromptDataModule
+
+    return PromptDataModule
+
+
+def load_policy_weights(module, path: str) -> None:
+    """The policy's weights from a Lightning checkpoint of an ``RLModule`` run (keys ``policy.*``)."""
+    if Path(path).is_dir():
+        raise ValueError(f"{path} is a directory: a sharded (distributed) checkpoint. Evaluate the run's hf_model/ "
+                         "instead, or consolidate it first (lightning.pytorch.utilities.consolidate_checkpoint)")
+    # the run's own checkpoint, as `fit --ckpt_path` loads it (it holds RNG states, not only tensors)
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    state = {k[len("policy."):]: v for k, v in checkpoint["state_dict"].items() if k.startswith("policy.")}
+    if not state:
+        raise ValueError(f"{path} holds no policy.* weights: not a checkpoint of an RLModule run")
+    module.policy.load_state_dict(state)
+    print(f"eval: loaded the policy from {path} (RL step {checkpoint.get('rl_step', '?')})", flush=True)
+
+
+def _device_of(accelerator) -> str:
+    name = str(accelerator or "auto").lower()
+    if name in ("gpu", "cuda") or (name == "auto" and torch.cuda.is_available()):
+        return "cuda"
+    return "cpu" if name == "auto" else name
+
+
+def _cast(policy, precision) -> None:
+    """``*-true`` precisions cast the weights (``*-mixed`` autocasts around sampling: ``_precision_context``)."""
+    text = str(precision or "")
+    if text in ("bf16-true", "bf16"):
+        policy.to(torch.bfloat16)
+    elif text in ("16-true", "16"):
+        policy.to(torch.float16)
+
+
+def _precision_context(precision, device: torch.device):
+    text = str(precision or "")
+    if text.endswith("-mixed"):
+        return torch.autocast(device.type, dtype=torch.bfloat16 if text.startswith("bf16") else torch.float16)
+    return contextlib.nullcontext()
+
+
+def default_output(cfg) -> Path:
+    """``<checkpoint>.eval.json`` next to a local checkpoint or model dir; else ``<model name>.eval.json`` here."""
+    source = cfg.get("ckpt") or cfg.get("model.model")
+    path = Path(source)
+    if path.is_dir():
+        return path.parent / f"{path.name}.eval.json"
+    if path.is_file():
+        return path.with_suffix(".eval.json")
+    return Path(re.sub(r"[^\w.-]+", "_", str(source)) + ".eval.json")
+
+
+def run(cli: EvalCLI) -> dict:
+    """Evaluate as configured; print the table and examples, write the JSON; returns what was written."""
+    cfg, module, dm = cli.config, cli.model, cli.datamodule
+    dm.setup()
+    rows = dm.val_rows if cfg.split == "validation" else dm.train_rows
+    rows = rows[: cfg.limit] if cfg.limit is not None else rows
+    if not rows:
+        raise ValueError(f"the {cfg.split} split of {dm.train_source!r} has no rows to evaluate")
+    module.collector.rewards.check(list(rows[0]))  # a reward no column can feed fails now, naming its parameters
+    generation = module.collector.generation
+    samples = generation.num_generations if cfg.samples is None else cfg.samples
+    policy = module.policy
+    device = next(policy.parameters()).device
+    start = time.perf_counter()
+    with _precision_context(cfg.get("trainer.precision"), device):
+        result = evaluate(policy, module.collector, rows, greedy=cfg.greedy, samples=samples, ks=cfg.k,
+                          temperature=cfg.temperature, threshold=cfg.threshold,
+                          greedy_batch_size=cfg.greedy_batch_size or dm.val_batch_size,
+                          sample_batch_size=cfg.sample_batch_size or dm.prompts_per_step, seed=module.seed)
+    seconds = time.perf_counter() - start
+    source = cfg.get("ckpt") or cfg.get("model.model")
+    data = (dm.val_source or dm.train_source) if cfg.split == "validation" else dm.train_source
+    header = {"model": source, "split": cfg.split, "data": data, "rewards": list(module.collector.rewards.names),
+              "environment": repr(module.collector.environment), "engine": repr(module.collector.engine),
+              "precision": str(cfg.get("trainer.precision")), "device": str(device), "seed": module.seed,
+              "seconds": seconds}
+    result = {**header, **result}
+    print(f"eval: {source} on {len(rows)} {cfg.split} prompts of {data} ({seconds:.1f} s)")
+    print(format_table(result))
+    for item in result["per_prompt"][: cfg.show if cfg.greedy else 0]:
+        print(f"    {_short(item['prompt'])!r} -> {item['greedy_completion']!r} (reward {item['greedy_reward']:.3g})")
+    output = Path(cfg.output) if cfg.output else default_output(cfg)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=1, default=str))
+    print(f"eval: wrote {output}")
+    result["output"] = str(output)
+    return result
+
+
+def _short(prompt) -> str:
+    text = prompt if isinstance(prompt, str) else " | ".join(f"{m.get('role')}: {m.get('content')}" for m in prompt)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def main(argv: list[str]) -> dict:
+    """``lit-gspo eval ARGS``."""
+    return run(load(argv))

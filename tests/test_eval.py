@@ -1,0 +1,121 @@
+"""``lit-gspo eval``: the pass@k estimator against hand-computed values, and the command on a tiny run
+(greedy reward = the run's last val/reward = ``Collector.sample``'s, pass@k and mean@n recomputed from
+the per-prompt counts it writes, a .ckpt and the saved hf_model give the same numbers)."""
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from lit_gspo import eval_cli
+from lit_gspo.cli import cli_main, main
+from lit_gspo.eval_cli import load, run, run_config
+from lit_gspo.evaluate import _aggregate_stats, default_ks, pass_at_k
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pass_at_k_by_hand():
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 − C(3,2)/C(4,2)
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 − C(3,2)/C(5,2)
+    assert pass_at_k(8, 0, 8) == 0.0 and pass_at_k(8, 1, 8) == 1.0 and pass_at_k(4, 3, 2) == 1.0
+    # the Codex paper's numerically stable form: 1 − Π_{i=n−c+1}^{n} (1 − k/i)
+    for n, c, k in [(64, 5, 8), (20, 3, 1), (10, 7, 4)]:
+        assert pass_at_k(n, c, k) == pytest.approx(1 - math.prod(1 - k / i for i in range(n - c + 1, n + 1)))
+    assert pass_at_k(10, 3, 1) == pytest.approx(0.3)  # pass@1 = c / n
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 5)
+    assert default_ks(8) == [1, 2, 4, 8] and default_ks(6) == [1, 2, 4, 6] and default_ks(1) == [1]
+
+
+def test_batch_stats_add_up_over_episodes():
+    stats = [(4, {"reward_failed": 1.0, "turns": 2.0, "success_turn2": 0.5, "reached_turn2": 0.5, "reward/f": 0.25}),
+             (2, {"reward_failed": 0.0, "turns": 1.0, "success_turn2": 1.0, "reached_turn2": 1.0})]
+    out = _aggregate_stats(stats)
+    assert out["reward_failed"] == 1.0
+    assert out["turns"] == pytest.approx((4 * 2 + 2 * 1) / 6)
+    assert out["success_turn2"] == pytest.approx((4 * 0.5 * 0.5 + 2 * 1.0 * 1.0) / (4 * 0.5 + 2 * 1.0))  # of those reaching turn 2
+    assert out["reward/f"] == 0.25  # only the batches that report it
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A seconds-long quickstart fit with a short warm start (so greedy rewards are not all 0) and a checkpoint."""
+    root = tmp_path_factory.mktemp("run")
+    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
+            "--trainer.max_steps", "2", "--model.warm_start.steps", "20", "--model.val_every_n_steps", "0",
+            "--data.num_train", "64", "--data.num_val", "6", "--data.prompts_per_step", "4",
+            "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4",
+            "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "1",
+            "--trainer.enable_progress_bar", "false"]
+    cli = cli_main(args, run=False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return root
+
+
+def last_val_reward(root: Path) -> float:
+    with open(next(root.glob("**/metrics.csv"))) as f:
+        return [float(r["val/reward"]) for r in csv.DictReader(f) if r.get("val/reward")][-1]
+
+
+def test_eval_of_the_saved_model_prints_greedy_and_pass_at_k_and_writes_checked_json(run_dir, capsys):
+    assert run_config(str(run_dir / "hf_model")) is not None  # the config.yaml fit saved in the run is found
+    assert main(["eval", "--ckpt", str(run_dir / "hf_model"), "--samples", "4"]) is None  # the console entry point
+    out = capsys.readouterr().out
+    assert "reading the run's config" in out
+    for text in ("greedy", "accuracy", "mean@4", "pass@1", "pass@2", "pass@4"):
+        assert text in out
+    output = run_dir / "hf_model.eval.json"  # next to the model
+    written = json.loads(output.read_text())
+    assert written["prompts"] == 6 and written["rewards"] == ["char_accuracy"] and written["split"] == "validation"
+    per = written["per_prompt"]
+    # greedy: the run's own last val/reward (same held-out rows, same decoding, same reward)
+    greedy = written["greedy"]
+    assert greedy["reward"] == pytest.approx(last_val_reward(run_dir), abs=1e-6)
+    assert greedy["reward"] > 0, "the warm start should give some partial credit"
+    assert greedy["reward"] == pytest.approx(sum(p["greedy_reward"] for p in per) / 6)
+    assert greedy["accuracy"] == pytest.approx(sum(p["greedy_reward"] >= 1.0 for p in per) / 6)
+    # sampled: mean@4 and pass@k recomputed by hand from the per-prompt rewards
+    sampled = written["sampled"]
+    rewards = [p["sample_rewards"] for p in per]
+    assert all(len(r) == 4 for r in rewards)
+    assert sampled["mean@4"] == pytest.approx(sum(map(sum, rewards)) / 24)
+    counts = [sum(x >= 1.0 for x in r) for r in rewards]
+    assert counts == [p["samples_solved"] for p in per]
+    for k in (1, 2, 4):
+        hand = sum(1 - math.comb(4 - c, k) / math.comb(4, k) for c in counts) / 6
+        assert sampled[f"pass@{k}"] == pytest.approx(hand)
+    assert sampled["pass@1"] == pytest.approx(sum(counts) / 24)
+
+
+def test_a_lightning_checkpoint_and_the_hf_model_give_the_same_numbers_as_collector_sample(run_dir, tmp_path):
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    assert torch.load(ckpt, weights_only=False, map_location="cpu")["rl_step"] == 2  # the final weights
+    out = tmp_path / "ckpt.json"
+    cli = load(["--ckpt", str(ckpt), "--samples", "4", "--output", str(out)])
+    result = run(cli)
+    assert json.loads(out.read_text())["sampled"] == result["sampled"]
+    from_hf = eval_cli.main(["--ckpt", str(run_dir / "hf_model"), "--samples", "4", "--output", str(tmp_path / "hf.json")])
+    assert result["greedy"]["reward"] == pytest.approx(from_hf["greedy"]["reward"])
+    assert result["sampled"] == pytest.approx(from_hf["sampled"])  # same weights, same seed: same samples
+    # the trainer's own greedy scoring of the same rows
+    cli.datamodule.setup()
+    batch, replies, _ = cli.model.collector.sample(cli.model.policy, cli.datamodule.val_rows, greedy=True)
+    assert result["greedy"]["reward"] == pytest.approx(float(batch.rewards.mean()))
+    assert [p["greedy_completion"] for p in result["per_prompt"]] == replies
+
+
+def test_a_users_jsonl_with_the_runs_rewards(run_dir, tmp_path):
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"rev {n}=", "answer": n[::-1]}) + "\n" for n in ("123", "450", "907")))
+    out = tmp_path / "mine.json"
+    result = eval_cli.main(["--ckpt", str(run_dir / "hf_model"), "--data.val_source", str(data), "--samples", "0",
+                   "--output", str(out), "--threshold", "0.5"])
+    assert result["prompts"] == 3 and "sampled" not in result and result["data"] == str(data)
+    assert [p["prompt"] for p in result["per_prompt"]] == ["rev 123=", "rev 450=", "rev 907="]
+    assert result["greedy"]["accuracy"] == pytest.approx(sum(p["greedy_reward"] >= 0.5 for p in result["per_prompt"]) / 3)
+    assert json.loads(out.read_text())["greedy"] == result["greedy"]
