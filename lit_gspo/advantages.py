@@ -214,10 +214,11 @@ class TurnGroupNormalized(AdvantageEstimator):
     """Per-turn credit for multi-turn episodes: each reply's tokens get that reply's return-to-go,
     normalised within its group among the episodes that have a reply at the same turn.
 
-        G_{i,k} = Σ_{j ≥ k} r_{i,j}        r_{i,j}: reply j's reward (the last reply's includes the reward functions')
+        G_{i,k} = Σ_{j ≥ k} γ^{j−k} r_{i,j}    r_{i,j}: reply j's reward (the last reply's includes the reward functions')
         Â_{i,t} = (G_{i,k} − mean G_{·,k}) / (std G_{·,k} + eps)    for every token t of reply k of episode i
     mean and std over the episodes of i's group with a reply k (std unbiased); Â = 0 where fewer than two
-    have one, or their returns are equal. Single-turn rollouts (one reply per episode) get exactly
+    have one, or their returns are equal. γ = 1 (default): a reply is credited with everything that
+    followed it; γ = 0: with its own reward only (each turn a bandit of its own). Single-turn rollouts (one reply per episode) get exactly
     GroupNormalized's Â. GSPO-token uses Â_{i,t} per token; GSPO and the token-level objectives too
     (see the README's table).
     """
@@ -225,11 +226,13 @@ class TurnGroupNormalized(AdvantageEstimator):
     name = "turn_group"
     needs_groups = True
 
-    def __init__(self, eps: float = 1e-6):
-        self.eps = eps
+    def __init__(self, gamma: float = 1.0, eps: float = 1e-6):
+        if not 0 <= gamma <= 1:
+            raise ValueError(f"TurnGroupNormalized needs 0 <= gamma <= 1, got {gamma}")
+        self.gamma, self.eps = gamma, eps
 
     def __repr__(self) -> str:
-        return f"TurnGroupNormalized(eps={self.eps})"
+        return f"TurnGroupNormalized(gamma={self.gamma}, eps={self.eps})"
 
     def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
         if rollout.turn_ids is None:
@@ -240,7 +243,9 @@ class TurnGroupNormalized(AdvantageEstimator):
         rewards = torch.zeros(len(rollout), turns, dtype=torch.float32, device=mask.device)
         rewards.scatter_add_(1, turn_ids.clamp(max=turns - 1), torch.where(mask, rollout.token_rewards.float(), 0.0))
         present = torch.zeros_like(rewards, dtype=torch.long).scatter_add_(1, turn_ids.clamp(max=turns - 1), mask.long()) > 0
-        returns = rewards.flip(1).cumsum(1).flip(1)  # (N, K) return-to-go of each reply
+        returns = rewards.clone()  # (N, K) return-to-go of each reply
+        for k in reversed(range(turns - 1)):
+            returns[:, k] += self.gamma * returns[:, k + 1]
         g_returns, g_present = returns.view(-1, group_size, turns), present.view(-1, group_size, turns)
         n = g_present.sum(1, keepdim=True)  # (N/G, 1, K) episodes with a reply k
         mean = (g_returns * g_present).sum(1, keepdim=True) / n.clamp(min=1)
