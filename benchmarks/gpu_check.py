@@ -35,6 +35,28 @@ and left out of the speeds.
 The rewards are a hash of the reply text: meaningless, deterministic (the replay on CPU scores the same
 replies alike), and spread within every group, so every row trains. Prints one table, writes JSON to
 ``--out`` after every case (a run cut short still leaves its rows), and prints the command that reproduces it.
+``--budget-s`` bounds the whole run: no case starts in its last 15 %, and replays still running at its end
+are stopped (their rows say so). On CPU the dry run runs every case in this one process (``--isolate``: one
+process each, as on CUDA, where the CPU replays run two at a time beside the next device cases).
+
+On the workplace's GPU machine (the device tool's ``run``; no network, the working tree travels): first, here,
+``scripts/device_wheels.sh --trl`` (bitsandbytes, trl, datasets, ... into the ignored ``.whl/``, ~14 MiB), then
+one call with ``carry [".whl"]`` and ``timeout_s 600``:
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+      && export PYTHONPATH=/tmp/site:$PWD || exit; export PYTHONUNBUFFERED=1;
+    nvidia-smi | tee $OUT/env.txt; python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda.py 2>&1 | tee $OUT/pytest_cuda.log;
+    timeout 420 python3 benchmarks/gpu_check.py --device cuda --models qwen3-0.6b --no-quickstart --budget-s 410
+      --out $OUT/gpu_check.json 2>&1 | tee $OUT/gpu_check.log
+
+and a second for the other shapes, the quickstart and TRL (``benchmarks/vs_trl.py`` says how):
+
+    <the same install>; timeout 250 python3 benchmarks/gpu_check.py --device cuda --models smollm2-360m,smollm2-135m
+      --cases bf16,fp32 --more-cases bf16,fp32 --budget-s 240 --out $OUT/gpu_check_more.json 2>&1 | tee $OUT/gpu_check_more.log;
+    timeout 320 python3 benchmarks/vs_trl.py --device cuda --precision bf16 --checkpointing off --skip-zero-advantage off
+      --model-dir .whl/smollm2-135m-shape --rounds 2 --cycles 3 2>&1 | tee $OUT/vs_trl.log
+
+SmolLM2-135M's real weights (a 93 MB GGUF) cannot travel within one call's 64 MiB: that row says so.
 """
 
 from __future__ import annotations
