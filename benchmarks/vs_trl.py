@@ -21,6 +21,19 @@ a matmul of the model's shape measured in the same process.
 
     pip install -e '.[bench]'
     python benchmarks/vs_trl.py --rounds 2 --cycles 2 --threads 2 --precision fp32 --checkpointing on
+
+On a GPU (``--device cuda``): both sides train on the GPU (lit_gspo ``accelerator="cuda"``, TRL ``use_cpu=False``),
+bf16 is autocast on both (``--precision bf16``: lit_gspo's bf16-mixed, TRL's ``bf16=True``), both sample with
+transformers-level code (no vLLM on either side), the peak GPU memory (``torch.cuda.max_memory_allocated``) is
+reported beside the RSS, and MFU is against an 8192³ matmul in the run's dtype. A GPU machine without network
+has no GGUF: ``--model-dir`` may then hold SmolLM2-135M-Instruct's config and tokenizer alone
+(``scripts/device_wheels.sh`` writes them to ``.whl/smollm2-135m-shape``), and random weights of that shape
+are built once (seed 0). A random policy never earns a reward and never ends a reply early, so every group has
+Â = 0 and every completion is 48 tokens: pass ``--skip-zero-advantage off`` so that lit_gspo trains every row as
+TRL does, and read the result as the cost of the same work on the same shape, not as a learning run.
+
+    python benchmarks/vs_trl.py --device cuda --precision bf16 --checkpointing off --skip-zero-advantage off \
+        --model-dir .whl/smollm2-135m-shape --rounds 2 --cycles 3
 """
 
 from __future__ import annotations
@@ -37,12 +50,22 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # a GPU machine runs the working tree, lit_gspo not installed
+    sys.path.insert(0, str(ROOT))
 TEMPLATE = "What is {a} {op} {b}? Answer with just the number."
 G, PROMPTS_PER_UPDATE, UPDATES_PER_ROLLOUT, MAX_NEW, LR = 8, 2, 2, 48, 5e-6
 
 
 def model_dir(path: Path) -> Path:
-    """The SmolLM2 GGUF saved once as a plain HF dir (both sides load it)."""
+    """The SmolLM2 GGUF saved once as a plain HF dir (both sides load it); a dir holding only a config and a
+    tokenizer gets random weights of that shape (seed 0), saved there."""
+    if (path / "config.json").exists() and not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        from transformers import AutoConfig
+
+        from lit_gspo.models import build_from_config
+
+        build_from_config(AutoConfig.from_pretrained(path), seed=0).save_pretrained(path)
+        print(f"{path}: random weights of the config's shape (no weights were there)", flush=True)
     if not (path / "config.json").exists():
         from lit_gspo.models import load_policy
 
@@ -58,10 +81,22 @@ def train_rows(n: int) -> list[dict]:
     return make_split("arithmetic", "train", n, seed=0, digits=2, ops="+", template=TEMPLATE)
 
 
-def matmul_peak(dtype, threads: int) -> float:
-    """FLOP/s of a (1504 × 576) @ (576 × 1536) matmul, the shape of an MLP projection here; median of 7."""
+def matmul_peak(dtype, threads: int, device: str = "cpu") -> float:
+    """FLOP/s of a (1504 × 576) @ (576 × 1536) matmul, the shape of an MLP projection here; median of 7.
+    On CUDA: an 8192³ matmul (that shape would measure launch overhead, not the GPU), mean of 10 after 3."""
     import torch
 
+    if device == "cuda":
+        a, b = (torch.randn(8192, 8192, dtype=dtype, device="cuda") for _ in range(2))
+        for _ in range(3):
+            a @ b
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            a @ b
+        end.record()
+        torch.cuda.synchronize()
+        return 2 * 8192**3 * 10 / (start.elapsed_time(end) / 1e3)
     a, b = torch.randn(1504, 576, dtype=dtype), torch.randn(576, 1536, dtype=dtype)
     times = []
     for _ in range(8):
@@ -117,7 +152,7 @@ def run_lit(args) -> dict:
                       kl_to_ref=False, val_every_n_steps=0, gradient_checkpointing=lit_checkpointing(args) == "on")
     data = PromptDataModule(train_source="arithmetic", num_train=400, num_val=1, prompts_per_step=PROMPTS_PER_UPDATE *
                             UPDATES_PER_ROLLOUT, task_kwargs=dict(digits=2, ops="+", template=TEMPLATE))
-    trainer = Trainer(accelerator="cpu", devices=1, max_steps=args.cycles * UPDATES_PER_ROLLOUT, logger=False,
+    trainer = Trainer(accelerator=args.device, devices=1, max_steps=args.cycles * UPDATES_PER_ROLLOUT, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       precision="bf16-mixed" if args.precision == "bf16" else "32-true", callbacks=[Timer()],
                       default_root_dir=str(ROOT / "runs" / "bench_lit"))
@@ -133,7 +168,7 @@ def run_lit(args) -> dict:
 
 
 def trl_trainer(model_dir: Path, output_dir: Path, *, updates: int, precision: str, checkpointing: bool,
-                num_prompts: int, callbacks: list, seed: int = 0):
+                num_prompts: int, callbacks: list, seed: int = 0, device: str = "cpu"):
     """TRL's GRPOTrainer at the anchor's GSPO settings on the addition prompts (shared with trl_anchor.py)."""
     import torch
     from datasets import Dataset
@@ -155,7 +190,7 @@ def trl_trainer(model_dir: Path, output_dir: Path, *, updates: int, precision: s
                         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
                         max_grad_norm=1.0, importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4,
                         beta=0.0, temperature=1.0, max_steps=updates, logging_steps=1,
-                        report_to="none", save_strategy="no", use_cpu=True, bf16=precision == "bf16",
+                        report_to="none", save_strategy="no", use_cpu=device == "cpu", bf16=precision == "bf16",
                         seed=seed, dataloader_num_workers=0, disable_tqdm=True, gradient_checkpointing=checkpointing)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -181,7 +216,7 @@ def run_trl(args) -> dict:
 
     trainer = trl_trainer(args.model_dir, ROOT / "runs" / "bench_trl", updates=args.cycles * UPDATES_PER_ROLLOUT,
                           precision=args.precision, checkpointing=args.checkpointing == "on", num_prompts=400,
-                          callbacks=[Timer()])
+                          callbacks=[Timer()], device=args.device)
     trainer.train()
     cycles = [steps[i] + steps[i + 1] for i in range(0, len(steps) - 1, UPDATES_PER_ROLLOUT)]
     train_only = [steps[i + 1] for i in range(0, len(steps) - 1, UPDATES_PER_ROLLOUT)]  # no generation in step 2
@@ -203,7 +238,10 @@ def worker(args) -> None:
     torch.manual_seed(0)
     out = run_lit(args) if args.worker == "lit" else run_trl(args)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
-    out["matmul_flops"] = matmul_peak(dtype, args.threads)
+    if args.device == "cuda":
+        out["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20  # before the matmul's own buffers
+        out["device_name"] = torch.cuda.get_device_name(0)
+    out["matmul_flops"] = matmul_peak(dtype, args.threads, args.device)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("RESULT " + json.dumps(out), flush=True)
 
@@ -225,7 +263,7 @@ def summarise(runs: list[dict]) -> dict:
     return dict(sec_per_update=sec_per_update, completion_tok_s=statistics.median(toks) / (2 * sec_per_update),
                 update_phase_s=update_s, mfu=flops / update_s / peak, work_fraction=work, matmul_gflops=peak / 1e9,
                 peak_rss_mb=max(r["peak_rss_mb"] for r in runs), mean_completion=statistics.median(comp),
-                cycles_counted=len(cycle))
+                cycles_counted=len(cycle), peak_gpu_mb=max((r.get("peak_gpu_mb", 0.0) for r in runs), default=0.0))
 
 
 def main(argv=None) -> None:
@@ -234,6 +272,7 @@ def main(argv=None) -> None:
     p.add_argument("--cycles", type=int, default=3, help="rollouts per run (2 updates each); the first is warm-up")
     p.add_argument("--threads", type=int, default=1, help="torch threads in each run (same for both)")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both sides sample and train")
     p.add_argument("--backend", choices=["hf", "fast"], default="fast", help="lit_gspo engine: fast = LeanSampler, hf = HFGenerate")
     p.add_argument("--checkpointing", choices=["on", "off"], default="on",
                    help="gradient checkpointing on both sides (TRL's GRPOConfig default: on)")
@@ -254,11 +293,12 @@ def main(argv=None) -> None:
     command = "python benchmarks/vs_trl.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     sides = [args.only] if args.only else ["lit", "trl"]
     results: dict[str, list[dict]] = {s: [] for s in sides}
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
     for round_ in range(args.rounds):
         for side in sides:
-            cmd = [sys.executable, __file__, "--worker", side, "--cycles", str(args.cycles), "--threads",
+            cmd = [sys.executable, __file__, "--worker", side, "--device", args.device, "--cycles", str(args.cycles), "--threads",
                    str(args.threads), "--precision", args.precision, "--backend", args.backend,
                    "--sampling-attention", args.sampling_attention, "--checkpointing", args.checkpointing,
                    "--lit-checkpointing", args.lit_checkpointing,
@@ -274,22 +314,24 @@ def main(argv=None) -> None:
             print(f"round {round_ + 1} {side:>3}: cycles {[round(c, 1) for c in out['cycle_s']]} s "
                   f"({time.perf_counter() - start:.0f} s with loading)", flush=True)
     table = {s: summarise(r) for s, r in results.items()}
-    print(f"\nSmolLM2-135M-Instruct, {G * PROMPTS_PER_UPDATE} completions/update, {UPDATES_PER_ROLLOUT} updates/rollout, "
+    where = results[sides[0]][0].get("device_name", "CPU") if args.device == "cuda" else "CPU"
+    print(f"\nSmolLM2-135M-Instruct ({args.model_dir.name}) on {where}, {G * PROMPTS_PER_UPDATE} completions/update, "
+          f"{UPDATES_PER_ROLLOUT} updates/rollout, "
           f"≤{MAX_NEW} new tokens, {args.precision}, {args.threads} thread(s), gradient checkpointing {args.checkpointing} (lit_gspo {lit_checkpointing(args)}), "
           f"lit_gspo skip_zero_advantage_rows {args.skip_zero_advantage}, micro_batch_tokens {args.micro_batch_tokens or None}, "
           f"lit_gspo backend {args.backend}")
     print(f"{'':>8} {'s/update':>9} {'compl tok/s':>12} {'update-phase s':>15} {'MFU':>6} {'matmul GFLOP/s':>15} "
-          f"{'peak RSS MB':>12} {'mean len':>9} {'cycles':>7} {'work':>5}")
+          f"{'peak RSS MB':>12} {'mean len':>9} {'cycles':>7} {'work':>5}" + (f" {'peak GPU MB':>12}" if args.device == "cuda" else ""))
     for s, t in table.items():
         print(f"{s:>8} {t['sec_per_update']:9.2f} {t['completion_tok_s']:12.1f} {t['update_phase_s']:15.2f} "
               f"{100 * t['mfu']:5.1f}% {t['matmul_gflops']:15.1f} {t['peak_rss_mb']:12.0f} {t['mean_completion']:9.1f} "
-              f"{t['cycles_counted']:7d} {t['work_fraction']:5.2f}")
+              f"{t['cycles_counted']:7d} {t['work_fraction']:5.2f}" + (f" {t['peak_gpu_mb']:12.0f}" if args.device == "cuda" else ""))
     if len(table) == 2:
         print(f"ratio trl/lit: {table['trl']['sec_per_update'] / table['lit']['sec_per_update']:.2f}x s/update, "
               f"RSS lit/trl {table['lit']['peak_rss_mb'] / table['trl']['peak_rss_mb']:.2f}")
     print("work: update-phase FLOPs executed / 6·params·tokens (lit_gspo skips rows with zero advantage)")
     print(f"reproduce: {command}")
-    print("JSON " + json.dumps(table))
+    print("JSON " + json.dumps(dict(table, device=args.device, precision=args.precision, command=command)))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""Shared fixtures: a tiny random Llama with fixed special-token ids, for rollout and sampler tests."""
+"""Shared fixtures: a tiny random Llama with fixed special-token ids, for rollout and sampler tests; the ``cuda`` marker."""
+
+import os
 
 import pytest
 import torch
@@ -24,3 +26,23 @@ def no_global_seed_between_tests():
     os.environ.pop("PL_GLOBAL_SEED", None)
     yield
     os.environ.pop("PL_GLOBAL_SEED", None)
+
+
+#: ``LIT_GSPO_CUDA_TESTS_ON=cpu`` runs the ``cuda`` tests on that device instead (a dry run of their code without a GPU)
+CUDA_TESTS_ON = os.environ.get("LIT_GSPO_CUDA_TESTS_ON", "cuda")
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.cuda`` tests are skipped where torch sees no CUDA device (CI), never failed."""
+    if CUDA_TESTS_ON != "cuda" or torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def cuda_device() -> torch.device:
+    """The device of the ``cuda`` tests: ``cuda``, or ``LIT_GSPO_CUDA_TESTS_ON`` when set."""
+    return torch.device(CUDA_TESTS_ON)

@@ -1,0 +1,193 @@
+"""The CUDA path (``pytest -m cuda``; every test here is skipped where torch sees no GPU, never failed).
+
+On the GPU: the engines' log-probs are the trainer's in fp32; under bf16 autocast the LM head, log-probs and
+ratios stay fp32 and an on-policy GSPO step is finite with a ratio of exactly 1; fused AdamW steps as the
+plain one; bitsandbytes' 8-bit AdamW keeps uint8 state; a fit in bf16-mixed, one process and under FSDP2
+(``ModelParallelStrategy``, one process: NCCL) with AdamW and AdamW8bit, trains and logs finite losses.
+
+``LIT_GSPO_CUDA_TESTS_ON=cpu pytest -m cuda tests/test_cuda.py`` runs the same code on CPU (a dry run of the
+tests themselves; the FSDP2 fit then uses gloo). ``benchmarks/gpu_check.py`` is the end-to-end check with speeds.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lit_gspo.advantages import GroupNormalized
+from lit_gspo.config import Update
+from lit_gspo.engines import HFGenerate, LeanSampler
+from lit_gspo.learner import Learner
+from lit_gspo.models import load_policy
+from lit_gspo.objectives import GSPO
+from lit_gspo.optim import state_dtypes
+from lit_gspo.rollout import position_ids_of, token_logprobs
+
+pytestmark = pytest.mark.cuda
+
+ROOT = Path(__file__).resolve().parents[1]
+PAD, EOS = 0, 1  # conftest.py's tiny model
+PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12]]
+
+
+@pytest.fixture
+def gpu_model(model, cuda_device):
+    return copy.deepcopy(model).to(cuda_device)
+
+
+def sample(engine, model, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    return engine.sample(model, PROMPTS, num_generations=3, max_new_tokens=8, pad_id=PAD, eos_id=EOS, **kwargs)
+
+
+@pytest.mark.parametrize("engine", [HFGenerate(), LeanSampler()], ids=["hf", "lean"])
+def test_engine_logprobs_are_the_trainers_on_the_device_in_fp32(gpu_model, cuda_device, engine):
+    batch = sample(engine, gpu_model, temperature=0.7, return_logprobs=True)
+    assert batch.input_ids.device.type == cuda_device.type and batch.engine_logprobs.dtype == torch.float32
+    with torch.no_grad():
+        trainer = token_logprobs(gpu_model, batch, temperature=0.7).logprobs
+    mask = batch.completion_mask
+    # the sampler's KV-cached steps and the trainer's full-sequence forward: other kernels, the same fp32 math
+    torch.testing.assert_close(batch.engine_logprobs[mask], trainer[mask], atol=1e-4, rtol=0)
+
+
+def test_lean_and_hf_engines_agree_on_greedy_tokens_on_the_device(gpu_model):
+    hf = sample(HFGenerate(), gpu_model, greedy=True, return_logprobs=True)
+    lean = sample(LeanSampler(), gpu_model, greedy=True, return_logprobs=True)
+    assert torch.equal(hf.input_ids, lean.input_ids) and torch.equal(hf.completion_mask, lean.completion_mask)
+    torch.testing.assert_close(hf.engine_logprobs, lean.engine_logprobs, atol=1e-4, rtol=0)
+
+
+def test_under_bf16_autocast_the_lm_head_and_the_logprobs_stay_fp32(gpu_model, cuda_device):
+    batch = sample(HFGenerate(), gpu_model)
+    P, T = batch.prompt_length, batch.completion_mask.shape[1]
+    with torch.no_grad(), torch.autocast(cuda_device.type, dtype=torch.bfloat16):
+        logprobs = token_logprobs(gpu_model, batch).logprobs
+        hidden = gpu_model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                          position_ids=position_ids_of(batch.attention_mask)).last_hidden_state
+        hidden = hidden[:, P - 1:P - 1 + T]
+        bf16_head = F.linear(hidden, gpu_model.get_output_embeddings().weight).float().log_softmax(-1)
+    weight = gpu_model.get_output_embeddings().weight
+    fp32_head = F.linear(hidden.float(), weight.float()).log_softmax(-1)  # outside autocast: fp32
+    targets = batch.input_ids[:, P:P + T, None]
+    mask = batch.completion_mask
+    assert logprobs.dtype == torch.float32
+    # the decoder ran in bf16 (as Lightning's bf16-mixed runs it), the head on its output in fp32
+    torch.testing.assert_close(logprobs[mask], fp32_head.gather(-1, targets).squeeze(-1)[mask], atol=1e-5, rtol=0)
+    assert (logprobs - bf16_head.gather(-1, targets).squeeze(-1))[mask].abs().max() > 1e-5  # a bf16 head would differ
+
+
+def test_an_on_policy_gspo_step_under_bf16_autocast_is_finite_with_a_ratio_of_one(cuda_device):
+    policy, tokenizer = load_policy("tiny-llama", seed=0)
+    policy.to(cuda_device)
+    prompts = [tokenizer(p)["input_ids"] for p in ("rev 123=", "rev 4567=", "rev 89=")]
+    with torch.autocast(cuda_device.type, dtype=torch.bfloat16):
+        torch.manual_seed(0)
+        rollout = LeanSampler().sample(policy, prompts, num_generations=4, max_new_tokens=6, pad_id=tokenizer.pad_token_id,
+                                       eos_id=tokenizer.eos_token_id).trimmed()
+        rollout.rewards = torch.arange(len(rollout), dtype=torch.float32) % 3  # spread within every group
+        learner = Learner(policy, GSPO(), Update(), max_len=6, group_size=4)
+        learner.snapshot(rollout)
+        rollout.advantages = GroupNormalized()(rollout, 4)
+        before = [p.detach().clone() for p in policy.parameters()]
+        metrics = learner.learn(rollout, torch.optim.AdamW(policy.parameters(), lr=1e-3, fused=True))
+    assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"]) and metrics["nonfinite_steps"] == 0
+    assert metrics["clip_frac"] == 0.0  # on-policy: the ratio is exactly 1 whatever the precision of the forward
+    assert all(torch.isfinite(p).all() for p in policy.parameters())
+    assert any(not torch.equal(b, p) for b, p in zip(before, policy.parameters()))
+
+
+def test_fused_adamw_steps_as_the_plain_one_on_the_device(cuda_device):
+    torch.manual_seed(0)
+    params = [torch.randn(64, 32), torch.randn(32)]
+    grads = [torch.randn_like(p) for p in params]
+    results = []
+    for fused in (True, False):
+        ps = [torch.nn.Parameter(p.clone().to(cuda_device)) for p in params]
+        opt = torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.01, fused=fused)
+        for _ in range(3):
+            for p, g in zip(ps, grads):
+                p.grad = g.to(cuda_device)
+            opt.step()
+        results.append(ps)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_adamw8bit_keeps_uint8_state_on_the_device(cuda_device):
+    bnb = pytest.importorskip("bitsandbytes")
+    big = torch.nn.Parameter(torch.randn(64, 128, device=cuda_device))  # ≥ 4096 elements: 8-bit state
+    small = torch.nn.Parameter(torch.randn(16, device=cuda_device))  # fewer: fp32 state (bitsandbytes' rule)
+    opt = bnb.optim.AdamW8bit([big, small], lr=1e-3)
+    before = big.detach().clone()
+    for p in (big, small):
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert opt.state[big]["state1"].dtype == torch.uint8 and opt.state[big]["state2"].dtype == torch.uint8
+    assert opt.state[small]["state1"].dtype == torch.float32
+    assert opt.state[big]["state1"].device.type == cuda_device.type
+    assert {torch.uint8, torch.float32} <= state_dtypes(opt)["state1"]
+    assert not torch.equal(before, big.detach()) and torch.isfinite(big).all()
+
+
+FIT = """
+import json, math, sys, torch
+import lightning as L
+from lit_gspo import CharAccuracy, Generation, PromptDataModule, RLModule, Update
+from lit_gspo.optim import state_dtypes
+
+device, strategy, optimizer, root = sys.argv[1:5]
+lr = 1e-3
+make = (lambda p: torch.optim.AdamW(p, lr=lr, fused=True)) if optimizer == "AdamW" else None
+if optimizer == "AdamW8bit":
+    import bitsandbytes as bnb
+    make = lambda p: bnb.optim.AdamW8bit(p, lr=lr)
+model = RLModule(model="tiny-llama", model_config={"hidden_size": 128, "intermediate_size": 256}, rewards=[CharAccuracy()],
+                 optimizer=make, generation=Generation(num_generations=4, max_new_tokens=4),
+                 update=Update(num_minibatches=2), val_every_n_steps=0, seed=0)
+data = PromptDataModule(train_source="reversal", task_kwargs={"min_length": 3, "max_length": 3}, num_train=64, num_val=4,
+                        prompts_per_step=4, seed=0)
+if strategy == "fsdp2":
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    strategy = ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1)
+losses = []
+class Probe(L.Callback):
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        losses.append(float(trainer.callback_metrics["train/loss"]))
+trainer = L.Trainer(accelerator=device, devices=1, strategy=strategy, precision="bf16-mixed", max_steps=4, logger=False,
+                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                    default_root_dir=root, callbacks=[Probe()])
+trainer.fit(model, datamodule=data)
+opt = trainer.optimizers[0]
+opt = getattr(opt, "optimizer", opt)
+print("RESULT " + json.dumps({"losses": losses, "device": next(model.policy.parameters()).device.type,
+                             "state1": sorted(str(d) for d in state_dtypes(opt).get("state1", ())),
+                             "nonfinite": float(trainer.callback_metrics["train/nonfinite_steps"])}))
+"""
+
+
+@pytest.mark.parametrize("strategy", ["auto", "fsdp2"])
+@pytest.mark.parametrize("optimizer", ["AdamW", "AdamW8bit"])
+def test_a_bf16_mixed_fit_on_the_device_trains_with_finite_losses(tmp_path, cuda_device, strategy, optimizer):
+    """In a fresh process: a ModelParallelStrategy fit leaves a process group behind that later tests must not meet."""
+    if optimizer == "AdamW8bit":
+        pytest.importorskip("bitsandbytes")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", FIT, cuda_device.type, strategy, optimizer, str(tmp_path)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
+    assert out["device"] == cuda_device.type
+    assert len(out["losses"]) == 2 and all(math.isfinite(v) for v in out["losses"]) and out["nonfinite"] == 0
+    assert ("torch.uint8" in out["state1"]) == (optimizer == "AdamW8bit")
+    assert (tmp_path / "hf_model" / "config.json").exists()
