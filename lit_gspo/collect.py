@@ -137,9 +137,10 @@ class Collector:
         total = scores.total.float()
         if any(t.reward is not None for e in episodes for t in e.turns):
             total = total + torch.tensor([sum(r) for r in turn_rewards], dtype=torch.float32)
-        rewards = fill_failed_with_group_mean(total, scores.valid, group)
+        device = batch.completion_mask.device
+        rewards = fill_failed_with_group_mean(total, scores.valid, group)  # on the CPU, like the reward functions
         # a failed sample keeps its row (groups stay intact) but carries no gradient
-        batch.completion_mask = batch.completion_mask & scores.valid[:, None].to(batch.completion_mask.device)
+        batch.completion_mask = batch.completion_mask & scores.valid[:, None].to(device)
         token_rewards = None
         if batch.turn_ids is not None:
             token_rewards = torch.zeros(batch.turn_ids.shape, dtype=torch.float32)
@@ -153,7 +154,7 @@ class Collector:
         stats.update({f"reward/{name}": value for name, value in scores.means().items()})
         if self.environment.max_turns > 1:
             stats.update(episode_stats(episodes))
-        return rewards, token_rewards, stats
+        return rewards.to(device), token_rewards, stats  # the advantages are computed where the rollout lives
 
     def collect(self, policy: nn.Module, rows: list[dict], refill: Callable[[int], list[dict]], synced_gpus: bool = False
                 ) -> tuple[RolloutBatch | None, dict[str, float]]:
@@ -174,7 +175,7 @@ class Collector:
             seen += constant.numel()
             if self.dynamic_sampling:
                 keep_groups = (~constant).nonzero().flatten()
-                batch = batch.select((keep_groups[:, None] * G + torch.arange(G)).flatten())
+                batch = batch.select((keep_groups[:, None] * G + torch.arange(G, device=keep_groups.device)).flatten())
             kept.append(batch)
             missing = len(rows) - sum(len(b) for b in kept) // G
             pending = refill(missing) if missing > 0 and self.dynamic_sampling else []

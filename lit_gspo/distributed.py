@@ -132,9 +132,17 @@ def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
 
 # ---------------------------------------------------------------------- metrics
 def all_reduce_sum(tensor: Tensor) -> Tensor:
-    """``tensor`` summed over ranks, in place (unchanged in one process)."""
+    """``tensor`` summed over ranks (unchanged in one process), on its own device.
+
+    NCCL reduces only CUDA tensors: under it a CPU tensor travels through the current GPU and back.
+    """
     if world_size() > 1:
-        dist.all_reduce(tensor)
+        if dist.get_backend() == "nccl" and tensor.device.type == "cpu":
+            on_gpu = tensor.to(f"cuda:{torch.cuda.current_device()}")
+            dist.all_reduce(on_gpu)
+            tensor.copy_(on_gpu.cpu())
+        else:
+            dist.all_reduce(tensor)
     return tensor
 
 
