@@ -513,17 +513,9 @@ def matmul_peak(device: str, precision: str) -> float:
     import torch
 
     if device == "cuda":
-        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        for _ in range(3):
-            a @ b
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(10):
-            a @ b
-        end.record()
-        torch.cuda.synchronize()
-        return 2 * 8192**3 * 10 / (start.elapsed_time(end) / 1e3)
+        from lit_gspo.hardware import cuda_matmul_flops
+
+        return cuda_matmul_flops(torch.bfloat16)
     best = 0.0
     for dtype in (torch.float32, torch.bfloat16):  # bf16 is emulated (slower) on CPUs without AMX/AVX512-BF16
         a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)

@@ -87,16 +87,9 @@ def matmul_peak(dtype, threads: int, device: str = "cpu") -> float:
     import torch
 
     if device == "cuda":
-        a, b = (torch.randn(8192, 8192, dtype=dtype, device="cuda") for _ in range(2))
-        for _ in range(3):
-            a @ b
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(10):
-            a @ b
-        end.record()
-        torch.cuda.synchronize()
-        return 2 * 8192**3 * 10 / (start.elapsed_time(end) / 1e3)
+        from lit_gspo.hardware import cuda_matmul_flops
+
+        return cuda_matmul_flops(dtype)
     a, b = torch.randn(1504, 576, dtype=dtype), torch.randn(576, 1536, dtype=dtype)
     times = []
     for _ in range(8):
