@@ -29,6 +29,7 @@ from lit_gspo.advantages import AdvantageEstimator, get_advantage
 from lit_gspo.checkpointing import export_is_complete, restore_rng_states, rng_states, written_aside
 from lit_gspo.collect import Collector
 from lit_gspo.config import Generation, LoRA, Update, WarmStart, resolve_seed
+from lit_gspo.data.prompts import check_prompt_lengths
 from lit_gspo.distributed import all_reduce_sum, apply_fsdp2, check_strategy, full_state_dict, is_sharded, reduce_step_stats
 from lit_gspo.engines import HFGenerate, RolloutEngine
 from lit_gspo.envs import Environment, SingleTurn
@@ -259,9 +260,13 @@ class RLModule(LightningModule):
         self.rl_step = checkpoint.get("rl_step", _batches_that_stepped(checkpoint))
 
     def on_fit_start(self) -> None:
-        rows = getattr(self.trainer.datamodule, "train_rows", None)
+        dm = self.trainer.datamodule
+        rows = getattr(dm, "train_rows", None)
         if rows:  # a reward function whose parameters no dataset column fills fails now, not after N steps
             self.collector.rewards.check(list(rows[0]))
+        for split in ("train", "val"):  # a prompt too long for the context fails now, named by its file row
+            check_prompt_lengths(getattr(dm, f"{split}_rows", None) or [], lambda r: self.collector.encode(self.policy, r),
+                                 lambda i: dm.describe_row(split, i) if hasattr(dm, "describe_row") else f"{split} row {i}")
 
     def on_train_start(self) -> None:
         if self.global_step == 0:
