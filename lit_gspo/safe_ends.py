@@ -19,9 +19,10 @@ SIGINT and SIGTERM during training: the first one lets the current RL step finis
 written (to ``ModelCheckpoint``'s ``last.ckpt``, or ``<default_root_dir>/checkpoints/last.ckpt`` when
 checkpointing is off) and the process exits with 128 + the signal (130, 143), saying where the checkpoint is.
 Under several processes the ranks agree on stopping after the same step. A second signal stops at once
-without saving (the last checkpoint written stays intact: writes are atomic). Lightning's own SIGTERM handler,
-which exits 0 and under DDP broadcasts from inside the handler (a hang when another rank is stuck), is
-replaced while training runs.
+without saving (the last checkpoint written stays intact: writes are atomic), even when the process is
+blocked inside a collective waiting for a hung rank (a watchdog thread on the signal wakeup fd exits it).
+Lightning's own SIGTERM handler, which exits 0 and under DDP broadcasts from inside the handler (a hang when
+another rank is stuck), is replaced while training runs.
 """
 
 from __future__ import annotations
@@ -239,6 +240,16 @@ def _log_each_row_once(trainer) -> None:
     connector._lit_gspo_once = True
 
 
+def _kill_launched_ranks(trainer) -> None:
+    """SIGKILL the other ranks this process launched (Lightning's subprocess launcher), which would outlive it."""
+    launcher = trainer.strategy.launcher
+    for proc in getattr(launcher, "procs", None) or []:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def _agree(trainer, value: int) -> int:
     """The largest ``value`` over all ranks (every rank must call)."""
     if trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
@@ -246,6 +257,52 @@ def _agree(trainer, value: int) -> int:
     tensor = torch.tensor([value], dtype=torch.int64, device=trainer.strategy.root_device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return int(tensor.item())
+
+
+class _SecondSignalWatchdog:
+    """Ends the process on a second stop signal even while the main thread is blocked in C++ (e.g. in a collective
+    waiting for a hung rank), where no Python signal handler can run.
+
+    Python's C-level handler writes each signal number to the wakeup fd at once; this daemon thread reads it. On the
+    second SIGINT/SIGTERM it gives the main thread ``grace_s`` to end the run itself (``RunInterrupted``), then
+    ``os._exit(128 + signal)``: the last checkpoint written is intact (writes are atomic), the run lock is dropped
+    with the process, and temporaries are cleaned by the next start.
+    """
+
+    def __init__(self, before_exit=None, grace_s: float = 3.0) -> None:
+        self.before_exit, self.grace_s = before_exit, grace_s
+        self._done = threading.Event()
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+        self._previous = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, daemon=True, name="lit_gspo-second-signal").start()
+
+    def _watch(self) -> None:
+        count = 0
+        try:
+            while not self._done.is_set():
+                data = os.read(self._read_fd, 64)
+                if not data:
+                    return
+                for signum in data:
+                    count += signum in STOP_SIGNALS
+                    if count >= 2 and not self._done.wait(self.grace_s):
+                        os.write(2, f"\n{signal.Signals(signum).name} received twice and the run is blocked: exiting "
+                                    f"now with code {128 + signum}, without saving\n".encode())
+                        try:
+                            if self.before_exit is not None:
+                                self.before_exit()
+                        finally:
+                            os._exit(128 + signum)
+        finally:
+            os.close(self._read_fd)
+
+    def stop(self) -> None:
+        self._done.set()
+        replaced = signal.set_wakeup_fd(self._previous)
+        if replaced != self._write_fd:  # someone replaced ours meanwhile: keep theirs
+            signal.set_wakeup_fd(replaced)
+        os.close(self._write_fd)  # the thread reads EOF and ends
 
 
 class SafeEnds(Callback):
@@ -256,6 +313,7 @@ class SafeEnds(Callback):
         self._received = 0  # the first stop signal received while training (0: none)
         self._previous: dict[int, Any] = {}
         self._trainer = None
+        self._watchdog: _SecondSignalWatchdog | None = None
 
     # -------------------------------------------------------------- start
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -289,6 +347,7 @@ class SafeEnds(Callback):
         for signum in STOP_SIGNALS:
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._on_signal)
+        self._watchdog = _SecondSignalWatchdog(before_exit=lambda: _kill_launched_ranks(trainer))
 
     def _on_signal(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
@@ -346,6 +405,9 @@ class SafeEnds(Callback):
             if threading.current_thread() is threading.main_thread() and signal.getsignal(signum) == self._on_signal:
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self._previous.clear()
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
         if self._lock is not None:
             self._lock.release()
             self._lock = None
