@@ -24,3 +24,18 @@ def no_global_seed_between_tests():
     os.environ.pop("PL_GLOBAL_SEED", None)
     yield
     os.environ.pop("PL_GLOBAL_SEED", None)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--faults", action="store_true", default=False,
+                     help="run the fault-injection tests (marker `faults`): real signals and SIGKILLs of CLI runs in "
+                          "subprocesses, a few minutes; `pytest -m faults --faults`")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--faults"):
+        return
+    skip = pytest.mark.skip(reason="fault injection (minutes): run with `pytest -m faults --faults`")
+    for item in items:
+        if "faults" in item.keywords:
+            item.add_marker(skip)
