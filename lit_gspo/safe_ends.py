@@ -27,6 +27,7 @@ another rank is stuck), is replaced while training runs.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -395,6 +396,15 @@ class SafeEnds(Callback):
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self._end()
+        if trainer.world_size > 1 and not isinstance(exception, RunInterrupted):
+            if "timed out" in str(exception).lower() or "timeout" in type(exception).__name__.lower():
+                print(f"\n[rank {trainer.global_rank}] a collective timed out: another rank is stuck or died (in its "
+                      "reward, its data, ...). The limit is the strategy's timeout (Lightning's default 30 min), e.g. "
+                      "--trainer.strategy lightning.pytorch.strategies.DDPStrategy --trainer.strategy.timeout 0:05:00",
+                      file=sys.stderr, flush=True)
+            # the ranks this process launched would outlive it when they are stuck (not in a collective): end them
+            # once this process has reported its error
+            atexit.register(_kill_launched_ranks, trainer)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if stage == "fit":

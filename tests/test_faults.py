@@ -127,3 +127,30 @@ def test_faults_benchmark_reports_exact_resumes(tmp_path):
                          timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "4 kills, 4 exact resumes, 0 lost" in out.stdout
+
+
+def test_ddp_with_a_rank_hung_in_its_reward_fails_after_the_process_group_timeout(tmp_path):
+    """With ``--trainer.strategy.timeout`` short, rank 0's collective times out: the run fails with a hint, and the
+    hung rank it launched does not outlive it."""
+    marker = tmp_path / "rank1_hung"
+    cmd = cli(tmp_path, "--trainer.devices", "2", "--trainer.strategy", "lightning.pytorch.strategies.DDPStrategy",
+              "--trainer.strategy.timeout", "0:00:15", "--data.prompts_per_step", "4",
+              "--model.rewards", "[{class_path: fault_helpers.StuckOnRank1}]")
+    env = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "FAULT_MARKER": str(marker)}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        wait_for(marker.exists, proc)
+        start = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+        assert time.monotonic() - start < 60
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0
+    assert "a collective timed out: another rank is stuck or died" in err, err[-3000:]
+    deadline = time.monotonic() + 10
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _group_alive(proc.pid), "rank 1 outlived rank 0"
