@@ -158,14 +158,15 @@ def main() -> None:
         before = set(faulty.glob("**/metrics.csv"))
         if what == "random":
             proc = start(faulty, args.steps, resume)
-            if rng.random() < 0.25:  # while starting: imports, model, restore, warm start
-                time.sleep(rng.uniform(0, startup))
+            first = _first_step_left(faulty)
+            # a random kill always leaves a step to run, so that the run cannot finish under it
+            if rng.random() < 0.25 or first > args.steps - 3:  # while starting: imports, model, restore, warm start
+                time.sleep(rng.uniform(0, 0.5 * startup))
             else:  # during a random remaining step, at a random point of it (a checkpoint write included)
-                low = min(_first_step_left(faulty), max(args.steps - 2, 0))
-                target = rng.randrange(low, max(args.steps - 1, low + 1))
+                target = rng.randrange(first, args.steps - 2)
                 while proc.poll() is None and target not in _logged_steps(set(faulty.glob("**/metrics.csv")) - before):
                     time.sleep(0.02)
-                time.sleep(rng.uniform(0, step_s))
+                time.sleep(rng.uniform(0, 0.5 * step_s))
         else:
             marker.unlink(missing_ok=True)
             proc = start(faulty, args.steps, resume, stall="checkpoint:1" if what == "checkpoint" else "export",
