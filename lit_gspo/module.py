@@ -26,10 +26,11 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from lit_gspo.advantages import AdvantageEstimator, get_advantage
-from lit_gspo.checkpointing import restore_rng_states, rng_states
+from lit_gspo.checkpointing import export_is_complete, restore_rng_states, rng_states, written_aside
 from lit_gspo.collect import Collector
 from lit_gspo.completions_log import due, log_completions
 from lit_gspo.config import Generation, LoRA, Update, WarmStart, resolve_seed
+from lit_gspo.data.prompts import check_prompt_lengths
 from lit_gspo.distributed import all_reduce_sum, apply_fsdp2, check_strategy, full_state_dict, is_sharded, reduce_step_stats
 from lit_gspo.engines import HFGenerate, RolloutEngine
 from lit_gspo.envs import Environment, SingleTurn
@@ -42,6 +43,7 @@ from lit_gspo.objectives import GSPO, Objective
 from lit_gspo.optim import shard_aware
 from lit_gspo.quiet import silence_lightning_noise
 from lit_gspo.rewards import ExactMatch, RewardSet
+from lit_gspo.safe_ends import SafeEnds
 from lit_gspo.warm_start import warm_start
 
 
@@ -269,9 +271,13 @@ class RLModule(LightningModule):
         self.rl_step = checkpoint.get("rl_step", _batches_that_stepped(checkpoint))
 
     def on_fit_start(self) -> None:
-        rows = getattr(self.trainer.datamodule, "train_rows", None)
+        dm = self.trainer.datamodule
+        rows = getattr(dm, "train_rows", None)
         if rows:  # a reward function whose parameters no dataset column fills fails now, not after N steps
             self.collector.rewards.check(list(rows[0]))
+        for split in ("train", "val"):  # a prompt too long for the context fails now, named by its file row
+            check_prompt_lengths(getattr(dm, f"{split}_rows", None) or [], lambda r: self.collector.encode(self.policy, r),
+                                 lambda i: dm.describe_row(split, i) if hasattr(dm, "describe_row") else f"{split} row {i}")
 
     def on_train_start(self) -> None:
         if self.global_step == 0:
@@ -286,9 +292,24 @@ class RLModule(LightningModule):
 
     def on_train_end(self) -> None:
         self.run_validation()
+        self._export()
+
+    def on_fit_end(self) -> None:
+        """A resume of a finished run skips the training loop and ``on_train_end``: write the export if a kill stopped it."""
+        if self.trainer.strategy.broadcast(not export_is_complete(self._export_path())):
+            self._export()
+
+    def configure_callbacks(self) -> list:
+        """Run lock, cleanup of killed writes, rows before checkpoints, SIGINT/SIGTERM saved (``lit_gspo.safe_ends``)."""
+        return [SafeEnds()]
+
+    def _export_path(self) -> Path:
+        return Path(self.trainer.default_root_dir) / "hf_model"
+
+    def _export(self) -> None:
         state_dict = full_state_dict(self.policy) if is_sharded(self.policy) else None  # collective under FSDP2
         if self.trainer.is_global_zero:
-            self.save_hf_model(Path(self.trainer.default_root_dir) / "hf_model", state_dict)
+            self.save_hf_model(self._export_path(), state_dict)
 
     # ------------------------------------------------------------------ validation, saving
     @torch.no_grad()
@@ -360,17 +381,18 @@ class RLModule(LightningModule):
                 + list(environment.metric_names))
 
     def save_hf_model(self, path: Path, state_dict: dict | None = None) -> None:
-        """Save in Hugging Face format; ``state_dict``: the full weights of an FSDP2-sharded policy."""
+        """Save in Hugging Face format (written aside, then swapped in); ``state_dict``: the full weights of an FSDP2-sharded policy."""
         model = self.policy
         if self.lora is not None:
             model = merged_for_saving(self.policy)
-        model.save_pretrained(path, state_dict=state_dict)
-        if state_dict is not None:  # fully_shard renamed the class (FSDPLlamaForCausalLM): record the real one
-            from lit_gspo.distributed import unsharded_class
+        with written_aside(path) as tmp:
+            model.save_pretrained(tmp, state_dict=state_dict)
+            if state_dict is not None:  # fully_shard renamed the class (FSDPLlamaForCausalLM): record the real one
+                from lit_gspo.distributed import unsharded_class
 
-            model.config.architectures = [unsharded_class(model).__name__]
-            model.config.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
+                model.config.architectures = [unsharded_class(model).__name__]
+                model.config.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
         rank_zero_info(f"saved the policy in Hugging Face format to {path}")
 
 

@@ -5,7 +5,12 @@ The ``lit-gspo`` entry point is ``lit_gspo.cli``; ``lit_gspo.ablate`` runs its f
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import importlib
+import inspect
 import os
+import re
 
 from jsonargparse import ArgumentParser
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -34,13 +39,55 @@ def objective_hint(message: str) -> str:
             "import path of your own Objective subclass (`--model.objective my_pkg.MyObjective`).")
 
 
+def _fields(cls: type) -> list[str]:
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls) if f.init]
+    params = inspect.signature(cls.__init__).parameters.values()
+    return [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def nested_key_hint(message: str) -> str:
+    """What to add to a parser error about a misspelled nested key (``--model.generation.num_generation``): the
+    fields of that group (jsonargparse names the bad key and the group's class, not the keys it accepts)."""
+    key = re.search(r'Parser key "([\w.]+)"', message)
+    bad = re.search(r"(?:Option|Key) '([\w.]+)' is not (?:accepted|expected)", message)
+    classes = re.findall(r"<class '([\w.]+)'>", message)
+    if not (key and bad):
+        return ""
+    for path in classes:
+        module, _, name = path.rpartition(".")
+        if not module or path == "NoneType":
+            continue
+        try:
+            cls = getattr(importlib.import_module(module), name)
+            fields = _fields(cls)
+        except (ImportError, AttributeError, TypeError, ValueError):
+            continue
+        close = difflib.get_close_matches(bad.group(1), fields, n=1)
+        return (f"\n  Valid fields of {key.group(1)}: {', '.join(fields)}"
+                + (f" (did you mean {key.group(1)}.{close[0]}?)" if close else ""))
+    return ""
+
+
+def unknown_option_hint(message: str, options: list[str]) -> str:
+    """Close matches for ``unrecognized arguments: --data.prompts_per_stp``."""
+    found = re.search(r"unrecognized arguments: (--[\w.]+)", message)
+    if not found:
+        return ""
+    close = difflib.get_close_matches(found.group(1), options, n=3)
+    return f"\n  Did you mean: {', '.join(close)}?" if close else ""
+
+
 class RLArgumentParser(LightningArgumentParser):
-    """Parser errors about the objective list the objectives that exist; keeps its subcommands action."""
+    """Parser errors about the objective list the objectives that exist, about a misspelled nested key the valid
+    fields, about an unknown option the close ones; keeps its subcommands action."""
 
     subcommands_action = None
 
     def error(self, message: str, ex: Exception | None = None):
-        return super().error(message + objective_hint(message), ex)
+        hint = objective_hint(message) + nested_key_hint(message) + unknown_option_hint(
+            message, [o for o in getattr(self, "_option_string_actions", {}) if o.startswith("--")])
+        return super().error(message + hint, ex)
 
     def add_subcommands(self, *args, **kwargs):
         self.subcommands_action = super().add_subcommands(*args, **kwargs)

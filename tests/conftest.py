@@ -32,14 +32,24 @@ def no_global_seed_between_tests():
 CUDA_TESTS_ON = os.environ.get("LIT_GSPO_CUDA_TESTS_ON", "cuda")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--faults", action="store_true", default=False,
+                     help="run the fault-injection tests (marker `faults`): real signals and SIGKILLs of CLI runs in "
+                          "subprocesses, a few minutes; `pytest -m faults --faults`")
+
+
 def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.cuda`` tests are skipped where torch sees no CUDA device (CI), never failed."""
-    if CUDA_TESTS_ON != "cuda" or torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    """``@pytest.mark.cuda`` tests are skipped where torch sees no CUDA device (CI), never failed;
+    ``@pytest.mark.faults`` tests run only with ``--faults``."""
+    skips = []
+    if not (CUDA_TESTS_ON != "cuda" or torch.cuda.is_available()):
+        skips.append(("cuda", pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")))
+    if not config.getoption("--faults"):
+        skips.append(("faults", pytest.mark.skip(reason="fault injection (minutes): run with `pytest -m faults --faults`")))
     for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+        for keyword, skip in skips:
+            if keyword in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture

@@ -28,6 +28,8 @@ from lit_gspo.data.synthetic import TASKS
 TASK_NUM_TRAIN, TASK_NUM_VAL = 1000, 64
 #: at most this many rows are held out of a training file for validation when num_val is None
 HELD_OUT_MAX = 64
+#: (the file, task or dataset split; each kept row's index in it)
+Origin = tuple[str, list[int]]
 
 
 class RowDataset(Dataset):
@@ -170,25 +172,29 @@ class PromptDataModule(LightningDataModule):
         self.seed, self.train_split, self.val_split, self.val_fraction = resolve_seed(seed), train_split, val_split, val_fraction
         self.train_rows: list[dict] | None = None
         self.val_rows: list[dict] | None = None
+        self._origin: dict[str, Origin] = {}
 
-    def _load(self, source: str, split: str, limit: str) -> tuple[list[dict], str]:
-        """The rows for ``limit`` (``"num_train"``/``"num_val"``) and their description for the log line."""
+    def _load(self, source: str, split: str, limit: str) -> tuple[list[dict], str, Origin]:
+        """The rows for ``limit`` (``"num_train"``/``"num_val"``), their description for the log line, and where each
+        row comes from."""
         n = getattr(self, limit)
         if source in TASKS:
             n = (TASK_NUM_TRAIN if limit == "num_train" else TASK_NUM_VAL) if n is None else n
             rows = load_prompt_rows(source, split, self.prompt_column, self.answer_column, n=n, seed=self.seed, **self.task_kwargs)
-            return rows, f"{len(rows)} rows from task {source!r} ({split} split)"
+            return rows, f"{len(rows)} rows from task {source!r} ({split} split)", (f"task {source!r} ({split} split)",
+                                                                                    list(range(len(rows))))
         rows = load_prompt_rows(source, split, self.prompt_column, self.answer_column, seed=self.seed)
-        kept = [rows[i] for i in subset_indices(len(rows), n, self.seed)]
-        return kept, _count(kept, rows, f"{limit}={n}") + f" from {_name(source, split)}"
+        indices = subset_indices(len(rows), n, self.seed)
+        kept = [rows[i] for i in indices]
+        return kept, _count(kept, rows, f"{limit}={n}") + f" from {_name(source, split)}", (_name(source, split), indices)
 
     def setup(self, stage: str | None = None) -> None:
         """Load (or generate) the train and validation rows once and say how many there are (rank 0)."""
         if self.train_rows is not None:
             return
         if self.val_source is not None or self.train_source in TASKS:
-            train, train_text = self._load(self.train_source, self.train_split, "num_train")
-            val, val_text = self._load(self.val_source or self.train_source, self.val_split, "num_val")
+            train, train_text, train_origin = self._load(self.train_source, self.train_split, "num_train")
+            val, val_text, val_origin = self._load(self.val_source or self.train_source, self.val_split, "num_val")
         else:
             rows = load_prompt_rows(self.train_source, self.train_split, self.prompt_column, self.answer_column, seed=self.seed)
             order = list(range(len(rows)))
@@ -198,12 +204,23 @@ class PromptDataModule(LightningDataModule):
             val = [rows[i] for i in sorted(order[:n_val])]
             rest = [rows[i] for i in sorted(order[n_val:])]
             train = rest[: self.num_train]
+            name = _name(self.train_source, self.train_split)
+            train_origin, val_origin = (name, sorted(order[n_val:])[: len(train)]), (name, sorted(order[:n_val]))
             train_text = _count(train, rest, f"num_train={self.num_train}") + f" from {_name(self.train_source, self.train_split)}"
             val_text = f"{len(val)} rows held out of it (val_fraction={self.val_fraction}, at most {cap})"
         rank_zero_info(f"train: {train_text}, val: {val_text}")
         if len(train) < self.prompts_per_step:
             raise ValueError(f"{self.train_source!r} gave {len(train)} training prompts, fewer than prompts_per_step={self.prompts_per_step}")
         self.train_rows, self.val_rows = train, val
+        self._origin = {"train": train_origin, "val": val_origin}
+
+    def describe_row(self, split: str, position: int) -> str:
+        """Where row ``position`` of ``train_rows``/``val_rows`` (``split`` "train"/"val") comes from: its file and
+        row (counted from 0 in the file, as ``load_prompt_rows`` reads it), or its task and index."""
+        if split not in self._origin:  # rows set by hand
+            return f"{split}_rows[{position}]"
+        name, rows = self._origin[split]
+        return f"{name} row {rows[position]}"
 
     def _rank(self) -> tuple[int, int]:
         trainer = self.trainer

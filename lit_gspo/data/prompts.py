@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import random
+import re
+from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 from lit_gspo.data.synthetic import TASKS, make_split
+from lit_gspo.hub import hub_offline, hub_unreachable, offline_hint
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -20,23 +24,68 @@ def _load_dataset(source: str, split: str):
         builder = FILE_BUILDERS.get(path.suffix.lower())
         if builder is None:
             raise ValueError(f"cannot read {source!r}: unsupported extension {path.suffix!r}; use one of {sorted(FILE_BUILDERS)}")
+        if builder != "parquet":
+            check_text_file(path)
         # a single file is a single split: datasets calls it "train" whatever `split` asked for
-        return load_dataset(builder, data_files=str(path), split="train")
+        try:
+            return load_dataset(builder, data_files=str(path), split="train")
+        except ValueError as err:
+            if "corresponds to no data" in str(err):  # a CSV header only, an empty JSON list
+                raise ValueError(f"{path} holds no rows: give a file with at least one row") from None
+            raise
     if path.is_dir():
         try:
             return load_dataset(str(path), split=split)
         except ValueError as err:
             raise ValueError(f"cannot load split {split!r} from directory {source!r}: {err}") from err
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    unreachable = None if offline or hub_offline() else hub_unreachable()  # without a network: seconds, not minutes
     try:
-        return load_dataset(source, split=split)
+        with _offline(bool(unreachable)):
+            return load_dataset(source, split=split)
     except Exception as err:  # noqa: BLE001 — hub failures come in many types; say what was tried
-        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
         raise ValueError(
             f"{source!r} is neither a built-in task ({sorted(TASKS)}) nor an existing local file or directory, and loading "
             f"it as a Hugging Face Hub dataset (split {split!r}) failed"
             + (" — HF_HUB_OFFLINE is set, so the hub cannot be reached" if offline else "")
+            + (f" — {unreachable}; and {offline_hint(f'dataset {source!r}')}" if unreachable else "")
             + f": {type(err).__name__}: {err}"
         ) from err
+
+
+@contextmanager
+def _offline(on: bool):
+    """Have ``datasets`` and ``huggingface_hub`` use the local cache only (they read HF_HUB_OFFLINE at import time)."""
+    if not on:
+        yield
+        return
+    import datasets
+    import huggingface_hub
+
+    saved = datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = saved
+
+
+def check_text_file(path: Path) -> None:
+    """A JSON/JSONL/CSV data file must hold something and be UTF-8: say which line is not (datasets would not)."""
+    with open(path, "rb") as f:
+        empty = True
+        for number, line in enumerate(f, start=1):
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"{path} line {number} is not UTF-8 text: byte {line[err.start:err.start + 1]!r} at column {err.start + 1} "
+                    f"({err.reason}). Save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 {path.name}` if it is "
+                    "Latin-1)") from None
+            empty = empty and not text.strip()
+    if empty:
+        raise ValueError(f"{path} is empty: it holds no rows. Give a file with at least one row "
+                         f"({'one JSON object per line' if path.suffix.lower() == '.jsonl' else 'a header and rows' if path.suffix.lower() == '.csv' else 'a list of objects'})")
 
 
 def subset_indices(total: int, n: int | None, seed: int) -> list[int]:
@@ -77,6 +126,8 @@ def load_prompt_rows(source: str, split: str = "train", prompt_column: str = "pr
     if task_kwargs:
         raise TypeError(f"options {sorted(task_kwargs)} only apply to built-in tasks {sorted(TASKS)}, not to {source!r}")
     dataset = _load_dataset(source, split)
+    if len(dataset) == 0:
+        raise ValueError(f"{source!r} holds no rows{'' if Path(source).is_file() else f' in split {split!r}'}: give data with at least one row")
     columns = list(dataset.column_names)
     wanted = [c for c in (prompt_column, answer_column) if c is not None]
     missing = [c for c in wanted if c not in columns]
@@ -112,6 +163,16 @@ def prompt_problem(prompt) -> str | None:
         if all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt):
             return None
     return "neither a string nor a list of {'role': str, 'content': str} messages"
+
+
+def check_prompt_lengths(rows: list[dict], encode: Callable[[list[dict]], list], where: Callable[[int], str]) -> None:
+    """Encode every row as sampling will (``encode``: rows → prompt ids, raising ``ValueError`` for a prompt that does
+    not fit); the first that fails is named by ``where(position)`` (its file and row), before any training."""
+    for position, row in enumerate(rows):
+        try:
+            encode([row])
+        except ValueError as err:
+            raise ValueError(f"{where(position)}: {re.sub(r'^prompt 0 ', 'the prompt ', str(err))}") from None
 
 
 def encode_prompts(tokenizer, prompts: list, *, chat_template: bool | None = None, max_prompt_length: int,

@@ -24,6 +24,8 @@ from typing import Any, Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from lit_gspo.hub import hub_offline, hub_unreachable, offline_hint
+
 from .builders import build_from_config, tiny_llama_config, tiny_qwen3_moe_config
 from .gguf_utils import GGUF_ALIASES, drop_quantizer, gguf_available, packaged_gguf_path
 from .tokenizer import char_tokenizer
@@ -149,10 +151,17 @@ def _load_pretrained(
         if not gguf_available():
             raise ImportError("loading GGUF checkpoints needs the `gguf` package: `pip install gguf`")
         kwargs["gguf_file"] = gguf_file
+    unreachable = None
+    if not os.path.isdir(source) and not hub_offline():  # a hub id: without a network, fail in seconds, not minutes
+        unreachable = hub_unreachable()
+        if unreachable:
+            kwargs["local_files_only"] = True
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs, **overrides)
     except OSError as err:
+        if unreachable:
+            raise ValueError(f"cannot load policy {source!r}: {unreachable}; and {offline_hint(repr(source))}") from err
         raise _unknown(source if gguf_file is None else f"{source}/{gguf_file}", f"loading failed ({err})") from err
     if gguf_file is not None:
         drop_quantizer(model)

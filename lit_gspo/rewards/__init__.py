@@ -18,7 +18,7 @@ call will give it.
 from lit_gspo.rewards.format import FormatReward
 from lit_gspo.rewards.match import AnswerMatch, CharAccuracy, ExactMatch, last_number
 from lit_gspo.rewards.overlong import OverlongPenalty, overlong_penalty
-from lit_gspo.rewards.reward_set import RewardScores, RewardSet, RewardWarning, function_name
+from lit_gspo.rewards.reward_set import RewardScores, RewardSet, RewardTimeout, RewardWarning, function_name
 
 __all__ = [
     "AnswerMatch",
@@ -28,6 +28,7 @@ __all__ = [
     "OverlongPenalty",
     "RewardScores",
     "RewardSet",
+    "RewardTimeout",
     "RewardWarning",
     "function_name",
     "last_number",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,32 @@ from lit_gspo.rewards.calling import CALL_INPUTS, TRAINER_COLUMNS, TRL_ONLY, Con
 
 class RewardWarning(UserWarning):
     """A reward function failed; the samples it affects are masked (each kind logged once per function)."""
+
+
+class RewardTimeout(TimeoutError):
+    """A reward function with ``timeout_s`` did not return in time."""
+
+
+def call_with_timeout(call: Callable[[], object], timeout_s: float | None, name: str = "reward"):
+    """``call()``, given up after ``timeout_s`` seconds (None: no limit) with :class:`RewardTimeout`."""
+    if timeout_s is None:
+        return call()
+    outcome: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = call()
+        except BaseException as err:  # noqa: BLE001 — handed to the caller
+            outcome["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True, name=f"lit_gspo-{name}")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise RewardTimeout(f"no result within timeout_s={timeout_s:g} s (the call is abandoned)")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 @dataclass
@@ -75,6 +102,12 @@ class RewardSet:
     a function that raises marks the whole batch invalid; a returned ``None``, NaN, ±inf or non-number
     marks that sample invalid; a result of the wrong length marks the whole batch invalid.
 
+    A function with a ``timeout_s`` attribute (e.g. a reward that calls a server or runs code) is called in a
+    worker thread and given up after that many seconds: the batch counts as failed (``RewardTimeout``) instead of
+    the run hanging, which under DDP would leave every other rank waiting in a collective. The abandoned call
+    keeps its thread until it returns. Functions that time themselves out with ``signal.alarm`` (math_verify
+    does) only work in the main thread: give them no ``timeout_s``.
+
     Args:
         functions: the reward functions.
         weights: one weight per function; None uses each function's ``weight`` attribute (default 1.0).
@@ -92,6 +125,11 @@ class RewardSet:
             weights = [float(getattr(fn, "weight", 1.0)) for fn in functions]
         elif len(weights) != len(functions):
             raise ValueError(f"RewardSet got {len(weights)} weights for {len(functions)} functions; give one per function or None")
+        for fn in functions:
+            timeout_s = getattr(fn, "timeout_s", None)
+            if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+                raise ValueError(f"reward function {function_name(fn)!r} has timeout_s={timeout_s!r}; give seconds > 0, "
+                                 "or None for no limit")
         self.functions = functions
         self.weights = [float(w) for w in weights]
         self.names = self._unique_names(functions)
@@ -144,7 +182,8 @@ class RewardSet:
         n = len(completions)
         nan = torch.full((n,), float("nan"))
         try:
-            result = conv.call(fn, prompts, completions, columns, completion_ids)
+            result = call_with_timeout(lambda: conv.call(fn, prompts, completions, columns, completion_ids),
+                                       getattr(fn, "timeout_s", None), name)
         except Exception as err:  # noqa: BLE001 — a reward bug must not kill the run
             self._warn(name, "raised", f"reward function {name!r} raised {type(err).__name__}: {err}")
             return nan

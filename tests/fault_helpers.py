@@ -1,0 +1,23 @@
+"""Reward functions for the fault-injection tests (importable by the subprocess runs: tests/ is on their PYTHONPATH)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+class StuckOnRank1:
+    """Scores like ``FormatReward("[0-4].*")`` but hangs for good on rank 1 from its ``stuck_from``-th call (a reward
+    server that stopped answering)."""
+
+    def __init__(self, stuck_from: int = 2):
+        self.stuck_from, self.calls = stuck_from, 0
+
+    def __call__(self, prompts, completions, **columns):
+        self.calls += 1
+        if os.environ.get("LOCAL_RANK", "0") == "1" and self.calls >= self.stuck_from:
+            if os.environ.get("FAULT_MARKER"):
+                open(os.environ["FAULT_MARKER"], "w").close()
+            while True:
+                time.sleep(1)
+        return [float(c[:1] in "01234" and len(c) > 0) for c in completions]
