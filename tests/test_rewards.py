@@ -264,7 +264,7 @@ def test_check_names_function_parameter_and_columns():
         rs.check(["prompt", "answer", "level"])
     msg = str(err.value)
     assert "'accuracy_reward' (completions, solution, **kwargs)" in msg and "cannot be given ['solution']" in msg
-    assert "the columns ['answer', 'level', 'completion_lengths', 'max_completion_length']" in msg and "exact_match" not in msg
+    assert "the columns ['answer', 'level', 'completion_lengths', 'max_completion_length', 'turns', 'replies']" in msg and "exact_match" not in msg
     rs.check(["prompt", "answer", "solution"])  # passes once the column exists
 
     def curriculum(completions, trainer_state, **kwargs):
