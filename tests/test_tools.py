@@ -358,7 +358,7 @@ def test_forcing_the_template_path_passes_tools_that_smollm2_ignores(smollm2_tok
 
 # ---- the SmolLM2 calculator config ---------------------------------------------------------------------------------
 
-def test_the_calculator_config_builds_a_tool_environment_whose_prompts_name_the_call():
+def test_the_calculator_config_builds_a_tool_environment_whose_demonstrated_call_is_right():
     import yaml
     from jsonargparse import ArgumentParser
 
@@ -373,8 +373,9 @@ def test_the_calculator_config_builds_a_tool_environment_whose_prompts_name_the_
     assert env.max_turns == 3 and env.system_prompt.startswith("Example:\nuser: What is 12 * 34?")
     (row,) = make_task("arithmetic", 1, **config["data"]["task_kwargs"])
     a, b = row["prompt"].removeprefix("What is ").split("?")[0].split(" * ")
-    (call,) = env.call_format.parse(row["prompt"].split("Write ")[1].split(", then")[0])
-    assert env.call(call) == (row["answer"], True) and int(row["answer"]) == int(a) * int(b)
+    first_reply, answer = env.demonstration(row)
+    (call,) = env.call_format.parse(first_reply)
+    assert env.call(call) == (row["answer"], True) and int(row["answer"]) == int(a) * int(b) and answer == row["answer"]
 
 
 def test_tools_only_through_a_template_that_is_off_is_refused():
