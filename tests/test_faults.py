@@ -75,6 +75,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _group_ends(pgid: int, within: float) -> bool:
+    """Whether every process of group ``pgid`` is gone within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not _group_alive(pgid)
+
+
 def _group_alive(pgid: int) -> list[int]:
     alive = []
     for entry in Path("/proc").iterdir():
@@ -114,10 +122,7 @@ def test_ddp_with_a_rank_hung_in_its_reward_ends_on_a_second_sigterm(tmp_path):
             proc.wait()
     assert proc.returncode == 143, err[-3000:]
     assert "received twice and the run is blocked" in err
-    deadline = time.monotonic() + 10
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _group_alive(proc.pid), "rank 1 outlived rank 0"
+    assert _group_ends(proc.pid, within=10), "rank 1 outlived rank 0"
 
 
 def test_faults_benchmark_reports_exact_resumes(tmp_path):
@@ -150,7 +155,4 @@ def test_ddp_with_a_rank_hung_in_its_reward_fails_after_the_process_group_timeou
             proc.wait()
     assert proc.returncode != 0
     assert "a collective timed out: another rank is stuck or died" in err, err[-3000:]
-    deadline = time.monotonic() + 10
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _group_alive(proc.pid), "rank 1 outlived rank 0"
+    assert _group_ends(proc.pid, within=10), "rank 1 outlived rank 0"
