@@ -66,6 +66,7 @@ _EXPORTS = {
     "AnswerMatch": "lit_gspo.rewards",
     "FormatReward": "lit_gspo.rewards",
     "OverlongPenalty": "lit_gspo.rewards",
+    "RewardModel": "lit_gspo.rewards",
 }
 
 __all__ = sorted(_EXPORTS)

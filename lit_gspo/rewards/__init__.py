@@ -18,6 +18,7 @@ call will give it.
 from lit_gspo.rewards.format import FormatReward
 from lit_gspo.rewards.match import AnswerMatch, CharAccuracy, ExactMatch, last_number
 from lit_gspo.rewards.overlong import OverlongPenalty, overlong_penalty
+from lit_gspo.rewards.reward_model import RewardModel
 from lit_gspo.rewards.reward_set import RewardScores, RewardSet, RewardTimeout, RewardWarning, function_name
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "ExactMatch",
     "FormatReward",
     "OverlongPenalty",
+    "RewardModel",
     "RewardScores",
     "RewardSet",
     "RewardTimeout",
