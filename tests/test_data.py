@@ -36,7 +36,7 @@ def test_tasks_deterministic_and_disjoint(name):
     other_val = task_splits(name, 5, 30, seed=9)[1]
     assert not set(prompts) & {r["prompt"] for r in other_val}
     assert make_task(name, 10, seed=3) == train[:10]
-    columns = {"prompt", "answer", "expression"} if name == "arithmetic" else {"prompt", "answer"}
+    columns = {"prompt", "answer"} | {"arithmetic": {"expression"}, "hidden_rule": {"rule"}}.get(name, set())
     assert all(set(r) == columns and isinstance(r["answer"], str) for r in train + val)
 
 
@@ -51,6 +51,12 @@ def test_answers_are_correct():
     for row in make_task("counting", 50, seed=0):
         _, c, _, s = row["prompt"].rstrip("=").split(" ")
         assert row["answer"] == str(s.count(c))
+    rows = make_task("hidden_rule", 300, seed=0)
+    by_rule = {"keep": lambda x: x, "reverse": lambda x: x[::-1], "rotate": lambda x: x[1:] + x[0]}
+    for row in rows:
+        assert row["answer"] == by_rule[row["rule"]](row["prompt"][len("? "):-1])
+    assert {r["rule"] for r in rows} == set(by_rule)  # each drawn, from the row's own draw
+    assert {r["rule"] for r in make_task("hidden_rule", 50, seed=0, rules="keep,rotate")} == {"keep", "rotate"}
     row = make_task("arithmetic", 1, template="What is {a} {op} {b}? ")[0]
     assert row["prompt"].startswith("What is ") and sft_examples([row]) == [(row["prompt"], row["answer"])]
 
@@ -62,6 +68,8 @@ def test_task_errors_name_values():
         make_task("arithmetic", 3, digit=2)
     with pytest.raises(ValueError, match="only 155 distinct prompts.*n=300"):
         task_splits("arithmetic", 300, 10, digits=1)
+    with pytest.raises(ValueError, match="two or more of keep, reverse, rotate.*got 'keep,flip'"):
+        make_task("hidden_rule", 3, rules="keep,flip")
     with pytest.raises(ValueError, match="found only .* validation prompts of n=100"):
         task_splits("arithmetic", 10, 100, digits=1)
 

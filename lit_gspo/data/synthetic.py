@@ -14,6 +14,10 @@ Tasks (``TASKS``), keyword arguments and the size of their prompt space:
 - ``reversal``: ``"rev 3812="`` → ``"2183"``. ``min_length``, ``max_length``, ``alphabet``, ``template``.
 - ``counting``: ``"count a in abcab="`` → ``"2"``. ``length``, ``alphabet``, ``template``.
 - ``sorting``: ``"sort 3812="`` → ``"1238"``. ``min_length``, ``max_length``, ``alphabet``, ``template``.
+- ``hidden_rule``: ``"? 382="`` → ``"283"``, ``"382"`` or ``"823"``: a rule drawn per row (``rules``, among
+  ``keep``, ``reverse``, ``rotate``) that the prompt does not show, so a first reply can only guess it; a
+  multi-turn environment's feedback (``RetryWithFeedback``'s hint) is what tells the rules apart.
+  ``length``, ``alphabet``, ``rules``, ``template``.
 
 Quickstart suggestion: ``reversal`` or ``sorting`` with ``min_length=max_length=3`` and digits,
 scored with ``CharAccuracy``: answers are 3 characters, a random policy over 10 digits already
@@ -80,6 +84,33 @@ def sorting(rng: random.Random, min_length: int = 3, max_length: int = 5, alphab
     return {"prompt": template.format(s=s), "answer": "".join(sorted(s))}
 
 
+#: the transformations ``hidden_rule`` draws from
+HIDDEN_RULES: dict[str, Callable[[str], str]] = {
+    "keep": lambda s: s,
+    "reverse": lambda s: s[::-1],
+    "rotate": lambda s: s[1:] + s[:1],  # the first character moved to the end
+}
+
+
+def hidden_rule(rng: random.Random, length: int = 3, alphabet: str = string.digits, rules: str = "keep,reverse,rotate",
+                template: str = "? {s}=") -> dict:
+    """Apply a rule the prompt does not name: ``"? 382="`` → ``"382"`` (keep), ``"283"`` (reverse) or ``"823"`` (rotate).
+
+    The row's ``rule`` column says which; only feedback on a wrong reply can reveal it to the policy.
+    """
+    names = rules.split(",")
+    unknown = [r for r in names if r not in HIDDEN_RULES]
+    if unknown or len(names) < 2:
+        raise ValueError(f"hidden_rule rules must be two or more of {', '.join(HIDDEN_RULES)} (comma-separated), got {rules!r}")
+    s = _random_string(rng, length, length, alphabet)
+    rule = rng.choice(names)
+    return {"prompt": template.format(s=s), "answer": HIDDEN_RULES[rule](s), "rule": rule}
+
+
+def _hidden_rule_size(length: int = 3, alphabet: str = string.digits, **_) -> int:
+    return len(alphabet) ** length
+
+
 def _strings_size(min_length: int = 3, max_length: int = 5, alphabet: str = string.digits, **_) -> int:
     return sum(len(alphabet) ** k for k in range(min_length, max_length + 1))
 
@@ -114,6 +145,7 @@ TASKS: dict[str, SyntheticTask] = {
     "reversal": SyntheticTask(reversal, _strings_size),
     "counting": SyntheticTask(counting, _counting_size),
     "sorting": SyntheticTask(sorting, _strings_size),
+    "hidden_rule": SyntheticTask(hidden_rule, _hidden_rule_size),
 }
 
 
