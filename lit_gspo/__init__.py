@@ -44,6 +44,12 @@ _EXPORTS = {
     "DrGRPO": "lit_gspo.objectives",
     "CISPO": "lit_gspo.objectives",
     "GMPO": "lit_gspo.objectives",
+    "SAPO": "lit_gspo.objectives",
+    "DPPO": "lit_gspo.objectives",
+    "ClipCov": "lit_gspo.objectives",
+    "KLCov": "lit_gspo.objectives",
+    "VESPO": "lit_gspo.objectives",
+    "LUSPO": "lit_gspo.objectives",
     # engines and environments
     "RolloutEngine": "lit_gspo.engines",
     "HFGenerate": "lit_gspo.engines",

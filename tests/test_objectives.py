@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from lit_gspo.objectives import (
-    CISPO, DAPO, GMPO, GRPO, GSPO, OBJECTIVES, PPO, SAPO, Counts, DrGRPO, GSPOToken, Objective, get_objective, kl_penalty,
+    CISPO, DAPO, DPPO, GMPO, GRPO, GSPO, LUSPO, OBJECTIVES, PPO, SAPO, VESPO, ClipCov, Counts, DrGRPO, GSPOToken, KLCov,
+    Objective, get_objective, kl_penalty,
 )
 
-ALL = ["ppo", "grpo", "dapo", "gspo", "gspo_token", "dr_grpo", "cispo", "gmpo", "sapo"]
+ALL = ["ppo", "grpo", "dapo", "gspo", "gspo_token", "dr_grpo", "cispo", "gmpo", "sapo", "dppo", "clip_cov", "kl_cov",
+       "vespo", "luspo"]
 
 
 def grad_of(objective, logprobs, *args, **kw):
@@ -167,13 +169,19 @@ def test_defaults_and_class_attributes():
         "cispo": (1.0, 3.0, "token-mean", "group", False, False),
         "gmpo": (0.4, 0.4, "seq-mean-token-mean", "group", False, False),
         "sapo": (0.0, 0.0, "seq-mean-token-mean", "group", False, False),  # no clip: τ_pos 1.0, τ_neg 1.05
+        "dppo": (0.15, 0.15, "seq-mean-token-sum-norm", "group_mean", False, False),  # bounds on binary TV
+        "clip_cov": (0.2, 0.2, "token-mean", "group", False, False),
+        "kl_cov": (0.0, 0.0, "token-mean", "group", False, False),  # no clip: KL penalty on selected tokens
+        "vespo": (0.0, 0.0, "token-mean", "group", False, False),  # no clip: Gamma kernel of the sequence weight
+        "luspo": (2e-3, 2.5e-3, "seq-mean-token-sum", "group", False, False),
     }
     for name, (lo, hi, agg, est, critic, dyn) in table.items():
         obj = get_objective(name)
         assert (obj.clip_low, obj.clip_high, obj.aggregation) == (lo, hi, agg), name
         assert (obj.paper_advantage, obj.needs_critic, obj.paper_dynamic_sampling) == (est, critic, dyn), name
     classes = {"ppo": PPO, "grpo": GRPO, "dapo": DAPO, "gspo": GSPO, "gspo_token": GSPOToken, "dr_grpo": DrGRPO,
-               "cispo": CISPO, "gmpo": GMPO, "sapo": SAPO}
+               "cispo": CISPO, "gmpo": GMPO, "sapo": SAPO, "dppo": DPPO, "clip_cov": ClipCov, "kl_cov": KLCov,
+               "vespo": VESPO, "luspo": LUSPO}
     for name, cls in classes.items():
         assert OBJECTIVES[name] is cls
         assert isinstance(get_objective(cls.__name__), cls)  # class names work too (LightningCLI style)
@@ -258,14 +266,17 @@ def test_gspo_token_with_token_advantages_follows_its_formula():
 def test_on_policy_ratio_is_one_and_nothing_clipped(name):
     lp, _, adv, mask = gspo_batch(seed=5)
     out = get_objective(name)(lp, lp.detach(), adv * 3, mask)
-    assert out.metrics["clip_frac"].item() == 0.0
+    # Clip-Cov detaches its covariance-selected tokens from the first update on: those alone are "clipped"
+    expected = out.metrics["cov_clip_frac"].item() if name == "clip_cov" else 0.0
+    assert out.metrics["clip_frac"].item() == expected
     for key in ("ratio_mean", "ratio_min", "ratio_max"):
         assert out.metrics[key].item() == 1.0
 
 
-@pytest.mark.parametrize("name", ["ppo", "grpo", "dapo", "dr_grpo", "cispo"])
+@pytest.mark.parametrize("name", ["ppo", "grpo", "dapo", "dr_grpo", "cispo", "dppo", "kl_cov", "vespo", "luspo"])
 def test_on_policy_gradient_is_policy_gradient(name):
-    # with r ≡ 1 every token-level objective's gradient is −Â ∇logp, aggregated by its mode
+    # with r ≡ 1 every token-level objective's gradient is −Â ∇logp, aggregated by its mode (DPPO masks nothing,
+    # KL-Cov's |logp − old_logp| has zero gradient at 0, VESPO's φ(1) = 1)
     lp, _, adv, mask = gspo_batch(seed=6)
     obj = get_objective(name)
     _, grad = grad_of(obj, lp, lp.detach(), adv, mask)
@@ -274,6 +285,7 @@ def test_on_policy_gradient_is_policy_gradient(name):
     expected = {
         "token-mean": per_token / mask.sum(),
         "seq-mean-token-mean": per_token / lengths / B,
+        "seq-mean-token-sum": per_token / B,  # LUSPO: GSPO's −Â/|y_i| per token, times |y_i|
         "seq-mean-token-sum-norm": per_token / (B * lp.shape[1]),
     }[obj.aggregation]
     torch.testing.assert_close(grad, expected)
@@ -410,3 +422,168 @@ def test_sapo_on_policy_gradient_is_the_policy_gradient_grpo_takes():
     assert sapo.metrics["gate_weight"].item() == pytest.approx(1.0, abs=1e-6)
     far, far_grad = grad_of(SAPO(), lp, lp - 1.0, adv, mask)  # r = e: every token attenuated
     assert far.metrics["gate_weight"].item() < 0.6
+
+
+# ---- objectives after GSPO: DPPO, Clip-Cov, KL-Cov, VESPO, LUSPO -----------------------------------
+def prob_batch(new, old):
+    """logprobs = log π, old_logprobs = log μ: the example reads as probabilities."""
+    return torch.tensor(new).log(), torch.tensor(old).log()
+
+
+# Â = [+1, −1]. row 0: μ 0.5 → π 0.7 (TV 0.2, up), μ 0.01 → π 0.1 (ratio 10, TV 0.09, up);
+#               row 1: μ 0.9 → π 0.7 (TV 0.2, down), μ 0.5 → π 0.6 (up, the direction Â < 0 does not push)
+DPPO_EXAMPLE = prob_batch([[0.7, 0.1], [0.7, 0.6]], [[0.5, 0.01], [0.9, 0.5]])
+
+
+def test_dppo_binary_tv_hand_values():
+    # δ = 0.15: row 0 t0 leaves the region upwards with Â > 0 → masked; row 0 t1 is kept (PPO would clip r = 10);
+    # row 1 t0 leaves it downwards with Â < 0 → masked; row 1 t1 kept. ℓ = −M r Â: [0, −10 | 0, +1.2];
+    # seq-mean-token-sum-norm: Σ / (N_seqs · L) = (−10 + 1.2) / 4; gradient −M r Â / 4
+    lp, old = DPPO_EXAMPLE
+    out, grad = grad_of(DPPO(), lp, old, ADV, torch.ones(2, 2))
+    assert out.loss.item() == pytest.approx((-10 + 1.2) / 4, abs=1e-5)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, -2.5], [0.0, 0.3]]))
+    assert out.metrics["clip_frac"].item() == pytest.approx(0.5)
+    assert out.metrics["clip_frac_high"].item() == pytest.approx(0.25)
+    assert out.metrics["clip_frac_low"].item() == pytest.approx(0.25)
+    assert out.metrics["divergence_mean"].item() == pytest.approx((0.2 + 0.09 + 0.2 + 0.1) / 4, abs=1e-6)
+    assert out.metrics["ratio_max"].item() == pytest.approx(10.0, rel=1e-5)
+    # ratio_cap C = 5: value and gradient of the kept rare token use min(r, C) = 5
+    capped, capped_grad = grad_of(DPPO(ratio_cap=5.0), lp, old, ADV, torch.ones(2, 2))
+    assert capped.loss.item() == pytest.approx((-5 + 1.2) / 4, abs=1e-5)
+    torch.testing.assert_close(capped_grad, torch.tensor([[0.0, -1.25], [0.0, 0.3]]))
+
+
+def test_dppo_binary_kl_hand_values():
+    # KL(μ‖π) = μ log(μ/π) + (1 − μ) log((1 − μ)/(1 − π)), δ = 0.05: the rare token's move 0.01 → 0.1 is now
+    # outside too (0.0713); only row 1 t1 (pushed the other way) keeps its gradient: ℓ = +1.2, / 4
+    kl = lambda m, p: m * math.log(m / p) + (1 - m) * math.log((1 - m) / (1 - p))  # noqa: E731
+    lp, old = DPPO_EXAMPLE
+    out, grad = grad_of(DPPO(divergence="binary_kl"), lp, old, ADV, torch.ones(2, 2))
+    assert (out.metrics["clip_frac"].item(), out.metrics["clip_frac_high"].item()) == pytest.approx((0.75, 0.5))
+    assert out.loss.item() == pytest.approx(1.2 / 4, abs=1e-6)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, 0.0], [0.0, 0.3]]))
+    expected = (kl(0.5, 0.7) + kl(0.01, 0.1) + kl(0.9, 0.7) + kl(0.5, 0.6)) / 4
+    assert out.metrics["divergence_mean"].item() == pytest.approx(expected, rel=1e-5)
+    assert DPPO(divergence="binary_kl").clip_low == 0.05 and DPPO(divergence="binary_kl", clip_high=0.1).clip_high == 0.1
+    with pytest.raises(ValueError, match="binary_tv, binary_kl"):
+        DPPO(divergence="tv")
+    with pytest.raises(ValueError, match="ratio_cap"):
+        DPPO(ratio_cap=0.0)
+
+
+def test_dppo_binary_kl_is_finite_at_certain_tokens():
+    # μ = 1 (old log-prob 0) and π = 1: 0·log 0 terms must give 0, not NaN
+    lp, old = torch.tensor([[0.0, -1e-9, -5.0]]), torch.tensor([[0.0, 0.0, 0.0]])
+    out, grad = grad_of(DPPO(divergence="binary_kl"), lp, old, torch.tensor([-1.0]), torch.ones(1, 3))
+    assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
+    assert all(torch.isfinite(v) for v in out.metrics.values())
+    assert out.metrics["clip_frac"].item() == pytest.approx(1 / 3)  # 1 → e^−5 with Â < 0: far outside
+
+
+# Covariance example: Â = [+2, −2] (mean 0), logp [[−0.5, −3], [−0.5, −1.5]] (mean −1.375):
+#   c = [[2·0.875, 2·(−1.625)], [−2·0.875, −2·(−0.125)]] = [[1.75, −3.25], [−1.75, 0.25]]; only c_00 is in (1, 5)
+COV_LP = torch.tensor([[-0.5, -3.0], [-0.5, -1.5]])
+COV_ADV = torch.tensor([2.0, -2.0])
+
+
+def test_clip_cov_hand_values():
+    # on-policy: PPO's ℓ = −Â per token, token-mean value (−2 − 2 + 2 + 2)/4 = 0 (detaching keeps the value);
+    # N = 4 → ⌊2e-4 · 4⌋ → 1 token drawn from the one candidate (0, 0): its gradient −Â/4 becomes 0
+    out, grad = grad_of(ClipCov(), COV_LP, COV_LP.clone(), COV_ADV, torch.ones(2, 2))
+    assert out.loss.item() == pytest.approx(0.0, abs=1e-6)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, -0.5], [0.5, 0.5]]))
+    assert out.metrics["clip_frac"].item() == out.metrics["cov_clip_frac"].item() == pytest.approx(0.25)
+    assert out.metrics["cov_mean"].item() == pytest.approx((1.75 - 3.25 - 1.75 + 0.25) / 4)
+    # a larger share draws no more than the candidates there are
+    _, more = grad_of(ClipCov(clip_cov_ratio=0.5), COV_LP, COV_LP.clone(), COV_ADV, torch.ones(2, 2))
+    torch.testing.assert_close(more, grad)
+    # a token PPO already clips (r = 1.5 > 1.2 with Â > 0) is no candidate: nothing else is drawn
+    old = COV_LP - torch.tensor([[math.log(1.5), 0.0], [0.0, 0.0]])
+    clipped, clipped_grad = grad_of(ClipCov(), COV_LP, old, COV_ADV, torch.ones(2, 2))
+    assert clipped.metrics["cov_clip_frac"].item() == 0.0 and clipped.metrics["clip_frac"].item() == pytest.approx(0.25)
+    torch.testing.assert_close(clipped_grad, torch.tensor([[0.0, -0.5], [0.5, 0.5]]))
+    with pytest.raises(ValueError, match="clip_cov_lb must be < clip_cov_ub"):
+        ClipCov(clip_cov_lb=5.0, clip_cov_ub=1.0)
+
+
+def test_clip_cov_draws_uniformly_among_candidates():
+    # two candidates (c = 2.5 each), one drawn: either may be, never another token
+    lp = torch.tensor([[-0.5, -3.0], [-0.5, -3.0]])
+    adv = torch.tensor([2.0, -2.0])  # c = [[2.5, −2.5], [−2.5, 2.5]]
+    seen = set()
+    for seed in range(20):
+        torch.manual_seed(seed)
+        _, grad = grad_of(ClipCov(), lp, lp.clone(), adv, torch.ones(2, 2))
+        zeroed = tuple((grad == 0).flatten().tolist())
+        assert zeroed in {(True, False, False, False), (False, False, False, True)}
+        seen.add(zeroed)
+    assert len(seen) == 2
+
+
+def test_kl_cov_hand_values():
+    # ⌊2e-3 · 4⌋ → 1 token, the largest c: (0, 0), whose log-ratio is 0.1. No clip anywhere:
+    # ℓ = −r Â + |Δ| there: −2e^0.1 + 0.1; elsewhere −Â: −2, +2, +2. token-mean over 4.
+    # gradient: (−2e^0.1 + 1)/4 at (0, 0) (d|Δ|/dlogp = 1), −Â/4 elsewhere
+    old = COV_LP - torch.tensor([[0.1, 0.0], [0.0, 0.0]])
+    out, grad = grad_of(KLCov(), COV_LP, old, COV_ADV, torch.ones(2, 2))
+    assert out.loss.item() == pytest.approx((-2 * math.exp(0.1) + 0.1 - 2 + 2 + 2) / 4, abs=1e-6)
+    torch.testing.assert_close(grad, torch.tensor([[(-2 * math.exp(0.1) + 1) / 4, -0.5], [0.5, 0.5]]))
+    assert out.metrics["kl_cov_frac"].item() == pytest.approx(0.25)
+    assert out.metrics["clip_frac"].item() == 0.0
+    # k = 0.5: the two largest c, (0, 0) and (1, 1); (1, 1) is on-policy, so its penalty adds nothing
+    both = KLCov(kl_cov_ratio=0.5)(COV_LP, old, COV_ADV, torch.ones(2, 2))
+    assert both.metrics["kl_cov_frac"].item() == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="kl_cov_ratio"):
+        KLCov(kl_cov_ratio=0.0)
+
+
+def test_vespo_hand_values():
+    # row 0 (Â = +1, k 2, λ 3): ratios 2 and 0.75 → W = 1.5 (the product), φ = 1.5² e^{3(1 − 1.5)} = 0.502043
+    # row 1 (Â = −1, k 3, λ 2): one valid token, ratio 0.5 → W = 0.5, φ = 0.5³ e^{2(1 − 0.5)} = 0.339785
+    # ℓ = −φ Â logp with logp [[−1, −2], [−0.5, pad]]: 0.502043, 1.004086, −0.169893 → token-mean over 3
+    phi0, phi1 = 2.25 * math.exp(-1.5), 0.125 * math.e
+    lp = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]])
+    old = lp - torch.tensor([[math.log(2.0), math.log(0.75)], [math.log(0.5), 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    out, grad = grad_of(VESPO(), lp, old, ADV, mask)
+    assert out.loss.item() == pytest.approx((phi0 * 1 + phi0 * 2 - phi1 * 0.5) / 3, abs=1e-6)
+    torch.testing.assert_close(grad, torch.tensor([[-phi0 / 3, -phi0 / 3], [phi1 / 3, 0.0]]))  # −φ Â / 3
+    assert out.metrics["gate_weight"].item() == pytest.approx((2 * phi0 + phi1) / 3, abs=1e-6)
+    assert out.metrics["ratio_max"].item() == pytest.approx(1.5, rel=1e-5)
+    assert out.metrics["ratio_min"].item() == pytest.approx(0.5, rel=1e-5)
+    assert out.metrics["clip_frac"].item() == 0.0
+
+
+def test_vespo_kernel_shape():
+    # φ(1) = 1; the peak φ(k/λ) = (k/λ)^k e^{λ − k} exceeds 1; a weight of e^20 underflows φ to 0 (clip_frac)
+    lp = torch.tensor([[-1.0]])
+    one = VESPO()(lp, lp.clone(), torch.ones(1), torch.ones(1, 1))
+    assert one.metrics["gate_weight"].item() == 1.0
+    peak = VESPO()(lp, lp - math.log(2 / 3), torch.ones(1), torch.ones(1, 1))
+    assert peak.metrics["gate_weight"].item() == pytest.approx((2 / 3) ** 2 * math.e, rel=1e-5)
+    far, grad = grad_of(VESPO(), lp, lp - 20.0, torch.ones(1), torch.ones(1, 1))
+    assert far.metrics["clip_frac"].item() == 1.0 and far.metrics["clip_frac_high"].item() == 1.0
+    assert grad.item() == 0.0
+    with pytest.raises(ValueError, match="lambda_pos and lambda_neg > 0"):
+        VESPO(lambda_neg=0.0)
+
+
+def test_luspo_is_gspo_weighted_by_length():
+    # band 0.5: row 0 s = √2 (unclipped), |y| 2 → |y| ℓ = −2√2; row 1 s = 0.9, Â = −1 → 0.9. loss = Σ / N_seqs.
+    # gradient: |y_i| · (−s_i Â_i / |y_i|) / N_seqs = −s_i Â_i / 2 per token: twice GSPO's on the 2-token row
+    lp, old, mask = ratio_batch([[2.0, 1.0], [0.9, 1.0]], [[1, 1], [1, 0]])
+    out, grad = grad_of(LUSPO(clip_low=0.5, clip_high=0.5), lp, old, ADV, mask)
+    assert out.loss.item() == pytest.approx((-2 * math.sqrt(2) + 0.9) / 2, abs=1e-6)
+    s = math.sqrt(2)
+    torch.testing.assert_close(grad, torch.tensor([[-s / 2, -s / 2], [0.45, 0.0]]))
+    _, gspo_grad = grad_of(GSPO(clip_low=0.5, clip_high=0.5), lp, old, ADV, mask)
+    torch.testing.assert_close(grad[0], 2 * gspo_grad[0])
+    # LUSPO is an aggregation of GSPO: identical loss, gradient and metrics on any batch
+    lp, old, adv, mask = gspo_batch(seed=2, scale=3e-2)
+    a, ga = grad_of(LUSPO(), lp, old, adv, mask)
+    b, gb = grad_of(GSPO(clip_low=2e-3, clip_high=2.5e-3, aggregation="seq-mean-token-sum"), lp, old, adv, mask)
+    assert 0 < a.metrics["clip_frac"].item() < 1
+    torch.testing.assert_close(a.loss, b.loss)
+    torch.testing.assert_close(ga, gb)
+    assert a.metrics.keys() == b.metrics.keys() and all(torch.equal(a.metrics[k], b.metrics[k]) for k in a.metrics)

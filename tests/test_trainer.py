@@ -97,7 +97,8 @@ def test_a_users_objective_plugs_in_by_class_path(tmp_path):
     assert column(read_metrics(tmp_path), "train/halved") == [1.0]
 
 
-@pytest.mark.parametrize("name", ["GRPO", "DAPO", "GSPOToken", "PPO", "DrGRPO", "CISPO", "GMPO", "SAPO"])
+@pytest.mark.parametrize("name", ["GRPO", "DAPO", "GSPOToken", "PPO", "DrGRPO", "CISPO", "GMPO", "SAPO", "DPPO",
+                                  "ClipCov", "KLCov", "VESPO", "LUSPO"])
 def test_every_objective_runs_by_class_name(tmp_path, name):
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.objective", name,
                              "--model.update.num_minibatches", "2"), run=False)

@@ -30,10 +30,16 @@ from lit_gspo.objectives.dr_grpo import DrGRPO
 from lit_gspo.objectives.cispo import CISPO
 from lit_gspo.objectives.gmpo import GMPO
 from lit_gspo.objectives.sapo import SAPO
+from lit_gspo.objectives.dppo import DPPO
+from lit_gspo.objectives.clip_cov import ClipCov
+from lit_gspo.objectives.kl_cov import KLCov
+from lit_gspo.objectives.vespo import VESPO
+from lit_gspo.objectives.luspo import LUSPO
 
 __all__ = [
     "AGGREGATIONS", "KL_ESTIMATORS", "OBJECTIVES", "Counts", "LossOutput", "Objective", "aggregate",
     "get_objective", "kl_penalty", "masked_mean", "masked_sum", "MAX_LOG_RATIO", "clipped_surrogate", "log_ratio",
     "sequence_ratio_metrics", "token_ratio_metrics",
     "PPO", "PPOClip", "GRPO", "DAPO", "GSPO", "GSPOToken", "DrGRPO", "CISPO", "GMPO", "SAPO",
+    "DPPO", "ClipCov", "KLCov", "VESPO", "LUSPO",
 ]
