@@ -32,6 +32,7 @@ Writes ``<out>/report.md``, ``<out>/compare.json``, ``<out>/gradient_cosine.png`
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import shlex
 import time
@@ -286,7 +287,7 @@ def run_compare(rollout: str, model: str | None = None, objectives: list[str] | 
                                                     start_logprobs.cpu(), mask.cpu()))
         opt = make_optimizer([p for p in policy.parameters() if p.requires_grad], opt_name, opt_hparams)
         if saved_state is not None:
-            opt.load_state_dict(saved_state)
+            opt.load_state_dict(copy.deepcopy(saved_state))  # its tensors would be shared (and stepped) otherwise
             for group in opt.param_groups:
                 group["lr"] = opt_hparams["lr"]
         metrics = replay.learn(batch.select(torch.arange(len(batch))), _Optimizer(policy, opt, after))

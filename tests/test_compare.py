@@ -13,7 +13,7 @@ from lit_gspo.learner import Learner
 from lit_gspo.models import load_policy
 from lit_gspo.objectives import GRPO
 from lit_gspo.rollout import RolloutBatch
-from lit_gspo.rollout_io import load_rollout, policy_dir, save_rollout
+from lit_gspo.rollout_io import load_rollout, policy_dir, save_optimizer_state, save_rollout
 
 G = 4
 
@@ -49,6 +49,12 @@ def saved(tmp_path_factory):
     save_rollout(path, batch, step=3, meta=meta)
     policy.save_pretrained(policy_dir(path))
     tokenizer.save_pretrained(policy_dir(path))
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)  # a run's optimiser state: Adam's moments after a step
+    for p in policy.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    policy.zero_grad()
+    save_optimizer_state(policy_dir(path), opt.state_dict())
     return path, batch
 
 
@@ -89,8 +95,9 @@ def cos(report, a, b):
     return m["matrix"][m["labels"].index(a)][m["labels"].index(b)]
 
 
-def test_the_replay_starts_from_the_weights_that_sampled_the_rollout(report):
+def test_the_replay_starts_from_the_weights_and_optimiser_state_that_sampled_the_rollout(report):
     assert report["weights_gap"] < 1e-5
+    assert report["settings"]["optimizer_state"] and report["settings"]["optimizer_hparams"]["lr"] == 1e-2
 
 
 def test_on_policy_identities(report):
