@@ -14,7 +14,8 @@ its ``step_K_policy/`` the weights that sampled it. For each objective, from a f
    minibatches, the run's ``model.update`` settings otherwise), an optimiser of the run's class and
    hyperparameters (and the run's optimiser state when the rollout's policy was saved with it), the same seed
    and the same minibatch order for every objective. At each step: the
-   gradient norm (before clipping), its cosine with the on-policy PG, the clip fraction (the objective's
+   gradient norm (before clipping), its cosine with the PG of the same minibatch's rows at the starting
+   weights (what an on-policy step on those rows would follow), the clip fraction (the objective's
    ``clip_frac``: tokens whose gradient the clip zeroes) and the share of tokens carrying gradient; after
    each step, over the whole rollout, the spread of the sequence log-ratio log ∏_t r_t = Σ_t log r_t (std),
    of GSPO's log s_i = Σ_t log r_t / |y_i| (std), the share of sequences whose s_i lies outside GSPO's
@@ -269,13 +270,17 @@ def run_compare(rollout: str, model: str | None = None, objectives: list[str] | 
         torch.manual_seed(seed)
         return ReplayLearner(policy, objective, update, orders=orders_, **learner_kwargs)
 
-    def on_policy(objective: Objective) -> dict:
-        replay = learner(objective, update_of(meta, epochs=1, num_minibatches=1), [torch.arange(len(batch))])
-        metrics = replay.learn(batch.select(torch.arange(len(batch))), _Optimizer(policy))
+    def on_policy(objective: Objective, rows: Tensor | None = None) -> dict:
+        rows = torch.arange(len(batch)) if rows is None else rows
+        replay = learner(objective, update_of(meta, epochs=1, num_minibatches=1), [torch.arange(len(rows))])
+        metrics = replay.learn(batch.select(rows), _Optimizer(policy))
         step = replay.steps[0]
         return {"grad": step.pop("grad"), **step, "loss": metrics["loss"]}
 
     pg = on_policy(PolicyGradient())
+    size = -(-len(batch) // M)  # the Learner's minibatch size
+    minibatch_pg = [on_policy(PolicyGradient(), order[start:start + size])["grad"]  # PG of each step's rows at θ0
+                    for order in orders for start in range(0, len(batch), size)]
     results = {}
     for label, objective in specs:
         print(f"compare: {label} ({objective!r})", flush=True)
@@ -296,9 +301,9 @@ def run_compare(rollout: str, model: str | None = None, objectives: list[str] | 
             "objective": repr(objective), "aggregation": getattr(objective, "aggregation", None),
             "on_policy": {"grad_norm": first["grad_norm"], "cos_pg": cosine(first["grad"], pg["grad"]),
                           "clip_frac": first["clip_frac"], "grad_token_share": first["grad_token_share"], "loss": first["loss"]},
-            "steps": [{"grad_norm": s["grad_norm"], "cos_pg": cosine(s["grad"], pg["grad"]),
+            "steps": [{"grad_norm": s["grad_norm"], "cos_pg": cosine(s["grad"], pg_k),
                        "cos_own_on_policy": cosine(s["grad"], first["grad"]), "clip_frac": s["clip_frac"],
-                       "grad_token_share": s["grad_token_share"]} for s in steps],
+                       "grad_token_share": s["grad_token_share"]} for s, pg_k in zip(steps, minibatch_pg)],
             "spread": spreads,  # after 0..K optimiser steps
             "nonfinite_steps": metrics["nonfinite_steps"],
             "_grad": first["grad"], "_last_grad": steps[-1]["grad"],

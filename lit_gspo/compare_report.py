@@ -13,7 +13,7 @@ COLUMNS = [  # (header, how to read the value out of one objective's results)
     ("tokens w/ grad on-policy", lambda r: r["on_policy"]["grad_token_share"]),
     ("clip frac, off-policy steps", lambda r: _mean([s["clip_frac"] for s in r["steps"][1:]])),
     ("tokens w/ grad, off-policy steps", lambda r: _mean([s["grad_token_share"] for s in r["steps"][1:]])),
-    ("cos(g_K, PG)", lambda r: r["steps"][-1]["cos_pg"]),
+    ("cos(g_K, PG_K)", lambda r: r["steps"][-1]["cos_pg"]),
     ("std Σlog r after K", lambda r: r["spread"][-1]["seq_logratio_std"]),
     ("std log s after K", lambda r: r["spread"][-1]["seq_geo_logratio_std"]),
     ("seqs outside GSPO clip after K", lambda r: r["spread"][-1]["seqs_outside_gspo_clip"]),
@@ -75,7 +75,8 @@ def markdown(report: dict, images: list[str], reading: str | None = None) -> str
              "of a clipped sequence), mean over the replay's minibatch steps after the first (the off-policy ones).",
              "- **tokens w/ grad**: share of the minibatch's valid tokens with ∂loss/∂log π(y_t) ≠ 0 (fp32); tokens of "
              "rows whose Â is 0 count as without gradient.",
-             f"- **cos(g_K, PG)**: the K-th (last) minibatch gradient against the on-policy PG. **std Σlog r**, "
+             f"- **cos(g_K, PG_K)**: the K-th (last) minibatch gradient against PG_K, the plain policy gradient of the "
+             "same minibatch's rows at the starting weights (the on-policy direction for those rows). **std Σlog r**, "
              f"**std log s**: spread over sequences of log ∏_t r_t and of GSPO's log s_i = mean_t log r_t, r against "
              f"the starting weights, after the K steps. **outside GSPO clip**: share of sequences with s_i outside "
              f"[1 − {s['gspo_clip'][0]:g}, 1 + {s['gspo_clip'][1]:g}]; **outside GRPO clip**: share of tokens with "
@@ -104,7 +105,7 @@ def plot_cosines(path: Path, report: dict) -> None:
         ax.set_yticks(range(len(m["labels"])), m["labels"], fontsize=7)
         for i, row in enumerate(m["matrix"]):
             for j, v in enumerate(row):
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6)
+                ax.text(j, i, f"{v:.3f}", ha="center", va="center", fontsize=6)
         ax.set_title(title, fontsize=9)
     fig.colorbar(image, ax=list(axes), shrink=0.8)
     fig.savefig(path, bbox_inches="tight")
@@ -120,7 +121,7 @@ def plot_spread(path: Path, report: dict) -> None:
     panels = [("std over sequences of Σ_t log r_t", "spread", "seq_logratio_std"),
               ("sequences outside GSPO's clip range", "spread", "seqs_outside_gspo_clip"),
               ("clip_frac of the minibatch step", "steps", "clip_frac"),
-              ("cos(minibatch gradient, on-policy PG)", "steps", "cos_pg")]
+              ("cos(minibatch gradient, PG of its rows at θ0)", "steps", "cos_pg")]
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.3), dpi=80)
     for i, (label, result) in enumerate(report["objectives"].items()):
         for ax, (title, part, key) in zip(axes, panels):
@@ -128,6 +129,7 @@ def plot_spread(path: Path, report: dict) -> None:
             x = range(len(values)) if part == "spread" else range(1, len(values) + 1)
             ax.plot(list(x), values, label=label, lw=1.3, marker="o", ms=3, ls=["-", "--", ":", "-."][i % 4])
     for ax, (title, part, _) in zip(axes, panels):
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("optimiser steps taken" if part == "spread" else "minibatch step", fontsize=8)
         ax.tick_params(labelsize=7)

@@ -134,6 +134,9 @@ def test_off_policy_identities(report):
     # the replay is deterministic: the same objective under two labels gives bit-identical records
     assert res["gspo"]["steps"] == res["gspo:clip_low=0.0003"]["steps"]
     assert res["gspo"]["spread"] == res["gspo:clip_low=0.0003"]["spread"]
+    # the first minibatch step is on-policy: DAPO's gradient is the plain PG of the same rows (so the rows match)
+    assert res["dapo"]["steps"][0]["cos_pg"] == pytest.approx(1, abs=1e-6)
+    assert res["dapo"]["steps"][1]["cos_pg"] < 1 - 1e-6  # and the second is not
     # the weights moved: the ratios are no longer 1; CISPO and SAPO never zero a token's gradient
     assert all(r["spread"][0]["seq_logratio_std"] == 0 and r["spread"][-1]["seq_logratio_std"] > 0 for r in res.values())
     assert len(res["gspo"]["steps"]) == 2
