@@ -1,19 +1,20 @@
-"""The ``lit-gspo`` entry point: LightningCLI's ``fit`` (``lit_gspo.rlcli``), ``eval`` and ``ablate``.
+"""The ``lit-gspo`` entry point: LightningCLI's ``fit`` (``lit_gspo.rlcli``), ``eval``, ``ablate`` and ``compare``.
 
 ``lit-gspo fit --config configs/quickstart.yaml``; ``lit-gspo eval --ckpt runs/quickstart/hf_model``;
-``lit-gspo ablate --config configs/ablate/<name>.yaml``.
-Dependencies point one way: cli → ablate → rlcli, cli → eval_cli → rlcli, and cli → rlcli.
+``lit-gspo ablate --config configs/ablate/<name>.yaml``; ``lit-gspo compare --rollout <run>/rollouts/step_K.pt``.
+Dependencies point one way: cli → ablate → rlcli, cli → eval_cli → rlcli, cli → compare → learner, and cli → rlcli.
 """
 
 from __future__ import annotations
 
 import sys
 
-from lit_gspo import ablate, eval_cli
+from lit_gspo import ablate, compare, eval_cli
 from lit_gspo.rlcli import RLCLI, cli_main  # noqa: F401  (``lit_gspo.cli.cli_main`` is what tests and scripts import)
 
 # Subcommands run here, before LightningCLI: name → (its parser, its main).
-COMMANDS = {"eval": (eval_cli.make_parser, eval_cli.main), "ablate": (ablate.make_parser, ablate.main)}
+COMMANDS = {"eval": (eval_cli.make_parser, eval_cli.main), "ablate": (ablate.make_parser, ablate.main),
+            "compare": (compare.make_parser, compare.main)}
 
 # Lightning's other subcommands: they need a validation_step/test_step, which RLModule has no use for
 NOT_COMMANDS = {"validate", "test", "predict"}

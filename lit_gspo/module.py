@@ -85,6 +85,11 @@ class RLModule(LightningModule):
         track_routing_volatility: MoE only: log ``train/routing_volatility``, the share of (completion token,
             layer, top-k slot) choices that differ between the old-policy pass and the policy after the step's
             updates (one extra no-grad forward over the rollout; the old pass runs even on-policy).
+        save_rollouts_every_n_steps: write the rollout of every RL step K that is a positive multiple of n, after
+            its advantages and before its update, to ``<default_root_dir>/rollouts/step_K.pt`` (0: never), for
+            ``lit-gspo compare`` (``lit_gspo/rollout_io.py``). Training is unchanged by it.
+        save_rollout_policy: with each rollout file, the policy that sampled it (``rollouts/step_K_policy/``, Hugging
+            Face format), so that ``lit-gspo compare`` replays it from the very weights.
     """
 
     def __init__(
@@ -114,6 +119,8 @@ class RLModule(LightningModule):
         num_logged_completions: int = 8,
         routing_replay: bool = False,
         track_routing_volatility: bool = True,
+        save_rollouts_every_n_steps: int = 0,
+        save_rollout_policy: bool = True,
         seed: int | None = None,
     ):
         super().__init__()
@@ -143,6 +150,9 @@ class RLModule(LightningModule):
             raise ValueError(f"log_completions_every_n_steps and num_logged_completions must be >= 0, got "
                              f"{log_completions_every_n_steps} and {num_logged_completions}")
         self.max_skipped_steps, self._skipped_in_a_row = max_skipped_steps, 0
+        if save_rollouts_every_n_steps < 0:
+            raise ValueError(f"save_rollouts_every_n_steps must be >= 0 (0: never), got {save_rollouts_every_n_steps}")
+        self.save_rollouts_every_n_steps, self.save_rollout_policy = save_rollouts_every_n_steps, save_rollout_policy
         self.val_every_n_steps, self.seed = val_every_n_steps, resolve_seed(seed)
         self.log_completions_every_n_steps, self.num_logged_completions = log_completions_every_n_steps, num_logged_completions
         self.rl_step = 0  # RL steps (rollout batches) done, across epochs and resumes: the ``step`` of the logs
@@ -190,6 +200,8 @@ class RLModule(LightningModule):
             start = time.perf_counter()
             self.learner.snapshot(rollout)
             rollout.advantages = self.advantage(rollout, self.generation.num_generations)
+            if self.save_rollouts_every_n_steps and self.rl_step and self.rl_step % self.save_rollouts_every_n_steps == 0:
+                self.save_rollout(rollout)
             stats.update(self.learner.learn(rollout, self.optimizers(), self.lr_schedulers(),
                                             backward=self.manual_backward, world_size=self.trainer.world_size))
             stats["time/update_s"] = time.perf_counter() - start
@@ -379,6 +391,38 @@ class RLModule(LightningModule):
             return []
         return (["turns", "success"] + [f"success_turn{k}" for k in range(1, environment.max_turns + 1)]
                 + list(environment.metric_names))
+
+    def save_rollout(self, rollout) -> None:
+        """``<root>/rollouts/step_K.pt`` with the trainer's old log-probs (and the sampling policy): ``lit_gspo.rollout_io``."""
+        from dataclasses import asdict, replace
+
+        from lit_gspo.rollout_io import policy_dir, rollout_path, save_optimizer_state, save_rollout
+
+        old = rollout.old_logprobs
+        if old is None:  # on-policy training never computes them: one no-grad pass (every rank: FSDP2 collectives)
+            old = self.learner.old_logprobs(rollout, torch.arange(len(rollout)))
+        path = rollout_path(self.trainer.default_root_dir, self.rl_step)
+        opt = self.optimizers()
+        opt = opt.optimizer if hasattr(opt, "optimizer") else opt
+        if self.save_rollout_policy:
+            state_dict = full_state_dict(self.policy) if is_sharded(self.policy) else None
+            if self.trainer.is_global_zero:
+                self.save_hf_model(policy_dir(path), state_dict)
+                if state_dict is None and self.lora is None and self.value_head is None:  # its state fits the HF policy
+                    save_optimizer_state(policy_dir(path), opt.state_dict())
+        if not self.trainer.is_global_zero:
+            return  # rank 0's share of the rollout
+        group = opt.param_groups[0]
+        meta = {"temperature": self.generation.temperature, "max_len": self.learner.max_len,
+                "group_size": self.generation.num_generations, "update": asdict(self.learner.cfg),
+                "objective": repr(self.objective), "objective_class": type(self.objective).__name__,
+                "advantage": type(self.advantage).__name__, "model": str(self.hparams.model),
+                "model_config": self.hparams.model_config, "lora": self.lora is not None, "seed": self.seed,
+                "optimizer": type(opt).__name__,
+                "optimizer_hparams": {k: v for k, v in group.items() if k != "params" and isinstance(v, (int, float, bool, tuple))},
+                "world_size": self.trainer.world_size, "policy": policy_dir(path).name if self.save_rollout_policy else None}
+        save_rollout(path, replace(rollout, old_logprobs=old), self.rl_step, meta)
+        rank_zero_info(f"saved the rollout of step {self.rl_step} to {path}")
 
     def save_hf_model(self, path: Path, state_dict: dict | None = None) -> None:
         """Save in Hugging Face format (written aside, then swapped in); ``state_dict``: the full weights of an FSDP2-sharded policy."""

@@ -21,7 +21,7 @@ def run_main(args, capsys):
 def test_help_lists_eval_and_ablate_beside_fit(capsys):
     code, out = run_main(["--help"], capsys)
     assert code == 0
-    assert "{fit,eval,ablate}" in out  # not validate/test/predict: RLModule has no validation_step
+    assert "{fit,eval,ablate,compare}" in out  # not validate/test/predict: RLModule has no validation_step
     assert "Every arm × seed" in out  # ablate's one-line description, as fit's is listed
     assert "pass@k" in out  # eval's
 
