@@ -36,7 +36,7 @@ def test_tasks_deterministic_and_disjoint(name):
     other_val = task_splits(name, 5, 30, seed=9)[1]
     assert not set(prompts) & {r["prompt"] for r in other_val}
     assert make_task(name, 10, seed=3) == train[:10]
-    columns = {"prompt", "answer"} | {"arithmetic": {"expression"}, "hidden_rule": {"rule"}}.get(name, set())
+    columns = {"prompt", "answer"} | {"arithmetic": {"expression"}, "hidden_rule": {"rule", "string"}}.get(name, set())
     assert all(set(r) == columns and isinstance(r["answer"], str) for r in train + val)
 
 
@@ -54,7 +54,7 @@ def test_answers_are_correct():
     rows = make_task("hidden_rule", 300, seed=0)
     by_rule = {"keep": lambda x: x, "reverse": lambda x: x[::-1], "rotate": lambda x: x[1:] + x[0]}
     for row in rows:
-        assert row["answer"] == by_rule[row["rule"]](row["prompt"][len("? "):-1])
+        assert row["prompt"] == f"? {row['string']}=" and row["answer"] == by_rule[row["rule"]](row["string"])
     assert {r["rule"] for r in rows} == set(by_rule)  # each drawn, from the row's own draw
     assert {r["rule"] for r in make_task("hidden_rule", 50, seed=0, rules="keep,rotate")} == {"keep", "rotate"}
     row = make_task("arithmetic", 1, template="What is {a} {op} {b}? ")[0]

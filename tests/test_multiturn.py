@@ -342,6 +342,10 @@ def test_a_tool_demonstration_is_the_replies_with_the_tools_real_answers_between
     assert tok.decode(single.input_ids[0, single.prompt_length:]) == "408<eos>" and single.completion_mask.all()
     with pytest.raises(ValueError, match=r"names the column 'operands'.*columns are \['answer', 'expression', 'prompt'\]"):
         ToolUse(demonstration=["{operands}"]).demonstration(row)
+    # any environment takes templates (the hidden-rule config demonstrates the string as shown, not the answer)
+    assert RetryWithFeedback(demonstration=["{string}"]).demonstration({"answer": "283", "string": "382"}) == ["382"]
+    with pytest.raises(ValueError, match="a list of reply templates, got the string '{answer}'"):
+        RetryWithFeedback(demonstration="{answer}")
 
 
 def test_the_multi_turn_quickstart_fits_and_logs_success_per_turn(tmp_path):

@@ -96,7 +96,8 @@ def hidden_rule(rng: random.Random, length: int = 3, alphabet: str = string.digi
                 template: str = "? {s}=") -> dict:
     """Apply a rule the prompt does not name: ``"? 382="`` → ``"382"`` (keep), ``"283"`` (reverse) or ``"823"`` (rotate).
 
-    The row's ``rule`` column says which; only feedback on a wrong reply can reveal it to the policy.
+    The row's ``rule`` column says which (``string``: the string as shown); only feedback on a wrong
+    reply can reveal it to the policy.
     """
     names = rules.split(",")
     unknown = [r for r in names if r not in HIDDEN_RULES]
@@ -104,7 +105,7 @@ def hidden_rule(rng: random.Random, length: int = 3, alphabet: str = string.digi
         raise ValueError(f"hidden_rule rules must be two or more of {', '.join(HIDDEN_RULES)} (comma-separated), got {rules!r}")
     s = _random_string(rng, length, length, alphabet)
     rule = rng.choice(names)
-    return {"prompt": template.format(s=s), "answer": HIDDEN_RULES[rule](s), "rule": rule}
+    return {"prompt": template.format(s=s), "answer": HIDDEN_RULES[rule](s), "rule": rule, "string": s}
 
 
 def _hidden_rule_size(length: int = 3, alphabet: str = string.digits, **_) -> int:

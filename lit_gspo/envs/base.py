@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from lit_gspo.data import encode_prompts
@@ -56,19 +57,24 @@ class Environment:
         max_turns: the most replies the policy gives in one episode.
         max_episode_tokens: the most tokens after the first prompt (replies and observations together);
             None: what the model's context leaves. A turn never starts without room for one token.
+        demonstration: the replies of an episode for the supervised warm start, each formatted with the
+            row's columns, e.g. ``['CALL calculator("{expression}")', "{answer}"]``; None: the answer alone.
     """
 
     #: the keys of ``Turn.metrics`` this environment reports; validation logs them as ``val/<key>`` too
     metric_names: tuple[str, ...] = ()
 
     def __init__(self, system_prompt: str | None = None, chat_template: bool | None = None, max_turns: int = 1,
-                 max_episode_tokens: int | None = None):
+                 max_episode_tokens: int | None = None, demonstration: Sequence[str] | None = None):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if max_episode_tokens is not None and max_episode_tokens < 1:
             raise ValueError(f"max_episode_tokens must be >= 1 or None, got {max_episode_tokens}")
         self.system_prompt, self.chat_template = system_prompt, chat_template
         self.max_turns, self.max_episode_tokens = max_turns, max_episode_tokens
+        if isinstance(demonstration, str):
+            raise ValueError(f"demonstration must be a list of reply templates, got the string {demonstration!r}")
+        self.demonstration_templates = None if demonstration is None else list(demonstration)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(system_prompt={self.system_prompt!r}, chat_template={self.chat_template!r}, "
@@ -87,9 +93,15 @@ class Environment:
         raise NotImplementedError
 
     def demonstration(self, row: dict) -> list[str] | None:
-        """The replies of a right episode on ``row``, for the supervised warm start (default: the row's ``answer``);
-        None: ``row`` has none."""
-        return None if row.get("answer") is None else [str(row["answer"])]
+        """The replies of an episode on ``row`` for the supervised warm start: the ``demonstration`` templates
+        formatted with the row's columns, else the row's ``answer``; None: ``row`` has none."""
+        if self.demonstration_templates is None:
+            return None if row.get("answer") is None else [str(row["answer"])]
+        try:
+            return [template.format(**row) for template in self.demonstration_templates]
+        except KeyError as err:
+            raise ValueError(f"{type(self).__name__} demonstration {self.demonstration_templates!r} names the column "
+                             f"{err}, which the row does not have; its columns are {sorted(row)}") from None
 
     def tools(self) -> list[dict] | None:
         """JSON schemas of the tools offered to the policy (passed to the chat template's ``tools=``), or None."""

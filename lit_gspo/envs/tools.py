@@ -50,7 +50,7 @@ class ToolUse(Environment):
                  system_prompt: str | None = None, chat_template: bool | None = None, max_turns: int = 3,
                  max_episode_tokens: int | None = None, demonstration: Sequence[str] | None = None):
         super().__init__(system_prompt=system_prompt, chat_template=chat_template, max_turns=max_turns,
-                         max_episode_tokens=max_episode_tokens)
+                         max_episode_tokens=max_episode_tokens, demonstration=demonstration)
         if isinstance(tools, (str, bytes)) or not tools:
             raise ValueError(f"ToolUse needs a non-empty list of tools (functions or import paths), got {tools!r}")
         if timeout <= 0 or max_calls_per_turn < 1 or max_result_chars < 1:
@@ -66,7 +66,6 @@ class ToolUse(Environment):
         self.call_format = get_call_format(call_format)
         self.timeout, self.max_calls_per_turn, self.max_result_chars = timeout, max_calls_per_turn, max_result_chars
         self.tools_in_system_prompt = tools_in_system_prompt
-        self.demonstration_templates = None if demonstration is None else list(demonstration)
 
     def __repr__(self) -> str:
         return (f"ToolUse(tools={list(self.functions)}, call_format={type(self.call_format).__name__}, "
@@ -74,15 +73,6 @@ class ToolUse(Environment):
 
     def tools(self) -> list[dict]:
         return self.schemas
-
-    def demonstration(self, row: dict) -> list[str] | None:
-        if self.demonstration_templates is None:
-            return super().demonstration(row)
-        try:
-            return [template.format(**row) for template in self.demonstration_templates]
-        except KeyError as err:
-            raise ValueError(f"ToolUse demonstration {self.demonstration_templates!r} names the column {err}, which "
-                             f"the row does not have; its columns are {sorted(row)}") from None
 
     def step(self, row: dict, reply: str, state: dict) -> Turn:
         calls = self.call_format.parse(reply)
