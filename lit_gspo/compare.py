@@ -216,6 +216,64 @@ def make_optimizer(params, name: str, hparams: dict) -> torch.optim.Optimizer:
     return cls(params, **{k: v for k, v in hparams.items() if k in accepted and k != "params"})
 
 
+@dataclasses.dataclass
+class Replay:
+    """A saved rollout ready to replay: the batch on ``device`` (saved old log-probs dropped: the Learner computes
+    its own), the file's payload, and the policy in train mode with the weights that sampled it."""
+
+    rollout_file: Path
+    batch: RolloutBatch
+    payload: dict
+    policy: torch.nn.Module
+    model_source: str
+    learner_kwargs: dict
+
+    @property
+    def meta(self) -> dict:
+        return self.payload["meta"]
+
+
+def load_replay(rollout: str | Path, model: str | None = None, device: str = "cpu") -> Replay:
+    """The rollout file ``rollout`` (with advantages) and the policy to replay it from (see :func:`load_model`)."""
+    rollout_file = Path(rollout)
+    batch, payload = load_rollout(rollout_file)
+    meta = payload["meta"]
+    if batch.advantages is None:
+        raise ValueError(f"{rollout_file} has no advantages")
+    policy, model_source = load_model(model, rollout_file, meta)
+    dev = torch.device(device)
+    policy.to(dev).train()  # as in fit (Lightning's train mode)
+    moved = {f.name: getattr(batch, f.name).to(dev) for f in dataclasses.fields(batch)
+             if isinstance(getattr(batch, f.name), Tensor)}
+    batch = dataclasses.replace(batch, **{**moved, "old_logprobs": None})  # the Learner computes its own
+    learner_kwargs = dict(temperature=meta.get("temperature", 1.0), max_len=meta.get("max_len", batch.completion_mask.shape[1]),
+                          group_size=meta.get("group_size", 1))
+    return Replay(rollout_file, batch, payload, policy, model_source, learner_kwargs)
+
+
+def replay_optimizer(replay: Replay, optimizer: str | None = None, lr: float | None = None, optimizer_state: bool = True):
+    """(name, hyperparameters, saved state or None) of the replay's optimiser: the run's class and hyperparameters
+    (else AdamW, lr 1e-3) with ``lr`` if given, and the run's state saved with the policy when ``optimizer_state``."""
+    meta = replay.meta
+    opt_name = optimizer or meta.get("optimizer") or "AdamW"
+    opt_hparams = {**(meta.get("optimizer_hparams") or {}), **({"lr": lr} if lr is not None else {})}
+    opt_hparams.setdefault("lr", 1e-3)
+    saved_state = None
+    if optimizer_state and Path(replay.model_source).is_dir() and opt_name == meta.get("optimizer"):
+        saved_state = load_optimizer_state(replay.model_source)  # the run's optimiser as it was when the rollout was sampled
+    return opt_name, opt_hparams, saved_state
+
+
+def fresh_optimizer(policy: torch.nn.Module, name: str, hparams: dict, saved_state: dict | None) -> torch.optim.Optimizer:
+    """:func:`make_optimizer` over the trainable parameters, from a copy of ``saved_state`` (lr: ``hparams``') if given."""
+    opt = make_optimizer([p for p in policy.parameters() if p.requires_grad], name, hparams)
+    if saved_state is not None:
+        opt.load_state_dict(copy.deepcopy(saved_state))  # its tensors would be shared (and stepped) otherwise
+        for group in opt.param_groups:
+            group["lr"] = hparams["lr"]
+    return opt
+
+
 def run_compare(rollout: str, model: str | None = None, objectives: list[str] | None = None, minibatch_steps: int = 4,
                 num_minibatches: int | None = None, optimizer: str | None = None, lr: float | None = None,
                 optimizer_state: bool = True, seed: int = 0,
@@ -224,11 +282,6 @@ def run_compare(rollout: str, model: str | None = None, objectives: list[str] | 
     from lit_gspo.compare_report import write_outputs
 
     start_time = time.perf_counter()
-    rollout_file = Path(rollout)
-    batch, payload = load_rollout(rollout_file)
-    meta = payload["meta"]
-    if batch.advantages is None:
-        raise ValueError(f"{rollout_file} has no advantages")
     M = num_minibatches or minibatch_steps
     if minibatch_steps < 1 or minibatch_steps % M:
         raise ValueError(f"--minibatch_steps {minibatch_steps} must be a positive multiple of --num_minibatches {M}")
@@ -236,16 +289,12 @@ def run_compare(rollout: str, model: str | None = None, objectives: list[str] | 
     labels = [label for label, _ in specs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"objectives must be distinct, got {labels}")
-    policy, model_source = load_model(model, rollout_file, meta)
+    replay_ = load_replay(rollout, model, device)
+    rollout_file, batch, payload, meta = replay_.rollout_file, replay_.batch, replay_.payload, replay_.meta
+    policy, model_source, learner_kwargs = replay_.policy, replay_.model_source, replay_.learner_kwargs
     dev = torch.device(device)
-    policy.to(dev).train()  # as in fit (Lightning's train mode)
-    moved = {f.name: getattr(batch, f.name).to(dev) for f in dataclasses.fields(batch)
-             if isinstance(getattr(batch, f.name), Tensor)}
-    batch = dataclasses.replace(batch, **{**moved, "old_logprobs": None})  # the Learner computes its own
     saved_old = payload["tensors"].get("old_logprobs")
     init = {k: v.detach().clone() for k, v in policy.state_dict().items()}
-    learner_kwargs = dict(temperature=meta.get("temperature", 1.0), max_len=meta.get("max_len", batch.completion_mask.shape[1]),
-                          group_size=meta.get("group_size", 1))
     mask = batch.completion_mask
     base = Learner(policy, PolicyGradient(), update_of(meta, epochs=minibatch_steps // M, num_minibatches=M), **learner_kwargs)
     start_logprobs = base.old_logprobs(batch, torch.arange(len(batch)))  # π_θ0 over the whole rollout
@@ -257,12 +306,7 @@ def run_compare(rollout: str, model: str | None = None, objectives: list[str] | 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         orders = [base.minibatch_order(len(batch)) for _ in range(base.cfg.epochs)]
-    opt_name = optimizer or meta.get("optimizer") or "AdamW"
-    opt_hparams = {**(meta.get("optimizer_hparams") or {}), **({"lr": lr} if lr is not None else {})}
-    opt_hparams.setdefault("lr", 1e-3)
-    saved_state = None
-    if optimizer_state and Path(model_source).is_dir() and opt_name == meta.get("optimizer"):
-        saved_state = load_optimizer_state(model_source)  # the run's optimiser as it was when the rollout was sampled
+    opt_name, opt_hparams, saved_state = replay_optimizer(replay_, optimizer, lr, optimizer_state)
 
     def learner(objective: Objective, update: Update, orders_: list[Tensor]) -> ReplayLearner:
         policy.load_state_dict(init)
@@ -290,11 +334,7 @@ def run_compare(rollout: str, model: str | None = None, objectives: list[str] | 
                          [o.clone() for o in orders])
         after = lambda: spreads.append(ratio_spread(replay.old_logprobs(batch, torch.arange(len(batch))).cpu(),
                                                     start_logprobs.cpu(), mask.cpu()))
-        opt = make_optimizer([p for p in policy.parameters() if p.requires_grad], opt_name, opt_hparams)
-        if saved_state is not None:
-            opt.load_state_dict(copy.deepcopy(saved_state))  # its tensors would be shared (and stepped) otherwise
-            for group in opt.param_groups:
-                group["lr"] = opt_hparams["lr"]
+        opt = fresh_optimizer(policy, opt_name, opt_hparams, saved_state)
         metrics = replay.learn(batch.select(torch.arange(len(batch))), _Optimizer(policy, opt, after))
         steps = replay.steps
         results[label] = {
@@ -379,4 +419,5 @@ def main(argv: list[str]) -> dict:
                        device=ns.device, out=ns.out, command=command)
 
 
-__all__ = ["PolicyGradient", "ReplayLearner", "main", "make_parser", "parse_spec", "ratio_spread", "run_compare"]
+__all__ = ["PolicyGradient", "Replay", "ReplayLearner", "flat_grad", "fresh_optimizer", "load_replay", "main", "make_parser",
+           "parse_spec", "ratio_spread", "replay_optimizer", "run_compare"]
