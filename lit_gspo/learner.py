@@ -82,8 +82,9 @@ class Learner:
         old log-probs of every row when the mismatch corrections compare them with the sampler's."""
         need_old = self.value_head is not None or self.records_routing
         every_old = self.mismatch is not None and self.mismatch.needs_trainer_old  # π_old of every row, even on-policy
-        olds, refs, vals, routes = [], [], [], []
-        for micro in self.micro_batches(rollout):
+        olds, refs, vals, routes, order = [], [], [], [], []
+        for micro_rows, micro in self.micro_batches(rollout, with_rows=True):
+            order.append(micro_rows)
             if need_old:
                 with record_routing(self.policy) if self.records_routing else nullcontext() as recorder:
                     fwd = self.completion_logprobs(self.policy, micro, value_head=self.value_head)
@@ -96,14 +97,16 @@ class Learner:
                 olds.append(self.completion_logprobs(self.policy, micro).logprobs)
             if self.reference is not None:
                 refs.append(self.reference_logprobs(micro))
+        # a token budget deals rows to micro-batches by length: put them back in rollout order
+        inverse = torch.argsort(torch.cat(order)) if order else None
         if need_old and not self.cfg.on_policy or every_old:  # on-policy the update still reads its own forward
-            rollout.old_logprobs = torch.cat(olds)
+            rollout.old_logprobs = torch.cat(olds)[inverse]
         if routes:
-            rollout.routing = RoutingRecord.cat(routes)  # (N, P + T, k) per MoE layer
+            rollout.routing = RoutingRecord.cat(routes)[inverse]  # (N, P + T, k) per MoE layer
         if refs:
-            rollout.ref_logprobs = torch.cat(refs)
+            rollout.ref_logprobs = torch.cat(refs)[inverse]
         if vals:
-            rollout.old_values = torch.cat(vals)
+            rollout.old_values = torch.cat(vals)[inverse]
 
     def reference_logprobs(self, micro: RolloutBatch) -> Tensor:
         if self.reference == "adapters_off":
