@@ -180,6 +180,9 @@ class Mismatch:
         sampler = sampler_logprobs(rollout)
         if self.sampler_is_old:
             return replace(rollout, old_logprobs=sampler.clone()), torch.zeros(len(rollout), dtype=torch.bool), []
+        if rollout.old_logprobs is None:
+            raise ValueError("mismatch corrections compare the trainer's old log-probs with the sampler's: run "
+                             "Learner.snapshot(rollout) (with this mismatch) before learn")
         mask = rollout.completion_mask
         delta = log_ratio(rollout.old_logprobs, sampler)  # (N, T), clamped to ±20
         weights, keep, truncated = None, mask.clone(), torch.zeros_like(mask)
@@ -231,6 +234,7 @@ def mismatch_metrics(logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -
     zero = torch.zeros((), dtype=torch.float32, device=mask.device)
     logprobs, sampler_logprobs = torch.where(mask, logprobs.float(), zero), torch.where(mask, sampler_logprobs.float(), zero)
     abs_delta = (logprobs - sampler_logprobs).abs()
-    return {"mismatch/k3": masked_mean(kl_penalty(sampler_logprobs, logprobs, "k3"), mask),
+    k3 = kl_penalty(sampler_logprobs.double(), logprobs.double(), "k3").float()  # fp64: e^x − x − 1 of a tiny x
+    return {"mismatch/k3": masked_mean(k3, mask),
             "mismatch/log_ratio_abs_mean": masked_mean(abs_delta, mask),
             "mismatch/log_ratio_abs_max": abs_delta.max() if mask.any() else zero}
