@@ -33,6 +33,12 @@ _EXPORTS = {
     "Update": "lit_gspo.config",
     "WarmStart": "lit_gspo.config",
     "LoRA": "lit_gspo.config",
+    # rollout-mismatch correction (model.mismatch)
+    "Mismatch": "lit_gspo.mismatch",
+    "TIS": "lit_gspo.mismatch",
+    "MIS": "lit_gspo.mismatch",
+    "SequenceMIS": "lit_gspo.mismatch",
+    "OPSM": "lit_gspo.mismatch",
     # objectives
     "Objective": "lit_gspo.objectives",
     "get_objective": "lit_gspo.objectives",

@@ -27,11 +27,13 @@ class Collector:
     """Samples and scores rollouts for the trainer and for validation (greedy)."""
 
     def __init__(self, environment: Environment, engine: RolloutEngine, rewards: RewardSet, tokenizer,
-                 generation: Generation, dynamic_sampling: bool = False, max_sampling_rounds: int = 4):
+                 generation: Generation, dynamic_sampling: bool = False, max_sampling_rounds: int = 4,
+                 engine_logprobs: bool = False):
         if max_sampling_rounds < 1:
             raise ValueError(f"max_sampling_rounds must be >= 1, got {max_sampling_rounds}")
         self.environment, self.engine, self.rewards, self.tokenizer = environment, engine, rewards, tokenizer
         self.generation, self.dynamic_sampling, self.max_sampling_rounds = generation, dynamic_sampling, max_sampling_rounds
+        self.engine_logprobs = engine_logprobs  # keep the sampler's log-probs of sampled tokens (mismatch correction)
 
     def encode(self, policy: nn.Module, rows: list[dict]) -> list[list[int]]:
         """First-prompt ids of ``rows``, checked to leave room for the longest completion in the context."""
@@ -79,7 +81,7 @@ class Collector:
         return self.engine.sample(policy, prompt_ids, num_generations=group, max_new_tokens=max_new_tokens,
                                   pad_id=self.tokenizer.pad_token_id, eos_id=self.tokenizer.eos_token_id,
                                   temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, greedy=greedy,
-                                  synced_gpus=synced_gpus)
+                                  synced_gpus=synced_gpus, return_logprobs=self.engine_logprobs and not greedy)
 
     def _continue_episodes(self, policy: nn.Module, episodes: list[Episode], prompt_ids: list[list[int]],
                            max_new_tokens: int, greedy: bool, synced_gpus: bool) -> None:

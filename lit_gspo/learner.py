@@ -11,6 +11,8 @@
 
 Old log-probs: the first minibatch's equal its own detached log-probs (no optimiser step yet), so an
 old-policy pass runs only for minibatches 2..M, and not at all on-policy (one epoch, one minibatch).
+With ``mismatch`` (lit_gspo.mismatch) the pass runs over every row in ``snapshot`` (its corrections compare
+it with the sampler's log-probs before the update), or never (``old_logprobs: sampler``: π_old = π_sampler).
 Rows whose advantage is 0 everywhere are left out of forward and backward when the objective's
 gradient vanishes there; they still count in the normalisers. No Lightning here: the trainer hands in
 the optimiser, the scheduler and its backward.
@@ -29,6 +31,7 @@ from torch import Tensor, nn
 from lit_gspo.config import Update
 from lit_gspo.diagnostics import RatioStats
 from lit_gspo.distributed import all_reduce_sum, is_sharded, reduce_weighted_means, sum_over_ranks
+from lit_gspo.mismatch import Mismatch, mismatch_metrics
 from lit_gspo.models import checkpointing_active
 from lit_gspo.models.lora import reference_mode
 from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, replay_routing, routing_volatility
@@ -52,12 +55,13 @@ class Learner:
         routing_replay: MoE: replay the old pass's experts in the update's forward.
         record_routing: MoE: record the old pass's experts (for replay, or to measure volatility).
         gradient_checkpointing: the policy recomputes its layers in backward (no shared prompt forward).
+        mismatch: correct and measure the sampler–trainer mismatch (``lit_gspo.mismatch``); None: off.
     """
 
     def __init__(self, policy: nn.Module, objective: Objective, update: Update, *, value_head: nn.Module | None = None,
                  reference: nn.Module | str | None = None, temperature: float = 1.0, max_len: int = 1,
                  group_size: int = 1, routing_replay: bool = False, record_routing: bool = False,
-                 gradient_checkpointing: bool = False):
+                 gradient_checkpointing: bool = False, mismatch: Mismatch | None = None):
         if reference is not None and not isinstance(reference, nn.Module) and reference != "adapters_off":
             raise ValueError(f"reference must be a model, 'adapters_off' or None, got {reference!r}")
         if (routing_replay or record_routing) and not moe_routers(policy):
@@ -65,7 +69,8 @@ class Learner:
         self.policy, self.objective, self.cfg, self.value_head = policy, objective, update, value_head
         self.reference, self.temperature, self.max_len, self.group_size = reference, temperature, max_len, group_size
         self.routing_replay, self.records_routing = routing_replay, record_routing or routing_replay
-        self.gradient_checkpointing = gradient_checkpointing
+        self.gradient_checkpointing, self.mismatch = gradient_checkpointing, mismatch
+        self.sampler_is_old = mismatch is not None and mismatch.sampler_is_old
         self.is_moe = bool(moe_routers(policy))
         self.updates = 0  # minibatch updates attempted, across rollouts (named in non-finite warnings)
         self.nonfinite_in_a_row = 0
@@ -73,10 +78,13 @@ class Learner:
     # ------------------------------------------------------------------ snapshot
     @torch.no_grad()
     def snapshot(self, rollout: RolloutBatch) -> None:
-        """Reference log-probs; old values, routes (and old log-probs, off-policy) when a critic or routing needs the pass."""
+        """Reference log-probs; old values, routes (and old log-probs, off-policy) when a critic or routing needs the pass;
+        old log-probs of every row when the mismatch corrections compare them with the sampler's."""
         need_old = self.value_head is not None or self.records_routing
-        olds, refs, vals, routes = [], [], [], []
-        for micro in self.micro_batches(rollout):
+        every_old = self.mismatch is not None and self.mismatch.needs_trainer_old  # π_old of every row, even on-policy
+        olds, refs, vals, routes, order = [], [], [], [], []
+        for micro_rows, micro in self.micro_batches(rollout, with_rows=True):
+            order.append(micro_rows)
             if need_old:
                 with record_routing(self.policy) if self.records_routing else nullcontext() as recorder:
                     fwd = self.completion_logprobs(self.policy, micro, value_head=self.value_head)
@@ -85,16 +93,20 @@ class Learner:
                 olds.append(fwd.logprobs)
                 if fwd.values is not None:
                     vals.append(fwd.values.float())
+            elif every_old:
+                olds.append(self.completion_logprobs(self.policy, micro).logprobs)
             if self.reference is not None:
                 refs.append(self.reference_logprobs(micro))
-        if need_old and not self.cfg.on_policy:
-            rollout.old_logprobs = torch.cat(olds)
+        # a token budget deals rows to micro-batches by length: put them back in rollout order
+        inverse = torch.argsort(torch.cat(order)) if order else None
+        if need_old and not self.cfg.on_policy or every_old:  # on-policy the update still reads its own forward
+            rollout.old_logprobs = torch.cat(olds)[inverse]
         if routes:
-            rollout.routing = RoutingRecord.cat(routes)  # (N, P + T, k) per MoE layer
+            rollout.routing = RoutingRecord.cat(routes)[inverse]  # (N, P + T, k) per MoE layer
         if refs:
-            rollout.ref_logprobs = torch.cat(refs)
+            rollout.ref_logprobs = torch.cat(refs)[inverse]
         if vals:
-            rollout.old_values = torch.cat(vals)
+            rollout.old_values = torch.cat(vals)[inverse]
 
     def reference_logprobs(self, micro: RolloutBatch) -> Tensor:
         if self.reference == "adapters_off":
@@ -118,6 +130,10 @@ class Learner:
         n = len(rollout)
         size = math.ceil(n / cfg.num_minibatches)
         records: list[tuple[dict, float]] = []
+        emptied = torch.zeros(n, dtype=torch.bool)  # sequences the mismatch masks emptied: out of the sequence count
+        if self.mismatch is not None:  # a corrected copy: the caller's rollout keeps its mask and advantages
+            rollout, emptied, records = self.mismatch.before_update(rollout)
+            emptied = emptied.cpu()
         grad_norms, step_losses, nonfinite = [], [], 0
         ratio_stats, steps_done = RatioStats(), 0  # ratios seen after ≥1 optimiser step (before it they are 1)
         active = self.rows_with_gradient(rollout)  # (N,) bool
@@ -129,7 +145,7 @@ class Learner:
             for start in range(0, n, size):
                 first_record = len(records)
                 rows = order[start:start + size]
-                counts = self.global_counts(rollout.completion_mask[rows])  # normalisers count every row
+                counts = self.global_counts(rollout.completion_mask[rows], int(emptied[rows].sum()))  # every row but those
                 # rows without gradient are left out; if none has one, a single row still runs (its loss is 0)
                 # so that every rank backpropagates and the optimiser steps as it would on a zero gradient
                 kept = active[rows].clone()
@@ -142,11 +158,15 @@ class Learner:
                 for micro_rows, micro in self.micro_batches(rollout.select(rows), with_rows=True):
                     micro = micro.trimmed()
                     with self.replayed_routing(micro):  # backward inside too: checkpointed layers route again
-                        out, tokens, logprobs = self.micro_step(micro, counts, with_entropy=epoch == 0,
-                                                                ratio_stats=ratio_stats if steps_done and not placeholder else None,
-                                                                current_is_old=steps_done == 0 or placeholder)
+                        out, tokens, logprobs = self.micro_step(
+                            micro, counts, with_entropy=epoch == 0,
+                            ratio_stats=ratio_stats if (steps_done or self.sampler_is_old) and not placeholder else None,
+                            current_is_old=(steps_done == 0 or placeholder) and not self.sampler_is_old)
                         backward(out.loss * world)  # DDP/FSDP average gradients over ranks
-                    if steps_done == 0 and rollout.old_logprobs is not None:  # later epochs reuse these rows
+                    if steps_done == 0 and self.sampler_is_old and not placeholder:  # π_old (the sampler) vs the trainer
+                        records.append(({k: float(v) for k, v in mismatch_metrics(logprobs, micro.old_logprobs,
+                                                                                 micro.completion_mask).items()}, tokens))
+                    elif steps_done == 0 and rollout.old_logprobs is not None:  # later epochs reuse these rows
                         rollout.old_logprobs[rows[micro_rows], :logprobs.shape[1]] = logprobs
                     micro_metrics = {k: float(v) for k, v in out.metrics.items()}
                     if placeholder:  # its ratio is 1 by construction: keep only what it measures for real
@@ -178,7 +198,7 @@ class Learner:
         metrics["nonfinite_steps"] = float(nonfinite)  # minibatches whose optimiser step was skipped
         metrics["rows_with_gradient"] = float(active.float().mean())  # share of rows the update ran (this rank)
         metrics["lr"] = opt.param_groups[0]["lr"] if not hasattr(opt, "optimizer") else opt.optimizer.param_groups[0]["lr"]
-        if not cfg.on_policy:  # ratio diagnostics (lit_gspo.diagnostics); NaN where undefined, same keys every step
+        if not cfg.on_policy or self.sampler_is_old:  # ratio diagnostics (lit_gspo.diagnostics); NaN where undefined, same keys every step
             metrics.update({f"ratio/{k}": v for k, v in ratio_stats.compute(self.max_len).items()})
         if self.records_routing and rollout.routing is not None:
             metrics["routing_volatility"] = self.measure_routing_volatility(rollout)
@@ -193,13 +213,17 @@ class Learner:
         """
         fwd = self.completion_logprobs(self.policy, micro, with_entropy=with_entropy, value_head=self.value_head)
         old = fwd.logprobs.detach() if current_is_old or micro.old_logprobs is None else micro.old_logprobs
+        advantages, opsm_metrics = micro.advantages, {}
+        if self.mismatch is not None:  # OPSM: on π_θ of this step
+            advantages, opsm_metrics = self.mismatch.in_update(micro, fwd.logprobs.detach())
         if ratio_stats is not None and micro.old_logprobs is not None:
             ratio_stats.add(fwd.logprobs, old, micro.completion_mask)
         extra = {}
         if self.value_head is not None:
             extra = dict(values=fwd.values, old_values=micro.old_values, returns=micro.returns)
-        out = self.objective(fwd.logprobs, old, micro.advantages, micro.completion_mask, counts=counts,
+        out = self.objective(fwd.logprobs, old, advantages, micro.completion_mask, counts=counts,
                              ref_logprobs=micro.ref_logprobs, **extra)
+        out.metrics.update(opsm_metrics)
         mask = micro.completion_mask
         if fwd.entropy is not None and mask.any():
             out.metrics["entropy"] = fwd.entropy[mask].mean()
@@ -277,9 +301,9 @@ class Learner:
                 old[rows[micro_rows], :logprobs.shape[1]] = logprobs
         return old
 
-    def global_counts(self, mask: Tensor) -> Counts:
-        """Tokens and sequences of the whole minibatch, summed over ranks."""
-        local = torch.tensor([float(mask.sum()), float(mask.shape[0])], dtype=torch.float64, device=mask.device)
+    def global_counts(self, mask: Tensor, emptied: int = 0) -> Counts:
+        """Tokens and sequences of the whole minibatch (less ``emptied`` sequences the mismatch masks emptied), summed over ranks."""
+        local = torch.tensor([float(mask.sum()), float(mask.shape[0] - emptied)], dtype=torch.float64, device=mask.device)
         total = all_reduce_sum(local)
         return Counts(tokens=float(total[0]), seqs=float(total[1]), max_len=float(self.max_len))
 

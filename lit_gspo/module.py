@@ -36,6 +36,7 @@ from lit_gspo.engines import HFGenerate, RolloutEngine
 from lit_gspo.envs import Environment, SingleTurn
 from lit_gspo.hardware import SlowPrecisionWarning, bf16_on_cpu_warning
 from lit_gspo.learner import Learner
+from lit_gspo.mismatch import Mismatch
 from lit_gspo.models import enable_gradient_checkpointing, load_policy
 from lit_gspo.models.lora import apply_lora, merged_for_saving
 from lit_gspo.models.routing import moe_routers
@@ -90,6 +91,8 @@ class RLModule(LightningModule):
             ``lit-gspo compare`` (``lit_gspo/rollout_io.py``). Training is unchanged by it.
         save_rollout_policy: with each rollout file, the policy that sampled it (``rollouts/step_K_policy/``, Hugging
             Face format), so that ``lit-gspo compare`` replays it from the very weights.
+        mismatch: measure the sampler–trainer mismatch (``train/mismatch/*``) and correct it (TIS, MIS, SequenceMIS,
+            OPSM; or the sampler's log-probs as π_old): ``lit_gspo/mismatch.py``, docs/mismatch.md. None: off.
     """
 
     def __init__(
@@ -122,11 +125,12 @@ class RLModule(LightningModule):
         save_rollouts_every_n_steps: int = 0,
         save_rollout_policy: bool = True,
         seed: int | None = None,
+        mismatch: Mismatch | None = None,
     ):
         super().__init__()
         silence_lightning_noise()  # before Trainer.fit checks its configuration (lit_gspo/quiet.py says what and why)
         self.save_hyperparameters(ignore=["objective", "optimizer", "lr_scheduler", "rewards", "environment", "engine",
-                                          "advantage"])
+                                          "advantage", "mismatch"])
         self.automatic_optimization = False
         self.objective = objective if objective is not None else GSPO()
         self.advantage = advantage if advantage is not None else get_advantage(self.objective.paper_advantage)
@@ -177,7 +181,7 @@ class RLModule(LightningModule):
         self.collector = Collector(environment or SingleTurn(), engine or HFGenerate(),
                                    RewardSet(list(rewards) if rewards else [ExactMatch()], reward_weights),
                                    self.tokenizer, self.generation, dynamic_sampling=dynamic,
-                                   max_sampling_rounds=max_sampling_rounds)
+                                   max_sampling_rounds=max_sampling_rounds, engine_logprobs=mismatch is not None)
         self.learner = Learner(
             self.policy, self.objective, update or Update(), value_head=self.value_head,
             reference=(self.ref_policy if lora is None else "adapters_off") if use_ref else None,
@@ -185,7 +189,7 @@ class RLModule(LightningModule):
             max_len=self.generation.max_new_tokens * self.collector.environment.max_turns,
             group_size=self.generation.num_generations, routing_replay=routing_replay,
             record_routing=bool(moe_routers(self.policy)) and track_routing_volatility,
-            gradient_checkpointing=gradient_checkpointing)
+            gradient_checkpointing=gradient_checkpointing, mismatch=mismatch)
         self._refill_generator = torch.Generator().manual_seed(self.seed)
 
     # ------------------------------------------------------------------ one RL step

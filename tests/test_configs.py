@@ -27,7 +27,7 @@ def parse(*configs: Path, extra: tuple[str, ...] = ()):
 
 
 def fit_configs():
-    return sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name not in ("ablate", "objectives"))
+    return sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name not in ("ablate", "objectives", "mismatch"))
 
 
 @pytest.mark.parametrize("path", fit_configs(), ids=lambda p: str(p.relative_to(CONFIGS)))
@@ -94,3 +94,10 @@ def test_ablation_config_loads_and_its_arms_parse(path, tmp_path, monkeypatch):
             for key, value in {**ablation.overrides, **arm.overrides}.items():
                 assert value_at(config, key) == value, (arm.name, key)
             assert all(value_at(config, key) == seed for key in ablation.seed_keys)
+
+
+@pytest.mark.parametrize("path", sorted((CONFIGS / "mismatch").glob("*.yaml")), ids=lambda p: p.stem)
+def test_mismatch_overlay_adds_only_the_correction(path):
+    config, base = parse(QUICKSTART, path), parse(QUICKSTART)
+    assert config.model.mismatch is not None and base.model.mismatch is None
+    assert config.data == base.data and config.model.objective == base.model.objective

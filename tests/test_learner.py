@@ -334,3 +334,18 @@ def test_a_non_finite_minibatch_makes_no_optimiser_step_and_n_in_a_row_stop_the_
         stuck.learn(copy.deepcopy(batch), opt)
     for p, q in zip(policy.parameters(), stuck.policy.parameters()):
         assert torch.equal(p, q)
+
+
+def test_snapshot_keeps_rollout_row_order_when_a_token_budget_sorts_rows_by_length():
+    """micro_batch_tokens deals rows to micro-batches longest first; reference and old log-probs must land on their rows."""
+    update = dict(epochs=2, num_minibatches=2, share_prompt_forward=False)
+    whole = make_learner(Update(**update))
+    whole.reference = copy.deepcopy(whole.policy)
+    rollout = sample_rollout(whole.policy)
+    budgeted = copy.deepcopy(whole)
+    budgeted.cfg = Update(**update, micro_batch_tokens=3 * rollout.input_ids.shape[1])
+    batches = [copy.deepcopy(rollout), copy.deepcopy(rollout)]
+    whole.snapshot(batches[0])
+    budgeted.snapshot(batches[1])
+    mask = rollout.completion_mask
+    torch.testing.assert_close(batches[1].ref_logprobs[mask], batches[0].ref_logprobs[mask], rtol=0, atol=1e-6)
