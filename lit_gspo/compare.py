@@ -116,8 +116,8 @@ class ReplayLearner(Learner):
     def minibatch_order(self, n: int) -> Tensor:
         return self.orders.pop(0)
 
-    def global_counts(self, mask: Tensor) -> Counts:
-        self._counts = super().global_counts(mask)
+    def global_counts(self, mask: Tensor, emptied: int = 0) -> Counts:
+        self._counts = super().global_counts(mask, emptied)
         return self._counts
 
     def clip_and_norm(self) -> float:
