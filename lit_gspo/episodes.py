@@ -110,7 +110,8 @@ def assemble(first: RolloutBatch, episodes: list[Episode], pad_id: int) -> Rollo
 
 
 def episode_stats(episodes: list[Episode]) -> dict[str, float]:
-    """Turns per episode, truncations, success per turn index (of the episodes that reached it), summed metrics."""
+    """Turns per episode, truncations, success per turn index (of the episodes that reached it) and after feedback
+    (of the episodes that reached turn 2), summed metrics."""
     n = len(episodes)
     stats = {"turns": sum(len(e.replies) for e in episodes) / n,
              "truncated_episodes": sum(e.truncated or not e.turns[-1].done for e in episodes) / n}
@@ -121,6 +122,9 @@ def episode_stats(episodes: list[Episode]) -> dict[str, float]:
             stats[f"reached_turn{k + 1}"] = len(known) / n  # the share success_turn{k + 1} is a rate of
     if any(t.success is not None for e in episodes for t in e.turns):
         stats["success"] = sum(any(t.success for t in e.turns) for e in episodes) / n
+        after_feedback = [any(t.success for t in e.turns[1:]) for e in episodes if len(e.turns) > 1]
+        if after_feedback:  # of the episodes that got feedback, the share solved at a later turn
+            stats["success_after_feedback"] = sum(after_feedback) / len(after_feedback)
     keys = sorted({key for e in episodes for t in e.turns for key in t.metrics})
     for key in keys:
         stats[key] = sum(float(t.metrics.get(key, 0.0)) for e in episodes for t in e.turns) / n

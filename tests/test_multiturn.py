@@ -368,3 +368,24 @@ def test_the_multi_turn_quickstart_fits_and_logs_success_per_turn(tmp_path):
         assert 1 <= float(r["train/turns"]) <= 3 and float(r["train/reached_turn1"]) == 1.0
         assert 0 <= float(r["train/success_turn1"]) <= 1
     assert all(0 <= float(r["val/success"]) <= 1 and 1 <= float(r["val/turns"]) <= 3 for r in val)
+
+
+def test_episode_stats_by_hand():
+    """4 episodes: right at turn 1; wrong then right; wrong, wrong, right; wrong three times (max_turns 3)."""
+    from lit_gspo.envs import Turn
+    from lit_gspo.episodes import Episode, episode_stats
+
+    def episode(*successes):
+        e = Episode(row={}, state={}, budget=10)
+        e.replies = ["x"] * len(successes)
+        e.turns = [Turn(observation=None if i == len(successes) - 1 else "o", done=i == len(successes) - 1, success=ok)
+                   for i, ok in enumerate(successes)]
+        return e
+
+    stats = episode_stats([episode(True), episode(False, True), episode(False, False, True), episode(False, False, False)])
+    assert stats["turns"] == (1 + 2 + 3 + 3) / 4
+    assert (stats["success_turn1"], stats["success_turn2"], stats["success_turn3"]) == (1 / 4, 1 / 3, 1 / 2)
+    assert (stats["reached_turn1"], stats["reached_turn2"], stats["reached_turn3"]) == (1.0, 3 / 4, 2 / 4)
+    assert stats["success"] == 3 / 4
+    assert stats["success_after_feedback"] == 2 / 3  # of the 3 episodes that got feedback, 2 were solved later
+    assert "success_after_feedback" not in episode_stats([episode(True), episode(False)])  # no one got feedback
