@@ -20,6 +20,8 @@ WARNINGS = (
     # A checkpoint is the state after an RL step's updates (resuming continues with the next step); the
     # warning's sample code saves `pl_module.layer`, which RLModule does not have.
     r"Using ModelCheckpoint with manual optimization and every_n_train_steps, but no pre-optimization state",
+    # Lightning's own pytree helper calls an API torch 2.13 deprecated; nothing in a user's run can change it.
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
 )
 
 # Lightning logs an advertisement for its cloud logger at every Trainer construction.

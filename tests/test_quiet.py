@@ -10,7 +10,7 @@ from lit_gspo.ablate import run_one
 ROOT = Path(__file__).resolve().parents[1]
 SILENCED = ("You passed in a `val_dataloader` but have no `validation_step`", "in eval mode at the start of training",
             "Using ModelCheckpoint with manual optimization", "LightningCLI's args parameter is intended",
-            "litlogger")
+            "litlogger", "`isinstance(treespec, LeafSpec)` is deprecated")
 
 
 def test_a_fit_run_by_ablate_shows_none_of_lightnings_unactionable_warnings(tmp_path, monkeypatch, caplog):
