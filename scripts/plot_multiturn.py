@@ -74,7 +74,7 @@ def main(out: str, *runs: str) -> None:
     left.set(xlabel="RL step", ylabel="val/success (greedy, by the last turn)", ylim=(-0.02, 1.02))
     right.set(xlabel="RL step", ylabel="sampled success: turn 1 (—), after feedback (--)", ylim=(-0.02, 1.02))
     left.legend(fontsize=7)
-    right.legend(fontsize=6, ncol=3)
+    right.legend(fontsize=6, loc="upper left")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
