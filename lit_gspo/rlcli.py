@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
 from lit_gspo import advantages, engines, envs  # noqa: F401
+from lit_gspo import extras
 from lit_gspo.objectives import OBJECTIVES
 from lit_gspo.data import PromptDataModule
 from lit_gspo.module import RLModule
@@ -80,12 +81,13 @@ def unknown_option_hint(message: str, options: list[str]) -> str:
 
 class RLArgumentParser(LightningArgumentParser):
     """Parser errors about the objective list the objectives that exist, about a misspelled nested key the valid
-    fields, about an unknown option the close ones; keeps its subcommands action."""
+    fields, about a class path of a missing optional package the extra to install, about an unknown option the
+    close ones; keeps its subcommands action."""
 
     subcommands_action = None
 
     def error(self, message: str, ex: Exception | None = None):
-        hint = objective_hint(message) + nested_key_hint(message) + unknown_option_hint(
+        hint = objective_hint(message) + nested_key_hint(message) + extras.hint_for(message) + unknown_option_hint(
             message, [o for o in getattr(self, "_option_string_actions", {}) if o.startswith("--")])
         return super().error(message + hint, ex)
 
