@@ -37,7 +37,7 @@ from lit_gspo.envs import Environment, SingleTurn
 from lit_gspo.hardware import SlowPrecisionWarning, bf16_on_cpu_warning
 from lit_gspo.learner import Learner
 from lit_gspo.models import enable_gradient_checkpointing, load_policy
-from lit_gspo.models.lora import apply_lora, merged_for_saving
+from lit_gspo.models.lora import apply_lora, is_lora, merged_for_saving
 from lit_gspo.models.routing import moe_routers
 from lit_gspo.objectives import GSPO, Objective
 from lit_gspo.optim import shard_aware
@@ -296,7 +296,8 @@ class RLModule(LightningModule):
 
     def on_fit_end(self) -> None:
         """A resume of a finished run skips the training loop and ``on_train_end``: write the export if a kill stopped it."""
-        if self.trainer.strategy.broadcast(not export_is_complete(self._export_path())):
+        paths = [self._export_path()] + ([self.adapter_path(self._export_path())] if self.lora is not None else [])
+        if self.trainer.strategy.broadcast(not all(export_is_complete(p) for p in paths)):
             self._export()
 
     def configure_callbacks(self) -> list:
@@ -381,19 +382,29 @@ class RLModule(LightningModule):
                 + list(environment.metric_names))
 
     def save_hf_model(self, path: Path, state_dict: dict | None = None) -> None:
-        """Save in Hugging Face format (written aside, then swapped in); ``state_dict``: the full weights of an FSDP2-sharded policy."""
-        model = self.policy
-        if self.lora is not None:
-            model = merged_for_saving(self.policy)
+        """Save in Hugging Face format (written aside, then swapped in); ``state_dict``: the full weights of an FSDP2-sharded
+        policy. Under LoRA: the merged model at ``path`` and the adapter alone beside it (:meth:`adapter_path`)."""
+        if self.lora is None:
+            return self._save_pretrained(self.policy, path, state_dict)
+        self._save_pretrained(merged_for_saving(self.policy), path, state_dict)
+        self._save_pretrained(self.policy, self.adapter_path(path), state_dict, "the LoRA adapter")  # a PeftModel saves that only
+
+    @staticmethod
+    def adapter_path(path: Path) -> Path:
+        """Where the LoRA adapter goes beside the merged model: ``<root>/hf_adapter`` for ``<root>/hf_model``
+        (``PeftModel.from_pretrained(base, <root>/hf_adapter)`` reproduces the merged model)."""
+        return Path(path).parent / "hf_adapter"
+
+    def _save_pretrained(self, model: nn.Module, path: Path, state_dict: dict | None, what: str = "the policy") -> None:
         with written_aside(path) as tmp:
             model.save_pretrained(tmp, state_dict=state_dict)
-            if state_dict is not None:  # fully_shard renamed the class (FSDPLlamaForCausalLM): record the real one
+            if state_dict is not None and not is_lora(model):  # fully_shard renamed the class (FSDPLlamaForCausalLM)
                 from lit_gspo.distributed import unsharded_class
 
                 model.config.architectures = [unsharded_class(model).__name__]
                 model.config.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
-        rank_zero_info(f"saved the policy in Hugging Face format to {path}")
+        rank_zero_info(f"saved {what} in Hugging Face format to {path}")
 
 
 def _frozen_copy(model: nn.Module) -> nn.Module:
