@@ -210,6 +210,27 @@ class RLCLI(LightningCLI):
         parser.add_argument("--checkpoint_every_n_steps", type=int, default=50,
                             help="save <default_root_dir>/checkpoints/last.ckpt every n optimiser steps "
                                  "(with trainer.enable_checkpointing; 0 = at the end of each epoch)")
+        parser.add_argument("--push_to_hub", type=str | None, default=None,
+                            help="after training, upload <default_root_dir>/hf_model (and a LoRA run's hf_adapter, "
+                                 "into adapter/) to this Hugging Face Hub model repo, e.g. my-name/my-model; off by "
+                                 "default. Checked before training: fails at once when the hub is offline")
+        parser.add_argument("--hub_private", type=bool, default=False,
+                            help="with --push_to_hub: create the repo private (an existing repo keeps its visibility)")
+
+    def before_fit(self) -> None:
+        repo_id = self.config.fit.get("push_to_hub")
+        if repo_id:
+            from lit_gspo.hub import check_can_push
+
+            check_can_push(repo_id)
+
+    def after_fit(self) -> None:
+        repo_id = self.config.fit.get("push_to_hub")
+        if repo_id and self.trainer.is_global_zero:
+            from lit_gspo.hub import push_export
+
+            for url in push_export(self.trainer.default_root_dir, repo_id, private=self.config.fit.get("hub_private")):
+                print(f"pushed to the hub: {url}")
 
     def _instantiate_trainer(self, config, callbacks):
         from lit_gspo.checkpointing import configure_checkpointing
