@@ -119,6 +119,37 @@ def test_fsdp2_two_processes_match_one_process_and_save_a_loadable_hf_model(tmp_
         torch.testing.assert_close(value, result["weights"][name], atol=0, rtol=0)
 
 
+@pytest.mark.distributed
+def test_fsdp2_cpu_config_alone_shards_over_both_processes(tmp_path, single):
+    """configs/scale/fsdp2_cpu.yaml (a class path, no mesh sizes) is FSDP2 over 2 processes (issue 19, finding 7)."""
+    args = run_args(tmp_path, prompts=2, devices=2)
+    args[2:2] = ["--config", str(ROOT / "configs/scale/fsdp2_cpu.yaml")]  # right after the quickstart: the rest wins
+    result = launch(tmp_path, args)
+    assert result["world_size"] == 2 and result["state_bytes"] < 0.6 * single["state_bytes"]  # sharded state
+    assert_same_run(result, single)
+
+
+@pytest.mark.parametrize("strategy", [("--config", str(ROOT / "configs/scale/fsdp2_cpu.yaml")),
+                                      ("--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy")],
+                         ids=["config", "class_path"])
+def test_fsdp2_by_class_path_alone_builds_a_strategy_whose_mesh_is_data_parallel(tmp_path, strategy, monkeypatch):
+    """Before: "invalid strategy name: lightning.pytorch.strategies.modelparallelstrategy" for the class path alone,
+    and Lightning's "auto" sizes made a tensor-parallel mesh, which lit_gspo refuses."""
+    from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
+
+    args = run_args(tmp_path, devices=2)
+    args[2:2] = list(strategy)
+    cli = cli_main(args, run=False)
+    trainer = cli.trainer
+    assert isinstance(trainer.strategy, ModelParallelStrategy)
+    monkeypatch.setattr(ParallelStrategy, "setup_environment", lambda self: None)  # no process group here
+    monkeypatch.setattr(ModelParallelStrategy, "_setup_distributed", lambda self: None)
+    monkeypatch.setattr("lightning.pytorch.strategies.model_parallel._setup_device_mesh", lambda *a: a[:3])
+    trainer.strategy._lightning_module = cli.model
+    trainer.strategy.setup_environment()
+    assert trainer.strategy._device_mesh == (2, 1, 2)  # data_parallel_size 2, tensor_parallel_size 1, world 2
+
+
 def _update_vector(weights: dict) -> torch.Tensor:
     initial, _ = load_policy("tiny-llama", config_overrides=MODEL_CONFIG, seed=0)
     start = initial.state_dict()
