@@ -14,7 +14,6 @@ import re
 
 from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.loggers import CSVLogger
 
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
 from lit_gspo import advantages, engines, envs  # noqa: F401
@@ -23,6 +22,7 @@ from lit_gspo.advantages import get_advantage
 from lit_gspo.config import Update
 from lit_gspo.objectives import GSPO, OBJECTIVES, Objective
 from lit_gspo.data import PromptDataModule
+from lit_gspo.metrics_file import RunCSVLogger
 from lit_gspo.module import RLModule
 
 TRAINER_DEFAULTS = {
@@ -175,7 +175,8 @@ def _class_of(subclass_cfg) -> type | None:
 
 
 class RLCLI(LightningCLI):
-    """LightningCLI with CSV metrics by default (``<default_root_dir>/**/metrics.csv``), checkpoints, and a
+    """LightningCLI with CSV metrics by default (``<default_root_dir>/lightning_logs/version_N/metrics.csv``, continued by
+    a resume), checkpoints, and a
     progress bar over RL steps (``lit_gspo.progress.RLProgressBar``).
 
     Checkpoints (``lit_gspo.checkpointing``): ``<default_root_dir>/checkpoints/last.ckpt`` every
@@ -235,9 +236,10 @@ class RLCLI(LightningCLI):
     def _instantiate_trainer(self, config, callbacks):
         from lit_gspo.checkpointing import configure_checkpointing
 
-        if config.get("logger") in (None, True):
-            config["logger"] = CSVLogger(save_dir=config.get("default_root_dir") or os.getcwd())
         cfg = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("logger") in (None, True):  # a resume continues the run's metrics.csv (lit_gspo/metrics_file.py)
+            config["logger"] = RunCSVLogger(save_dir=config.get("default_root_dir") or os.getcwd(),
+                                            resume=bool(cfg.get("ckpt_path")))
         configure_checkpointing(config, callbacks, cfg.get("checkpoint_every_n_steps", 50))
         add_progress_bar(config, callbacks)
         return super()._instantiate_trainer(config, callbacks)

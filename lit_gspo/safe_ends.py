@@ -384,6 +384,22 @@ class SafeEnds(Callback):
             print(message, file=sys.stderr, flush=True)
         raise RunInterrupted(128 + signum, message)
 
+    # -------------------------------------------------------------- the metrics file a resume continues
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        """How many rows the run's metrics file holds as this checkpoint is written (``lit_gspo.metrics_file``)."""
+        writer = _continued_writer(trainer)
+        if writer is not None:
+            checkpoint["metrics_rows"] = writer.rows()  # rank 0's checkpoint is the one written
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        """Cut the continued metrics file back to the checkpoint's rows: the resume logs the later steps again."""
+        writer = _continued_writer(trainer)
+        if writer is not None and checkpoint.get("metrics_rows") is not None:
+            dropped = writer.truncate(int(checkpoint["metrics_rows"]))
+            if dropped:
+                rank_zero_info(f"{writer.metrics_file_path}: dropped {dropped} row(s) logged after the checkpoint; "
+                               "this run logs those steps again")
+
     # -------------------------------------------------------------- end
     def on_fit_end(self, trainer, pl_module) -> None:
         signum = _agree(trainer, self._received)
@@ -421,6 +437,17 @@ class SafeEnds(Callback):
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+
+def _continued_writer(trainer):
+    """The ``ContinuedWriter`` of the run's ``RunCSVLogger`` (rank 0), its pending rows flushed; None without one."""
+    from lit_gspo.metrics_file import RunCSVLogger
+
+    for logger in trainer.loggers:
+        if isinstance(logger, RunCSVLogger) and trainer.is_global_zero:
+            logger.save()
+            return logger.experiment
+    return None
 
 
 def _plain_io() -> type:
