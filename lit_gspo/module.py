@@ -31,7 +31,8 @@ from lit_gspo.collect import Collector
 from lit_gspo.completions_log import due, log_completions
 from lit_gspo.config import Generation, LoRA, Update, WarmStart, resolve_seed
 from lit_gspo.data.prompts import check_prompt_lengths
-from lit_gspo.distributed import all_reduce_sum, apply_fsdp2, check_strategy, full_state_dict, is_sharded, reduce_step_stats
+from lit_gspo.distributed import (all_reduce_sum, apply_fsdp2, check_strategy, full_state_dict, gather_objects, is_sharded,
+                                  reduce_step_stats, sum_over_ranks)
 from lit_gspo.engines import HFGenerate, RolloutEngine
 from lit_gspo.envs import Environment, SingleTurn
 from lit_gspo.hardware import SlowPrecisionWarning, bf16_on_cpu_warning
@@ -184,8 +185,8 @@ class RLModule(LightningModule):
         self.collector.engine.sync_weights(self.policy)
         rollout, stats = self.collector.collect(self.policy, rows, self._refill_rows, synced_gpus=self._synced_gpus())
         stats["time/rollout_s"] = time.perf_counter() - start
-        if rollout is not None and not rollout.completion_mask.any() and self.trainer.world_size == 1:
-            rollout = None  # every sample failed: nothing to learn from (other ranks would wait for us under DDP)
+        if not self._anything_to_learn(rollout):
+            rollout = None  # every sample of every rank failed: no rank updates, all count a skipped step alike
         if rollout is not None:
             start = time.perf_counter()
             self.learner.snapshot(rollout)
@@ -199,15 +200,24 @@ class RLModule(LightningModule):
         if self.val_every_n_steps and self.rl_step % self.val_every_n_steps == 0:
             self.run_validation(step=self.rl_step)
 
+    def _anything_to_learn(self, rollout) -> bool:
+        """Whether any rank kept a sample (collective under several processes: every rank decides the same; a rank
+        whose samples all failed still takes part in the update of the others, with a zero mask)."""
+        mine = rollout is not None and bool(rollout.completion_mask.any())
+        return sum_over_ranks(float(mine)) > 0 if self.trainer.world_size > 1 else mine
+
     def _check_progress(self, updated: bool, stats: dict) -> None:
-        """A skipped step makes no optimiser step, so ``max_steps`` alone would never end a run that keeps skipping."""
+        """A skipped step makes no optimiser step, so ``max_steps`` alone would never end a run that keeps skipping.
+        ``updated`` is the same on every rank (:meth:`_anything_to_learn`), so all ranks stop at the same step, each
+        with the first rank's reward error."""
         self._skipped_in_a_row = 0 if updated else self._skipped_in_a_row + 1
         if self._skipped_in_a_row >= self.max_skipped_steps:
+            errors = [e for e in gather_objects(self.collector.rewards.last_error) if e]
             raise RuntimeError(
                 f"{self._skipped_in_a_row} RL steps in a row had nothing to learn from (frac_zero_std_groups="
                 f"{stats.get('frac_zero_std_groups', float('nan')):.2f}, reward_failed={stats.get('reward_failed', 0):.0f}): "
                 "every group's rewards were equal or every reward failed. Check the reward functions, or raise "
-                f"max_skipped_steps={self.max_skipped_steps}")
+                f"max_skipped_steps={self.max_skipped_steps}" + (f". The last reward error: {errors[0]}" if errors else ""))
 
     def log_step(self, stats: dict, rollout, batch_size: int) -> None:
         """``train/*`` over every rank (a step without some metric logs NaN for it, not its last value) and the progress bar."""
