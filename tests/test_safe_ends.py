@@ -296,3 +296,22 @@ def test_the_lock_is_released_when_a_fit_fails(tmp_path, monkeypatch):
     start = time.perf_counter()
     RunLock(tmp_path).acquire().release()
     assert time.perf_counter() - start < 1
+
+
+def test_run_csv_logger_resumes_into_the_newest_version_keeping_its_rows(tmp_path):
+    """The Python API's way to the same: ``RunCSVLogger(root, resume=True)``; a fresh run still gets a new version."""
+    from lit_gspo.metrics_file import RunCSVLogger
+
+    first = RunCSVLogger(tmp_path)
+    first.log_metrics({"train/reward": 0.5}, step=0)
+    first.log_metrics({"train/reward": 0.6}, step=1)
+    first.save()
+    resumed = RunCSVLogger(tmp_path, resume=True)
+    assert resumed.version == 0 and resumed.experiment.rows() == 2
+    assert resumed.experiment.truncate(1) == 1  # a row logged after the checkpoint
+    resumed.log_metrics({"train/reward": 0.7, "val/reward": 0.1}, step=1)  # a new column: the header grows
+    resumed.save()
+    with open(tmp_path / "lightning_logs" / "version_0" / "metrics.csv") as fh:
+        assert [(r["step"], r["train/reward"], r["val/reward"]) for r in csv.DictReader(fh)] == [("0", "0.5", ""),
+                                                                                              ("1", "0.7", "0.1")]
+    assert RunCSVLogger(tmp_path).version == 1
