@@ -5,15 +5,15 @@ metrics split over two files (and, reusing a version, it deletes the old file). 
 default logger) resumes into the newest version directory and :class:`ContinuedWriter` keeps the file and its header.
 
 Rows logged after the checkpoint a resume starts from (a killed run's last steps) are run and logged again by the
-resume: :class:`lit_gspo.safe_ends.SafeEnds` records in each checkpoint how many rows the file held when it was written
-(``metrics_rows``; each step's row is flushed before its checkpoint) and cuts the file back to that many rows on load,
-so every step appears once.
+resume: :class:`lit_gspo.safe_ends.SafeEnds` cuts them from the file when the checkpoint is loaded (:func:`logged_before`
+its ``rl_step``; each step's row is flushed before its checkpoint), so every step appears once.
 """
 
 from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Callable
 
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
@@ -28,29 +28,39 @@ class ContinuedWriter(ExperimentWriter):
             with self._fs.open(self.metrics_file_path, "r", newline="") as f:
                 self.metrics_keys = list(next(csv.reader(f), []))
 
-    def rows(self) -> int:
-        """Data rows on disk (what was logged and flushed)."""
-        if not self._fs.isfile(self.metrics_file_path):
-            return 0
-        with self._fs.open(self.metrics_file_path, "r", newline="") as f:
-            return sum(1 for _ in csv.DictReader(f))
-
-    def truncate(self, rows: int) -> int:
-        """Keep the first ``rows`` data rows (written aside, then swapped in); returns how many were dropped."""
+    def truncate(self, keep: Callable[[dict], bool]) -> int:
+        """Keep the rows ``keep`` accepts (written aside, then swapped in); returns how many were dropped."""
         if not self._fs.isfile(self.metrics_file_path):
             return 0
         with self._fs.open(self.metrics_file_path, "r", newline="") as f:
             reader = csv.DictReader(f)
-            fields, kept = reader.fieldnames or self.metrics_keys, list(reader)
-        dropped = max(len(kept) - rows, 0)
-        if dropped:
+            rows = list(reader)
+            fields = reader.fieldnames or self.metrics_keys
+        kept = [row for row in rows if keep(row)]
+        if len(kept) < len(rows):
             tmp = os.path.join(self.log_dir, f".{self.NAME_METRICS_FILE}.tmp-{os.getpid()}")
             with open(tmp, "w", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=fields)
                 writer.writeheader()
-                writer.writerows(kept[:rows])
+                writer.writerows(kept)
             os.replace(tmp, self.metrics_file_path)
-        return dropped
+        return len(rows) - len(kept)
+
+
+def logged_before(rl_step: int) -> Callable[[dict], bool]:
+    """Whether a row was logged before a checkpoint taken after ``rl_step`` RL steps: a step's ``train/*`` row has the
+    step's index (0 … rl_step − 1 come before), a validation's row the number of steps done (… rl_step: the validation
+    after the last step, or the final one of a finished run, comes before)."""
+
+    def keep(row: dict) -> bool:
+        try:
+            step = int(float(row.get("step") or 0))
+        except ValueError:
+            return True
+        train = any(key.startswith("train/") and value not in (None, "") for key, value in row.items())
+        return step < rl_step or (step == rl_step and not train)
+
+    return keep
 
 
 class RunCSVLogger(CSVLogger):

@@ -385,17 +385,13 @@ class SafeEnds(Callback):
         raise RunInterrupted(128 + signum, message)
 
     # -------------------------------------------------------------- the metrics file a resume continues
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        """How many rows the run's metrics file holds as this checkpoint is written (``lit_gspo.metrics_file``)."""
-        writer = _continued_writer(trainer)
-        if writer is not None:
-            checkpoint["metrics_rows"] = writer.rows()  # rank 0's checkpoint is the one written
-
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        """Cut the continued metrics file back to the checkpoint's rows: the resume logs the later steps again."""
+        """Cut the rows logged after this checkpoint from the continued metrics file: the resume logs them again."""
+        from lit_gspo.metrics_file import logged_before
+
         writer = _continued_writer(trainer)
-        if writer is not None and checkpoint.get("metrics_rows") is not None:
-            dropped = writer.truncate(int(checkpoint["metrics_rows"]))
+        if writer is not None and checkpoint.get("rl_step") is not None:
+            dropped = writer.truncate(logged_before(int(checkpoint["rl_step"])))
             if dropped:
                 rank_zero_info(f"{writer.metrics_file_path}: dropped {dropped} row(s) logged after the checkpoint; "
                                "this run logs those steps again")
