@@ -155,7 +155,7 @@ def main() -> None:
     marker = root / "stalled"
     for what in plan:
         resume = (faulty / "checkpoints" / "last.ckpt").exists()
-        before = set(faulty.glob("**/metrics.csv"))
+        before = _rows(faulty)  # a resume continues the same metrics.csv: its own rows are the ones not seen before
         if what == "random":
             proc = start(faulty, args.steps, resume)
             first = _first_step_left(faulty)
@@ -164,7 +164,7 @@ def main() -> None:
                 time.sleep(rng.uniform(0, 0.5 * startup))
             else:  # during a random remaining step, at a random point of it (a checkpoint write included)
                 target = rng.randrange(first, args.steps - 2)
-                while proc.poll() is None and target not in _logged_steps(set(faulty.glob("**/metrics.csv")) - before):
+                while proc.poll() is None and target not in _logged_steps(faulty, before):
                     time.sleep(0.02)
                 time.sleep(rng.uniform(0, 0.5 * step_s))
         else:
@@ -184,6 +184,7 @@ def main() -> None:
     if proc.returncode != 0:
         sys.exit(f"the final resume failed ({proc.returncode}):\n{err[-3000:]}")
 
+    # one file per run since resumes continue it (lit_gspo/metrics_file.py); older runs had one per attempt
     attempts = sorted(faulty.glob("**/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[-1]))
     union, wrong_attempts = {}, 0
     for i, path in enumerate(attempts):
@@ -213,15 +214,21 @@ def main() -> None:
         sys.exit(1)
 
 
-def _logged_steps(files) -> set[int]:
-    steps = set()
-    for path in files:
+def _rows(root: Path) -> set[tuple]:
+    """Every metrics row under ``root``, whole (its time/* columns tell one attempt's row from another's)."""
+    rows = set()
+    for path in root.glob("**/metrics.csv"):
         try:
             with open(path) as fh:
-                steps |= {int(r["step"]) for r in csv.DictReader(fh) if r.get("train/reward")}
-        except (OSError, ValueError, KeyError):
+                rows |= {tuple(sorted(r.items())) for r in csv.DictReader(fh)}
+        except (OSError, ValueError):
             pass
-    return steps
+    return rows
+
+
+def _logged_steps(root: Path, before: set[tuple]) -> set[int]:
+    """The RL steps whose train row was logged since ``before`` was taken."""
+    return {int(dict(r)["step"]) for r in _rows(root) - before if dict(r).get("train/reward")}
 
 
 def _first_step_left(root: Path) -> int:

@@ -45,7 +45,9 @@ def child(args) -> None:
     from lit_gspo.optim import optimizer_state_bytes, shard_aware
 
     if args.optimizer != "AdamW":
-        import bitsandbytes  # noqa: F401  (import before measuring the baseline)
+        from lit_gspo.extras import require
+
+        require("bitsandbytes", "An 8-bit optimizer")  # import before measuring the baseline
     baseline = rss_mb()
     policy, _ = load_policy("tiny-llama", config_overrides={"hidden_size": args.hidden, "num_hidden_layers": args.layers,
                                                             "intermediate_size": args.intermediate,

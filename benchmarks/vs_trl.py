@@ -166,10 +166,12 @@ def trl_trainer(model_dir: Path, output_dir: Path, *, updates: int, precision: s
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
 
+    from lit_gspo.extras import require
     from lit_gspo.rewards import AnswerMatch
 
+    trl = require("trl", "Comparing with TRL")
+    GRPOConfig, GRPOTrainer = trl.GRPOConfig, trl.GRPOTrainer
     judge = AnswerMatch(mode="last_number")
 
     def reward(prompts, completions, answer, **_):

@@ -27,6 +27,8 @@ _EXPORTS = {
     "RLModule": "lit_gspo.module",
     "PromptDataModule": "lit_gspo.data",
     "RLProgressBar": "lit_gspo.progress",
+    "RunCSVLogger": "lit_gspo.metrics_file",  # RunCSVLogger(root, resume=True): a resume continues the metrics.csv
+    "push_export": "lit_gspo.hub",
     "cli_main": "lit_gspo.rlcli",
     # what one RL step samples and how it updates
     "Generation": "lit_gspo.config",

@@ -17,6 +17,8 @@ import math
 import statistics
 from pathlib import Path
 
+from lit_gspo.extras import MissingExtraError, require
+
 SUMMARY_COLUMNS = [
     "arm", "seed", "status", "initial_val_reward", "final_val_reward", "best_val_reward", "steps_to_target", "final_train_reward",
     "mean_train_reward", "mean_clip_frac", "mean_kl", "mean_response_length", "mean_grad_norm", "mean_entropy",
@@ -156,10 +158,8 @@ def _smooth(values: list[float], window: int) -> list[float]:
 
 def plot(path: Path, curves: dict, arms: list[str], key: str, title: str, smooth: int = 1) -> bool:
     """One line per arm (mean over seeds), shaded min–max over seeds; False when no arm has the metric."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    require("matplotlib", "Plotting an ablation report").use("Agg")
+    plt = require("matplotlib.pyplot", "Plotting an ablation report")
 
     fig, ax = plt.subplots(figsize=(5.2, 3.2), dpi=80)
     drawn = False
@@ -197,13 +197,17 @@ def write_report(ab, rows: list[dict], curves: dict, arms: list[str]) -> None:
     """report.md, curves.csv and PNG plots in ``ab.report_dir``; a hand-written ``reading.md`` there is included."""
     out = ab.report_dir
     write_curves(out / "curves.csv", curves)
-    images = []
-    if plot(out / "val_reward.png", curves, arms, "val/reward", "val/reward (greedy, held-out prompts)"):
-        images.append("val_reward.png")
-    for key, title in PLOTS:
-        name = key.replace("/", "_") + ".png"
-        if plot(out / name, curves, arms, f"train/{key}", title, smooth=5 if key == "reward" else 1):
-            images.append(name)
+    images, no_plots = [], None
+    try:
+        if plot(out / "val_reward.png", curves, arms, "val/reward", "val/reward (greedy, held-out prompts)"):
+            images.append("val_reward.png")
+        for key, title in PLOTS:
+            name = key.replace("/", "_") + ".png"
+            if plot(out / name, curves, arms, f"train/{key}", title, smooth=5 if key == "reward" else 1):
+                images.append(name)
+    except MissingExtraError as err:  # the runs are done: write the tables, say how to get the plots
+        no_plots = str(err)
+        print(f"no plots: {no_plots}")
     lines = [f"# Ablation: {ab.name}", ""]
     if ab.description:
         lines += [ab.description.strip(), ""]
@@ -252,5 +256,5 @@ def write_report(ab, rows: list[dict], curves: dict, arms: list[str]) -> None:
     if reading.exists():
         lines += ["## Reading", "", reading.read_text().strip(), ""]
     lines += ["## Plots", "", "Lines: mean over seeds; shaded: min–max over seeds.", ""]
-    lines += [f"![{name}]({name})" for name in images]
+    lines += [f"![{name}]({name})" for name in images] + ([f"No plots: {no_plots}"] if no_plots else [])
     (out / "report.md").write_text("\n".join(lines) + "\n")

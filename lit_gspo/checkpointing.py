@@ -268,13 +268,24 @@ def export_is_complete(path: str | Path) -> bool:
 
 
 class AtomicModelParallelStrategy(ModelParallelStrategy):
-    """``ModelParallelStrategy`` whose distributed checkpoints (directories) are swapped in whole.
+    """``ModelParallelStrategy`` whose distributed checkpoints (directories) are swapped in whole, and whose mesh
+    sizes default to FSDP2 over every process (:meth:`setup_environment`).
 
     Every rank writes its shard into ``.<name>.tmp``; rank 0 then renames the old checkpoint away,
     the new one into place, and deletes the old one. A crash before the swap leaves the previous
     checkpoint untouched; in the instant between the two renames only ``.<name>.old`` exists, which
     :meth:`load_checkpoint` falls back to.
     """
+
+    def setup_environment(self) -> None:
+        """Sizes left ``"auto"`` mean FSDP2 over every process: Lightning's ``"auto"`` would make the mesh
+        tensor-parallel over the devices (``tensor_parallel_size = devices``), and lit_gspo shards over data-parallel
+        ranks only. So ``strategy: lightning.pytorch.strategies.ModelParallelStrategy`` alone is FSDP2."""
+        if self._tensor_parallel_size == "auto":
+            self._tensor_parallel_size = 1
+        if self._data_parallel_size == "auto":
+            self._data_parallel_size = self.num_nodes * self.num_processes // self._tensor_parallel_size
+        super().setup_environment()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
         if not self._save_distributed_checkpoint:
@@ -362,10 +373,12 @@ def configure_checkpointing(config: dict, callbacks: list, every_n_steps: int | 
     from lightning.fabric.plugins import CheckpointIO
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from lit_gspo.distributed import check_strategy
+    from lit_gspo.distributed import check_strategy, strategy_from_path
 
     strategy = config.get("strategy")
     check_strategy(strategy)
+    if strategy is not None:
+        strategy = config["strategy"] = strategy_from_path(strategy)
     make_atomic(strategy)
     plugins = config.get("plugins")
     plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]

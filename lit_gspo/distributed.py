@@ -30,7 +30,7 @@ from torch import Tensor, nn
 FSDP1_MESSAGE = ("FSDPStrategy (FSDP1) is not supported by lit_gspo: Lightning's FSDP1 with manual optimisation is "
                  "broken (Lightning #19626, #19685). Use FSDP2 instead: --trainer.strategy "
                  "lightning.pytorch.strategies.ModelParallelStrategy --trainer.strategy.data_parallel_size <devices> "
-                 "--trainer.strategy.tensor_parallel_size 1 (see configs/scale/fsdp2_cuda.yaml).")
+                 "--trainer.strategy.tensor_parallel_size 1 (see configs/scale/fsdp2_cpu.yaml and fsdp2_cuda.yaml).")
 
 
 def world_size() -> int:
@@ -46,6 +46,28 @@ def is_fsdp1_strategy(strategy: Any) -> bool:
     except ImportError:  # pragma: no cover
         return False
     return isinstance(strategy, FSDPStrategy) or (isinstance(strategy, type) and issubclass(strategy, FSDPStrategy))
+
+
+def strategy_from_path(strategy: Any) -> Any:
+    """A strategy given as a dotted class path string (``--trainer.strategy lightning.pytorch.strategies.ModelParallelStrategy``,
+    which jsonargparse leaves a string when no init_args follow) built with its defaults; anything else as it is.
+
+    Lightning takes a string for a registry name only ("invalid strategy name: lightning.pytorch.strategies...").
+    """
+    if not isinstance(strategy, str) or "." not in strategy:
+        return strategy
+    import importlib
+
+    from lightning.pytorch.strategies import Strategy
+
+    module, _, name = strategy.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"--trainer.strategy {strategy}: no such class ({err})") from None
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise ValueError(f"--trainer.strategy {strategy} is not a Lightning Strategy class")
+    return cls()
 
 
 def check_strategy(strategy: Any) -> None:

@@ -31,14 +31,15 @@ from lit_gspo.collect import Collector
 from lit_gspo.completions_log import due, log_completions
 from lit_gspo.config import Generation, LoRA, Update, WarmStart, resolve_seed
 from lit_gspo.data.prompts import check_prompt_lengths
-from lit_gspo.distributed import all_reduce_sum, apply_fsdp2, check_strategy, full_state_dict, is_sharded, reduce_step_stats
+from lit_gspo.distributed import (all_reduce_sum, apply_fsdp2, check_strategy, full_state_dict, gather_objects, is_sharded,
+                                  reduce_step_stats, sum_over_ranks)
 from lit_gspo.engines import HFGenerate, RolloutEngine
 from lit_gspo.envs import Environment, SingleTurn
 from lit_gspo.hardware import SlowPrecisionWarning, bf16_on_cpu_warning
 from lit_gspo.learner import Learner
 from lit_gspo.mismatch import Mismatch
 from lit_gspo.models import enable_gradient_checkpointing, load_policy
-from lit_gspo.models.lora import apply_lora, merged_for_saving
+from lit_gspo.models.lora import apply_lora, is_lora, merged_for_saving
 from lit_gspo.models.routing import moe_routers
 from lit_gspo.objectives import GSPO, Objective
 from lit_gspo.optim import shard_aware
@@ -198,8 +199,8 @@ class RLModule(LightningModule):
         self.collector.engine.sync_weights(self.policy)
         rollout, stats = self.collector.collect(self.policy, rows, self._refill_rows, synced_gpus=self._synced_gpus())
         stats["time/rollout_s"] = time.perf_counter() - start
-        if rollout is not None and not rollout.completion_mask.any() and self.trainer.world_size == 1:
-            rollout = None  # every sample failed: nothing to learn from (other ranks would wait for us under DDP)
+        if not self._anything_to_learn(rollout):
+            rollout = None  # every sample of every rank failed: no rank updates, all count a skipped step alike
         if rollout is not None:
             start = time.perf_counter()
             self.learner.snapshot(rollout)
@@ -215,15 +216,24 @@ class RLModule(LightningModule):
         if self.val_every_n_steps and self.rl_step % self.val_every_n_steps == 0:
             self.run_validation(step=self.rl_step)
 
+    def _anything_to_learn(self, rollout) -> bool:
+        """Whether any rank kept a sample (collective under several processes: every rank decides the same; a rank
+        whose samples all failed still takes part in the update of the others, with a zero mask)."""
+        mine = rollout is not None and bool(rollout.completion_mask.any())
+        return sum_over_ranks(float(mine)) > 0 if self.trainer.world_size > 1 else mine
+
     def _check_progress(self, updated: bool, stats: dict) -> None:
-        """A skipped step makes no optimiser step, so ``max_steps`` alone would never end a run that keeps skipping."""
+        """A skipped step makes no optimiser step, so ``max_steps`` alone would never end a run that keeps skipping.
+        ``updated`` is the same on every rank (:meth:`_anything_to_learn`), so all ranks stop at the same step, each
+        with the first rank's reward error."""
         self._skipped_in_a_row = 0 if updated else self._skipped_in_a_row + 1
         if self._skipped_in_a_row >= self.max_skipped_steps:
+            errors = [e for e in gather_objects(self.collector.rewards.last_error) if e]
             raise RuntimeError(
                 f"{self._skipped_in_a_row} RL steps in a row had nothing to learn from (frac_zero_std_groups="
                 f"{stats.get('frac_zero_std_groups', float('nan')):.2f}, reward_failed={stats.get('reward_failed', 0):.0f}): "
                 "every group's rewards were equal or every reward failed. Check the reward functions, or raise "
-                f"max_skipped_steps={self.max_skipped_steps}")
+                f"max_skipped_steps={self.max_skipped_steps}" + (f". The last reward error: {errors[0]}" if errors else ""))
 
     def log_step(self, stats: dict, rollout, batch_size: int) -> None:
         """``train/*`` over every rank (a step without some metric logs NaN for it, not its last value) and the progress bar."""
@@ -312,7 +322,8 @@ class RLModule(LightningModule):
 
     def on_fit_end(self) -> None:
         """A resume of a finished run skips the training loop and ``on_train_end``: write the export if a kill stopped it."""
-        if self.trainer.strategy.broadcast(not export_is_complete(self._export_path())):
+        paths = [self._export_path()] + ([self.adapter_path(self._export_path())] if self.lora is not None else [])
+        if self.trainer.strategy.broadcast(not all(export_is_complete(p) for p in paths)):
             self._export()
 
     def configure_callbacks(self) -> list:
@@ -429,19 +440,29 @@ class RLModule(LightningModule):
         rank_zero_info(f"saved the rollout of step {self.rl_step} to {path}")
 
     def save_hf_model(self, path: Path, state_dict: dict | None = None) -> None:
-        """Save in Hugging Face format (written aside, then swapped in); ``state_dict``: the full weights of an FSDP2-sharded policy."""
-        model = self.policy
-        if self.lora is not None:
-            model = merged_for_saving(self.policy)
+        """Save in Hugging Face format (written aside, then swapped in); ``state_dict``: the full weights of an FSDP2-sharded
+        policy. Under LoRA: the merged model at ``path`` and the adapter alone beside it (:meth:`adapter_path`)."""
+        if self.lora is None:
+            return self._save_pretrained(self.policy, path, state_dict)
+        self._save_pretrained(merged_for_saving(self.policy), path, state_dict)
+        self._save_pretrained(self.policy, self.adapter_path(path), state_dict, "the LoRA adapter")  # a PeftModel saves that only
+
+    @staticmethod
+    def adapter_path(path: Path) -> Path:
+        """Where the LoRA adapter goes beside the merged model: ``<root>/hf_adapter`` for ``<root>/hf_model``
+        (``PeftModel.from_pretrained(base, <root>/hf_adapter)`` reproduces the merged model)."""
+        return Path(path).parent / "hf_adapter"
+
+    def _save_pretrained(self, model: nn.Module, path: Path, state_dict: dict | None, what: str = "the policy") -> None:
         with written_aside(path) as tmp:
             model.save_pretrained(tmp, state_dict=state_dict)
-            if state_dict is not None:  # fully_shard renamed the class (FSDPLlamaForCausalLM): record the real one
+            if state_dict is not None and not is_lora(model):  # fully_shard renamed the class (FSDPLlamaForCausalLM)
                 from lit_gspo.distributed import unsharded_class
 
                 model.config.architectures = [unsharded_class(model).__name__]
                 model.config.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
-        rank_zero_info(f"saved the policy in Hugging Face format to {path}")
+        rank_zero_info(f"saved {what} in Hugging Face format to {path}")
 
 
 def _frozen_copy(model: nn.Module) -> nn.Module:

@@ -12,14 +12,17 @@ import inspect
 import os
 import re
 
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.loggers import CSVLogger
 
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
 from lit_gspo import advantages, engines, envs  # noqa: F401
-from lit_gspo.objectives import OBJECTIVES
+from lit_gspo import extras
+from lit_gspo.advantages import get_advantage
+from lit_gspo.config import Update
+from lit_gspo.objectives import GSPO, OBJECTIVES, Objective
 from lit_gspo.data import PromptDataModule
+from lit_gspo.metrics_file import RunCSVLogger
 from lit_gspo.module import RLModule
 
 TRAINER_DEFAULTS = {
@@ -80,12 +83,13 @@ def unknown_option_hint(message: str, options: list[str]) -> str:
 
 class RLArgumentParser(LightningArgumentParser):
     """Parser errors about the objective list the objectives that exist, about a misspelled nested key the valid
-    fields, about an unknown option the close ones; keeps its subcommands action."""
+    fields, about a class path of a missing optional package the extra to install, about an unknown option the
+    close ones; keeps its subcommands action."""
 
     subcommands_action = None
 
     def error(self, message: str, ex: Exception | None = None):
-        hint = objective_hint(message) + nested_key_hint(message) + unknown_option_hint(
+        hint = objective_hint(message) + nested_key_hint(message) + extras.hint_for(message) + unknown_option_hint(
             message, [o for o in getattr(self, "_option_string_actions", {}) if o.startswith("--")])
         return super().error(message + hint, ex)
 
@@ -93,9 +97,86 @@ class RLArgumentParser(LightningArgumentParser):
         self.subcommands_action = super().add_subcommands(*args, **kwargs)
         return self.subcommands_action
 
+    def dump(self, cfg: Namespace, *args, **kwargs) -> str:
+        """``--print_config`` and the ``config.yaml`` saved with a run say what lit_gspo's null settings resolve to."""
+        return annotate_defaults(super().dump(cfg, *args, **kwargs), effective_defaults(cfg))
+
+
+def effective_defaults(cfg: Namespace) -> dict[str, str]:
+    """What the null lit_gspo settings of a fit config resolve to: dotted key → a note (``"0.0003 (GSPO's paper)"``).
+
+    The objective's ``clip_low``/``clip_high``/``aggregation`` take its paper's values (``Objective.default_*``),
+    ``advantage`` and ``dynamic_sampling`` the objective's paper's, ``update`` the ``Update`` defaults, ``seed`` the
+    run's ``seed_everything``, ``generation.val_max_new_tokens`` ``max_new_tokens``. They stay null in the printed
+    config, with the value as a comment: a null follows the objective, so a config printed for GSPO and run with
+    ``--model.objective DAPO`` gets DAPO's clipping, not GSPO's. Lightning's own nulls (``trainer.*``) are not annotated.
+    """
+    model = cfg.get("model") if isinstance(cfg, Namespace) else None
+    if not isinstance(model, Namespace) or "objective" not in model:
+        return {}
+    objective = model.get("objective")
+    cls = GSPO if objective is None else _class_of(objective)
+    if cls is None or not (isinstance(cls, type) and issubclass(cls, Objective)):
+        return {}
+    paper = f"{cls.__name__}'s paper"
+    notes = {}
+    init_args = objective.get("init_args") if isinstance(objective, Namespace) else None
+    for name in inspect.signature(cls.__init__).parameters:
+        default = getattr(cls, f"default_{name}", None)
+        if default is not None and (init_args is None or init_args.get(name, None) is None):
+            notes[f"model.objective.init_args.{name}"] = f"{_yaml(default)} ({paper})"
+    if model.get("advantage") is None:
+        notes["model.advantage"] = f"{type(get_advantage(cls.paper_advantage)).__name__} ({paper})"
+    if model.get("dynamic_sampling") is None:
+        notes["model.dynamic_sampling"] = f"{_yaml(cls.paper_dynamic_sampling)} ({paper})"
+    if "update" in model and model["update"] is None:  # ["update"]: Namespace.update is a method
+        fields = ", ".join(f"{k}: {_yaml(v)}" for k, v in dataclasses.asdict(Update()).items())
+        notes["model.update"] = f"the Update defaults ({fields})"
+    if "seed" in model and model["seed"] is None and type(cfg.get("seed_everything")) is int:
+        notes["model.seed"] = f"{cfg.seed_everything} (seed_everything)"
+    generation = model.get("generation")
+    generation = generation.get("init_args", generation) if isinstance(generation, Namespace) else None
+    if isinstance(generation, Namespace) and generation.get("val_max_new_tokens", 0) is None:
+        notes["model.generation.val_max_new_tokens"] = f"{generation.get('max_new_tokens')} (max_new_tokens)"
+    return notes
+
+
+def _yaml(value) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def annotate_defaults(text: str, notes: dict[str, str]) -> str:
+    """Append ``# resolves to <note>`` to each ``key: null`` line of a YAML dump whose dotted key has a note."""
+    if not notes:
+        return text
+    out, path = [], []  # path: (indent, key) of the enclosing mappings
+    for line in text.splitlines(keepends=True):
+        found = re.match(r"^(\s*)(- )?([\w.]+):( null)?\s*$|^(\s*)(- )?([\w.]+):", line)
+        if found:
+            indent = len(found.group(1) or found.group(5) or "") + 2 * bool(found.group(2) or found.group(6))
+            key = found.group(3) or found.group(7)
+            while path and path[-1][0] >= indent:
+                path.pop()
+            path.append((indent, key))
+            dotted = ".".join(k for _, k in path)
+            if found.group(4) and dotted in notes:
+                line = f"{line.rstrip()}  # resolves to {notes[dotted]}\n"
+        out.append(line)
+    return "".join(out)
+
+
+def _class_of(subclass_cfg) -> type | None:
+    path = subclass_cfg.get("class_path") if isinstance(subclass_cfg, Namespace) else None
+    module, _, name = (path or "").rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError):
+        return None
+
 
 class RLCLI(LightningCLI):
-    """LightningCLI with CSV metrics by default (``<default_root_dir>/**/metrics.csv``), checkpoints, and a
+    """LightningCLI with CSV metrics by default (``<default_root_dir>/lightning_logs/version_N/metrics.csv``, continued by
+    a resume), checkpoints, and a
     progress bar over RL steps (``lit_gspo.progress.RLProgressBar``).
 
     Checkpoints (``lit_gspo.checkpointing``): ``<default_root_dir>/checkpoints/last.ckpt`` every
@@ -130,13 +211,35 @@ class RLCLI(LightningCLI):
         parser.add_argument("--checkpoint_every_n_steps", type=int, default=50,
                             help="save <default_root_dir>/checkpoints/last.ckpt every n optimiser steps "
                                  "(with trainer.enable_checkpointing; 0 = at the end of each epoch)")
+        parser.add_argument("--push_to_hub", type=str | None, default=None,
+                            help="after training, upload <default_root_dir>/hf_model (and a LoRA run's hf_adapter, "
+                                 "into adapter/) to this Hugging Face Hub model repo, e.g. my-name/my-model; off by "
+                                 "default. Checked before training: fails at once when the hub is offline")
+        parser.add_argument("--hub_private", type=bool, default=False,
+                            help="with --push_to_hub: create the repo private (an existing repo keeps its visibility)")
+
+    def before_fit(self) -> None:
+        repo_id = self.config.fit.get("push_to_hub")
+        if repo_id:
+            from lit_gspo.hub import check_can_push
+
+            check_can_push(repo_id)
+
+    def after_fit(self) -> None:
+        repo_id = self.config.fit.get("push_to_hub")
+        if repo_id and self.trainer.is_global_zero:
+            from lit_gspo.hub import push_export
+
+            for url in push_export(self.trainer.default_root_dir, repo_id, private=self.config.fit.get("hub_private")):
+                print(f"pushed to the hub: {url}")
 
     def _instantiate_trainer(self, config, callbacks):
         from lit_gspo.checkpointing import configure_checkpointing
 
-        if config.get("logger") in (None, True):
-            config["logger"] = CSVLogger(save_dir=config.get("default_root_dir") or os.getcwd())
         cfg = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("logger") in (None, True):  # a resume continues the run's metrics.csv (lit_gspo/metrics_file.py)
+            config["logger"] = RunCSVLogger(save_dir=config.get("default_root_dir") or os.getcwd(),
+                                            resume=bool(cfg.get("ckpt_path")))
         configure_checkpointing(config, callbacks, cfg.get("checkpoint_every_n_steps", 50))
         add_progress_bar(config, callbacks)
         return super()._instantiate_trainer(config, callbacks)

@@ -384,6 +384,18 @@ class SafeEnds(Callback):
             print(message, file=sys.stderr, flush=True)
         raise RunInterrupted(128 + signum, message)
 
+    # -------------------------------------------------------------- the metrics file a resume continues
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        """Cut the rows logged after this checkpoint from the continued metrics file: the resume logs them again."""
+        from lit_gspo.metrics_file import logged_before
+
+        writer = _continued_writer(trainer)
+        if writer is not None and checkpoint.get("rl_step") is not None:
+            dropped = writer.truncate(logged_before(int(checkpoint["rl_step"])))
+            if dropped:
+                rank_zero_info(f"{writer.metrics_file_path}: dropped {dropped} row(s) logged after the checkpoint; "
+                               "this run logs those steps again")
+
     # -------------------------------------------------------------- end
     def on_fit_end(self, trainer, pl_module) -> None:
         signum = _agree(trainer, self._received)
@@ -421,6 +433,17 @@ class SafeEnds(Callback):
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+
+def _continued_writer(trainer):
+    """The ``ContinuedWriter`` of the run's ``RunCSVLogger`` (rank 0), its pending rows flushed; None without one."""
+    from lit_gspo.metrics_file import RunCSVLogger
+
+    for logger in trainer.loggers:
+        if isinstance(logger, RunCSVLogger) and trainer.is_global_zero:
+            logger.save()
+            return logger.experiment
+    return None
 
 
 def _plain_io() -> type:

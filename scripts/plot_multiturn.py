@@ -16,10 +16,10 @@ import math
 import sys
 from pathlib import Path
 
-import matplotlib
+from lit_gspo.extras import require
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+require("matplotlib", "Plotting").use("Agg")
+plt = require("matplotlib.pyplot", "Plotting")
 
 
 def read(run: Path) -> list[dict]:

@@ -12,10 +12,10 @@ import csv
 import sys
 from pathlib import Path
 
-import matplotlib
+from lit_gspo.extras import require
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+require("matplotlib", "Plotting").use("Agg")
+plt = require("matplotlib.pyplot", "Plotting")
 
 
 def read_run(run_dir: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:

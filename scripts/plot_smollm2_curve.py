@@ -9,10 +9,10 @@ import csv
 import sys
 from pathlib import Path
 
-import matplotlib
+from lit_gspo.extras import require
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+require("matplotlib", "Plotting").use("Agg")
+plt = require("matplotlib.pyplot", "Plotting")
 
 
 def main(run_dir: str, out: str, updates_per_step: str = "2",

@@ -21,3 +21,10 @@ class StuckOnRank1:
             while True:
                 time.sleep(1)
         return [float(c[:1] in "01234" and len(c) > 0) for c in completions]
+
+
+class AlwaysRaises:
+    """A reward whose server is down, on every rank: every call raises."""
+
+    def __call__(self, prompts, completions, **columns):
+        raise ConnectionError(f"reward server down (rank {os.environ.get('LOCAL_RANK', '0')})")

@@ -63,3 +63,31 @@ def test_nothing_in_the_package_imports_the_entry_point():
     importers = [p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
                  if p.name != "cli.py" and "lit_gspo.cli" in imported_modules(p)]
     assert importers == []
+
+
+def print_config(capsys, *extra: str) -> str:
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(PACKAGE.parent / "configs/quickstart.yaml"), *extra, "--print_config"])
+    return capsys.readouterr().out
+
+
+def test_print_config_says_what_null_settings_resolve_to(capsys, tmp_path):
+    """Before: ``clip_low: null``, with nothing saying the run uses GSPO's 3e-4 (issue 19, finding 9)."""
+    text = print_config(capsys)
+    assert "clip_low: null  # resolves to 0.0003 (GSPO's paper)" in text
+    assert "clip_high: null  # resolves to 0.0004 (GSPO's paper)" in text
+    assert "aggregation: null  # resolves to seq-mean-token-mean (GSPO's paper)" in text
+    assert "advantage: null  # resolves to GroupNormalized (GSPO's paper)" in text
+    assert "dynamic_sampling: null  # resolves to false (GSPO's paper)" in text
+    assert "update: null  # resolves to the Update defaults (epochs: 1," in text
+    assert "val_max_new_tokens: null  # resolves to 6 (max_new_tokens)" in text
+    # the values follow the objective, which is why they stay null: a printed config run with another objective
+    dapo = print_config(capsys, "--model.objective", "DAPO")
+    assert "clip_high: null  # resolves to 0.28 (DAPO's paper)" in dapo
+    assert "dynamic_sampling: null  # resolves to true (DAPO's paper)" in dapo
+    # the printed config is a config: it parses back to itself
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(text)
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(printed), "--print_config"])
+    assert capsys.readouterr().out == text

@@ -17,6 +17,7 @@ and KL to 1e-3.
 
 from __future__ import annotations
 
+import csv
 import os
 import socket
 import subprocess
@@ -117,6 +118,61 @@ def test_fsdp2_two_processes_match_one_process_and_save_a_loadable_hf_model(tmp_
     assert type(reloaded).__name__ == "LlamaForCausalLM"
     for name, value in reloaded.state_dict().items():
         torch.testing.assert_close(value, result["weights"][name], atol=0, rtol=0)
+
+
+@pytest.mark.distributed
+def test_fsdp2_cpu_config_alone_shards_over_both_processes(tmp_path, single):
+    """configs/scale/fsdp2_cpu.yaml (a class path, no mesh sizes) is FSDP2 over 2 processes (issue 19, finding 7)."""
+    args = run_args(tmp_path, prompts=2, devices=2)
+    args[2:2] = ["--config", str(ROOT / "configs/scale/fsdp2_cpu.yaml")]  # right after the quickstart: the rest wins
+    result = launch(tmp_path, args)
+    assert result["world_size"] == 2 and result["state_bytes"] < 0.6 * single["state_bytes"]  # sharded state
+    assert_same_run(result, single)
+
+
+@pytest.mark.parametrize("strategy", [("--config", str(ROOT / "configs/scale/fsdp2_cpu.yaml")),
+                                      ("--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy")],
+                         ids=["config", "class_path"])
+def test_fsdp2_by_class_path_alone_builds_a_strategy_whose_mesh_is_data_parallel(tmp_path, strategy, monkeypatch):
+    """Before: "invalid strategy name: lightning.pytorch.strategies.modelparallelstrategy" for the class path alone,
+    and Lightning's "auto" sizes made a tensor-parallel mesh, which lit_gspo refuses."""
+    from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
+
+    args = run_args(tmp_path, devices=2)
+    args[2:2] = list(strategy)
+    cli = cli_main(args, run=False)
+    trainer = cli.trainer
+    assert isinstance(trainer.strategy, ModelParallelStrategy)
+    monkeypatch.setattr(ParallelStrategy, "setup_environment", lambda self: None)  # no process group here
+    monkeypatch.setattr(ModelParallelStrategy, "_setup_distributed", lambda self: None)
+    monkeypatch.setattr("lightning.pytorch.strategies.model_parallel._setup_device_mesh", lambda *a: a[:3])
+    trainer.strategy._lightning_module = cli.model
+    trainer.strategy.setup_environment()
+    assert trainer.strategy._device_mesh == (2, 1, 2)  # data_parallel_size 2, tensor_parallel_size 1, world 2
+
+
+@pytest.mark.distributed
+def test_ddp_with_a_reward_failing_on_every_rank_stops_every_rank_with_its_error(tmp_path):
+    """Before (issue 20): every sample of every rank failed, yet each rank kept its all-masked rollout and stepped the
+    optimiser; the run ran all its steps, exited 0 and saved a model. Now the ranks agree the step has nothing to
+    learn from, count it alike, and all stop after max_skipped_steps with the reward's error."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    cmd = [sys.executable, "-m", "lit_gspo.cli", "fit",
+           *run_args(tmp_path, "--trainer.strategy", "ddp", "--model.max_skipped_steps", "2", "--model.val_every_n_steps",
+                     "0", "--model.rewards", "[{class_path: fault_helpers.AlwaysRaises}]", prompts=2, devices=2,
+                     steps=20)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    assert "2 RL steps in a row had nothing to learn from" in proc.stderr, proc.stderr[-3000:]
+    assert "The last reward error: reward function 'always_raises' raised ConnectionError: reward server down" in proc.stderr
+    assert not (tmp_path / "hf_model").exists()
+    with open(next(tmp_path.glob("**/metrics.csv"))) as fh:
+        steps = [int(r["step"]) for r in csv.DictReader(fh) if r.get("train/reward")]
+    assert steps == [0]  # stopped in the 2nd step (it raises before its row), not after 20 steps
 
 
 def _update_vector(weights: dict) -> torch.Tensor:

@@ -130,6 +130,39 @@ def test_each_steps_metrics_row_is_on_disk_before_its_checkpoint(tmp_path, monke
     assert logged == ["0", "1"]  # each row once
 
 
+def test_a_resume_continues_the_runs_metrics_file_with_every_step_once(tmp_path, monkeypatch):
+    """Before: a resumed run wrote a new lightning_logs/version_N, its metrics split over two files (issue 19). A run
+    "killed" after RL step 2 was logged but before its checkpoint (resumed from step 1's checkpoint) logs step 2 again:
+    the file is cut back to the checkpoint's rows first, so every step is there once, with the same values. Resuming
+    the finished run changes nothing (its final validation row, logged after its last checkpoint, is kept)."""
+    copies = {}
+    save = AtomicCheckpointIO.save_checkpoint
+
+    def save_and_keep(self, checkpoint, path, storage_options=None):
+        save(self, checkpoint, path, storage_options)
+        copies[checkpoint["rl_step"]] = Path(path).with_name(f"rl_step_{checkpoint['rl_step']}.ckpt")
+        copies[checkpoint["rl_step"]].write_bytes(Path(path).read_bytes())
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", save_and_keep)
+    ckpt = ("--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "2")
+    fit(tmp_path, 6, *ckpt)  # 3 RL steps, a checkpoint after each
+
+    def lines() -> list[str]:
+        files = sorted(tmp_path.glob("**/metrics.csv"))
+        assert len(files) == 1, files
+        return files[0].read_text().splitlines()
+
+    whole, values = lines(), rows(tmp_path)
+    cli_main(["fit", *args(tmp_path, 6, *ckpt), "--ckpt_path", str(copies[2])])  # as if killed before step 2's checkpoint
+    after = lines()
+    with open(next(tmp_path.glob("**/metrics.csv"))) as fh:
+        steps = [int(r["step"]) for r in csv.DictReader(fh) if r.get("train/reward")]
+    assert steps == [0, 1, 2] and len(after) == len(whole)  # each row once, in one file
+    assert rows(tmp_path) == values  # the steps logged again have the values of the first time
+    cli_main(["fit", *args(tmp_path, 6, *ckpt), "--ckpt_path", str(copies[3])])  # the finished run
+    assert len(lines()) == len(whole) and rows(tmp_path) == values
+
+
 def _export_bytes(path: Path) -> bytes:
     return (path / "model.safetensors").read_bytes()
 
@@ -266,3 +299,22 @@ def test_the_lock_is_released_when_a_fit_fails(tmp_path, monkeypatch):
     start = time.perf_counter()
     RunLock(tmp_path).acquire().release()
     assert time.perf_counter() - start < 1
+
+
+def test_run_csv_logger_resumes_into_the_newest_version_keeping_its_rows(tmp_path):
+    """The Python API's way to the same: ``RunCSVLogger(root, resume=True)``; a fresh run still gets a new version."""
+    from lit_gspo.metrics_file import RunCSVLogger, logged_before
+
+    first = RunCSVLogger(tmp_path)
+    first.log_metrics({"train/reward": 0.5}, step=0)
+    first.log_metrics({"train/reward": 0.6}, step=1)
+    first.save()
+    resumed = RunCSVLogger(tmp_path, resume=True)
+    assert resumed.version == 0
+    assert resumed.experiment.truncate(logged_before(1)) == 1  # step 1's row came after the checkpoint of 1 step
+    resumed.log_metrics({"train/reward": 0.7, "val/reward": 0.1}, step=1)  # a new column: the header grows
+    resumed.save()
+    with open(tmp_path / "lightning_logs" / "version_0" / "metrics.csv") as fh:
+        assert [(r["step"], r["train/reward"], r["val/reward"]) for r in csv.DictReader(fh)] == [("0", "0.5", ""),
+                                                                                              ("1", "0.7", "0.1")]
+    assert RunCSVLogger(tmp_path).version == 1

@@ -196,7 +196,7 @@ def test_dynamic_sampling_drops_all_equal_groups_and_a_signal_free_run_stops_wit
     assert all(torch.equal(before[k], after[k]) for k in before), "an update ran on a batch with no signal"
 
 
-def test_lora_trains_adapters_only_and_saves_a_merged_hf_model(tmp_path):
+def test_lora_trains_adapters_only_and_saves_a_merged_hf_model_and_the_adapter_alone(tmp_path):
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "3", "--model.lora", "{r: 4, alpha: 8}",
                              "--model.optimizer.lr", "0.01",  # kl measured on every row, signal or not:
                              "--model.update.skip_zero_advantage_rows", "false"), run=False)
@@ -212,6 +212,18 @@ def test_lora_trains_adapters_only_and_saves_a_merged_hf_model(tmp_path):
     assert not any("lora" in k for k in reloaded.state_dict())
     ids = torch.tensor([[1, 31, 18, 35, 66, 11]])
     torch.testing.assert_close(reloaded(ids).logits, cli.model.policy.eval()(ids).logits, atol=1e-5, rtol=1e-5)
+    # the adapter alone, written beside the merged model, reloads onto the base and reproduces it
+    from peft import PeftModel
+
+    from lit_gspo.models import load_policy
+
+    adapter = tmp_path / "hf_adapter"
+    assert (adapter / "adapter_config.json").is_file() and not list(adapter.glob("model*.safetensors"))
+    assert not [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+    hp = cli.model.hparams
+    base, _ = load_policy(hp.model, config_overrides=hp.model_config, seed=cli.model.seed)
+    with_adapter = PeftModel.from_pretrained(base, adapter).eval()
+    torch.testing.assert_close(with_adapter(ids).logits, reloaded(ids).logits, atol=1e-5, rtol=1e-5)
 
 
 def test_how_often_one_validates_does_not_change_the_training_run(tmp_path):

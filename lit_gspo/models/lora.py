@@ -13,13 +13,11 @@ from collections.abc import Iterator, Sequence
 from torch import nn
 from transformers import PreTrainedModel
 
+from lit_gspo.extras import require
+
 
 def _require_peft():
-    try:
-        import peft
-    except ImportError as err:  # pragma: no cover - peft is a test dependency
-        raise ImportError("LoRA needs peft: `pip install peft` (or `pip install lit_gspo[lora]`)") from err
-    return peft
+    return require("peft", "LoRA")
 
 
 def apply_lora(

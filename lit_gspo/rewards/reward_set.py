@@ -135,6 +135,7 @@ class RewardSet:
         self.names = self._unique_names(functions)
         self.conventions = [convention(fn) for fn in functions]
         self._warned: set[tuple[str, str]] = set()
+        self.last_error: str | None = None  # the latest failure, named in the trainer's error when no step can learn
 
     @staticmethod
     def _unique_names(functions: list[Callable]) -> list[str]:
@@ -146,6 +147,7 @@ class RewardSet:
         return names
 
     def _warn(self, name: str, kind: str, message: str) -> None:
+        self.last_error = message
         if (name, kind) not in self._warned:
             self._warned.add((name, kind))
             warnings.warn(message + " (the affected samples are masked; further warnings of this kind are silenced)",
