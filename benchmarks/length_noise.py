@@ -45,6 +45,7 @@ from torch import Tensor
 from lit_gspo.compare import (PolicyGradient, Replay, ReplayLearner, _Optimizer, fresh_optimizer, load_replay, parse_spec,
                               replay_optimizer, update_of)
 from lit_gspo.diagnostics import sequence_log_ratio
+from lit_gspo.extras import pyplot
 from lit_gspo.learner import Learner
 from lit_gspo.objectives import Objective
 
@@ -181,10 +182,7 @@ def table(report: dict, key: str = "rel_trace_cov") -> list[str]:
 
 
 def plot(path: Path, report: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("Plotting the length-noise report")
 
     ks = sorted({e["k"] for e in report["results"]})
     fig, axes = plt.subplots(1, len(ks) + 1, figsize=(3.6 * (len(ks) + 1), 3.3), dpi=80)

@@ -17,7 +17,7 @@ import math
 import statistics
 from pathlib import Path
 
-from lit_gspo.extras import MissingExtraError, require
+from lit_gspo.extras import MissingExtraError, pyplot
 
 SUMMARY_COLUMNS = [
     "arm", "seed", "status", "initial_val_reward", "final_val_reward", "best_val_reward", "steps_to_target", "final_train_reward",
@@ -158,8 +158,7 @@ def _smooth(values: list[float], window: int) -> list[float]:
 
 def plot(path: Path, curves: dict, arms: list[str], key: str, title: str, smooth: int = 1) -> bool:
     """One line per arm (mean over seeds), shaded min–max over seeds; False when no arm has the metric."""
-    require("matplotlib", "Plotting an ablation report").use("Agg")
-    plt = require("matplotlib.pyplot", "Plotting an ablation report")
+    plt = pyplot("Plotting an ablation report")
 
     fig, ax = plt.subplots(figsize=(5.2, 3.2), dpi=80)
     drawn = False

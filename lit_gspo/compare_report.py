@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+from lit_gspo.extras import pyplot
+
 COLUMNS = [  # (header, how to read the value out of one objective's results)
     ("aggregation", lambda r: r["aggregation"] or "–"),
     ("‖g‖ on-policy", lambda r: r["on_policy"]["grad_norm"]),
@@ -90,10 +92,7 @@ def markdown(report: dict, images: list[str], reading: str | None = None) -> str
 
 
 def plot_cosines(path: Path, report: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("Plotting a compare report")
 
     panels = [("on-policy gradients", report["cosine_on_policy"]), ("gradients at the last minibatch step",
                                                                     report["cosine_last_step"])]
@@ -113,10 +112,7 @@ def plot_cosines(path: Path, report: dict) -> None:
 
 
 def plot_spread(path: Path, report: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("Plotting a compare report")
 
     panels = [("std over sequences of Σ_t log r_t", "spread", "seq_logratio_std"),
               ("sequences outside GSPO's clip range", "spread", "seqs_outside_gspo_clip"),

@@ -51,6 +51,12 @@ def require(module: str, feature: str) -> ModuleType:
         raise MissingExtraError(missing_message(package, feature)) from err
 
 
+def pyplot(feature: str) -> ModuleType:
+    """``matplotlib.pyplot`` on the file-only Agg backend (no display needed), or :class:`MissingExtraError`."""
+    require("matplotlib", feature).use("Agg")
+    return require("matplotlib.pyplot", feature)
+
+
 def hint_for(text: str) -> str:
     """What to add to an error (a config's class path that does not import) that names a missing optional package."""
     for package in EXTRAS:

@@ -16,10 +16,9 @@ import math
 import sys
 from pathlib import Path
 
-from lit_gspo.extras import require
+from lit_gspo.extras import pyplot
 
-require("matplotlib", "Plotting").use("Agg")
-plt = require("matplotlib.pyplot", "Plotting")
+plt = pyplot("Plotting")
 
 
 def read(run: Path) -> list[dict]:

@@ -12,10 +12,9 @@ import csv
 import sys
 from pathlib import Path
 
-from lit_gspo.extras import require
+from lit_gspo.extras import pyplot
 
-require("matplotlib", "Plotting").use("Agg")
-plt = require("matplotlib.pyplot", "Plotting")
+plt = pyplot("Plotting")
 
 
 def read_run(run_dir: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:

@@ -9,10 +9,9 @@ import csv
 import sys
 from pathlib import Path
 
-from lit_gspo.extras import require
+from lit_gspo.extras import pyplot
 
-require("matplotlib", "Plotting").use("Agg")
-plt = require("matplotlib.pyplot", "Plotting")
+plt = pyplot("Plotting")
 
 
 def main(run_dir: str, out: str, updates_per_step: str = "2",
