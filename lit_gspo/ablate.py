@@ -42,6 +42,7 @@ from jsonargparse import ArgumentParser
 from lit_gspo.ablate_report import SUMMARY_COLUMNS, summarise_run, write_report
 from lit_gspo.quiet import CLI_ARGS_WARNING
 from lit_gspo.rlcli import cli_main
+from lit_gspo.safe_ends import RunInterrupted
 
 SEED_KEYS = ("seed_everything", "model.seed", "data.seed")
 
@@ -167,7 +168,11 @@ def run_ablation(ab: Ablation, *, only: list[str] | None = None, report_only: bo
             try:
                 run_one(args)
             except BaseException as exc:  # a failed arm is reported, not fatal (SystemExit from argument errors too)
-                if isinstance(exc, KeyboardInterrupt):
+                if isinstance(exc, (KeyboardInterrupt, RunInterrupted)):  # the user stopped the ablation, not the arm
+                    (run_dir / "status.json").write_text(json.dumps({"status": "interrupted", "error": str(exc),
+                                                                     "wall_s": time.perf_counter() - start}))
+                    print(f"[ablate] stopped by a signal during arm {arm.name}, seed {seed}; the runs after it were "
+                          "not started", flush=True)
                     raise
                 status = {"status": "failed", "error": f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]}
                 (run_dir / "error.txt").write_text(traceback.format_exc())

@@ -1,6 +1,7 @@
 """`lit-gspo ablate`: the toy config runs every arm × seed, writes summary.csv and report.md, reproducibly."""
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,24 @@ def test_fit_args_put_the_objective_before_its_overrides_and_seed_everything(tmp
     assert args.index("--model.objective") < args.index("--model.objective.clip_high")
     for key in ("--seed_everything", "--model.seed", "--data.seed"):
         assert args[args.index(key) + 1] == "3"
+
+
+def test_a_signal_stops_the_whole_ablation_not_just_its_arm(tmp_path, monkeypatch):
+    """SIGTERM/SIGINT end a fit with RunInterrupted (checkpoint saved, exit 143/130): ablate must stop there and
+    exit with that code, not report the arm as failed and start the next one."""
+    import lit_gspo.ablate as ablate
+    from lit_gspo.safe_ends import RunInterrupted
+
+    monkeypatch.chdir(ROOT)
+    started = []
+
+    def interrupted(args):
+        started.append(args)
+        raise RunInterrupted(143, "SIGTERM: saved a checkpoint")
+
+    monkeypatch.setattr(ablate, "run_one", interrupted)
+    with pytest.raises(RunInterrupted) as stopped:
+        main(["--config", str(TOY), "--output_dir", str(tmp_path / "out")])
+    assert stopped.value.code == 143 and len(started) == 1  # no further arm or seed was started
+    statuses = [json.loads(p.read_text())["status"] for p in (tmp_path / "out").rglob("status.json")]
+    assert statuses == ["interrupted"]
