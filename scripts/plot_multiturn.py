@@ -54,10 +54,11 @@ def window_means(points: list[tuple[int, float]], width: int = 50) -> list[tuple
 
 def main(out: str, *runs: str) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for run in map(Path, runs):
+    for i, run in enumerate(map(Path, runs)):
+        color = f"C{i}"  # one color per run in both panels
         rows = read(run)
         val = series(rows, "val/success")
-        left.plot(*zip(*val), marker="o", label=run.name)
+        left.plot(*zip(*val), marker="o", color=color, label=run.name)
         first, last = rows[[i for i, r in enumerate(rows) if r.get("val/success")][0]], [r for r in rows if r.get("val/success")][-1]
         keys = ["val/success", "val/success_turn1", "val/success_turn2", "val/success_turn3", "val/success_after_feedback",
                 "val/turns"]
@@ -66,7 +67,7 @@ def main(out: str, *runs: str) -> None:
         for key, style in (("success_turn1", "-"), ("success_after_feedback", "--")):
             windows = window_means(series(rows, f"train/{key}"))
             if windows:
-                right.plot(*zip(*windows), style, label=f"{run.name} {key.replace('success_', '')}")
+                right.plot(*zip(*windows), style, color=color, label=f"{run.name} {key.replace('success_', '')}")
             print(f"  train/{key} per 50 steps:", [round(v, 2) for _, v in windows])
         for k in (2, 3):
             print(f"  train/success_turn{k} per 50 steps:", [round(v, 2) for _, v in window_means(series(rows, f"train/success_turn{k}"))])
