@@ -92,7 +92,10 @@ def test_ablation_config_loads_and_its_arms_parse(path, tmp_path, monkeypatch):
             objective = arm.objective or base_objective
             assert config.model.objective.class_path.rsplit(".", 1)[-1] == objective.rsplit(".", 1)[-1], (arm, seed)
             for key, value in {**ablation.overrides, **arm.overrides}.items():
-                assert value_at(config, key) == value, (arm.name, key)
+                if isinstance(value, dict):  # a group set by a mapping (model.mismatch: {...}): each given field
+                    assert all(value_at(config, f"{key}.{k}") == v for k, v in value.items()), (arm.name, key)
+                else:
+                    assert value_at(config, key) == value, (arm.name, key)
             assert all(value_at(config, key) == seed for key in ablation.seed_keys)
 
 
