@@ -56,13 +56,12 @@ def strategy_from_path(strategy: Any) -> Any:
     """
     if not isinstance(strategy, str) or "." not in strategy:
         return strategy
-    import importlib
-
     from lightning.pytorch.strategies import Strategy
 
-    module, _, name = strategy.rpartition(".")
+    from lit_gspo.imports import import_path
+
     try:
-        cls = getattr(importlib.import_module(module), name)
+        cls = import_path(strategy)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"--trainer.strategy {strategy}: no such class ({err})") from None
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):

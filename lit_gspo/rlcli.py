@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import inspect
 import os
 import re
@@ -22,6 +21,7 @@ from lit_gspo.advantages import get_advantage
 from lit_gspo.config import Update
 from lit_gspo.objectives import GSPO, OBJECTIVES, Objective
 from lit_gspo.data import PromptDataModule
+from lit_gspo.imports import import_path
 from lit_gspo.metrics_file import RunCSVLogger
 from lit_gspo.module import RLModule
 
@@ -58,11 +58,10 @@ def nested_key_hint(message: str) -> str:
     if not (key and bad):
         return ""
     for path in classes:
-        module, _, name = path.rpartition(".")
-        if not module or path == "NoneType":
+        if path == "NoneType":
             continue
         try:
-            cls = getattr(importlib.import_module(module), name)
+            cls = import_path(path)
             fields = _fields(cls)
         except (ImportError, AttributeError, TypeError, ValueError):
             continue
@@ -167,9 +166,8 @@ def annotate_defaults(text: str, notes: dict[str, str]) -> str:
 
 def _class_of(subclass_cfg) -> type | None:
     path = subclass_cfg.get("class_path") if isinstance(subclass_cfg, Namespace) else None
-    module, _, name = (path or "").rpartition(".")
     try:
-        return getattr(importlib.import_module(module), name) if module else None
+        return import_path(path or "")
     except (ImportError, AttributeError):
         return None
 

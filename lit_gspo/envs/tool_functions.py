@@ -8,11 +8,12 @@ unknown name, bad arguments, an exception, running past the time limit) becomes 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import threading
 from collections.abc import Callable
+
+from lit_gspo.imports import import_path
 
 JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": (list, tuple),
               "object": dict, "null": type(None)}
@@ -29,9 +30,8 @@ def resolve_tool(tool: str | Callable) -> Callable:
     if not isinstance(tool, str) or "." not in tool:
         raise ValueError(f"a tool is a function or the import path of one (e.g. 'lit_gspo.envs.calculator.calculator'), "
                          f"got {tool!r}")
-    module_name, _, attribute = tool.rpartition(".")
     try:
-        function = getattr(importlib.import_module(module_name), attribute)
+        function = import_path(tool)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"cannot import the tool {tool!r}: {err}") from None
     if not callable(function):
