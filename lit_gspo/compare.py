@@ -47,6 +47,7 @@ from torch import Tensor
 
 from lit_gspo.config import Update
 from lit_gspo.diagnostics import sequence_log_ratio
+from lit_gspo.hardware import deterministic_on_cpu
 from lit_gspo.learner import Learner
 from lit_gspo.objectives import OBJECTIVES, Counts, LossOutput, Objective, aggregate, get_objective
 from lit_gspo.rollout import RolloutBatch
@@ -242,6 +243,7 @@ def load_replay(rollout: str | Path, model: str | None = None, device: str = "cp
         raise ValueError(f"{rollout_file} has no advantages")
     policy, model_source = load_model(model, rollout_file, meta)
     dev = torch.device(device)
+    deterministic_on_cpu(dev.type)  # as fit does
     policy.to(dev).train()  # as in fit (Lightning's train mode)
     moved = {f.name: getattr(batch, f.name).to(dev) for f in dataclasses.fields(batch)
              if isinstance(getattr(batch, f.name), Tensor)}

@@ -35,7 +35,7 @@ from lit_gspo.distributed import (all_reduce_sum, apply_fsdp2, check_strategy, f
                                   reduce_step_stats, sum_over_ranks)
 from lit_gspo.engines import HFGenerate, RolloutEngine
 from lit_gspo.envs import Environment, SingleTurn
-from lit_gspo.hardware import SlowPrecisionWarning, bf16_on_cpu_warning
+from lit_gspo.hardware import SlowPrecisionWarning, bf16_on_cpu_warning, deterministic_on_cpu
 from lit_gspo.learner import Learner
 from lit_gspo.mismatch import Mismatch
 from lit_gspo.models import enable_gradient_checkpointing, load_policy
@@ -274,6 +274,7 @@ class RLModule(LightningModule):
         # 0 (logging off) is kept.
         if self.trainer.log_every_n_steps > 1:
             self.trainer.log_every_n_steps = 1
+        deterministic_on_cpu(self.trainer.strategy.root_device.type)  # before the warm start's first backward
         advice = bf16_on_cpu_warning(self.trainer.precision, self.trainer.strategy.root_device.type)
         if advice:  # bf16 emulated on this CPU: slower than fp32
             rank_zero_warn(advice, category=SlowPrecisionWarning)

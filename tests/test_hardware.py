@@ -6,6 +6,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 import lit_gspo.hardware as hardware
 from lit_gspo.cli import cli_main
@@ -67,3 +68,45 @@ def test_fit_warns_for_bf16_on_a_cpu_without_native_bf16(monkeypatch, tmp_path, 
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     slow = [w for w in caught if issubclass(w.category, SlowPrecisionWarning)]
     assert len(slow) == (0 if native else 1)
+
+
+@pytest.fixture
+def nondeterministic_torch():
+    """Deterministic algorithms off, as in a fresh process; restored afterwards."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    threads = torch.get_num_threads()
+    torch.use_deterministic_algorithms(False)
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    torch.set_num_threads(threads)
+
+
+def moe_fit_weights(tmp_path: Path, name: str) -> dict[str, torch.Tensor]:
+    """Warm start + 2 RL steps of a 4-layer Qwen3-MoE with 16 experts, top-4 (the size whose backward varied run to run)."""
+    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path / name),
+            "--trainer.accelerator", "cpu", "--trainer.max_steps", "4", "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_checkpointing", "false", "--model.val_every_n_steps", "0",
+            "--model.model", "tiny-qwen3-moe", "--model.model_config",
+            "{hidden_size: 64, num_hidden_layers: 4, moe_intermediate_size: 32, num_experts: 16, num_experts_per_tok: 4}",
+            "--model.update.num_minibatches", "2", "--model.warm_start.steps", "5",
+            "--data.num_train", "32", "--data.num_val", "4", "--data.prompts_per_step", "8"]
+    cli = cli_main(args, run=False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return {k: v.detach().clone() for k, v in cli.model.policy.state_dict().items()}
+
+
+def test_cpu_fits_of_one_seed_are_bit_identical_on_two_threads(tmp_path, nondeterministic_torch):
+    # Without deterministic kernels this MoE's backward differs between identical passes on 2 threads (every
+    # gradient below the last MoE block), so two fits of one seed drift apart from the warm start on.
+    torch.set_num_threads(2)
+    first, second = moe_fit_weights(tmp_path, "a"), moe_fit_weights(tmp_path, "b")
+    assert torch.are_deterministic_algorithms_enabled()
+    differ = [k for k in first if not torch.equal(first[k], second[k])]
+    assert not differ, f"{len(differ)} tensors differ between two fits of seed 0, e.g. {differ[:3]}"
+
+
+def test_gpu_runs_keep_their_own_determinism_setting(nondeterministic_torch):
+    hardware.deterministic_on_cpu("cuda")
+    assert not torch.are_deterministic_algorithms_enabled()
+    hardware.deterministic_on_cpu("cpu")
+    assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
