@@ -127,6 +127,34 @@ def _mean_pm(values: list[float], digits: int = 3) -> str:
     return f"{mean:.{digits}g} ± {statistics.stdev(values):.2g}"
 
 
+def paired_by_seed(rows: list[dict], arms: list[str], column: str = "final_val_reward") -> list[str]:
+    """Markdown: ``column`` per seed and arm, then each later arm minus the first, paired by seed.
+
+    Seeds differ far more than arms often do (every arm of a seed starts from the same warm-started weights),
+    so the difference of a pair is the comparison to read: its mean ± standard error (s.d. / √n over the seeds
+    both arms finished) and how many seeds it was ahead, level or behind. Empty when fewer than two arms ran.
+    """
+    value = {(r["arm"], r["seed"]): r.get(column) for r in rows if r.get("status") == "ok"}
+    if len(arms) < 2:
+        return []
+    seeds = sorted({seed for _, seed in value})
+    lines = [f"| seed | {' | '.join(arms)} |", "|---" * (len(arms) + 1) + "|"]
+    for seed in seeds:
+        cells = [value.get((arm, seed)) for arm in arms]
+        lines.append(f"| {seed} | " + " | ".join("–" if c is None else f"{c:.3f}" for c in cells) + " |")
+    lines += ["", f"| arm − {arms[0]} | seeds | mean Δ ± s.e. | ahead / level / behind |", "|---|---|---|---|"]
+    for arm in arms[1:]:
+        deltas = _finite([value[(arm, seed)] - value[(arms[0], seed)] for seed in seeds
+                          if value.get((arm, seed)) is not None and value.get((arms[0], seed)) is not None])
+        if not deltas:
+            continue
+        se = statistics.stdev(deltas) / math.sqrt(len(deltas)) if len(deltas) > 1 else float("nan")
+        ahead, behind = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
+        lines.append(f"| {arm} | {len(deltas)} | {statistics.fmean(deltas):+.3f} ± {se:.3f} | "
+                     f"{ahead} / {len(deltas) - ahead - behind} / {behind} |")
+    return lines
+
+
 def _bucket_order(key: str):
     kind = 0 if key.startswith("seq_logratio_std") else 1 if key.startswith("seq_logratio_absmax") else 2
     lo = key.rsplit("len", 1)[-1] if "_len" in key else key.rsplit("pos", 1)[-1]
@@ -231,6 +259,11 @@ def write_report(ab, rows: list[dict], curves: dict, arms: list[str]) -> None:
         collapsed = sum(bool(r.get("collapsed")) for r in ok)
         lines.append(f"| {arm} | {len(ok)}/{len(mine)} | " + " | ".join(cells) + f" | {reached}/{len(ok)} | "
                      f"{collapsed}/{len(ok)} |")
+    paired = paired_by_seed(rows, arms)
+    if paired:
+        lines += ["", "## Final val/reward, paired by seed", "",
+                  "Every arm of a seed starts from the same weights; Δ is an arm minus the first arm on the same seed, "
+                  "± its standard error over seeds.", "", *paired]
     ratio_keys = sorted({k for r in rows for k in (r.get("ratio_means") or {})
                          if ("_len" in k or "_pos" in k) and not k.endswith("_corr")},
                         key=_bucket_order)

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from lit_gspo.ablate import fit_args, load_ablation, main
-from lit_gspo.ablate_report import SUMMARY_COLUMNS
+from lit_gspo.ablate_report import SUMMARY_COLUMNS, paired_by_seed
 from lit_gspo.cli import main as cli_entry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,3 +106,17 @@ def test_a_signal_stops_the_whole_ablation_not_just_its_arm(tmp_path, monkeypatc
     assert stopped.value.code == 143 and len(started) == 1  # no further arm or seed was started
     statuses = [json.loads(p.read_text())["status"] for p in (tmp_path / "out").rglob("status.json")]
     assert statuses == ["interrupted"]
+
+
+def test_arms_are_compared_paired_by_seed_with_standard_errors():
+    rows = [{"arm": arm, "seed": seed, "status": "ok", "final_val_reward": v}
+            for arm, seed, v in [("A", 0, 0.5), ("A", 1, 0.25), ("A", 2, 0.75),
+                                 ("B", 0, 0.75), ("B", 1, 0.25), ("B", 2, 0.5),
+                                 ("C", 0, 0.625)]]
+    rows.append({"arm": "C", "seed": 1, "status": "failed", "final_val_reward": None})
+    lines = paired_by_seed(rows, ["A", "B", "C"])
+    assert lines[2] == "| 0 | 0.500 | 0.750 | 0.625 |" and lines[3] == "| 1 | 0.250 | 0.250 | – |"
+    # B − A = (+0.25, 0, −0.25): mean 0, s.d. 0.25, s.e. 0.25/√3 = 0.144; C − A: one pair (+0.125), no s.e.
+    assert lines[-2] == "| B | 3 | +0.000 ± 0.144 | 1 / 1 / 1 |"
+    assert lines[-1] == "| C | 1 | +0.125 ± nan | 1 / 0 / 0 |"
+    assert paired_by_seed(rows, ["A"]) == []
