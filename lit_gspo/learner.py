@@ -34,7 +34,8 @@ from lit_gspo.distributed import all_reduce_sum, is_sharded, reduce_weighted_mea
 from lit_gspo.mismatch import Mismatch, mismatch_metrics
 from lit_gspo.models import checkpointing_active
 from lit_gspo.models.lora import reference_mode
-from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, replay_routing, routing_volatility
+from lit_gspo.models.routing import (RoutingRecord, moe_routers, record_routing, replay_routing, rerouted_tokens,
+                                     routing_volatility)
 from lit_gspo.objectives import Counts, Objective
 from lit_gspo.rollout import RolloutBatch, TokenForward, micro_batch_rows, token_logprobs
 
@@ -201,7 +202,7 @@ class Learner:
         if not cfg.on_policy or self.sampler_is_old:  # ratio diagnostics (lit_gspo.diagnostics); NaN where undefined, same keys every step
             metrics.update({f"ratio/{k}": v for k, v in ratio_stats.compute(self.max_len).items()})
         if self.records_routing and rollout.routing is not None:
-            metrics["routing_volatility"] = self.measure_routing_volatility(rollout)
+            metrics.update(self.measure_routing(rollout))
         return metrics
 
     def micro_step(self, micro: RolloutBatch, counts: Counts, with_entropy: bool, ratio_stats: RatioStats | None = None,
@@ -326,14 +327,27 @@ class Learner:
         return nullcontext()
 
     @torch.no_grad()
-    def measure_routing_volatility(self, rollout: RolloutBatch) -> float:
-        """Share of (completion token, layer, top-k slot) choices of the current policy that differ from ``rollout.routing``.
+    def measure_routing(self, rollout: RolloutBatch) -> dict[str, float]:
+        """How far the update moved the MoE routing away from ``rollout.routing`` (the old-policy pass's).
 
-        One no-grad forward over the whole rollout, in micro-batches, without replay.
+        One no-grad forward over the whole rollout, in micro-batches, without replay:
+
+        * ``routing_volatility``: share of (completion token, layer, top-k slot) choices that differ;
+        * ``routing/rerouted_tokens``: share of completion tokens with a changed expert in some layer;
+        * ``routing/abs_logratio_rerouted`` and ``routing/abs_logratio_kept``: mean |log π_θ(y_t) − log π_old(y_t)|
+          over the rerouted tokens and over the others (NaN for an empty set, or without old log-probs). The
+          GSPO paper's case for Routing Replay is that rerouted tokens' ratios swing; these measure it.
         """
         with record_routing(self.policy) as recorder:
-            for micro in self.micro_batches(rollout):
-                token_logprobs(self.policy, micro, temperature=self.temperature)
-        mask = torch.cat([torch.zeros_like(rollout.input_ids[:, :rollout.prompt_length], dtype=torch.bool),
-                          rollout.completion_mask], 1)
-        return routing_volatility(rollout.routing, recorder.record, mask)
+            logprobs = torch.cat([token_logprobs(self.policy, micro, temperature=self.temperature).logprobs
+                                  for micro in self.micro_batches(rollout)])
+        mask = rollout.completion_mask.bool()
+        full_mask = torch.cat([torch.zeros_like(rollout.input_ids[:, :rollout.prompt_length], dtype=torch.bool), mask], 1)
+        metrics = {"routing_volatility": routing_volatility(rollout.routing, recorder.record, full_mask)}
+        rerouted = rerouted_tokens(rollout.routing, recorder.record)[:, rollout.prompt_length:].to(mask.device) & mask
+        metrics["routing/rerouted_tokens"] = float(rerouted.sum() / mask.sum()) if mask.any() else float("nan")
+        shift = (logprobs - rollout.old_logprobs).abs() if rollout.old_logprobs is not None else None
+        for name, tokens in (("rerouted", rerouted), ("kept", mask & ~rerouted)):
+            metrics[f"routing/abs_logratio_{name}"] = (float(shift[tokens].mean()) if shift is not None and tokens.any()
+                                                       else float("nan"))
+        return metrics

@@ -86,7 +86,9 @@ class RLModule(LightningModule):
             on-policy) and force the update's forward to use them (Routing Replay, GSPO paper §5.3).
         track_routing_volatility: MoE only: log ``train/routing_volatility``, the share of (completion token,
             layer, top-k slot) choices that differ between the old-policy pass and the policy after the step's
-            updates (one extra no-grad forward over the rollout; the old pass runs even on-policy).
+            updates, and ``train/routing/*``: the share of tokens rerouted and their mean |log-ratio| against the
+            others' (``Learner.measure_routing``; one extra no-grad forward over the rollout; the old pass runs
+            even on-policy).
         save_rollouts_every_n_steps: write the rollout of every RL step K that is a positive multiple of n, after
             its advantages and before its update, to ``<default_root_dir>/rollouts/step_K.pt`` (0: never), for
             ``lit-gspo compare`` (``lit_gspo/rollout_io.py``). Training is unchanged by it.

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lit_gspo.config import Generation, Update
-from lit_gspo.models.routing import moe_routers
+from lit_gspo.models.routing import moe_routers, record_routing
 from lit_gspo.module import RLModule
 from lit_gspo.objectives import GRPO
 from lit_gspo.rewards import CharAccuracy
@@ -108,9 +108,34 @@ def test_volatility_is_zero_before_an_update_and_positive_after_the_router_moved
     module.learner.cfg = Update()
     rollout = snapshot_rollout(module)
     assert rollout.routing is not None and rollout.old_logprobs is None
-    assert module.learner.measure_routing_volatility(rollout) == 0.0
+    assert module.learner.measure_routing(rollout)["routing_volatility"] == 0.0
     perturb_routers(module.policy, scale=2.0)
-    assert 0.0 < module.learner.measure_routing_volatility(rollout) <= 1.0
+    assert 0.0 < module.learner.measure_routing(rollout)["routing_volatility"] <= 1.0
+
+
+def test_rerouted_and_kept_tokens_split_the_log_ratio_by_whether_an_expert_changed():
+    module = moe_module()  # Update(num_minibatches=2): the snapshot takes old log-probs
+    rollout = snapshot_rollout(module)
+    assert rollout.old_logprobs is not None
+    before = module.learner.measure_routing(rollout)
+    assert before["routing/rerouted_tokens"] == 0.0 and before["routing/abs_logratio_kept"] == 0.0
+    assert before["routing/abs_logratio_rerouted"] != before["routing/abs_logratio_rerouted"]  # NaN: none rerouted
+    perturb_routers(module.policy, scale=0.005)  # router weights have std 0.02: some tokens keep their experts
+    after = module.learner.measure_routing(rollout)
+    # by hand: the perturbed policy's experts and log-probs on the whole rollout, against the snapshot's
+    with torch.no_grad(), record_routing(module.policy) as rec:
+        logprobs = token_logprobs(module.policy, rollout).logprobs
+    P, mask = rollout.prompt_length, rollout.completion_mask.bool()
+    rerouted = torch.zeros_like(mask)
+    for old, new in zip(rollout.routing.indices, rec.record.indices):
+        for b, t in mask.nonzero().tolist():
+            rerouted[b, t] |= set(old[b, P + t].tolist()) != set(new[b, P + t].tolist())
+    shift = (logprobs - rollout.old_logprobs).abs()
+    assert 0 < rerouted.sum() < mask.sum()
+    assert after["routing/rerouted_tokens"] == pytest.approx(float(rerouted.sum() / mask.sum()))
+    # the learner's forward runs in micro-batches of 4 rows, this one in one batch: equal up to float rounding
+    assert after["routing/abs_logratio_rerouted"] == pytest.approx(float(shift[rerouted].mean()), rel=1e-4)
+    assert after["routing/abs_logratio_kept"] == pytest.approx(float(shift[mask & ~rerouted].mean()), rel=1e-4)
 
 
 def test_routing_replay_on_a_dense_model_is_refused():

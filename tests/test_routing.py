@@ -6,9 +6,11 @@ import torch
 from lit_gspo.models import load_policy
 from lit_gspo.models.routing import (
     RoutingRecord,
+    changed_slots,
     moe_routers,
     record_routing,
     replay_routing,
+    rerouted_tokens,
     routing_volatility,
 )
 
@@ -172,3 +174,16 @@ def test_replay_with_gradient_checkpointing_backward_inside():
         assert torch.equal(idx, rec_idx)
     assert all(r.weight.grad is not None for r in moe_routers(model))
     assert lp.shape == ref.shape
+
+
+def test_changed_slots_compare_expert_sets_and_rerouted_tokens_any_layer():
+    # 1 sequence, 3 positions, k = 2, two layers
+    layer0_old = torch.tensor([[[1, 4], [0, 2], [3, 5]]])
+    layer0_new = torch.tensor([[[4, 2], [2, 0], [3, 5]]])  # {1,4}→{4,2}: 1 slot; {0,2}→{2,0}: same set
+    layer1_old = torch.tensor([[[0, 1], [0, 1], [0, 1]]])
+    layer1_new = torch.tensor([[[0, 1], [0, 1], [6, 7]]])  # position 2: both slots
+    before, after = RoutingRecord([layer0_old, layer1_old]), RoutingRecord([layer0_new, layer1_new])
+    assert [c.tolist() for c in changed_slots(before, after)] == [[[1, 0, 0]], [[0, 0, 2]]]
+    assert rerouted_tokens(before, after).tolist() == [[True, False, True]]
+    assert routing_volatility(before, after) == pytest.approx(3 / 12)
+    assert routing_volatility(before, after, torch.tensor([[1, 1, 0]])) == pytest.approx(1 / 8)

@@ -206,29 +206,40 @@ def replay_routing(model: nn.Module, recorded: RoutingRecord) -> Iterator[None]:
             handle.remove()
 
 
-def routing_volatility(
-    before: RoutingRecord, after: RoutingRecord, mask: torch.Tensor | None = None
-) -> float:
-    """Share of (token, layer, top-k slot) expert choices that differ between two records.
+def changed_slots(before: RoutingRecord, after: RoutingRecord) -> list[torch.Tensor]:
+    """Per MoE layer, a ``(B, T)`` count of each token's top-k slots whose expert is not among ``before``'s.
 
-    Per token and layer the k chosen experts are compared as sets (slot order is ignored): a token
-    whose experts went from {1, 4} to {4, 2} counts 1 changed slot out of 2. ``mask`` ((B, T), bool
-    or 0/1) restricts the count to valid tokens, e.g. the completion mask. Returns a float in [0, 1].
+    The k chosen experts are compared as sets (slot order is ignored): a token whose experts went from
+    {1, 4} to {4, 2} has 1 changed slot of 2.
     """
     if before.num_layers != after.num_layers or before.shape != after.shape:
         raise ValueError(
             f"records differ: {before.num_layers} layers {before.shape} vs {after.num_layers} layers {after.shape}"
         )
+    k = before.shape[-1] if before.num_layers else 0
+    return [k - (a.unsqueeze(-1) == b.to(a.device).unsqueeze(-2)).any(-1).sum(-1)
+            for a, b in zip(before.indices, after.indices)]
+
+
+def routing_volatility(
+    before: RoutingRecord, after: RoutingRecord, mask: torch.Tensor | None = None
+) -> float:
+    """Share of (token, layer, top-k slot) expert choices that differ between two records (see :func:`changed_slots`).
+
+    ``mask`` ((B, T), bool or 0/1) restricts the count to valid tokens, e.g. the completion mask. Returns a float
+    in [0, 1].
+    """
     changed = total = 0.0
-    for a, b in zip(before.indices, after.indices):
-        b = b.to(a.device)
-        kept = (a.unsqueeze(-1) == b.unsqueeze(-2)).any(-1).sum(-1)  # (B, T): experts of `after` also in `before`
-        k = a.shape[-1]
-        if mask is not None:
-            m = mask.to(device=a.device, dtype=torch.float32).reshape(kept.shape)
-            changed += float(((k - kept) * m).sum())
-            total += float(m.sum()) * k
-        else:
-            changed += float((k - kept).sum())
-            total += kept.numel() * k
+    for per_token in changed_slots(before, after):
+        k = before.shape[-1]
+        m = torch.ones_like(per_token, dtype=torch.float32) if mask is None else \
+            mask.to(device=per_token.device, dtype=torch.float32).reshape(per_token.shape)
+        changed += float((per_token * m).sum())
+        total += float(m.sum()) * k
     return changed / total if total else 0.0
+
+
+def rerouted_tokens(before: RoutingRecord, after: RoutingRecord) -> torch.Tensor:
+    """``(B, T)`` bool: tokens with at least one top-k expert changed in at least one MoE layer."""
+    per_layer = changed_slots(before, after)
+    return torch.stack(per_layer).gt(0).any(0) if per_layer else torch.zeros(before.shape[:2], dtype=torch.bool)
