@@ -22,17 +22,23 @@ from lit_gspo.extras import MissingExtraError, pyplot
 SUMMARY_COLUMNS = [
     "arm", "seed", "status", "initial_val_reward", "final_val_reward", "best_val_reward", "steps_to_target", "final_train_reward",
     "mean_train_reward", "mean_clip_frac", "mean_kl", "mean_response_length", "mean_grad_norm", "mean_entropy",
-    "mean_seq_logratio_std", "mean_seq_logratio_len_corr", "mean_routing_volatility", "num_steps", "collapsed",
+    "mean_seq_logratio_std", "mean_seq_logratio_len_corr", "mean_routing_volatility", "mean_rerouted_tokens",
+    "mean_abs_logratio_rerouted", "mean_abs_logratio_kept", "num_steps", "collapsed",
     "wall_s", "error",
 ]
 #: train metrics kept per step in curves.csv and averaged into ``mean_<name>``
 CURVE_METRICS = ["reward", "clip_frac", "kl", "response_length", "grad_norm", "entropy", "ratio/seq_logratio_std",
-                 "ratio/seq_logratio_len_corr", "routing_volatility"]
+                 "ratio/seq_logratio_len_corr", "routing_volatility", "routing/rerouted_tokens",
+                 "routing/abs_logratio_rerouted", "routing/abs_logratio_kept"]
 MEAN_COLUMNS = {"mean_train_reward": "reward", "mean_clip_frac": "clip_frac", "mean_kl": "kl",
                 "mean_response_length": "response_length", "mean_grad_norm": "grad_norm", "mean_entropy": "entropy",
                 "mean_seq_logratio_std": "ratio/seq_logratio_std",
                 "mean_seq_logratio_len_corr": "ratio/seq_logratio_len_corr",
-                "mean_routing_volatility": "routing_volatility"}
+                "mean_routing_volatility": "routing_volatility", "mean_rerouted_tokens": "routing/rerouted_tokens",
+                "mean_abs_logratio_rerouted": "routing/abs_logratio_rerouted",
+                "mean_abs_logratio_kept": "routing/abs_logratio_kept"}
+#: MoE columns, in a table of their own (``Learner.measure_routing``)
+ROUTING_COLUMNS = ["mean_routing_volatility", "mean_rerouted_tokens", "mean_abs_logratio_rerouted", "mean_abs_logratio_kept"]
 #: columns averaged over seeds in the report table
 REPORT_COLUMNS = ["initial_val_reward", "final_val_reward", "best_val_reward", "steps_to_target", "final_train_reward", "mean_clip_frac",
                   "mean_kl", "mean_response_length", "mean_grad_norm", "mean_seq_logratio_std",
@@ -259,6 +265,14 @@ def write_report(ab, rows: list[dict], curves: dict, arms: list[str]) -> None:
         collapsed = sum(bool(r.get("collapsed")) for r in ok)
         lines.append(f"| {arm} | {len(ok)}/{len(mine)} | " + " | ".join(cells) + f" | {reached}/{len(ok)} | "
                      f"{collapsed}/{len(ok)} |")
+    if any(_finite([r.get("mean_rerouted_tokens") for r in rows])):
+        lines += ["", "MoE routing after each RL step (mean over steps, then mean ± std over seeds): the share of expert "
+                  "choices changed (`routing_volatility`), of completion tokens with a changed expert in some layer "
+                  "(`rerouted_tokens`), and the mean |log π_θ − log π_old| over those tokens and over the others.", "",
+                  "| arm | " + " | ".join(ROUTING_COLUMNS) + " |", "|---" * (len(ROUTING_COLUMNS) + 1) + "|"]
+        for arm in arms:
+            ok = [r for r in rows if r["arm"] == arm and r.get("status") == "ok"]
+            lines.append(f"| {arm} | " + " | ".join(_mean_pm([r.get(c) for r in ok]) for c in ROUTING_COLUMNS) + " |")
     paired = paired_by_seed(rows, arms)
     if paired:
         lines += ["", "## Final val/reward, paired by seed", "",
