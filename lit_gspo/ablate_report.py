@@ -226,6 +226,15 @@ def plot(path: Path, curves: dict, arms: list[str], key: str, title: str, smooth
     return drawn
 
 
+def _arm_table(rows: list[dict], arms: list[str], columns: list[str], value) -> list[str]:
+    """Markdown table: one line per arm, ``value(row, column)`` as mean ± std over the arm's finished runs."""
+    lines = ["| arm | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for arm in arms:
+        ok = [r for r in rows if r["arm"] == arm and r.get("status") == "ok"]
+        lines.append(f"| {arm} | " + " | ".join(_mean_pm([value(r, c) for r in ok]) for c in columns) + " |")
+    return lines
+
+
 def write_report(ab, rows: list[dict], curves: dict, arms: list[str]) -> None:
     """report.md, curves.csv and PNG plots in ``ab.report_dir``; a hand-written ``reading.md`` there is included."""
     out = ab.report_dir
@@ -269,10 +278,7 @@ def write_report(ab, rows: list[dict], curves: dict, arms: list[str]) -> None:
         lines += ["", "MoE routing after each RL step (mean over steps, then mean ± std over seeds): the share of expert "
                   "choices changed (`routing_volatility`), of completion tokens with a changed expert in some layer "
                   "(`rerouted_tokens`), and the mean |log π_θ − log π_old| over those tokens and over the others.", "",
-                  "| arm | " + " | ".join(ROUTING_COLUMNS) + " |", "|---" * (len(ROUTING_COLUMNS) + 1) + "|"]
-        for arm in arms:
-            ok = [r for r in rows if r["arm"] == arm and r.get("status") == "ok"]
-            lines.append(f"| {arm} | " + " | ".join(_mean_pm([r.get(c) for r in ok]) for c in ROUTING_COLUMNS) + " |")
+                  *_arm_table(rows, arms, ROUTING_COLUMNS, lambda row, column: row.get(column))]
     paired = paired_by_seed(rows, arms)
     if paired:
         lines += ["", "## Final val/reward, paired by seed", "",
@@ -285,11 +291,7 @@ def write_report(ab, rows: list[dict], curves: dict, arms: list[str]) -> None:
         lines += ["", "Ratio diagnostics by length / position bucket (mean over steps, then mean ± std over seeds): "
                   "`seq_logratio_std_lenA-B` = std of Σ_t log r_t over sequences of length A..B; "
                   "`token_ratio_var_posA-B` = variance of r_t at positions A..B.", "",
-                  "| arm | " + " | ".join(ratio_keys) + " |", "|---" * (len(ratio_keys) + 1) + "|"]
-        for arm in arms:
-            ok = [r for r in rows if r["arm"] == arm and r.get("status") == "ok"]
-            lines.append(f"| {arm} | " + " | ".join(_mean_pm([(r.get("ratio_means") or {}).get(k) for r in ok])
-                                                   for k in ratio_keys) + " |")
+                  *_arm_table(rows, arms, ratio_keys, lambda row, key: (row.get("ratio_means") or {}).get(key))]
     failed = [r for r in rows if r.get("status") != "ok"]
     if failed:
         lines += ["", "Failed runs: " + "; ".join(f"{r['arm']} seed {r['seed']}: {r.get('error')}" for r in failed)]
