@@ -19,9 +19,9 @@ NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
 def deterministic_on_cpu(device_type: str) -> None:
     """On ``device_type`` "cpu", switch on ``torch.use_deterministic_algorithms`` (``warn_only``): same seed, same bits.
 
-    Without it the backward through a transformers MoE block is not reproducible on more than one thread (the op
-    was not pinned down; the gradients first differ below the last MoE block's experts): a Qwen3-MoE with 16 experts and top-4 on 2 threads gave a different gradient for every
-    layer below the last MoE block on each of three identical backward passes, so two runs of one seed started RL
+    Without it the backward through a transformers MoE block is not reproducible on more than one thread (which op
+    was not pinned down): a Qwen3-MoE with 16 experts and top-4 on 2 threads gave a different gradient for every
+    layer below its last MoE block on each of three identical backward passes, so two runs of one seed started RL
     from different warm-started weights. The deterministic kernels gave the single-thread gradient on 2 threads
     too, at no measured cost (0.42 vs 0.46 s per 10 forward-backward passes). GPUs are left alone: there the
     deterministic kernels cost speed, and ``Trainer(deterministic=True)`` is the choice to make.
