@@ -324,7 +324,8 @@ def make_atomic(strategy: Any) -> Any:
 
 
 # ---------------------------------------------------------------------- RNG states
-def _local_rng_state(refill_generator: torch.Generator | None) -> dict[str, Any]:
+def local_rng_state(refill_generator: torch.Generator | None = None) -> dict[str, Any]:
+    """This process's torch (CPU and CUDA), numpy and python RNG states (and the refill generator's)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
@@ -341,7 +342,7 @@ def _local_rng_state(refill_generator: torch.Generator | None) -> dict[str, Any]
 
 def rng_states(refill_generator: torch.Generator | None = None) -> list[dict[str, Any]]:
     """Every rank's RNG states, rank-ordered (collective: all ranks must call it)."""
-    return gather_objects(_local_rng_state(refill_generator))
+    return gather_objects(local_rng_state(refill_generator))
 
 
 def restore_rng_states(states: list[dict[str, Any]], rank: int, refill_generator: torch.Generator | None = None) -> None:
@@ -349,7 +350,11 @@ def restore_rng_states(states: list[dict[str, Any]], rank: int, refill_generator
     if rank >= len(states):
         raise ValueError(f"the checkpoint holds RNG states of {len(states)} processes; this is rank {rank}: resume with "
                          "the same number of processes to continue exactly")
-    state = states[rank]
+    restore_local_rng_state(states[rank], refill_generator)
+
+
+def restore_local_rng_state(state: dict[str, Any], refill_generator: torch.Generator | None = None) -> None:
+    """Restore this process's RNG states saved by :func:`local_rng_state`."""
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
     np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))

@@ -61,6 +61,22 @@ def write_csv(path: Path, data: list[list]) -> None:
         writer.writerows(data)
 
 
+def truncate_after(path: Path, step: int) -> int:
+    """Drop the rows of ``path`` (a ``completions.csv``) logged after RL step ``step``; returns how many were dropped."""
+    if not path.is_file():
+        return 0
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    header, body = rows[:1], rows[1:]
+    kept = [row for row in body if not row or not row[0].lstrip("-").isdigit() or int(row[0]) <= step]
+    if len(kept) < len(body):
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        with open(tmp, "w", newline="") as f:
+            csv.writer(f).writerows(header + kept)
+        os.replace(tmp, path)
+    return len(body) - len(kept)
+
+
 def log_completions(loggers: list[Logger], step: int, rows: list[dict], replies: list[str], rewards: list[float]) -> None:
     """Log ``rows``' completions ``replies`` and their ``rewards`` at ``step`` to each logger (call on rank 0 only)."""
     if not rows:

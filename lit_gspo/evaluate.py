@@ -64,6 +64,43 @@ def _aggregate_stats(stats: list[tuple[int, dict[str, float]]]) -> dict[str, flo
     return out
 
 
+class GreedyTally:
+    """Sums over greedily completed, scored batches: what ``val/reward`` (Lightning's validation loop) and
+    ``lit-gspo eval``'s greedy table both report, so the two agree bit for bit.
+
+        reward = Σ R / #prompts      response_length = Σ completion tokens / #prompts
+        <key>  = Σ value·w / Σ w     (w = the batch's prompts; for ``success_turn{k}`` × the share that reached turn k)
+
+    The sums are fp64 and summed over ranks in one collective (:meth:`reduce`), so the result does not depend on how
+    the prompts are split over processes or batches.
+    """
+
+    def __init__(self, episode_keys: list[str] | tuple[str, ...] = ()) -> None:
+        self.episode_keys = list(episode_keys)
+        self.sums = torch.zeros(3 + 2 * len(self.episode_keys), dtype=torch.float64)  # Σ R, prompts, tokens, (Σ v·w, Σ w)…
+
+    def add(self, rows: list, batch, stats: dict[str, float]) -> None:
+        self.sums[0] += float(batch.rewards.sum())
+        self.sums[1] += len(rows)
+        self.sums[2] += float(batch.completion_mask.sum())
+        for j, key in enumerate(self.episode_keys):
+            if key in stats:  # success_turn{k} is a rate over the episodes that reached turn k
+                reached = stats[key.replace("success_", "reached_")] if key.startswith("success_turn") else 1.0
+                weight = len(rows) * reached
+                self.sums[3 + 2 * j: 5 + 2 * j] += torch.tensor([stats[key] * weight, weight], dtype=torch.float64)
+
+    def reduce(self, all_reduce=None, prefix: str = "val") -> dict[str, float]:
+        """The means over every prompt seen (``all_reduce``: sums a tensor over ranks, e.g.
+        ``lit_gspo.distributed.all_reduce_sum``), keyed ``<prefix>/reward``, ``<prefix>/response_length``, ``<prefix>/<key>``."""
+        sums = all_reduce(self.sums.clone()) if all_reduce is not None else self.sums
+        prompts = sums[1].clamp(min=1)
+        out = {f"{prefix}/reward": float(sums[0] / prompts), f"{prefix}/response_length": float(sums[2] / prompts)}
+        for j, key in enumerate(self.episode_keys):
+            if sums[4 + 2 * j] > 0:
+                out[f"{prefix}/{key}"] = float(sums[3 + 2 * j] / sums[4 + 2 * j])
+        return out
+
+
 @torch.no_grad()
 def evaluate(policy: nn.Module, collector: Collector, rows: list[dict], *, greedy: bool = True, samples: int = 0,
              ks: list[int] | None = None, temperature: float | None = None, threshold: float = 1.0,
@@ -112,20 +149,20 @@ def evaluate(policy: nn.Module, collector: Collector, rows: list[dict], *, greed
 
 
 def _greedy(policy, collector, rows, per_prompt, threshold, batch_size) -> dict:
-    rewards, lengths, solved, stats = [], [], [], []
+    tally, solved, stats = GreedyTally(), [], []
     for start, chunk in zip(range(0, len(rows), batch_size), _batches(rows, batch_size)):
         batch, replies, batch_stats = collector.sample(policy, chunk, greedy=True)
+        tally.add(chunk, batch, batch_stats)
         r = batch.rewards.float().cpu()  # (B,)
         ok = (r >= threshold) & ~_failed(batch)
         for i, (reply, reward, good) in enumerate(zip(replies, r.tolist(), ok.tolist())):
             per_prompt[start + i].update(greedy_completion=reply, greedy_reward=reward, greedy_solved=bool(good))
-        rewards.append(r)
         solved.append(ok)
-        lengths.append(batch.completion_mask.sum(1).float().cpu())
         stats.append((len(chunk), batch_stats))
     g = collector.generation
-    return {"reward": float(torch.cat(rewards).mean()), "accuracy": float(torch.cat(solved).float().mean()),
-            "response_length": float(torch.cat(lengths).mean()), "max_new_tokens": g.val_max_new_tokens or g.max_new_tokens,
+    means = tally.reduce(prefix="greedy")
+    return {"reward": means["greedy/reward"], "accuracy": float(torch.cat(solved).float().mean()),
+            "response_length": means["greedy/response_length"], "max_new_tokens": g.val_max_new_tokens or g.max_new_tokens,
             **_aggregate_stats(stats)}
 
 

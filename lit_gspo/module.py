@@ -26,7 +26,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from lit_gspo.advantages import AdvantageEstimator, get_advantage
-from lit_gspo.checkpointing import export_is_complete, restore_rng_states, rng_states, written_aside
+from lit_gspo.checkpointing import (export_is_complete, local_rng_state, restore_local_rng_state, restore_rng_states,
+                                    rng_states, written_aside)
 from lit_gspo.collect import Collector
 from lit_gspo.completions_log import due, log_completions
 from lit_gspo.config import Generation, LoRA, Update, WarmStart, resolve_seed
@@ -35,6 +36,7 @@ from lit_gspo.distributed import (all_reduce_sum, apply_fsdp2, check_strategy, f
                                   reduce_step_stats, sum_over_ranks)
 from lit_gspo.engines import HFGenerate, RolloutEngine
 from lit_gspo.envs import Environment, SingleTurn
+from lit_gspo.evaluate import GreedyTally
 from lit_gspo.hardware import SlowPrecisionWarning, bf16_on_cpu_warning, deterministic_on_cpu
 from lit_gspo.learner import Learner
 from lit_gspo.mismatch import Mismatch
@@ -45,7 +47,7 @@ from lit_gspo.objectives import GSPO, Objective
 from lit_gspo.optim import shard_aware
 from lit_gspo.quiet import silence_lightning_noise
 from lit_gspo.rewards import ExactMatch, RewardSet
-from lit_gspo.safe_ends import SafeEnds
+from lit_gspo.safe_ends import safe_ends
 from lit_gspo.warm_start import warm_start
 
 
@@ -77,8 +79,10 @@ class RLModule(LightningModule):
         kl_to_ref: keep a frozen reference policy to log ``train/kl`` even when β = 0.
         gradient_checkpointing: recompute each decoder layer's activations in backward (less memory,
             about a third more compute; TRL's GRPOTrainer turns it on by default).
-        val_every_n_steps: greedy validation every n RL steps (also once before the first update and once at
-            the end; 0: only those two).
+        val_every_n_steps: the CLI's name for ``Trainer(val_check_interval=n, check_val_every_n_epoch=None)``:
+            Lightning's validation loop every n RL steps (one Lightning batch is one RL step) and after the last
+            one; ``lit-gspo fit`` also validates before the first update (``trainer.validate`` before ``trainer.fit``;
+            do the same from Python). 0: only before and after training. None: the Trainer's schedule as it is.
         log_completions_every_n_steps: log the greedy completions of the first ``num_logged_completions``
             held-out prompts (prompt, completion, reward) with the validations at steps that are multiples of n
             (None: every validation; 0: never) through the configured loggers (``lit_gspo/completions_log.py``).
@@ -120,7 +124,7 @@ class RLModule(LightningModule):
         lora: LoRA | None = None,
         gradient_checkpointing: bool = False,
         warm_start: WarmStart | None = None,
-        val_every_n_steps: int = 10,
+        val_every_n_steps: int | None = None,
         log_completions_every_n_steps: int | None = None,
         num_logged_completions: int = 8,
         routing_replay: bool = False,
@@ -151,7 +155,7 @@ class RLModule(LightningModule):
                 "num_generations >= 2, or an estimator without groups (GAE with PPO)")
         if max_skipped_steps < 1:
             raise ValueError(f"max_skipped_steps must be >= 1, got {max_skipped_steps}")
-        if val_every_n_steps < 0:
+        if val_every_n_steps is not None and val_every_n_steps < 0:
             raise ValueError(f"val_every_n_steps must be >= 0 (0: only before and after training), got {val_every_n_steps}")
         if (log_completions_every_n_steps or 0) < 0 or num_logged_completions < 0:
             raise ValueError(f"log_completions_every_n_steps and num_logged_completions must be >= 0, got "
@@ -164,8 +168,7 @@ class RLModule(LightningModule):
         self.log_completions_every_n_steps, self.num_logged_completions = log_completions_every_n_steps, num_logged_completions
         self.rl_step = 0  # RL steps (rollout batches) done, across epochs and resumes: the ``step`` of the logs
         self._logged_keys: set[str] = set()
-        self._last_val_step: int | None = None
-        self._last_val_metrics: dict[str, float] = {}
+        self._warm_started = False  # saved in checkpoints: a resume never warm-starts again
 
         self.policy, self.tokenizer = load_policy(model, gguf_file=gguf_file, config_overrides=model_config, seed=self.seed)
         if routing_replay and not moe_routers(self.policy):
@@ -215,8 +218,16 @@ class RLModule(LightningModule):
         self._check_progress(rollout is not None, stats)
         self.log_step(stats, rollout, batch_size=len(rows))
         self.rl_step += 1
-        if self.val_every_n_steps and self.rl_step % self.val_every_n_steps == 0:
-            self.run_validation(step=self.rl_step)
+        if self._last_step():
+            self.trainer.should_stop = True  # Lightning's loop then validates after this step (val/reward at the end)
+
+    def _last_step(self) -> bool:
+        """Whether the run ends after this RL step (``max_steps`` optimiser steps, or the last batch of the last epoch)."""
+        trainer = self.trainer
+        if trainer.max_steps is not None and trainer.max_steps >= 0 and self.global_step >= trainer.max_steps:
+            return True
+        last_epoch = trainer.max_epochs is not None and trainer.max_epochs >= 0 and trainer.current_epoch + 1 >= trainer.max_epochs
+        return last_epoch and trainer.is_last_batch
 
     def _anything_to_learn(self, rollout) -> bool:
         """Whether any rank kept a sample (collective under several processes: every rank decides the same; a rank
@@ -241,10 +252,20 @@ class RLModule(LightningModule):
         """``train/*`` over every rank (a step without some metric logs NaN for it, not its last value) and the progress bar."""
         stats = reduce_step_stats(stats, None if rollout is None else rollout.rewards,
                                   None if rollout is None else rollout.completion_mask.sum(1))
-        values = {f"train/{k}" if not k.startswith("time/") else k: float(v) for k, v in stats.items()}
+        # fp32, as self.log stores them: the logged values are those of earlier runs bit for bit
+        values = {f"train/{k}" if not k.startswith("time/") else k: float(torch.tensor(float(v), dtype=torch.float32))
+                  for k, v in stats.items()}
         values.update({k: float("nan") for k in self._logged_keys - values.keys()})
         self._logged_keys |= values.keys()
-        self.log_dict(values, on_step=True, on_epoch=False, batch_size=batch_size)
+        # The row goes to the loggers now, before ModelCheckpoint saves this step in on_train_batch_end (Lightning
+        # would log it only after that, and a kill in between would lose it: the resume starts after this step).
+        # self.log(logger=False) still gives callbacks (EarlyStopping/ModelCheckpoint on train/*) every value.
+        every = self.trainer.log_every_n_steps
+        if every and self.rl_step % every == 0 and self.trainer.is_global_zero:
+            for logger in self.loggers:
+                logger.log_metrics({**values, "epoch": self.current_epoch}, step=self.rl_step)
+                logger.save()
+        self.log_dict(values, on_step=True, on_epoch=False, batch_size=batch_size, logger=False)
         self.log_dict({"reward": float(stats["reward"]), "clip": float(stats.get("clip_frac", 0.0))},
                       prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=batch_size)
 
@@ -269,13 +290,8 @@ class RLModule(LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
 
     def setup(self, stage: str) -> None:
-        # One Lightning batch is one RL step (seconds to minutes, not milliseconds): every RL step writes its
-        # train/* row, as every validation writes its val/* row. Lightning's default of a row every 50 batches
-        # (the CLI's is 1) would leave a short plain-Trainer run without a train/reward. Set on the trainer
-        # rather than by writing rows past Lightning, so the rows keep Lightning's step, epoch and flushing;
-        # 0 (logging off) is kept.
-        if self.trainer.log_every_n_steps > 1:
-            self.trainer.log_every_n_steps = 1
+        if stage == "fit" and self.val_every_n_steps is not None and not self.trainer.fast_dev_run:
+            check_validation_schedule(self.trainer, self.val_every_n_steps)
         deterministic_on_cpu(self.trainer.strategy.root_device.type)  # before the warm start's first backward
         advice = bf16_on_cpu_warning(self.trainer.precision, self.trainer.strategy.root_device.type)
         if advice:  # bf16 emulated on this CPU: slower than fp32
@@ -292,46 +308,47 @@ class RLModule(LightningModule):
         """Every rank's torch/numpy/python RNG states, the refill generator and the RL-step counter (Lightning saves none)."""
         checkpoint["rng_states"] = rng_states(self._refill_generator)
         checkpoint["rl_step"] = self.rl_step
+        checkpoint["warm_started"] = self._warm_started
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "rng_states" in checkpoint:
             restore_rng_states(checkpoint["rng_states"], self.global_rank, self._refill_generator)
         # checkpoints written before the counter was saved: Lightning's count of batches is the same number
         self.rl_step = checkpoint.get("rl_step", _batches_that_stepped(checkpoint))
+        self._warm_started = checkpoint.get("warm_started", True)
 
     def on_fit_start(self) -> None:
+        self._check_data()
+
+    def _check_data(self) -> None:
+        """A reward function whose parameters no dataset column fills, or a prompt too long for the context, fails
+        now (named by its file row), not after N steps."""
         dm = self.trainer.datamodule
         rows = getattr(dm, "train_rows", None)
-        if rows:  # a reward function whose parameters no dataset column fills fails now, not after N steps
+        if rows:
             self.collector.rewards.check(list(rows[0]))
-        for split in ("train", "val"):  # a prompt too long for the context fails now, named by its file row
+        for split in ("train", "val"):
             check_prompt_lengths(getattr(dm, f"{split}_rows", None) or [], lambda r: self.collector.encode(self.policy, r),
                                  lambda i: dm.describe_row(split, i) if hasattr(dm, "describe_row") else f"{split} row {i}")
 
     def on_train_start(self) -> None:
-        if self.global_step == 0:
-            if self.warm_start_cfg.steps > 0:
-                loss = warm_start(self.policy, self.tokenizer, self.trainer.datamodule.train_rows,
-                                  lambda rows: self.collector.encode(self.policy, rows), self.warm_start_cfg, self.seed,
-                                  environment=self.collector.environment)
-                rank_zero_info(f"warm start: {self.warm_start_cfg.steps} supervised steps, last loss {loss:.4f}")
-                if self.ref_policy is not None:  # the reference is the policy RL starts from
-                    self.ref_policy.load_state_dict(self.policy.state_dict())
-            self.run_validation()
+        self._warm_start_once()  # a fit without a validation before it (trainer.fit alone)
 
     def on_train_end(self) -> None:
-        self.run_validation()
-        self._export()
+        if not self.trainer.fast_dev_run:  # a dry run writes nothing
+            self._export()
 
     def on_fit_end(self) -> None:
         """A resume of a finished run skips the training loop and ``on_train_end``: write the export if a kill stopped it."""
+        if self.trainer.fast_dev_run:
+            return
         paths = [self._export_path()] + ([self.adapter_path(self._export_path())] if self.lora is not None else [])
         if self.trainer.strategy.broadcast(not all(export_is_complete(p) for p in paths)):
             self._export()
 
     def configure_callbacks(self) -> list:
-        """Run lock, cleanup of killed writes, rows before checkpoints, SIGINT/SIGTERM saved (``lit_gspo.safe_ends``)."""
-        return [SafeEnds()]
+        """Run lock, cleanup of killed writes, logs continued on resume, SIGINT/SIGTERM saved (``lit_gspo.safe_ends``)."""
+        return safe_ends()
 
     def _export_path(self) -> Path:
         return Path(self.trainer.default_root_dir) / "hf_model"
@@ -341,66 +358,78 @@ class RLModule(LightningModule):
         if self.trainer.is_global_zero:
             self.save_hf_model(self._export_path(), state_dict)
 
-    # ------------------------------------------------------------------ validation, saving
-    @torch.no_grad()
-    def run_validation(self, step: int | None = None) -> dict[str, float]:
-        """Mean reward of greedy completions on the held-out prompts, logged as ``val/reward``.
+    # ------------------------------------------------------------------ validation (Lightning's loop)
+    def _warm_start_once(self) -> None:
+        """Supervised warm start of a fresh run, before the first validation or update, whichever comes first
+        (``trainer.validate`` before ``trainer.fit`` measures the policy RL starts from). Never after a resume."""
+        if self._warm_started or self.global_step > 0:
+            return
+        self._warm_started = True
+        if self.warm_start_cfg.steps <= 0:
+            return
+        with torch.inference_mode(False), torch.enable_grad():  # validation hooks run under inference mode
+            loss = warm_start(self.policy, self.tokenizer, self.trainer.datamodule.train_rows,
+                              lambda rows: self.collector.encode(self.policy, rows), self.warm_start_cfg, self.seed,
+                              environment=self.collector.environment)
+        rank_zero_info(f"warm start: {self.warm_start_cfg.steps} supervised steps, last loss {loss:.4f}")
+        if self.ref_policy is not None:  # the reference is the policy RL starts from
+            self.ref_policy.load_state_dict(self.policy.state_dict())
 
-        Runs on a fork of the RNG state: how often one validates does not change the training run
-        (a DataLoader iterator alone draws from the global generator). Called again at the same step (e.g.
-        after ``fit``, which validates at its end), it returns that validation's metrics without re-running.
-        """
-        dm = self.trainer.datamodule if self._trainer is not None else None
-        step = self.rl_step if step is None else step
-        if dm is None or not hasattr(dm, "val_dataloader"):
-            return {}
-        if step == self._last_val_step:  # the last periodic validation may coincide with the one at the end
-            return dict(self._last_val_metrics)
-        self._last_val_step = step
-        device_type = self.device.type
-        devices = [self.device.index or 0] if device_type not in ("cpu", "meta") else []
-        with torch.random.fork_rng(devices=devices, device_type=device_type if devices else None):
-            self._last_val_metrics = self._validate(dm, step)
-        return dict(self._last_val_metrics)
-
-    def _validate(self, dm, step: int) -> dict[str, float]:
-        start = time.perf_counter()
+    def on_validation_start(self) -> None:
+        """Warm start (fresh run), weights to the engine, a fresh tally; the RNG state is kept aside so that how often
+        one validates does not change the training run (greedy sampling, environments and samplers may draw)."""
+        if self.trainer.state.fn != "fit":
+            self._check_data()
+        self._warm_start_once()
+        self._rng_before_validation = local_rng_state()
         self.collector.engine.sync_weights(self.policy)
-        episode_keys = self._episode_metric_keys()
-        total, count, lengths = 0.0, 0, 0.0
-        episode_sums = torch.zeros(2, len(episode_keys), dtype=torch.float64)  # value × rows, rows reporting it
-        shown = ([], [], []) if due(step, self.log_completions_every_n_steps) else None  # rows, replies, rewards
-        for rows in dm.val_dataloader():
-            rows = rows[self.global_rank::self.trainer.world_size]
-            if not rows:
-                continue
-            batch, replies, stats = self.collector.sample(self.policy, rows, greedy=True, synced_gpus=self._synced_gpus())
-            if shown is not None:
-                room = max(self.num_logged_completions - len(shown[0]), 0)
-                for part, new in zip(shown, (rows, replies, batch.rewards.tolist())):
-                    part.extend(new[:room])
-            total += float(batch.rewards.sum())
-            lengths += float(batch.completion_mask.sum())
-            count += len(rows)
-            for j, key in enumerate(episode_keys):
-                if key in stats:  # success_turn{k} is a rate over the episodes that reached turn k
-                    reached = stats[key.replace("success_", "reached_")] if key.startswith("success_turn") else 1.0
-                    weight = len(rows) * reached
-                    episode_sums[:, j] += torch.tensor([stats[key] * weight, weight], dtype=torch.float64)
-        sums = all_reduce_sum(torch.cat([torch.tensor([total, float(count), lengths], dtype=torch.float64),
-                                         episode_sums.flatten()]))
-        metrics = {"val/reward": float(sums[0] / sums[1].clamp(min=1)),
-                   "val/response_length": float(sums[2] / sums[1].clamp(min=1))}
-        episode_sums = sums[3:].view(2, -1)
-        metrics.update({f"val/{key}": float(episode_sums[0, j] / episode_sums[1, j])
-                        for j, key in enumerate(episode_keys) if episode_sums[1, j] > 0})
-        metrics["time/val_s"] = time.perf_counter() - start
-        for logger in self.loggers:
-            logger.log_metrics(metrics, step=step)
-        if shown is not None and self.trainer.is_global_zero:
-            log_completions(self.loggers, step, *shown)
-        rank_zero_info(f"step {step}: val/reward = {metrics['val/reward']:.4f} ({metrics['time/val_s']:.1f} s)")
-        return metrics
+        self._val = GreedyTally(self._episode_metric_keys())
+        self._val_shown = ([], [], [])  # rows, replies, rewards of the completions logged with this validation
+        self._val_start = time.perf_counter()
+
+    def on_test_start(self) -> None:
+        self.on_validation_start()
+
+    def validation_step(self, rows: list[dict], batch_idx: int) -> None:
+        """Greedy completions of this rank's share of the held-out batch, scored; reduced at the epoch's end."""
+        rows = rows[self.global_rank::self.trainer.world_size]
+        if not rows:  # every rank runs every step: FSDP2's sharded forward needs all of them
+            return
+        batch, replies, stats = self.collector.sample(self.policy, rows, greedy=True, synced_gpus=self._synced_gpus())
+        self._val.add(rows, batch, stats)
+        room = max(self.num_logged_completions - len(self._val_shown[0]), 0)
+        for part, new in zip(self._val_shown, (rows, replies, batch.rewards.tolist())):
+            part.extend(new[:room])
+
+    def test_step(self, rows: list[dict], batch_idx: int) -> None:
+        self.validation_step(rows, batch_idx)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_greedy_metrics("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_greedy_metrics("test")
+
+    def _log_greedy_metrics(self, split: str) -> None:
+        """``<split>/reward`` (mean reward of greedy completions over every held-out prompt of every rank),
+        ``<split>/response_length`` and the multi-turn metrics, through ``self.log``: callbacks and loggers see them.
+        The row's ``step`` is the number of RL steps done."""
+        metrics = self._val.reduce(all_reduce_sum, prefix=split)
+        if self.trainer.sanity_checking:
+            return
+        # fp64 tensors: Lightning keeps their dtype (a float would be stored as fp32); the same value on every rank
+        self.log_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}, sync_dist=True)
+        self.log_dict({"step": float(self.rl_step), "time/val_s": time.perf_counter() - self._val_start})
+        if due(self.rl_step, self.log_completions_every_n_steps) and self.trainer.is_global_zero:
+            log_completions(self.loggers, self.rl_step, *self._val_shown)
+        rank_zero_info(f"step {self.rl_step}: {split}/reward = {metrics[f'{split}/reward']:.4f} "
+                       f"({time.perf_counter() - self._val_start:.1f} s)")
+
+    def on_validation_end(self) -> None:
+        restore_local_rng_state(self._rng_before_validation)
+
+    def on_test_end(self) -> None:
+        self.on_validation_end()
 
     def _episode_metric_keys(self) -> list[str]:
         """The multi-turn metrics validation reports (none for a single-turn environment)."""
@@ -409,6 +438,18 @@ class RLModule(LightningModule):
             return []
         return (["turns", "success"] + [f"success_turn{k}" for k in range(1, environment.max_turns + 1)]
                 + list(environment.metric_names))
+
+    def load_trained_policy(self, path: str | Path) -> None:
+        """The policy's weights from a run's Hugging Face export (``<run>/hf_model``), to validate or test it: the run's
+        warm start is in them, so none is done again."""
+        from transformers import AutoModelForCausalLM
+
+        if self.lora is not None:
+            raise ValueError(f"{path}: a LoRA run's hf_model holds the merged weights; validate it without --model.lora")
+        trained = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32)
+        self.policy.load_state_dict(trained.state_dict())
+        self._warm_started = True
+        rank_zero_info(f"loaded the policy from {path}")
 
     def save_rollout(self, rollout) -> None:
         """``<root>/rollouts/step_K.pt`` with the trainer's old log-probs (and the sampling policy): ``lit_gspo.rollout_io``."""
@@ -477,3 +518,22 @@ def _frozen_copy(model: nn.Module) -> nn.Module:
 def _batches_that_stepped(checkpoint: dict) -> int:
     loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
     return int(loop.get("_batches_that_stepped", 0))
+
+
+#: ``val_check_interval`` of a run that validates only before and after training (``val_every_n_steps=0``)
+NEVER = 2**62
+
+
+def validation_schedule(val_every_n_steps: int) -> dict:
+    """The Trainer settings of ``val_every_n_steps``: Lightning's validation loop every n batches (= RL steps)."""
+    return {"val_check_interval": val_every_n_steps or NEVER, "check_val_every_n_epoch": None}
+
+
+def check_validation_schedule(trainer, val_every_n_steps: int) -> None:
+    """``RLModule(val_every_n_steps=n)`` under a Trainer that schedules otherwise: one line naming the Trainer flags."""
+    want = validation_schedule(val_every_n_steps)
+    have = {"val_check_interval": trainer.val_check_interval, "check_val_every_n_epoch": trainer.check_val_every_n_epoch}
+    if have != want:
+        raise ValueError(f"RLModule(val_every_n_steps={val_every_n_steps}) needs Trainer(val_check_interval="
+                         f"{want['val_check_interval']}, check_val_every_n_epoch=None) (one Lightning batch is one RL "
+                         f"step); this Trainer has {have}. Set those on the Trainer, or leave val_every_n_steps=None")

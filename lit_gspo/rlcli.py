@@ -23,7 +23,9 @@ from lit_gspo.objectives import GSPO, OBJECTIVES, Objective
 from lit_gspo.data import PromptDataModule
 from lit_gspo.imports import import_path
 from lit_gspo.metrics_file import RunCSVLogger
-from lit_gspo.module import RLModule
+from lit_gspo.module import RLModule, validation_schedule
+
+DEFAULT_VAL_EVERY_N_STEPS = 10
 
 TRAINER_DEFAULTS = {
     "log_every_n_steps": 1,  # one CSV row per RL step
@@ -192,9 +194,9 @@ class RLCLI(LightningCLI):
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        """``fit`` only: Lightning's validate/test/predict need a ``validation_step``/``test_step``, and RLModule
-        validates itself during fit (``val/reward``); ``lit-gspo eval`` (``lit_gspo.eval_cli``) evaluates a run."""
-        return {"fit": LightningCLI.subcommands()["fit"]}
+        """``fit``, ``validate`` and ``test`` (greedy ``val/reward`` / ``test/reward`` of a ``.ckpt`` or an ``hf_model/``
+        directory given as ``--ckpt_path``). ``predict`` has nothing to predict: ``lit-gspo eval`` writes completions."""
+        return {name: LightningCLI.subcommands()[name] for name in ("fit", "validate", "test")}
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
@@ -204,6 +206,28 @@ class RLCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         if self.subcommand in self.other_subcommands:
             self.parser.error(f"`{self.subcommand}` must come first: lit-gspo {self.subcommand} --help")
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        schedule_validation(cfg.model, cfg.trainer)
+        atomic_strategy(cfg.trainer)
+
+    def before_fit(self) -> None:
+        repo_id = self.config.fit.get("push_to_hub")
+        if repo_id:
+            from lit_gspo.hub import check_can_push
+
+            check_can_push(repo_id)
+
+    def fit(self, model, datamodule=None, ckpt_path=None, **kwargs) -> None:
+        """``trainer.validate`` (val/reward before the first update; a resume has it already), then ``trainer.fit``."""
+        if ckpt_path is None:
+            self.trainer.validate(model, datamodule=datamodule, verbose=False)
+        self.trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **kwargs)
+
+    def validate(self, model, ckpt_path=None, **kwargs):
+        return self.trainer.validate(model, ckpt_path=load_export(model, ckpt_path), **kwargs)
+
+    def test(self, model, ckpt_path=None, **kwargs):
+        return self.trainer.test(model, ckpt_path=load_export(model, ckpt_path), **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--checkpoint_every_n_steps", type=int, default=50,
@@ -216,13 +240,6 @@ class RLCLI(LightningCLI):
         parser.add_argument("--hub_private", type=bool, default=False,
                             help="with --push_to_hub: create the repo private (an existing repo keeps its visibility)")
 
-    def before_fit(self) -> None:
-        repo_id = self.config.fit.get("push_to_hub")
-        if repo_id:
-            from lit_gspo.hub import check_can_push
-
-            check_can_push(repo_id)
-
     def after_fit(self) -> None:
         repo_id = self.config.fit.get("push_to_hub")
         if repo_id and self.trainer.is_global_zero:
@@ -231,16 +248,62 @@ class RLCLI(LightningCLI):
             for url in push_export(self.trainer.default_root_dir, repo_id, private=self.config.fit.get("hub_private")):
                 print(f"pushed to the hub: {url}")
 
-    def _instantiate_trainer(self, config, callbacks):
+    def instantiate_trainer(self, **kwargs):
+        """The Trainer with lit_gspo's defaults: ``RunCSVLogger`` (a resume continues the run's ``metrics.csv``),
+        atomic checkpoints with ``<root>/checkpoints/last.ckpt``, and the RL-step progress bar."""
         from lit_gspo.checkpointing import configure_checkpointing
 
-        cfg = self.config[self.subcommand] if self.subcommand else self.config
-        if config.get("logger") in (None, True):  # a resume continues the run's metrics.csv (lit_gspo/metrics_file.py)
+        cfg = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        config = {**cfg["trainer"], **kwargs}
+        callbacks = config.get("callbacks") or []
+        callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        if config.get("logger") in (None, True):
             config["logger"] = RunCSVLogger(save_dir=config.get("default_root_dir") or os.getcwd(),
-                                            resume=bool(cfg.get("ckpt_path")))
-        configure_checkpointing(config, callbacks, cfg.get("checkpoint_every_n_steps", 50))
+                                            resume=bool(cfg.get("ckpt_path")) and self.subcommand == "fit")
+        if self.subcommand == "fit":
+            configure_checkpointing(config, callbacks, cfg.get("checkpoint_every_n_steps", 50))
         add_progress_bar(config, callbacks)
-        return super()._instantiate_trainer(config, callbacks)
+        config["callbacks"] = callbacks
+        return super().instantiate_trainer(**config)
+
+
+def schedule_validation(model, trainer) -> None:
+    """``model.val_every_n_steps`` is Lightning's ``trainer.val_check_interval`` in RL steps (one Lightning batch is one
+    RL step, so ``check_val_every_n_epoch`` is None). Either may be given; both, differing, are refused in one line."""
+    n, interval = model.get("val_every_n_steps"), trainer.get("val_check_interval")
+    if n is not None and interval is not None and validation_schedule(n)["val_check_interval"] != interval:
+        raise ValueError(f"--model.val_every_n_steps {n} and --trainer.val_check_interval {interval} disagree: give one "
+                         "(both count RL steps)")
+    if n is None and isinstance(interval, float):
+        return  # a fraction of a data epoch: Lightning's own meaning, with check_val_every_n_epoch
+    if n is None:
+        n = DEFAULT_VAL_EVERY_N_STEPS if interval is None else interval
+    model["val_every_n_steps"] = n
+    for key, value in validation_schedule(n).items():
+        trainer[key] = value
+
+
+def atomic_strategy(trainer) -> None:
+    """``ModelParallelStrategy`` (FSDP2) given by class path becomes ``AtomicModelParallelStrategy``: its distributed
+    checkpoints are swapped in whole (``lit_gspo.checkpointing``)."""
+    strategy = trainer.get("strategy")
+    plain = "lightning.pytorch.strategies.ModelParallelStrategy"
+    atomic = "lit_gspo.checkpointing.AtomicModelParallelStrategy"
+    if isinstance(strategy, Namespace) and strategy.get("class_path") in (plain, "lightning.pytorch.strategies.model_parallel.ModelParallelStrategy"):
+        strategy["class_path"] = atomic
+    elif strategy in (plain, "ModelParallelStrategy"):
+        trainer["strategy"] = atomic
+
+
+def load_export(model, ckpt_path):
+    """``--ckpt_path DIR`` of a Hugging Face export (``<run>/hf_model``): its weights into ``model``'s policy (the run's
+    warm start is in them), and no Lightning checkpoint to restore. A ``.ckpt`` is Lightning's to restore."""
+    from pathlib import Path
+
+    if ckpt_path is None or not Path(ckpt_path).is_dir():
+        return ckpt_path
+    model.load_trained_policy(ckpt_path)
+    return None
 
 
 def add_progress_bar(config: dict, callbacks: list) -> None:

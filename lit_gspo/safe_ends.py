@@ -1,19 +1,18 @@
-"""Safe ends of a run: one run per directory, no stale temporaries, metrics before checkpoints, signals saved.
+"""Safe ends of a run: one run per directory, no stale temporaries, logs continued on resume, signals saved.
 
-:class:`SafeEnds` is a Lightning callback that ``RLModule.configure_callbacks`` adds to every fit (CLI or
-Python API). At the start of a fit it
+:func:`safe_ends` gives the callbacks ``RLModule.configure_callbacks`` adds to every fit (CLI or Python API), one job each:
 
-* locks ``<default_root_dir>/.lit_gspo.lock`` (:class:`RunLock`: the PID, host, start time and command of the
-  run, held with ``flock`` so that the kernel releases it when the process dies): a second run in the same
-  directory is refused with :class:`RunLockedError` naming the first, rather than both overwriting each other's
-  checkpoints, metrics and ``hf_model``; a lock left by a dead process is taken over;
-* removes the temporaries of killed writers (``.<name>.tmp-<pid>`` / ``.<name>.old-<pid>`` of checkpoint and
-  export writes) whose process is gone (:func:`clean_stale_temporaries`);
-* makes checkpoint writes atomic and hashed when the trainer uses Lightning's plain ``TorchCheckpointIO``
-  (``lit_gspo.checkpointing.AtomicCheckpointIO``; the CLI sets it already);
-* hands each RL step's metrics row to the loggers (and flushes it) *before* a checkpoint of that step is
-  written: Lightning logs the row only after ``on_train_batch_end``, where ``ModelCheckpoint`` saves, so a kill
-  in between used to lose the row for good (the resume starts after it).
+* :class:`OneRunPerDirectory` locks ``<default_root_dir>/.lit_gspo.lock`` (:class:`RunLock`: the PID, host, start time
+  and command of the run, held with ``flock`` so that the kernel releases it when the process dies): a second run in
+  the same directory is refused with :class:`RunLockedError` naming the first; a lock left by a dead process is taken
+  over. It removes the temporaries of killed writers (``.<name>.tmp-<pid>`` / ``.<name>.old-<pid>``) whose process is
+  gone (:func:`clean_stale_temporaries`), makes checkpoint writes atomic and hashed when the trainer has Lightning's
+  plain ``TorchCheckpointIO`` (``lit_gspo.checkpointing.AtomicCheckpointIO``; the CLI sets it already), and makes the
+  ranks Lightning launched end with the process that launched them (:func:`end_with_parent`).
+* :class:`ContinueLogsOnResume` cuts from the continued ``metrics.csv`` and ``completions.csv`` the rows logged after
+  the checkpoint a resume starts from. Each RL step's metrics row reaches the loggers from inside the step
+  (``RLModule.log_step``), before ``ModelCheckpoint`` saves it, so no row is lost between a checkpoint and a kill.
+* :class:`SaveOnSignal`, below.
 
 SIGINT and SIGTERM during training: the first one lets the current RL step finish, then a checkpoint of it is
 written (to ``ModelCheckpoint``'s ``last.ckpt``, or ``<default_root_dir>/checkpoints/last.ckpt`` when
@@ -27,7 +26,6 @@ another rank is stuck), is replaced while training runs.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import re
@@ -223,32 +221,21 @@ def last_checkpoint_path(trainer) -> str:
     return os.path.join(str(trainer.default_root_dir), "checkpoints", "last.ckpt")
 
 
-def _log_each_row_once(trainer) -> None:
-    """Let ``update_train_step_metrics`` run early (before checkpoints) without Lightning's own call logging it twice."""
-    connector = trainer._logger_connector
-    if getattr(connector, "_lit_gspo_once", False):
+def end_with_parent() -> None:
+    """This process gets SIGKILL when its parent ends (Linux ``prctl(PR_SET_PDEATHSIG)``): a rank that Lightning's
+    launcher (or torchrun) started never outlives a rank 0 that failed and exited, even when it is stuck outside any
+    collective (in a reward, in data loading) where no timeout reaches it."""
+    if not sys.platform.startswith("linux"):
         return
-    original = connector.update_train_step_metrics
-    logged = {"batch": None}
+    import ctypes
 
-    def update_train_step_metrics() -> None:
-        batch = trainer.fit_loop.epoch_loop.batch_progress.total.ready
-        if batch != logged["batch"]:
-            logged["batch"] = batch
-            original()
-
-    connector.update_train_step_metrics = update_train_step_metrics
-    connector._lit_gspo_once = True
-
-
-def _kill_launched_ranks(trainer) -> None:
-    """SIGKILL the other ranks this process launched (Lightning's subprocess launcher), which would outlive it."""
-    launcher = trainer.strategy.launcher
-    for proc in getattr(launcher, "procs", None) or []:
-        try:
-            proc.send_signal(signal.SIGKILL)
-        except OSError:
-            pass
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # pragma: no cover - no libc prctl
+        return
+    if os.getppid() == 1:  # the parent ended before the call: no signal will come
+        os._exit(1)
 
 
 def _agree(trainer, value: int) -> int:
@@ -270,8 +257,8 @@ class _SecondSignalWatchdog:
     with the process, and temporaries are cleaned by the next start.
     """
 
-    def __init__(self, before_exit=None, grace_s: float = 3.0) -> None:
-        self.before_exit, self.grace_s = before_exit, grace_s
+    def __init__(self, grace_s: float = 3.0) -> None:
+        self.grace_s = grace_s
         self._done = threading.Event()
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)
@@ -290,11 +277,7 @@ class _SecondSignalWatchdog:
                     if count >= 2 and not self._done.wait(self.grace_s):
                         os.write(2, f"\n{signal.Signals(signum).name} received twice and the run is blocked: exiting "
                                     f"now with code {128 + signum}, without saving\n".encode())
-                        try:
-                            if self.before_exit is not None:
-                                self.before_exit()
-                        finally:
-                            os._exit(128 + signum)
+                        os._exit(128 + signum)  # the ranks this process launched end with it (end_with_parent)
         finally:
             os.close(self._read_fd)
 
@@ -306,20 +289,20 @@ class _SecondSignalWatchdog:
         os.close(self._write_fd)  # the thread reads EOF and ends
 
 
-class SafeEnds(Callback):
-    """The run lock, stale-temporary cleanup, atomic hashed checkpoints, rows before checkpoints and signal handling."""
+class OneRunPerDirectory(Callback):
+    """At the start of a fit: the run lock of ``default_root_dir`` (:class:`RunLock`, refused on every rank when another
+    live run holds it), the temporaries of killed writes removed, and atomic, hashed checkpoint writes
+    (``AtomicCheckpointIO``) when the strategy has Lightning's plain ``TorchCheckpointIO``. Ranks other than 0 end with
+    the process that launched them (:func:`end_with_parent`)."""
 
     def __init__(self) -> None:
         self._lock: RunLock | None = None
-        self._received = 0  # the first stop signal received while training (0: none)
-        self._previous: dict[int, Any] = {}
-        self._trainer = None
-        self._watchdog: _SecondSignalWatchdog | None = None
 
-    # -------------------------------------------------------------- start
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit":
             return
+        if trainer.local_rank > 0:
+            end_with_parent()
         if type(trainer.strategy.checkpoint_io) is _plain_io():
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         root = Path(trainer.default_root_dir)
@@ -337,8 +320,39 @@ class SafeEnds(Callback):
         error = trainer.strategy.broadcast(error)
         if error:
             raise RunLockedError(error)
-        _log_each_row_once(trainer)
-        self._received = 0
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            self._release()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._release()
+        if trainer.world_size > 1 and not isinstance(exception, RunInterrupted) and (
+                "timed out" in str(exception).lower() or "timeout" in type(exception).__name__.lower()):
+            print(f"\n[rank {trainer.global_rank}] a collective timed out: another rank is stuck or died (in its "
+                  "reward, its data, ...). The limit is the strategy's timeout (Lightning's default 30 min), e.g. "
+                  "--trainer.strategy lightning.pytorch.strategies.DDPStrategy --trainer.strategy.timeout 0:05:00",
+                  file=sys.stderr, flush=True)
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+
+class SaveOnSignal(Callback):
+    """SIGINT/SIGTERM while training: finish the RL step, save a checkpoint of it, exit with 128 + the signal (every
+    rank after the same step); a second signal exits at once without saving (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._received = 0  # the first stop signal received while training (0: none)
+        self._previous: dict[int, Any] = {}
+        self._trainer = None
+        self._watchdog: _SecondSignalWatchdog | None = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            self._received = 0
 
     def on_train_start(self, trainer, pl_module) -> None:
         # after Lightning's _SignalConnector registered its handlers, which this replaces while training runs
@@ -348,7 +362,7 @@ class SafeEnds(Callback):
         for signum in STOP_SIGNALS:
             self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._on_signal)
-        self._watchdog = _SecondSignalWatchdog(before_exit=lambda: _kill_launched_ranks(trainer))
+        self._watchdog = _SecondSignalWatchdog()
 
     def _on_signal(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
@@ -360,15 +374,11 @@ class SafeEnds(Callback):
             print(f"\n{name} received: finishing this RL step, then saving a checkpoint and exiting with code "
                   f"{128 + signum} (send it again to stop at once, without saving)", file=sys.stderr, flush=True)
 
-    # -------------------------------------------------------------- each step
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        # this step's row reaches the loggers (and disk) before any checkpoint of this step: callbacks run before
-        # ModelCheckpoint, which Lightning orders last
-        trainer._logger_connector.update_train_step_metrics()
-        self._stop_if_asked(trainer, pl_module)
+        self._stop_if_asked(trainer, pl_module)  # the step's metrics row is already written (RLModule.log_step)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._stop_if_asked(trainer, pl_module)  # before the final validation and export: a resume writes them
+        self._stop_if_asked(trainer, pl_module)  # before the export: a resume writes it
 
     def _stop_if_asked(self, trainer, pl_module) -> None:
         signum = _agree(trainer, self._received)
@@ -384,19 +394,6 @@ class SafeEnds(Callback):
             print(message, file=sys.stderr, flush=True)
         raise RunInterrupted(128 + signum, message)
 
-    # -------------------------------------------------------------- the metrics file a resume continues
-    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        """Cut the rows logged after this checkpoint from the continued metrics file: the resume logs them again."""
-        from lit_gspo.metrics_file import logged_before
-
-        writer = _continued_writer(trainer)
-        if writer is not None and checkpoint.get("rl_step") is not None:
-            dropped = writer.truncate(logged_before(int(checkpoint["rl_step"])))
-            if dropped:
-                rank_zero_info(f"{writer.metrics_file_path}: dropped {dropped} row(s) logged after the checkpoint; "
-                               "this run logs those steps again")
-
-    # -------------------------------------------------------------- end
     def on_fit_end(self, trainer, pl_module) -> None:
         signum = _agree(trainer, self._received)
         if signum:  # received after the last step: the final validation and export were finished first
@@ -406,21 +403,12 @@ class SafeEnds(Callback):
                 print(message, file=sys.stderr, flush=True)
             raise RunInterrupted(128 + signum, message)
 
-    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        self._end()
-        if trainer.world_size > 1 and not isinstance(exception, RunInterrupted):
-            if "timed out" in str(exception).lower() or "timeout" in type(exception).__name__.lower():
-                print(f"\n[rank {trainer.global_rank}] a collective timed out: another rank is stuck or died (in its "
-                      "reward, its data, ...). The limit is the strategy's timeout (Lightning's default 30 min), e.g. "
-                      "--trainer.strategy lightning.pytorch.strategies.DDPStrategy --trainer.strategy.timeout 0:05:00",
-                      file=sys.stderr, flush=True)
-            # the ranks this process launched would outlive it when they are stuck (not in a collective): end them
-            # once this process has reported its error
-            atexit.register(_kill_launched_ranks, trainer)
-
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if stage == "fit":
             self._end()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._end()
 
     def _end(self) -> None:
         for signum, handler in self._previous.items():  # unless Lightning's teardown already restored its own
@@ -430,9 +418,30 @@ class SafeEnds(Callback):
         if self._watchdog is not None:
             self._watchdog.stop()
             self._watchdog = None
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+
+
+class ContinueLogsOnResume(Callback):
+    """A resume continues the run's ``metrics.csv`` and ``completions.csv``: the rows logged after the checkpoint it
+    starts from (a killed run's last steps) are cut, since the resume logs those steps again: each step appears once."""
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        from lit_gspo.completions_log import FILE_NAME, truncate_after
+        from lit_gspo.metrics_file import logged_before
+
+        writer = _continued_writer(trainer)
+        if writer is None or checkpoint.get("rl_step") is None:
+            return
+        rl_step = int(checkpoint["rl_step"])
+        dropped = writer.truncate(logged_before(rl_step))
+        dropped_completions = truncate_after(Path(writer.log_dir) / FILE_NAME, rl_step)
+        if dropped or dropped_completions:
+            rank_zero_info(f"{writer.log_dir}: dropped {dropped} metrics row(s) and {dropped_completions} completion "
+                           "row(s) logged after the checkpoint; this run logs those steps again")
+
+
+def safe_ends() -> list[Callback]:
+    """The callbacks every fit gets (``RLModule.configure_callbacks``), one job each."""
+    return [OneRunPerDirectory(), SaveOnSignal(), ContinueLogsOnResume()]
 
 
 def _continued_writer(trainer):

@@ -100,7 +100,7 @@ def main() -> None:
 
     cli.trainer.callbacks.append(TrackStep())
     start = time.perf_counter()
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=args.ckpt_path)
+    cli.fit(cli.model, datamodule=cli.datamodule, ckpt_path=args.ckpt_path)
     elapsed = time.perf_counter() - start
     model = cli.model
     weights = full_state_dict(model.policy) if is_sharded(model.policy) else {k: v.detach().clone() for k, v in

@@ -33,7 +33,7 @@ def args(root: Path, steps: int, *extra: str) -> list[str]:
 
 def fit(root: Path, steps: int, *extra: str, ckpt_path: str | None = None):
     cli = cli_main(args(root, steps, *extra), run=False)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    cli.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     return cli
 
 

@@ -113,4 +113,4 @@ def test_fit_from_an_empty_checkpoint_names_it(tmp_path):
                     "--data.num_val", "4", "--data.prompts_per_step", "4", "--trainer.enable_progress_bar", "false"],
                    run=False)
     with pytest.raises(CheckpointError, match=rf"checkpoint {ckpt} is empty \(0 bytes\)"):
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
+        cli.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))

@@ -20,7 +20,7 @@ def test_a_fit_writes_the_completions_table_beside_metrics_csv(tmp_path):
             "--model.generation.num_generations", "2", "--model.generation.max_new_tokens", "3",
             "--trainer.enable_progress_bar", "false"]
     cli = cli_main(args, run=False)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    cli.fit(cli.model, datamodule=cli.datamodule)
     metrics = next(tmp_path.glob("**/metrics.csv"))
     with open(metrics.parent / "completions.csv") as f:
         rows = list(csv.DictReader(f))

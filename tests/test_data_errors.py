@@ -77,7 +77,7 @@ def test_an_over_long_prompt_is_named_by_its_file_row_before_training(tmp_path):
                     "--data.train_source", str(data), "--data.num_val", "2", "--data.prompts_per_step", "4",
                     "--model.generation.max_prompt_length", "64"], run=False)
     with pytest.raises(ValueError, match=rf"{data} row 5: the prompt is \d+ tokens, longer than max_prompt_length=64"):
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        cli.fit(cli.model, datamodule=cli.datamodule)
     assert not list((tmp_path / "run").glob("**/metrics.csv")) or "train/reward" not in \
         next((tmp_path / "run").glob("**/metrics.csv")).read_text()
 

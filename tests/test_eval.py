@@ -53,7 +53,7 @@ def run_dir(tmp_path_factory):
             "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "1",
             "--trainer.enable_progress_bar", "false"]
     cli = cli_main(args, run=False)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    cli.fit(cli.model, datamodule=cli.datamodule)
     return root
 
 

@@ -65,7 +65,7 @@ def test_fit_warns_for_bf16_on_a_cpu_without_native_bf16(monkeypatch, tmp_path, 
     cli = cli_main(args, run=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        cli.fit(cli.model, datamodule=cli.datamodule)
     slow = [w for w in caught if issubclass(w.category, SlowPrecisionWarning)]
     assert len(slow) == (0 if native else 1)
 
@@ -91,7 +91,7 @@ def moe_fit_weights(tmp_path: Path, name: str) -> dict[str, torch.Tensor]:
             "--model.update.num_minibatches", "2", "--model.warm_start.steps", "5",
             "--data.num_train", "32", "--data.num_val", "4", "--data.prompts_per_step", "8"]
     cli = cli_main(args, run=False)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    cli.fit(cli.model, datamodule=cli.datamodule)
     return {k: v.detach().clone() for k, v in cli.model.policy.state_dict().items()}
 
 

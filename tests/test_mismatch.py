@@ -287,7 +287,7 @@ def test_a_cli_fit_with_corrections_logs_the_mismatch(tmp_path):
             "--model.update.num_minibatches", "2", "--model.engine", "LeanSampler"]
     cli = cli_main(args, run=False)
     assert [type(c).__name__ for c in cli.model.learner.mismatch.corrections] == ["TIS", "OPSM"]
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    cli.fit(cli.model, datamodule=cli.datamodule)
     rows = [r for f in tmp_path.rglob("metrics.csv") for r in csv.DictReader(open(f)) if r.get("train/mismatch/k3")]
     assert len(rows) == 2  # max_steps counts optimiser steps: two RL steps of two minibatches
     for row in rows:

@@ -15,7 +15,7 @@ def fit(root: Path, max_steps: int, *extra: str, ckpt_path: str | None = None):
             "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4",
             "--model.update.num_minibatches", "2", *extra]
     cli = cli_main(args, run=False)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    cli.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     return cli
 
 

@@ -52,7 +52,7 @@ class SendSignal(Callback):
 def fit(root: Path, steps: int, *extra: str, ckpt_path=None, callbacks=()):
     cli = cli_main(args(root, steps, *extra), run=False)
     cli.trainer.callbacks.extend(callbacks)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    cli.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     return cli
 
 

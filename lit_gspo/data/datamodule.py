@@ -93,6 +93,20 @@ class ResumableSampler(DistributedSampler):
         self.epoch, self.position = state["epoch"], state["position"]
 
 
+class RowBatches:
+    """Consecutive batches of ``batch_size`` rows, in order: an iterable that draws no random numbers (Lightning takes
+    any sized iterable as a dataloader; ``limit_val_batches`` uses its length)."""
+
+    def __init__(self, rows: list[dict], batch_size: int) -> None:
+        self.rows, self.batch_size = rows, batch_size
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.rows) / self.batch_size)
+
+    def __iter__(self):
+        return (self.rows[i:i + self.batch_size] for i in range(0, len(self.rows), self.batch_size))
+
+
 class PromptLoader(DataLoader):
     """A DataLoader of row lists (collate = identity) whose position Lightning saves and restores."""
 
@@ -236,7 +250,13 @@ class PromptDataModule(LightningDataModule):
         sampler = ResumableSampler(len(self.train_rows), seed=self.seed, rank=rank, world_size=world_size)
         return PromptLoader(self.train_rows, self.prompts_per_step, sampler)
 
-    def val_dataloader(self) -> DataLoader:
-        """All held-out rows in a fixed order, ``val_batch_size`` per batch (not split by rank)."""
+    def val_dataloader(self) -> RowBatches:
+        """All held-out rows in a fixed order, ``val_batch_size`` per batch, the same on every rank (``validation_step``
+        takes its share, so every rank runs every step). A plain list: iterating it draws no random numbers (a
+        DataLoader draws a seed from the global generator), so validating does not change the training run."""
         self.setup()
-        return DataLoader(RowDataset(self.val_rows), batch_size=self.val_batch_size, shuffle=False, collate_fn=_identity)
+        return RowBatches(self.val_rows, self.val_batch_size)
+
+    def test_dataloader(self) -> RowBatches:
+        """The held-out rows, as :meth:`val_dataloader` (``lit-gspo test`` logs them as ``test/*``)."""
+        return self.val_dataloader()
