@@ -134,7 +134,9 @@ class PromptDataModule(LightningDataModule):
         train_source: a built-in task name, a local .json/.jsonl/.parquet/.csv file or directory, or
             a Hub dataset name (see ``load_prompt_rows``).
         val_source: where held-out prompts come from; None takes the held-out split of a built-in
-            task, or ``val_fraction`` of the rows of a file/dataset (removed from training).
+            task, a ``train_source`` directory's own validation (else test) split (``validation.jsonl``,
+            ``val.csv``, ``test.jsonl``, ...), or else ``val_fraction`` of the rows of a file/dataset (removed
+            from training).
         prompt_column: the column holding prompts.
         answer_column: the column holding reference answers (None for none).
         num_train: training prompts: exactly this many for a task (None: 1000); at most this many of
@@ -147,7 +149,8 @@ class PromptDataModule(LightningDataModule):
         val_batch_size: prompts per validation batch.
         seed: seeds task generation, subset choice and the shuffle (None: the run's ``seed_everything``).
         train_split: the split loaded from a directory or Hub dataset for training.
-        val_split: the split loaded from ``val_source`` (or the held-out split of a task).
+        val_split: the split loaded from ``val_source`` (or the held-out split of a task, or the split of a
+            ``train_source`` directory used for validation when it has it).
         val_fraction: the share of a file/dataset held out when ``val_source`` is None.
     """
 
