@@ -28,7 +28,8 @@ the Learner skips because Â = 0 everywhere count as tokens without gradient (th
 Objectives are given by registered name (``OBJECTIVES``, so new ones appear without changes here) with
 optional hyperparameters: ``grpo:aggregation=token-mean``, ``gspo:clip_low=5e-4,clip_high=6e-4``.
 Objectives that need a critic (PPO) are left out: a frozen rollout has no values to train one on.
-Writes ``<out>/report.md``, ``<out>/compare.json``, ``<out>/gradient_cosine.png`` and ``<out>/ratio_spread.png``.
+Writes ``<out>/report.md``, ``<out>/compare.json``, ``<out>/gradient_cosine.png`` and ``<out>/ratio_spread.png``
+(the plots need matplotlib, ``pip install 'lit-gspo[plot]'``; without it the report says so and the rest is written).
 """
 
 from __future__ import annotations
@@ -406,8 +407,8 @@ def make_parser() -> ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the minibatch order (the same for every objective)")
     parser.add_argument("--device", type=str, default="cpu", help="e.g. cpu, cuda")
     parser.add_argument("--out", type=str | None, default=None,
-                        help="output folder: report.md, compare.json, gradient_cosine.png, ratio_spread.png "
-                             "(null: <run>/rollouts/compare_step_K/)")
+                        help="output folder: report.md, compare.json, gradient_cosine.png, ratio_spread.png (the plots need the "
+                             "plot extra; null: <run>/rollouts/compare_step_K/)")
     return parser
 
 

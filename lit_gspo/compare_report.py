@@ -1,4 +1,5 @@
-"""The outputs of ``lit-gspo compare``: the terminal table, report.md, compare.json and two plots (matplotlib Agg)."""
+"""The outputs of ``lit-gspo compare``: the terminal table, report.md, compare.json and two plots (matplotlib Agg, the
+``plot`` extra: without it the rest is written and the report says how to get them)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from lit_gspo.extras import pyplot
+from lit_gspo.extras import MissingExtraError, pyplot
 
 COLUMNS = [  # (header, how to read the value out of one objective's results)
     ("aggregation", lambda r: r["aggregation"] or "–"),
@@ -53,7 +54,7 @@ def cosine_table(matrix: dict) -> list[str]:
     return lines
 
 
-def markdown(report: dict, images: list[str], reading: str | None = None) -> str:
+def markdown(report: dict, images: list[str], reading: str | None = None, no_plots: str | None = None) -> str:
     s = report["settings"]
     run = report["run"]
     state = "the run's" if s.get("optimizer_state") else "a fresh"
@@ -87,7 +88,7 @@ def markdown(report: dict, images: list[str], reading: str | None = None) -> str
              "## Gradient cosines at the last minibatch step", "", *cosine_table(report["cosine_last_step"]), ""]
     if reading:
         lines += ["## Reading", "", reading.strip(), ""]
-    lines += ["## Plots", ""] + [f"![{name}]({name})" for name in images] + [""]
+    lines += ["## Plots", ""] + [f"![{name}]({name})" for name in images] + ([f"No plots: {no_plots}.", ""] if no_plots else [""])
     return "\n".join(lines)
 
 
@@ -137,14 +138,21 @@ def plot_spread(path: Path, report: dict) -> None:
 
 
 def write_outputs(report: dict, out: Path) -> None:
-    """Print the table and the command; write report.md, compare.json and the PNGs under ``out``."""
+    """Print the table and the command; write report.md, compare.json and, with matplotlib (the ``plot`` extra), the
+    PNGs under ``out``. Without matplotlib the report and JSON are still written, and say how to get the plots."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps(report, indent=1, default=str))
-    plot_cosines(out / "gradient_cosine.png", report)
-    plot_spread(out / "ratio_spread.png", report)
+    images, no_plots = [], None
+    try:
+        for name, plot in (("gradient_cosine.png", plot_cosines), ("ratio_spread.png", plot_spread)):
+            plot(out / name, report)
+            images.append(name)
+    except MissingExtraError as err:  # the replay is done: keep its numbers, say how to get the plots
+        no_plots = str(err)
     reading = out / "reading.md"
-    images = ["gradient_cosine.png", "ratio_spread.png"]
-    (out / "report.md").write_text(markdown(report, images, reading.read_text() if reading.exists() else None))
+    (out / "report.md").write_text(markdown(report, images, reading.read_text() if reading.exists() else None, no_plots))
     print("\n".join(table(report)))
-    print(f"\ncompare: wrote {out / 'report.md'}, {out / 'compare.json'}, {', '.join(str(out / i) for i in images)}")
+    print(f"\ncompare: wrote {', '.join(str(out / name) for name in ['report.md', 'compare.json', *images])}")
+    if no_plots:
+        print(f"no plots: {no_plots}")
     print(f"reproduce: {report.get('command') or 'lit-gspo compare ...'}", flush=True)

@@ -1,9 +1,10 @@
 """Optional dependencies: each one belongs to an extra of ``pyproject.toml``, and a missing one says which.
 
     peft         → pip install 'lit-gspo[lora]'   LoRA adapters (``--model.lora``)
-    gguf         → pip install 'lit-gspo[gguf]'   loading ``.gguf`` checkpoints
+    gguf         → pip install 'lit-gspo[gguf]'   loading ``.gguf`` checkpoints (e.g. ``smollm2-135m-instruct``)
+    accelerate   → pip install 'lit-gspo[gguf]'   (transformers needs it to load a ``.gguf`` as well)
     bitsandbytes → pip install 'lit-gspo[bnb]'    8-bit optimizers (``bitsandbytes.optim.AdamW8bit``)
-    matplotlib   → pip install 'lit-gspo[plot]'   the plots of ``lit-gspo ablate`` reports and scripts/plot_*.py
+    matplotlib   → pip install 'lit-gspo[plot]'   the plots of ``lit-gspo ablate`` / ``compare`` reports, scripts/plot_*.py
     trl          → pip install 'lit-gspo[bench]'  benchmarks/vs_trl.py, benchmarks/trl_anchor.py
 
 :func:`require` is the one place that imports them for a feature: ``peft = require("peft", "LoRA")``.
@@ -17,7 +18,7 @@ import re
 from types import ModuleType
 
 #: importable name → the extra that installs it
-EXTRAS = {"peft": "lora", "gguf": "gguf", "bitsandbytes": "bnb", "matplotlib": "plot", "trl": "bench"}
+EXTRAS = {"peft": "lora", "gguf": "gguf", "accelerate": "gguf", "bitsandbytes": "bnb", "matplotlib": "plot", "trl": "bench"}
 
 
 class MissingExtraError(ImportError):
@@ -49,6 +50,14 @@ def require(module: str, feature: str) -> ModuleType:
         if err.name is not None and err.name.split(".")[0] != package:
             raise  # the package is there but one of *its* dependencies is missing: that error says more
         raise MissingExtraError(missing_message(package, feature)) from err
+
+
+def require_installed(packages: tuple[str, ...], feature: str) -> None:
+    """Raise :class:`MissingExtraError` naming the extra for the first of ``packages`` that is not installed (without
+    importing them: for packages a library such as transformers imports itself, deep inside a call)."""
+    for package in packages:
+        if not available(package):
+            raise MissingExtraError(missing_message(package, feature))
 
 
 def pyplot(feature: str) -> ModuleType:

@@ -158,6 +158,23 @@ def test_the_cli_writes_the_report_json_and_plots(saved, tmp_path, capsys):
     assert "lit-gspo compare --rollout" in (out / "report.md").read_text()
 
 
+def test_without_matplotlib_the_report_and_json_are_written_and_name_the_plot_extra(saved, tmp_path, capsys, monkeypatch):
+    import sys
+
+    for module in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    out = tmp_path / "cmp"
+    main(["compare", "--rollout", str(saved[0]), "--objectives", "gspo", "grpo", "--minibatch_steps", "1",
+          "--num_minibatches", "1", "--out", str(out)])
+    assert sorted(p.name for p in out.iterdir()) == ["compare.json", "report.md"]
+    report = (out / "report.md").read_text()
+    assert "| gspo |" in report and "| grpo |" in report and "![" not in report
+    assert "No plots: Plotting a compare report needs the optional package `matplotlib`" in report
+    assert "pip install 'lit-gspo[plot]'" in report and "pip install 'lit-gspo[plot]'" in capsys.readouterr().out
+    assert list(json.loads((out / "compare.json").read_text())["objectives"]) == ["gspo", "grpo"]
+
+
 def test_compare_help_documents_every_option(capsys):
     with pytest.raises(SystemExit) as info:
         main(["compare", "--help"])

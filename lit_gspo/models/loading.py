@@ -24,11 +24,11 @@ from typing import Any, Callable
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from lit_gspo.extras import MissingExtraError, missing_message
+from lit_gspo.extras import require_installed
 from lit_gspo.hub import hub_offline, hub_unreachable, offline_hint
 
 from .builders import build_from_config, tiny_llama_config, tiny_qwen3_moe_config
-from .gguf_utils import GGUF_ALIASES, drop_quantizer, gguf_available, packaged_gguf_path
+from .gguf_utils import GGUF_ALIASES, GGUF_PACKAGES, drop_quantizer, packaged_gguf_path
 from .tokenizer import char_tokenizer
 
 log = logging.getLogger(__name__)
@@ -149,8 +149,7 @@ def _load_pretrained(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     kwargs: dict[str, Any] = {}
     if gguf_file is not None:
-        if not gguf_available():
-            raise MissingExtraError(missing_message("gguf", "loading GGUF checkpoints"))
+        require_installed(GGUF_PACKAGES, "loading GGUF checkpoints")
         kwargs["gguf_file"] = gguf_file
     unreachable = None
     if not os.path.isdir(source) and not hub_offline():  # a hub id: without a network, fail in seconds, not minutes
