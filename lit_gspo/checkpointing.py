@@ -42,6 +42,7 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from lit_gspo.distributed import gather_objects
@@ -316,13 +317,6 @@ class AtomicModelParallelStrategy(ModelParallelStrategy):
         return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
 
 
-def make_atomic(strategy: Any) -> Any:
-    """Switch a plain ``ModelParallelStrategy`` instance to :class:`AtomicModelParallelStrategy` (in place)."""
-    if type(strategy) is ModelParallelStrategy:
-        strategy.__class__ = AtomicModelParallelStrategy
-    return strategy
-
-
 # ---------------------------------------------------------------------- RNG states
 def local_rng_state(refill_generator: torch.Generator | None = None) -> dict[str, Any]:
     """This process's torch (CPU and CUDA), numpy and python RNG states (and the refill generator's)."""
@@ -367,33 +361,48 @@ def restore_local_rng_state(state: dict[str, Any], refill_generator: torch.Gener
 
 
 # ---------------------------------------------------------------------- CLI defaults
+class LastCheckpoint(ModelCheckpoint):
+    """``<root>/checkpoints/last.ckpt`` every n optimiser steps, and after the final step too: a 60-step run with
+    n = 50 ends with step 60's ``last.ckpt``, not step 50's (Lightning's ``ModelCheckpoint`` saves on its interval only).
+    Nothing under ``fast_dev_run``."""
+
+    def __init__(self, dirpath, every_n_train_steps: int | None) -> None:
+        super().__init__(dirpath=dirpath, save_last=True, save_top_k=0, every_n_train_steps=every_n_train_steps)
+        self.saved_at_step: int | None = None
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        self.saved_at_step = trainer.global_step
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.fast_dev_run or self.saved_at_step == trainer.global_step:
+            return
+        trainer.save_checkpoint(os.path.join(str(self.dirpath), self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION))
+
+
 def configure_checkpointing(config: dict, callbacks: list, every_n_steps: int | None) -> None:
     """Trainer defaults of the CLI: FSDP1 refused, atomic writes, and ``<root>/checkpoints/last.ckpt`` every n steps.
 
-    With ``trainer.enable_checkpointing`` (Lightning's default) and no ``ModelCheckpoint`` given, one is
-    added that writes ``last.ckpt`` only (``save_top_k=0``) every ``every_n_steps`` optimiser steps
-    (0/None: at the end of each epoch), into ``<default_root_dir>/checkpoints`` so that a new run with
-    ``--ckpt_path last`` finds it whatever logger version directory it gets.
+    With ``trainer.enable_checkpointing`` (Lightning's default), a :class:`LastCheckpoint` writes ``last.ckpt``
+    every ``every_n_steps`` optimiser steps (0/None: at the end of each epoch) and after the final step, into
+    ``<default_root_dir>/checkpoints``, so that ``--ckpt_path last`` finds it whatever logger version directory a
+    run gets; unless a ``ModelCheckpoint`` the user gives keeps a last checkpoint itself (``save_last``). A user's
+    ``ModelCheckpoint(monitor="val/reward", save_top_k=k)`` keeps its k best beside it.
     """
     from lightning.fabric.plugins import CheckpointIO
-    from lightning.pytorch.callbacks import ModelCheckpoint
 
     from lit_gspo.distributed import check_strategy, strategy_from_path
 
     strategy = config.get("strategy")
     check_strategy(strategy)
     if strategy is not None:
-        strategy = config["strategy"] = strategy_from_path(strategy)
-    make_atomic(strategy)
+        config["strategy"] = strategy_from_path(strategy)
     plugins = config.get("plugins")
     plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
     if not any(isinstance(p, CheckpointIO) for p in plugins):
         config["plugins"] = plugins + [AtomicCheckpointIO()]
     if config.get("enable_checkpointing") is False:
         return
-    given = list(callbacks) + list(config.get("callbacks") or [])
-    if any(isinstance(c, ModelCheckpoint) for c in given):
+    if any(isinstance(c, ModelCheckpoint) and c.save_last for c in callbacks):
         return
     root = Path(config.get("default_root_dir") or os.getcwd())
-    callbacks.append(ModelCheckpoint(dirpath=root / "checkpoints", save_last=True, save_top_k=0,
-                                     every_n_train_steps=every_n_steps or None))
+    callbacks.append(LastCheckpoint(root / "checkpoints", every_n_train_steps=every_n_steps or None))

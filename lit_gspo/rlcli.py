@@ -208,6 +208,7 @@ class RLCLI(LightningCLI):
             self.parser.error(f"`{self.subcommand}` must come first: lit-gspo {self.subcommand} --help")
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         schedule_validation(cfg.model, cfg.trainer)
+        map_trainer_flags(cfg.model, cfg.trainer)
         atomic_strategy(cfg.trainer)
 
     def before_fit(self) -> None:
@@ -281,6 +282,34 @@ def schedule_validation(model, trainer) -> None:
     model["val_every_n_steps"] = n
     for key, value in validation_schedule(n).items():
         trainer[key] = value
+
+
+def map_trainer_flags(model, trainer) -> None:
+    """Lightning's optimisation flags, which assume automatic optimisation, mapped to lit_gspo's own settings or refused in
+    one line naming them (RLModule optimises by hand: K epochs × M minibatches per RL step, ``lit_gspo.learner``).
+
+    ``gradient_clip_val`` → ``model.update.max_grad_norm`` (``gradient_clip_algorithm: norm`` only);
+    ``accumulate_grad_batches`` → refused: ``model.update.micro_batch_size`` accumulates within a minibatch."""
+    clip, algorithm = trainer.get("gradient_clip_val"), trainer.get("gradient_clip_algorithm")
+    if algorithm not in (None, "norm"):
+        raise ValueError(f"--trainer.gradient_clip_algorithm {algorithm}: lit_gspo clips the gradient norm only "
+                         "(--model.update.max_grad_norm); use norm, or leave it unset")
+    if clip is not None:
+        update = model.get("update")
+        if update is None:
+            update = model["update"] = Namespace()
+        update = update.get("init_args", update)
+        given = update.get("max_grad_norm")
+        if given is not None and float(given) != float(clip):
+            raise ValueError(f"--trainer.gradient_clip_val {clip} and --model.update.max_grad_norm {given} disagree: "
+                             "give one (both clip the gradient norm of each optimiser step)")
+        update["max_grad_norm"] = float(clip) if clip > 0 else None  # Lightning's 0: no clipping
+        trainer["gradient_clip_val"], trainer["gradient_clip_algorithm"] = None, None
+    accumulate = trainer.get("accumulate_grad_batches")
+    if accumulate not in (None, 1):
+        raise ValueError(f"--trainer.accumulate_grad_batches {accumulate}: one Lightning batch is one RL step, and its "
+                         "update is K epochs × M minibatches (--model.update.epochs, --model.update.num_minibatches); "
+                         "a minibatch too large for memory is accumulated over --model.update.micro_batch_size rows")
 
 
 def atomic_strategy(trainer) -> None:
