@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import math
 import os
 import re
 import threading
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from lit_gspo.rewards.calling import CALL_INPUTS, TRAINER_COLUMNS, TRL_ONLY, Convention, TrainerState, convention
+from lit_gspo.rewards.calling import CALL_INPUTS, TRAINER_COLUMNS, TRL_ONLY, TrainerState, convention
 
 
 class RewardWarning(UserWarning):
