@@ -4,6 +4,8 @@
     episodes    = engine.sample(policy, prompt ids, G per prompt), then, while the environment answers
                   and max_turns allows, its observation appended and the next reply sampled (lit_gspo.episodes)
     rewards     = Σ_k w_k · reward_k(prompt, last reply, **columns) + Σ_turns the environment's turn reward
+                  (TRL's reward contract: chat prompts give message-list completions; the first scoring
+                  of a run fails at once when a reward function fails as a whole: RewardSet.score strict)
     a sample a reward function failed on keeps its row (groups stay whole) with loss mask 0 and its
     group's mean valid reward, so it moves neither the group's mean nor anyone's advantage
     dynamic sampling: drop groups whose rewards are all equal, sample new prompts, ≤ max_rounds rounds"""
@@ -19,12 +21,18 @@ from lit_gspo.config import Generation
 from lit_gspo.engines import RolloutEngine
 from lit_gspo.envs import Environment
 from lit_gspo.episodes import Episode, assemble, episode_stats, replies_of, step_all
-from lit_gspo.rewards import RewardSet
+from lit_gspo.rewards import RewardSet, TrainerState, conversation_completions
 from lit_gspo.rollout import RolloutBatch, concat_rollouts
 
 
 class Collector:
-    """Samples and scores rollouts for the trainer and for validation (greedy)."""
+    """Samples and scores rollouts for the trainer and for validation (greedy).
+
+    Attributes:
+        trainer_state: what the reward functions get as ``trainer_state`` (TRL's input for curricula); the
+            trainer updates it every step. None: a default ``TrainerState()`` (step 0, max_steps 0).
+        last_extra: the ``log_extra(column, values)`` columns of the last scoring (column → one value per sample).
+    """
 
     def __init__(self, environment: Environment, engine: RolloutEngine, rewards: RewardSet, tokenizer,
                  generation: Generation, dynamic_sampling: bool = False, max_sampling_rounds: int = 4,
@@ -34,6 +42,9 @@ class Collector:
         self.environment, self.engine, self.rewards, self.tokenizer = environment, engine, rewards, tokenizer
         self.generation, self.dynamic_sampling, self.max_sampling_rounds = generation, dynamic_sampling, max_sampling_rounds
         self.engine_logprobs = engine_logprobs  # keep the sampler's log-probs of sampled tokens (mismatch correction)
+        self.trainer_state: TrainerState | None = None
+        self.last_extra: dict[str, list] = {}
+        self._scored = False  # the first scoring of the run is strict: a reward that fails as a whole stops it
 
     def encode(self, policy: nn.Module, rows: list[dict]) -> list[list[int]]:
         """First-prompt ids of ``rows``, checked to leave room for the longest completion in the context."""
@@ -133,8 +144,13 @@ class Collector:
         columns["max_completion_length"] = max_new_tokens
         columns["turns"] = [len(e.replies) for e in episodes]
         columns["replies"] = [list(e.replies) for e in episodes]
-        scores = self.rewards.score([r["prompt"] for r in rows], [e.replies[-1] for e in episodes], columns,
-                                    completion_ids=[e.reply_ids for e in episodes])
+        prompts = [r["prompt"] for r in rows]
+        completions = conversation_completions(prompts, [e.replies for e in episodes],
+                                               [[t.observation for t in e.turns] for e in episodes])
+        scores = self.rewards.score(prompts, completions, columns, completion_ids=[e.reply_ids for e in episodes],
+                                    trainer_state=self.trainer_state, strict=not self._scored)
+        self._scored = True
+        self.last_extra = scores.extra
         turn_rewards = [[float(t.reward or 0.0) for t in e.turns] for e in episodes]
         total = scores.total.float()
         if any(t.reward is not None for e in episodes for t in e.turns):
@@ -154,6 +170,7 @@ class Collector:
             token_rewards = token_rewards.to(batch.turn_ids.device)
         stats = {"reward_failed": float(scores.num_failed)}
         stats.update({f"reward/{name}": value for name, value in scores.means().items()})
+        stats.update({name: value for name, value in scores.metrics.items() if name not in stats})  # log_metric
         if self.environment.max_turns > 1:
             stats.update(episode_stats(episodes))
         return rewards.to(device), token_rewards, stats  # the advantages are computed where the rollout lives

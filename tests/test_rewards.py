@@ -134,8 +134,11 @@ def test_reward_set_masks_failures_and_never_crashes():
     assert s.num_failed == 5 and not s.valid.any() and (s.total == 0).all()
     assert torch.isnan(s.per_function["raises"]).all() and s.per_function["exact_match"].tolist() == [1.0] * 5
 
-    with pytest.warns(RewardWarning, match="for 4 of 5 samples"):
+    with pytest.warns(RewardWarning) as caught:  # NaN, inf, "oops" fail; None leaves the only function out: unscored
         s = RewardSet([holes]).score(prompts, completions, {})
+    assert [str(w.message).split(" (the affected")[0] for w in caught] == [
+        "reward function 'holes' returned NaN/inf or a non-number for 3 of 5 samples",
+        "every reward function returned None for 1 of 5 samples (e.g. sample 1): no function scores them"]
     assert s.valid.tolist() == [True, False, False, False, False] and s.num_failed == 4
     assert s.total.tolist() == [1.0, 0, 0, 0, 0]
 
@@ -267,7 +270,10 @@ def test_check_names_function_parameter_and_columns():
     assert "the columns ['answer', 'level', 'completion_lengths', 'max_completion_length', 'turns', 'replies']" in msg and "exact_match" not in msg
     rs.check(["prompt", "answer", "solution"])  # passes once the column exists
 
-    def curriculum(completions, trainer_state, **kwargs):
+    def curriculum(completions, trainer_state, **kwargs):  # TRL's trainer_state is given (a TrainerState)
+        return [1.0] * len(completions)
+
+    def multi_env(completions, environments, **kwargs):
         return [1.0] * len(completions)
 
     def positional_extra(p, c, difficulty):
@@ -276,9 +282,10 @@ def test_check_names_function_parameter_and_columns():
     def one_slot(x):
         return [1.0]
 
-    with pytest.raises(ValueError, match=r"'curriculum'.*\['trainer_state'\] \(\['trainer_state'\] exist only in TRL\)"
+    with pytest.raises(ValueError, match=r"'multi_env'.*\['environments'\] \(\['environments'\] exist only in TRL\)"
                                          r".*'positional_extra' \(p, c, difficulty\) \[positional style.*\['difficulty'\]"):
-        RewardSet([curriculum, positional_extra]).check(["answer"])
+        RewardSet([curriculum, multi_env, positional_extra]).check(["answer"])
+    RewardSet([curriculum]).check([])
     RewardSet([positional_extra]).check(["difficulty"])
     with pytest.raises(ValueError, match=r"'one_slot' \(x\) \[TRL keyword style\] cannot be given \['x'\]"):
         RewardSet([one_slot]).check([])

@@ -8,18 +8,22 @@ apart once from the function's parameters:
   ``def f(completions, answer, **kwargs)``, ``def f(prompts, completions, ground_truth, **kwargs)``,
   ``def f(completion_ids, **kwargs)``.
 
-Inputs are ``prompts``, ``completions``, ``completion_ids`` (token ids), the dataset columns per
-sample (``answer=[...]``) and trainer-provided ones (``completion_lengths=[...]`` in tokens,
-``max_completion_length=int``). ``RewardSet`` sums the functions with weights, masks failures, and
+Inputs follow TRL's contract: ``prompts``, ``completions`` (message lists with chat prompts),
+``completion_ids`` (token ids), every dataset column under its own name (``answer=[...]``),
+``trainer_state``, ``log_extra``, ``log_metric``, and trainer-provided ones (``completion_lengths=[...]``
+in tokens, ``max_completion_length=int``); ``async def`` functions are awaited concurrently.
+``RewardSet`` sums the functions with weights (None: left out of that sample's sum), masks failures,
 ``RewardSet.check(columns)`` fails at the start of a run when a function needs an input that no
-call will give it.
+call will give it, and the run's first scoring fails at once when a function fails as a whole.
 """
 
+from lit_gspo.rewards.calling import TrainerState, completion_text, conversation_completions, is_conversational
 from lit_gspo.rewards.format import FormatReward
 from lit_gspo.rewards.match import AnswerMatch, CharAccuracy, ExactMatch, last_number
 from lit_gspo.rewards.overlong import OverlongPenalty, overlong_penalty
 from lit_gspo.rewards.reward_model import RewardModel
-from lit_gspo.rewards.reward_set import RewardScores, RewardSet, RewardTimeout, RewardWarning, function_name
+from lit_gspo.rewards.reward_set import (RewardFunctionError, RewardScores, RewardSet, RewardTimeout, RewardWarning,
+                                        function_name)
 
 __all__ = [
     "AnswerMatch",
@@ -27,12 +31,17 @@ __all__ = [
     "ExactMatch",
     "FormatReward",
     "OverlongPenalty",
+    "RewardFunctionError",
     "RewardModel",
     "RewardScores",
     "RewardSet",
     "RewardTimeout",
     "RewardWarning",
+    "TrainerState",
+    "completion_text",
+    "conversation_completions",
     "function_name",
+    "is_conversational",
     "last_number",
     "overlong_penalty",
 ]

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import re
 
+from lit_gspo.rewards.calling import completion_text
+
 
 class FormatReward:
     """1.0 when the whole completion matches ``pattern``, else 0.0.
 
     The match is ``re.fullmatch(pattern, completion.strip(), re.DOTALL)``: the pattern must cover
     the entire completion (leading and trailing whitespace ignored), and ``.`` also matches newlines.
-    To reward a pattern appearing anywhere, wrap it: ``".*<answer>.*</answer>.*"``.
+    To reward a pattern appearing anywhere, wrap it: ``".*<answer>.*</answer>.*"``. A chat completion
+    (a message list) is matched on its last assistant message.
 
     Args:
         pattern: a Python regular expression, e.g. ``"<think>.*</think>\\s*<answer>.*</answer>"``.
@@ -26,4 +29,4 @@ class FormatReward:
         self.weight = weight
 
     def __call__(self, prompts: list[str], completions: list[str], **columns) -> list[float]:
-        return [float(self.regex.fullmatch(c.strip()) is not None) for c in completions]
+        return [float(self.regex.fullmatch(completion_text(c).strip()) is not None) for c in completions]

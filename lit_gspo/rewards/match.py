@@ -1,8 +1,9 @@
 """Rewards that compare a completion with the reference ``answer`` column.
 
 A row whose answer is None (a missing value in the data) has nothing to compare with: these rewards
-return None for it, so its sample is masked and counted in ``reward_failed``, never scored against
-the string "None".
+return None for it, never a score against the string "None"; ``RewardSet`` leaves it out of that
+sample's sum (the sample is masked and counted in ``reward_failed`` when no other function scores it).
+Completions may be text or chat message lists (the last assistant message is compared).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import re
 import threading
 from decimal import Decimal, InvalidOperation
 from typing import Literal
+
+from lit_gspo.rewards.calling import completion_text
 
 # A number: optional sign, digits, optional "." followed by at least one digit. The sign only counts
 # when it is not glued to a preceding letter or digit, so in "3-5" the numbers are 3 and 5, not 3 and -5.
@@ -62,6 +65,7 @@ class AnswerMatch:
     def __call__(self, prompts: list[str], completions: list[str], answer: list | None = None,
                  **columns) -> list[float | None]:
         answers = _answers(answer, len(completions), "AnswerMatch")
+        completions = [completion_text(c) for c in completions]
         if self.mode == "last_number":
             return [None if a is None else self._last_number(c, a) for c, a in zip(completions, answers)]
         return self._math_verify(completions, answers)
@@ -107,6 +111,7 @@ class ExactMatch:
     def __call__(self, prompts: list[str], completions: list[str], answer: list | None = None,
                  **columns) -> list[float | None]:
         answers = _answers(answer, len(completions), "ExactMatch")
+        completions = [completion_text(c) for c in completions]
         norm = (lambda s: str(s).strip()) if self.strip else str
         return [None if a is None else float(norm(c) == norm(a)) for c, a in zip(completions, answers)]
 
@@ -131,6 +136,7 @@ class CharAccuracy:
     def __call__(self, prompts: list[str], completions: list[str], answer: list | None = None,
                  **columns) -> list[float | None]:
         answers = _answers(answer, len(completions), "CharAccuracy")
+        completions = [completion_text(c) for c in completions]
         return [None if a is None else self.score(c, a) for c, a in zip(completions, answers)]
 
     def score(self, completion: str, answer) -> float:

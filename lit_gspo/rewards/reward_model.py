@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from lit_gspo.rewards.calling import completion_text
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -51,14 +53,15 @@ class RewardModel:
                              f"num_labels={model.config.num_labels}")
         self._model = model.to(self.device).eval()
 
-    def text(self, prompt, completion: str) -> str:
-        """The text scored for one sample (see the class docstring)."""
+    def text(self, prompt, completion) -> str:
+        """The text scored for one sample (see the class docstring); ``completion`` is text or, with chat
+        prompts, the messages after the prompt (as ``RewardSet`` passes them)."""
         if isinstance(prompt, str):
-            return prompt + completion
+            return prompt + completion_text(completion)
+        reply = [{"role": "assistant", "content": completion}] if isinstance(completion, str) else list(completion)
         if self._tokenizer.chat_template is not None:
-            messages = [*prompt, {"role": "assistant", "content": completion}]
-            return self._tokenizer.apply_chat_template(messages, tokenize=False)
-        return "".join(m["content"] for m in prompt) + completion
+            return self._tokenizer.apply_chat_template([*prompt, *reply], tokenize=False)
+        return "".join(m["content"] for m in [*prompt, *reply])
 
     @torch.no_grad()
     def __call__(self, prompts: list, completions: list[str], **columns) -> list[float]:
