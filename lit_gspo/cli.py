@@ -16,8 +16,8 @@ from lit_gspo.rlcli import RLCLI, cli_main  # noqa: F401  (``lit_gspo.cli.cli_ma
 COMMANDS = {"eval": (eval_cli.make_parser, eval_cli.main), "ablate": (ablate.make_parser, ablate.main),
             "compare": (compare.make_parser, compare.main)}
 
-# Lightning's other subcommands: they need a validation_step/test_step, which RLModule has no use for
-NOT_COMMANDS = {"validate", "test", "predict"}
+# Lightning's predict: RLModule has nothing to predict (lit-gspo eval writes completions)
+NOT_COMMANDS = {"predict"}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,9 +26,9 @@ def main(argv: list[str] | None = None) -> None:
         COMMANDS[args[0]][1](args[1:])
         return
     if args and args[0] in NOT_COMMANDS:
-        print(f"lit-gspo {args[0]}: not a command. `lit-gspo fit` validates as it trains (val/reward: greedy "
-                 "completions of held-out prompts); to evaluate a checkpoint or a saved model, run "
-                 "`lit-gspo eval --ckpt <run>/hf_model` (greedy accuracy, pass@k; lit-gspo eval --help)", file=sys.stderr)
+        print(f"lit-gspo {args[0]}: not a command. `lit-gspo validate --config <run config> --ckpt_path <ckpt or hf_model>` "
+              "gives val/reward; `lit-gspo eval --ckpt <run>/hf_model` writes greedy completions, accuracy and pass@k "
+              "(lit-gspo eval --help)", file=sys.stderr)
         sys.exit(2)
     # None: LightningCLI reads sys.argv itself; its --help lists COMMANDS beside fit
     cli_main(argv, other_subcommands={name: make_parser() for name, (make_parser, _) in COMMANDS.items()})

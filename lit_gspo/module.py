@@ -45,8 +45,9 @@ from lit_gspo.models.lora import apply_lora, is_lora, merged_for_saving
 from lit_gspo.models.routing import moe_routers
 from lit_gspo.objectives import GSPO, Objective
 from lit_gspo.optim import shard_aware
+from lit_gspo.progress import optimizer_steps_per_rl_step, total_rl_steps
 from lit_gspo.quiet import silence_lightning_noise
-from lit_gspo.rewards import ExactMatch, RewardSet
+from lit_gspo.rewards import ExactMatch, RewardSet, TrainerState
 from lit_gspo.safe_ends import safe_ends
 from lit_gspo.warm_start import warm_start
 
@@ -201,6 +202,7 @@ class RLModule(LightningModule):
     # ------------------------------------------------------------------ one RL step
     def training_step(self, rows: list[dict], batch_idx: int) -> None:
         start = time.perf_counter()
+        self.collector.trainer_state = self._reward_trainer_state()
         self.collector.engine.sync_weights(self.policy)
         rollout, stats = self.collector.collect(self.policy, rows, self._refill_rows, synced_gpus=self._synced_gpus())
         stats["time/rollout_s"] = time.perf_counter() - start
@@ -228,6 +230,12 @@ class RLModule(LightningModule):
             return True
         last_epoch = trainer.max_epochs is not None and trainer.max_epochs >= 0 and trainer.current_epoch + 1 >= trainer.max_epochs
         return last_epoch and trainer.is_last_batch
+
+    def _reward_trainer_state(self) -> TrainerState:
+        """What TRL passes its reward functions as ``trainer_state``: the RL step, the run's length, the epoch."""
+        trainer = self.trainer
+        return TrainerState(global_step=self.rl_step, max_steps=total_rl_steps(trainer, self) or 0,
+                            epoch=float(trainer.current_epoch), num_train_epochs=max(trainer.max_epochs or 0, 0))
 
     def _anything_to_learn(self, rollout) -> bool:
         """Whether any rank kept a sample (collective under several processes: every rank decides the same; a rank
@@ -274,9 +282,16 @@ class RLModule(LightningModule):
         idx = torch.randint(len(pool), (count,), generator=self._refill_generator)
         return [pool[int(i)] for i in idx]
 
+    def _attached(self) -> bool:
+        """Whether a Trainer runs this module (``self.trainer`` raises otherwise)."""
+        try:
+            return self.trainer is not None
+        except RuntimeError:
+            return False
+
     def _synced_gpus(self) -> bool:
         """Sharded parameters (FSDP2 over several processes): every rank must take part in every forward."""
-        return self._trainer is not None and self.trainer.world_size > 1 and isinstance(self.trainer.strategy,
+        return self._attached() and self.trainer.world_size > 1 and isinstance(self.trainer.strategy,
                                                                                          ModelParallelStrategy)
 
     # ------------------------------------------------------------------ Lightning plumbing
@@ -299,7 +314,7 @@ class RLModule(LightningModule):
 
     def configure_model(self) -> None:
         """FSDP2 (``ModelParallelStrategy``): ``fully_shard`` each decoder layer, then the root; FSDP1 is refused."""
-        if self._trainer is not None:
+        if self._attached():
             check_strategy(self.trainer.strategy)
         if self.device_mesh is not None:
             apply_fsdp2(self, self.device_mesh)
@@ -313,8 +328,8 @@ class RLModule(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "rng_states" in checkpoint:
             restore_rng_states(checkpoint["rng_states"], self.global_rank, self._refill_generator)
-        # checkpoints written before the counter was saved: Lightning's count of batches is the same number
-        self.rl_step = checkpoint.get("rl_step", _batches_that_stepped(checkpoint))
+        # checkpoints written before the counter was saved: one RL step is K × M optimiser steps
+        self.rl_step = checkpoint.get("rl_step", checkpoint.get("global_step", 0) // optimizer_steps_per_rl_step(self))
         self._warm_started = checkpoint.get("warm_started", True)
 
     def on_fit_start(self) -> None:
@@ -382,6 +397,7 @@ class RLModule(LightningModule):
             self._check_data()
         self._warm_start_once()
         self._rng_before_validation = local_rng_state()
+        self.collector.trainer_state = self._reward_trainer_state()
         self.collector.engine.sync_weights(self.policy)
         self._val = GreedyTally(self._episode_metric_keys())
         self._val_shown = ([], [], [])  # rows, replies, rewards of the completions logged with this validation
@@ -513,27 +529,3 @@ def _frozen_copy(model: nn.Module) -> nn.Module:
     ref = copy.deepcopy(model).eval()
     ref.requires_grad_(False)
     return ref
-
-
-def _batches_that_stepped(checkpoint: dict) -> int:
-    loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
-    return int(loop.get("_batches_that_stepped", 0))
-
-
-#: ``val_check_interval`` of a run that validates only before and after training (``val_every_n_steps=0``)
-NEVER = 2**62
-
-
-def validation_schedule(val_every_n_steps: int) -> dict:
-    """The Trainer settings of ``val_every_n_steps``: Lightning's validation loop every n batches (= RL steps)."""
-    return {"val_check_interval": val_every_n_steps or NEVER, "check_val_every_n_epoch": None}
-
-
-def check_validation_schedule(trainer, val_every_n_steps: int) -> None:
-    """``RLModule(val_every_n_steps=n)`` under a Trainer that schedules otherwise: one line naming the Trainer flags."""
-    want = validation_schedule(val_every_n_steps)
-    have = {"val_check_interval": trainer.val_check_interval, "check_val_every_n_epoch": trainer.check_val_every_n_epoch}
-    if have != want:
-        raise ValueError(f"RLModule(val_every_n_steps={val_every_n_steps}) needs Trainer(val_check_interval="
-                         f"{want['val_check_interval']}, check_val_every_n_epoch=None) (one Lightning batch is one RL "
-                         f"step); this Trainer has {have}. Set those on the Trainer, or leave val_every_n_steps=None")

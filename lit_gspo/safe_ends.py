@@ -347,7 +347,7 @@ class SaveOnSignal(Callback):
     def __init__(self) -> None:
         self._received = 0  # the first stop signal received while training (0: none)
         self._previous: dict[int, Any] = {}
-        self._trainer = None
+        self._run_trainer = None
         self._watchdog: _SecondSignalWatchdog | None = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -356,7 +356,7 @@ class SaveOnSignal(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         # after Lightning's _SignalConnector registered its handlers, which this replaces while training runs
-        self._trainer = trainer
+        self._run_trainer = trainer
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in STOP_SIGNALS:
@@ -370,7 +370,7 @@ class SaveOnSignal(Callback):
             raise RunInterrupted(128 + signum, f"{name} received a second time: stopped without saving; the last "
                                                "checkpoint written is intact")
         self._received = signum
-        if self._trainer is None or self._trainer.is_global_zero:
+        if self._run_trainer is None or self._run_trainer.is_global_zero:
             print(f"\n{name} received: finishing this RL step, then saving a checkpoint and exiting with code "
                   f"{128 + signum} (send it again to stop at once, without saving)", file=sys.stderr, flush=True)
 

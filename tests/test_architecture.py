@@ -1,6 +1,7 @@
 """The dependency direction the README states: objectives ← learner ← module ← cli, and no Lightning below module.py."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,3 +46,39 @@ def test_dependencies_point_one_way():
         for file in files:
             bad = {m for m in imported_lit_gspo_modules(file) if m.startswith(forbidden)}
             assert not bad, f"{file.relative_to(PACKAGE.parent)} imports {sorted(bad)}"
+
+
+#: what reaches into Lightning's internals: the trainer's private attributes, the logger connector, loop progress,
+#: private hooks of Lightning classes we subclass, and swapping an object's class (a Lightning strategy's, before)
+PRIVATE_LIGHTNING = re.compile(
+    r"trainer\._[a-z]|\._logger_connector|_instantiate_trainer|_check_log_dir_exists|epoch_loop\.|batch_progress|"
+    r"launcher\.procs|\bself\._trainer\b|\._fs\b|_get_next_version|__class__\s*=(?!=)")
+#: the one ``__class__`` assignment left is a torch optimizer's (``optim.shard_aware``), not a Lightning object's
+ALLOWED = {("optim.py", "optimizer.__class__ = _CLASSES[cls]")}
+
+
+def private_lightning_uses(package: Path) -> list[str]:
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if PRIVATE_LIGHTNING.search(code) and (path.name, code.strip()) not in ALLOWED:
+                found.append(f"{path.relative_to(package.parent)}:{number}: {line.strip()}")
+    return found
+
+
+def test_lit_gspo_uses_only_public_lightning_api():
+    found = private_lightning_uses(PACKAGE)
+    assert not found, "private Lightning internals used:\n" + "\n".join(found)
+
+
+def test_the_private_api_check_finds_what_the_old_code_did(tmp_path):
+    """The patterns catch each reach into Lightning that lit_gspo used to make (so the test above can fail)."""
+    old = ["connector = trainer._logger_connector", "batch = trainer.fit_loop.epoch_loop.batch_progress.total.ready",
+           "strategy.__class__ = AtomicModelParallelStrategy", "return super()._instantiate_trainer(config, callbacks)",
+           "    def _check_log_dir_exists(self) -> None:", "for proc in getattr(launcher, 'procs', None) or []: launcher.procs",
+           "if self._trainer is not None:"]
+    (tmp_path / "lit_gspo").mkdir()
+    for i, line in enumerate(old):
+        (tmp_path / "lit_gspo" / f"m{i}.py").write_text(line + "\n")
+    assert len(private_lightning_uses(tmp_path / "lit_gspo")) == len(old)
