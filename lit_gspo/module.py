@@ -529,3 +529,22 @@ def _frozen_copy(model: nn.Module) -> nn.Module:
     ref = copy.deepcopy(model).eval()
     ref.requires_grad_(False)
     return ref
+
+
+#: ``val_check_interval`` of a run that validates only before and after training (``val_every_n_steps=0``)
+NEVER = 2**62
+
+
+def validation_schedule(val_every_n_steps: int) -> dict:
+    """The Trainer settings of ``val_every_n_steps``: Lightning's validation loop every n batches (= RL steps)."""
+    return {"val_check_interval": val_every_n_steps or NEVER, "check_val_every_n_epoch": None}
+
+
+def check_validation_schedule(trainer, val_every_n_steps: int) -> None:
+    """``RLModule(val_every_n_steps=n)`` under a Trainer that schedules otherwise: one line naming the Trainer flags."""
+    want = validation_schedule(val_every_n_steps)
+    have = {"val_check_interval": trainer.val_check_interval, "check_val_every_n_epoch": trainer.check_val_every_n_epoch}
+    if have != want:
+        raise ValueError(f"RLModule(val_every_n_steps={val_every_n_steps}) needs Trainer(val_check_interval="
+                         f"{want['val_check_interval']}, check_val_every_n_epoch=None) (one Lightning batch is one RL "
+                         f"step); this Trainer has {have}. Set those on the Trainer, or leave val_every_n_steps=None")
