@@ -170,6 +170,7 @@ class RLModule(LightningModule):
         self.rl_step = 0  # RL steps (rollout batches) done, across epochs and resumes: the ``step`` of the logs
         self._logged_keys: set[str] = set()
         self._warm_started = False  # saved in checkpoints: a resume never warm-starts again
+        self._warned_precision = False
 
         self.policy, self.tokenizer = load_policy(model, gguf_file=gguf_file, config_overrides=model_config, seed=self.seed)
         if routing_replay and not moe_routers(self.policy):
@@ -307,9 +308,13 @@ class RLModule(LightningModule):
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.val_every_n_steps is not None and not self.trainer.fast_dev_run:
             check_validation_schedule(self.trainer, self.val_every_n_steps)
+        if stage == "fit" and self.trainer.log_every_n_steps > 1:
+            rank_zero_info(f"train/* metrics every {self.trainer.log_every_n_steps} RL steps (log_every_n_steps; 1: every "
+                           "step, as `lit-gspo fit` does)")
         deterministic_on_cpu(self.trainer.strategy.root_device.type)  # before the warm start's first backward
         advice = bf16_on_cpu_warning(self.trainer.precision, self.trainer.strategy.root_device.type)
-        if advice:  # bf16 emulated on this CPU: slower than fp32
+        if advice and not self._warned_precision:  # bf16 emulated on this CPU: slower than fp32 (once: validate, then fit)
+            self._warned_precision = True
             rank_zero_warn(advice, category=SlowPrecisionWarning)
 
     def configure_model(self) -> None:

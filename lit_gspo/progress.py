@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm, convert_inf
 
 
@@ -65,3 +65,25 @@ class RLProgressBar(TQDMProgressBar):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if not self.train_progress_bar.disable:
             self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+
+class RLRichProgressBar(RichProgressBar):
+    """Lightning's Rich bar, counting RL steps of the run ("RL step 37/500") instead of "Epoch 0/-2" and the batches
+    of a data epoch. ``lit-gspo fit --trainer.callbacks+=RichProgressBar`` gets this one (same arguments)."""
+
+    DESCRIPTION = "RL step"
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self._show_rl_steps(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._show_rl_steps(trainer, pl_module)
+
+    def _show_rl_steps(self, trainer, pl_module) -> None:
+        if self.progress is None or self.train_progress_bar_id is None:
+            return
+        self.progress.update(self.train_progress_bar_id, description=self.DESCRIPTION,
+                             total=total_rl_steps(trainer, pl_module), completed=getattr(pl_module, "rl_step", 0))
+        self.refresh()

@@ -210,6 +210,7 @@ class RLCLI(LightningCLI):
         schedule_validation(cfg.model, cfg.trainer)
         map_trainer_flags(cfg.model, cfg.trainer)
         atomic_strategy(cfg.trainer)
+        rl_step_progress_bars(cfg.trainer)
 
     def before_fit(self) -> None:
         repo_id = self.config.fit.get("push_to_hub")
@@ -260,8 +261,8 @@ class RLCLI(LightningCLI):
         callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
         if config.get("logger") in (None, True):
             config["logger"] = RunCSVLogger(save_dir=config.get("default_root_dir") or os.getcwd(),
-                                            resume=bool(cfg.get("ckpt_path")) and self.subcommand == "fit")
-        if self.subcommand == "fit":
+                                            resume=bool(cfg.get("ckpt_path")) and self.subcommand in (None, "fit"))
+        if self.subcommand in (None, "fit"):  # None: cli_main(run=False), which builds a fit
             configure_checkpointing(config, callbacks, cfg.get("checkpoint_every_n_steps", 50))
         add_progress_bar(config, callbacks)
         config["callbacks"] = callbacks
@@ -310,6 +311,15 @@ def map_trainer_flags(model, trainer) -> None:
         raise ValueError(f"--trainer.accumulate_grad_batches {accumulate}: one Lightning batch is one RL step, and its "
                          "update is K epochs × M minibatches (--model.update.epochs, --model.update.num_minibatches); "
                          "a minibatch too large for memory is accumulated over --model.update.micro_batch_size rows")
+
+
+def rl_step_progress_bars(trainer) -> None:
+    """A ``RichProgressBar`` given as a callback becomes ``RLRichProgressBar`` (same arguments): it counts RL steps."""
+    callbacks = trainer.get("callbacks") or []
+    for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
+        if isinstance(callback, Namespace) and callback.get("class_path") in (
+                "lightning.pytorch.callbacks.RichProgressBar", "lightning.pytorch.callbacks.progress.rich_progress.RichProgressBar"):
+            callback["class_path"] = "lit_gspo.progress.RLRichProgressBar"
 
 
 def atomic_strategy(trainer) -> None:

@@ -375,10 +375,22 @@ class SaveOnSignal(Callback):
                   f"{128 + signum} (send it again to stop at once, without saving)", file=sys.stderr, flush=True)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._stop_if_asked(trainer, pl_module)  # the step's metrics row is already written (RLModule.log_step)
+        # Every rank agrees on the step. With validation on, Lightning's own stop: its loop validates this step (a
+        # resume would skip that validation), and the checkpoint is saved at the validation's end, where a resume
+        # continues with the next step of the same data epoch.
+        if not _agree(trainer, self._received):
+            return
+        if trainer.enable_validation:
+            trainer.should_stop = True
+        else:
+            self._stop_if_asked(trainer, pl_module)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._stop_if_asked(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._stop_if_asked(trainer, pl_module)  # before the export: a resume writes it
+        self._stop_if_asked(trainer, pl_module)  # received after the last step's validation: before the export
 
     def _stop_if_asked(self, trainer, pl_module) -> None:
         signum = _agree(trainer, self._received)

@@ -36,7 +36,7 @@ def test_the_python_api_example_trains_with_a_plain_trainer_and_logs_every_rl_st
     spec = importlib.util.spec_from_file_location("python_api", ROOT / "examples/python_api.py")
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    # Lightning's default log_every_n_steps is 50: a 3-step run would log no train/* row at all
+    # the example sets log_every_n_steps=1 (Lightning's default 50 would log no train/* row in 3 steps)
     val = example.main(max_steps=3, root=str(tmp_path), prompts=4, completions=4, warm_start_steps=0, num_val=8)
     assert 0 <= val["val/reward"] <= 1
     with open(sorted(tmp_path.glob("**/metrics.csv"))[-1]) as f:

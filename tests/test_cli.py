@@ -21,12 +21,12 @@ def run_main(args, capsys):
 def test_help_lists_eval_and_ablate_beside_fit(capsys):
     code, out = run_main(["--help"], capsys)
     assert code == 0
-    assert "{fit,eval,ablate,compare}" in out  # not validate/test/predict: RLModule has no validation_step
+    assert "{fit,validate,test,eval,ablate,compare}" in out  # not predict: RLModule has nothing to predict
     assert "Every arm × seed" in out  # ablate's one-line description, as fit's is listed
     assert "pass@k" in out  # eval's
 
 
-@pytest.mark.parametrize("name", ["validate", "test", "predict"])
+@pytest.mark.parametrize("name", ["predict"])
 def test_lightnings_other_subcommands_point_to_eval(name, capsys):
     code, out = run_main([name, "--config", "configs/quickstart.yaml"], capsys)
     assert code == 2 and "lit-gspo eval" in out and "No `validation_step()`" not in out
