@@ -21,6 +21,8 @@ DDP), and it refuses CPU.
 from __future__ import annotations
 
 import math
+import os
+import socket
 from typing import Any
 
 import torch
@@ -178,6 +180,32 @@ def gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def check_ranks_resume_alike(ckpt_path: Any, global_step: int, root_dir: Any) -> None:
+    """Raise on every rank when the ranks did not all restore the same training state (collective).
+
+    On several nodes ``--ckpt_path last`` is looked up by each node in its own
+    ``<default_root_dir>/checkpoints``, and a rank that finds nothing starts from step 0 (Lightning only
+    warns, on rank 0). Nodes that do not share the file system holding ``default_root_dir`` (where
+    rank 0 wrote the checkpoints) thus resume on node 0 and restart on the others: their collectives no
+    longer pair up and the run hangs until the process group's timeout (30 min). Call after the
+    checkpoint is restored (``on_fit_start``) with ``trainer.ckpt_path``, ``trainer.global_step`` and
+    ``trainer.default_root_dir``.
+    """
+    if world_size() == 1:
+        return
+    mine = (None if ckpt_path is None else str(ckpt_path), int(global_step), os.path.abspath(str(root_dir)),
+            socket.gethostname())
+    parts = gather_objects(mine)
+    if len({(path is None, step) for path, step, _, _ in parts}) == 1:
+        return
+    lines = [f"  rank {rank} on {host}: " + (f"resumed from {path} at step {step}" if path else
+                                             f"found no checkpoint (default_root_dir {root}), starts at step {step}")
+             for rank, (path, step, root, host) in enumerate(parts)]
+    raise RuntimeError("the ranks did not resume from the same checkpoint:\n" + "\n".join(lines) + "\nEvery node must "
+                       "see rank 0's --trainer.default_root_dir (a shared file system), or be given a --ckpt_path "
+                       "file it can read; otherwise the ranks train from different steps and their collectives hang.")
 
 
 def reduce_weighted_means(records: list[tuple[dict, float]]) -> dict[str, float]:
