@@ -44,6 +44,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_gspo.checkpointing import AtomicCheckpointIO, _remove
+from lit_gspo.distributed import check_ranks_resume_alike
 
 try:
     import fcntl
@@ -340,6 +341,15 @@ class OneRunPerDirectory(Callback):
             self._lock = None
 
 
+class ResumeAlike(Callback):
+    """Every rank resumes from the same step, or all fail at start naming each rank's checkpoint (a node with its own
+    ``default_root_dir`` finds no ``last`` and would start from step 0 while the others continue: a hang)."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if trainer.world_size > 1:
+            check_ranks_resume_alike(trainer.ckpt_path, trainer.global_step, trainer.default_root_dir)
+
+
 class SaveOnSignal(Callback):
     """SIGINT/SIGTERM while training: finish the RL step, save a checkpoint of it, exit with 128 + the signal (every
     rank after the same step); a second signal exits at once without saving (see the module docstring)."""
@@ -453,7 +463,7 @@ class ContinueLogsOnResume(Callback):
 
 def safe_ends() -> list[Callback]:
     """The callbacks every fit gets (``RLModule.configure_callbacks``), one job each."""
-    return [OneRunPerDirectory(), SaveOnSignal(), ContinueLogsOnResume()]
+    return [OneRunPerDirectory(), ResumeAlike(), SaveOnSignal(), ContinueLogsOnResume()]
 
 
 def _continued_writer(trainer):

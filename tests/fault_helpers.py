@@ -23,6 +23,19 @@ class StuckOnRank1:
         return [float(c[:1] in "01234" and len(c) > 0) for c in completions]
 
 
+class RaisesAfterFirstCall:
+    """A reward whose server goes down after the run's first scoring (the validation before the first update)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, prompts, completions, **columns):
+        self.calls += 1
+        if self.calls > 1:
+            raise ConnectionError(f"reward server down (rank {os.environ.get('LOCAL_RANK', '0')})")
+        return [0.0] * len(completions)
+
+
 class AlwaysRaises:
     """A reward whose server is down, on every rank: every call raises."""
 

@@ -155,7 +155,8 @@ def test_fsdp2_by_class_path_alone_builds_a_strategy_whose_mesh_is_data_parallel
 def test_ddp_with_a_reward_failing_on_every_rank_stops_every_rank_with_its_error(tmp_path):
     """Before (issue 20): every sample of every rank failed, yet each rank kept its all-masked rollout and stepped the
     optimiser; the run ran all its steps, exited 0 and saved a model. Now the ranks agree the step has nothing to
-    learn from, count it alike, and all stop after max_skipped_steps with the reward's error."""
+    learn from, count it alike, and all stop after max_skipped_steps with the reward's error. (A reward failing from
+    its very first call stops the run at that call instead: the test below.)"""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -163,16 +164,34 @@ def test_ddp_with_a_reward_failing_on_every_rank_stops_every_rank_with_its_error
            "MASTER_PORT": str(port), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     cmd = [sys.executable, "-m", "lit_gspo.cli", "fit",
            *run_args(tmp_path, "--trainer.strategy", "ddp", "--model.max_skipped_steps", "2", "--model.val_every_n_steps",
-                     "0", "--model.rewards", "[{class_path: fault_helpers.AlwaysRaises}]", prompts=2, devices=2,
-                     steps=20)]
+                     "0", "--model.rewards", "[{class_path: fault_helpers.RaisesAfterFirstCall}]", prompts=2,
+                     devices=2, steps=20)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0, proc.stderr[-3000:]
     assert "2 RL steps in a row had nothing to learn from" in proc.stderr, proc.stderr[-3000:]
-    assert "The last reward error: reward function 'always_raises' raised ConnectionError: reward server down" in proc.stderr
+    assert "The last reward error: reward function 'raises_after_first_call' raised ConnectionError: reward server down" in proc.stderr
     assert not (tmp_path / "hf_model").exists()
     with open(next(tmp_path.glob("**/metrics.csv"))) as fh:
         steps = [int(r["step"]) for r in csv.DictReader(fh) if r.get("train/reward")]
     assert steps == [0]  # stopped in the 2nd step (it raises before its row), not after 20 steps
+
+
+def test_ddp_with_a_reward_failing_from_its_first_call_stops_every_rank_at_the_first_scoring(tmp_path):
+    """Issue 29: a reward that fails on every sample of its first call stops the run there, on every rank, naming it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    cmd = [sys.executable, "-m", "lit_gspo.cli", "fit",
+           *run_args(tmp_path, "--trainer.strategy", "ddp", "--model.val_every_n_steps", "0", "--model.rewards",
+                     "[{class_path: fault_helpers.AlwaysRaises}]", prompts=2, devices=2, steps=20)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    assert "reward function 'always_raises' raised ConnectionError: reward server down" in proc.stderr
+    assert not (tmp_path / "hf_model").exists()
+    rows = list(tmp_path.glob("**/metrics.csv"))
+    assert not rows or "train/reward" not in rows[0].read_text()  # no RL step ran
 
 
 def _update_vector(weights: dict) -> torch.Tensor:
