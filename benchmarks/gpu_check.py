@@ -301,11 +301,10 @@ def build_module(spec: dict, engine):
         def val_history(self) -> list:
             return self.__dict__.setdefault("_val_history", [])
 
-        def run_validation(self, step=None):
-            metrics = super().run_validation(step)
-            if metrics:
-                self.val_history.append((self.rl_step if step is None else step, metrics.get("val/reward")))
-            return metrics
+        def on_validation_epoch_end(self):
+            super().on_validation_epoch_end()
+            if not self.trainer.sanity_checking:
+                self.val_history.append((self.rl_step, float(self.trainer.callback_metrics["val/reward"])))
 
         def save_hf_model(self, path, state_dict=None):
             pass
@@ -323,12 +322,12 @@ def build_module(spec: dict, engine):
         return CheckModule(model="tiny-llama", model_config={"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128},
                            objective=GSPO(), optimizer=optimizer, rewards=[CharAccuracy()], engine=engine,
                            generation=Generation(num_generations=8, max_new_tokens=6),
-                           warm_start=WarmStart(steps=30, lr=3e-3, batch_size=32), val_every_n_steps=0, seed=0)
+                           warm_start=WarmStart(steps=30, lr=3e-3, batch_size=32), seed=0)
     return CheckModule(model=spec["model_dir"], objective=GSPO(), optimizer=optimizer, rewards=[hashed_reward], engine=engine,
                        generation=Generation(num_generations=spec["G"], max_new_tokens=spec["T"]),
                        update=Update(num_minibatches=2, max_grad_norm=1.0), kl_to_ref=False,
                        lora=LoRA(r=16, alpha=32) if spec["lora"] else None, gradient_checkpointing=spec["checkpointing"],
-                       val_every_n_steps=0, seed=0)
+                       seed=0)
 
 
 def build_data(spec: dict):
@@ -347,6 +346,8 @@ def fit(spec: dict, engine, max_steps: int, callbacks: list, replay: bool = Fals
     from lightning.pytorch import Trainer, seed_everything
     from lightning.pytorch.strategies import ModelParallelStrategy
 
+    from lit_gspo.module import validation_schedule
+
     seed_everything(0, verbose=False)
     module = build_module(dict(spec, replay=replay), engine)
     strategy = "auto"
@@ -355,8 +356,11 @@ def fit(spec: dict, engine, max_steps: int, callbacks: list, replay: bool = Fals
     trainer = Trainer(accelerator="cpu" if replay else spec["device"], devices=spec["ranks"] if strategy != "auto" else 1,
                       strategy=strategy, precision="32-true" if replay else spec["precision"], max_steps=max_steps,
                       logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      callbacks=callbacks, default_root_dir=str(Path(spec["case_dir"]) / ("replay" if replay else "run")))
-    trainer.fit(module, datamodule=build_data(spec))
+                      callbacks=callbacks, default_root_dir=str(Path(spec["case_dir"]) / ("replay" if replay else "run")),
+                      **validation_schedule(0))  # validated before the first update and after the last only
+    data = build_data(spec)
+    trainer.validate(module, datamodule=data, verbose=False)
+    trainer.fit(module, datamodule=data)
     return module, trainer
 
 

@@ -142,10 +142,11 @@ def run_lit(args) -> dict:
                       update=Update(num_minibatches=UPDATES_PER_ROLLOUT, max_grad_norm=1.0,
                                     skip_zero_advantage_rows=args.skip_zero_advantage == "on",
                                     micro_batch_tokens=args.micro_batch_tokens or None),
-                      kl_to_ref=False, val_every_n_steps=0, gradient_checkpointing=lit_checkpointing(args) == "on")
+                      kl_to_ref=False, gradient_checkpointing=lit_checkpointing(args) == "on")
     data = PromptDataModule(train_source="arithmetic", num_train=400, num_val=1, prompts_per_step=PROMPTS_PER_UPDATE *
                             UPDATES_PER_ROLLOUT, task_kwargs=dict(digits=2, ops="+", template=TEMPLATE))
     trainer = Trainer(accelerator=args.device, devices=1, max_steps=args.cycles * UPDATES_PER_ROLLOUT, logger=False,
+                      limit_val_batches=0,  # timing only: no validation
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       precision="bf16-mixed" if args.precision == "bf16" else "32-true", callbacks=[Timer()],
                       default_root_dir=str(ROOT / "runs" / "bench_lit"))

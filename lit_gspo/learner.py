@@ -75,6 +75,11 @@ class Learner:
         self.is_moe = bool(moe_routers(policy))
         self.updates = 0  # minibatch updates attempted, across rollouts (named in non-finite warnings)
         self.nonfinite_in_a_row = 0
+        # fp16 (16-mixed): Lightning's GradScaler, set by the module. Its plugin unscales inside ``opt.step()`` and then
+        # calls ``on_before_optimizer_step``, where the module clips (:meth:`clip_unscaled`); an overflow step is skipped
+        # by the scaler, which lowers its scale: expected in fp16, so not counted as a non-finite step.
+        self.grad_scaler = None
+        self.unscaled_norm = float("nan")
 
     # ------------------------------------------------------------------ snapshot
     @torch.no_grad()
@@ -177,6 +182,20 @@ class Learner:
                     step_loss += float(out.loss.detach())
                 if skipped_tokens:  # Â = 0: no clipping can zero a gradient there, so clip fractions stay over every token
                     records.append(({k: 0.0 for k in micro_metrics if k.startswith("clip_frac")}, skipped_tokens))
+                if self.grad_scaler is not None:
+                    step_loss = sum_over_ranks(step_loss)
+                    self.updates += 1
+                    if self.step_is_finite(step_loss, 0.0, epoch, start // size) and self.scaled_step(opt):
+                        step_losses.append(step_loss)
+                        grad_norms.append(self.unscaled_norm)
+                        steps_done += 1
+                        if scheduler is not None:
+                            scheduler.step()
+                    else:  # a non-finite loss, or the scaler's overflow skip: the metrics describe the steps taken
+                        opt.zero_grad()
+                        del records[first_record:]
+                        nonfinite += 1
+                    continue
                 norm, step_loss = self.clip_and_norm(), sum_over_ranks(step_loss)  # the rank shares add up
                 self.updates += 1
                 if not self.step_is_finite(step_loss, norm, epoch, start // size):
@@ -229,6 +248,19 @@ class Learner:
         if fwd.entropy is not None and mask.any():
             out.metrics["entropy"] = fwd.entropy[mask].mean()
         return out, float(mask.sum()), fwd.logprobs.detach()
+
+    def scaled_step(self, opt) -> bool:
+        """fp16 with a GradScaler: ``opt.step()`` unscales, clips through :meth:`clip_unscaled` (the module's
+        ``on_before_optimizer_step``) and steps unless the gradients overflowed; returns whether it stepped."""
+        self.unscaled_norm = float("nan")
+        scale = self.grad_scaler.get_scale()
+        opt.step()
+        torch.clear_autocast_cache()
+        return math.isfinite(self.unscaled_norm) and self.grad_scaler.get_scale() >= scale  # lowered: skipped
+
+    def clip_unscaled(self) -> None:
+        """Clip the unscaled gradients (called between the scaler's unscale and its step) and keep their norm."""
+        self.unscaled_norm = self.clip_and_norm()
 
     def step_is_finite(self, loss: float, grad_norm: float, epoch: int, minibatch: int) -> bool:
         """Whether this minibatch may step; warns on a non-finite loss or gradient norm and raises after

@@ -308,6 +308,8 @@ class RLModule(LightningModule):
     def setup(self, stage: str) -> None:
         if stage == "fit" and self.val_every_n_steps is not None and not self.trainer.fast_dev_run:
             check_validation_schedule(self.trainer, self.val_every_n_steps)
+        # fp16's GradScaler (Lightning's MixedPrecision plugin; public attributes of both)
+        self.learner.grad_scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         if stage == "fit" and self.trainer.log_every_n_steps > 1:
             rank_zero_info(f"train/* metrics every {self.trainer.log_every_n_steps} RL steps (log_every_n_steps; 1: every "
                            "step, as `lit-gspo fit` does)")
@@ -316,6 +318,11 @@ class RLModule(LightningModule):
         if advice and not self._warned_precision:  # bf16 emulated on this CPU: slower than fp32 (once: validate, then fit)
             self._warned_precision = True
             rank_zero_warn(advice, category=SlowPrecisionWarning)
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """fp16: Lightning's GradScaler has just unscaled the gradients; clip them now (``Learner.clip_unscaled``)."""
+        if self.learner.grad_scaler is not None:
+            self.learner.clip_unscaled()
 
     def configure_model(self) -> None:
         """FSDP2 (``ModelParallelStrategy``): ``fully_shard`` each decoder layer, then the root; FSDP1 is refused."""

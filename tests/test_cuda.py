@@ -153,7 +153,7 @@ if optimizer == "AdamW8bit":
     make = lambda p: bnb.optim.AdamW8bit(p, lr=lr)
 model = RLModule(model="tiny-llama", model_config={"hidden_size": 128, "intermediate_size": 256}, rewards=[CharAccuracy()],
                  optimizer=make, generation=Generation(num_generations=4, max_new_tokens=4),
-                 update=Update(num_minibatches=2), val_every_n_steps=0, seed=0)
+                 update=Update(num_minibatches=2), seed=0)
 data = PromptDataModule(train_source="reversal", task_kwargs={"min_length": 3, "max_length": 3}, num_train=64, num_val=4,
                         prompts_per_step=4, seed=0)
 if strategy == "fsdp2":
@@ -164,6 +164,7 @@ class Probe(L.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         losses.append(float(trainer.callback_metrics["train/loss"]))
 trainer = L.Trainer(accelerator=device, devices=1, strategy=strategy, precision="bf16-mixed", max_steps=4, logger=False,
+                    limit_val_batches=0,
                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                     default_root_dir=root, callbacks=[Probe()])
 trainer.fit(model, datamodule=data)
