@@ -36,7 +36,7 @@ from jsonargparse import ArgumentParser
 
 from lit_gspo.evaluate import evaluate, format_table
 from lit_gspo.quiet import CLI_ARGS_WARNING
-from lit_gspo import run_dir
+from lit_gspo import run_dir, user_errors
 from lit_gspo.rlcli import RLCLI, TRAINER_DEFAULTS
 from lit_gspo.user_errors import SettingsError
 
@@ -132,6 +132,9 @@ def load(argv: list[str]) -> EvalCLI:
     are also given as options."""
     argv = list(argv)
     ckpt, given = _option(argv, "--ckpt"), _option(argv, "--config")
+    if ckpt and ckpt.endswith(".ckpt") and not Path(ckpt).exists():
+        raise SettingsError(f"--ckpt {ckpt}: no such file (a run's checkpoints are <run>/checkpoints/*.ckpt; its "
+                            "exported model is <run>/hf_model)")
     found = run_dir.config_for(ckpt) if ckpt else None
     if found is not None and given is None:
         print(f"eval: reading the run's config: {found.origin} (saved by the run that wrote {ckpt}; --config to use "
@@ -245,6 +248,7 @@ def run(cli: EvalCLI) -> dict:
     samples = generation.num_generations if cfg.samples is None else cfg.samples
     policy = module.policy
     device = next(policy.parameters()).device
+    user_errors.mark_started()  # settings, data and rewards checked: an error from here on is reported with its traceback
     start = time.perf_counter()
     with _precision_context(cfg.get("trainer.precision"), device):
         result = evaluate(policy, module.collector, rows, greedy=cfg.greedy, samples=samples, ks=cfg.k,
