@@ -137,8 +137,7 @@ def load(argv: list[str]) -> EvalCLI:
                             "exported model is <run>/hf_model)")
     found = run_dir.config_for(ckpt) if ckpt else None
     if found is not None and given is None:
-        print(f"eval: reading the run's config: {found.origin} (saved by the run that wrote {ckpt}; --config to use "
-              "another)", flush=True)
+        print(f"eval: reading the run's config: {found.origin}; --config to use another", flush=True)
         argv = ["--config", str(found.path) if found.path else found.text] + argv
     with warnings.catch_warnings():
         # `lit-gspo eval` consumed sys.argv and hands the rest over as `args`: no mistake here

@@ -89,6 +89,9 @@ def differences(saved: dict, current: dict, ignored: tuple[str, ...] = IGNORED) 
 
 def describe(diffs: dict[str, tuple], limit: int = 6) -> str:
     """``model.objective.class_path: lit_gspo.objectives.GSPO → lit_gspo.objectives.DAPO, seed_everything: 0 → 1``"""
+    swapped = [k[: -len(".class_path")] for k in diffs if k.endswith(".class_path")]
+    # another class: its init_args differ as a consequence, the class is what to name
+    diffs = {k: v for k, v in diffs.items() if not any(k.startswith(f"{c}.init_args.") for c in swapped)}
     items = [f"{k}: {_short(old)} → {_short(new)}" for k, (old, new) in list(diffs.items())[:limit]]
     more = len(diffs) - limit
     return ", ".join(items) + (f" and {more} more" if more > 0 else "")
@@ -295,18 +298,19 @@ def config_for(model: str) -> FoundConfig | None:
     if path.is_file() and path.suffix == ".ckpt":
         text = _checkpoint_config(path)
         if text:
-            return FoundConfig(text, f"the config saved in {path}", None)
+            return FoundConfig(text, f"{path} (stored in the checkpoint)", None)
         run = run_of_checkpoint(path)
     elif path.is_dir():
         if (path / EXPORT_CONFIG).is_file():
-            return FoundConfig((path / EXPORT_CONFIG).read_text(), str(path / EXPORT_CONFIG), path / EXPORT_CONFIG)
+            return FoundConfig((path / EXPORT_CONFIG).read_text(), f"{path / EXPORT_CONFIG} (saved with the model)",
+                               path / EXPORT_CONFIG)
         run = path.parent
     else:
         return None
     saved = saved_config_path(run)
     if saved is None:
         return None
-    return FoundConfig(saved.read_text(), str(saved), saved)
+    return FoundConfig(saved.read_text(), f"{saved} (the run of {model})", saved)
 
 
 def _checkpoint_config(path: Path) -> str | None:

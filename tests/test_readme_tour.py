@@ -77,7 +77,9 @@ def test_the_readme_tour_runs_top_to_bottom_without_one_run_overwriting_another(
             # the DAPO line did not touch the quickstart's run: same export, same checkpoint, its own directory
             assert sha256(quickstart / "hf_model" / "model.safetensors") == hf_after_quickstart
             assert sha256(quickstart / "checkpoints" / "last.ckpt") == ckpt_after_quickstart
-            assert "runs/quickstart holds a run with other settings" in text and "seed_everything: 0 → 1" in text
+            assert ("fit: runs/quickstart holds a run with other settings (model.objective.class_path: "
+                    "lit_gspo.objectives.GSPO → lit_gspo.DAPO, seed_everything: 0 → 1); this run writes to "
+                    "runs/quickstart-2") in text
             dapo = tmp_path / "runs" / "quickstart-2"
             saved = yaml.safe_load((dapo / "run_config.yaml").read_text())
             assert saved["seed_everything"] == 1 and saved["model"]["objective"]["class_path"].endswith("DAPO")
@@ -96,7 +98,7 @@ def test_the_readme_tour_runs_top_to_bottom_without_one_run_overwriting_another(
             assert rl_step(tmp_path / "runs" / "quickstart-2" / "checkpoints" / "last.ckpt") == STEPS  # DAPO's as it was
     # eval of runs/quickstart/hf_model: the quickstart's model, with the quickstart's own config, and says which
     text = outputs["eval --ckpt runs/quickstart/hf_model"]
-    assert "eval: reading the run's config: runs/quickstart/run_config.yaml" in text
+    assert "eval: reading the run's config: runs/quickstart/run_config.yaml (the run of runs/quickstart/hf_model)" in text
     scored = json.loads((quickstart / "hf_model.eval.json").read_text())
     assert scored["seed"] == 0 and scored["rewards"] == ["char_accuracy"] and scored["prompts"] == 8
     with open(next(quickstart.glob("lightning_logs/version_*/metrics.csv"))) as f:
@@ -104,7 +106,7 @@ def test_the_readme_tour_runs_top_to_bottom_without_one_run_overwriting_another(
     assert scored["greedy"]["reward"] == pytest.approx(last_val, abs=1e-6)  # the run's own final val/reward
     # eval of the checkpoint on the user's file: the config stored in the checkpoint, the file as an override
     text = next(v for k, v in outputs.items() if "last.ckpt" in k)
-    assert "eval: reading the run's config: the config saved in runs/quickstart/checkpoints/last.ckpt" in text
+    assert "eval: reading the run's config: runs/quickstart/checkpoints/last.ckpt (stored in the checkpoint)" in text
     assert "data.val_source: null → test.jsonl" in text
     scored = json.loads((quickstart / "checkpoints" / "last.eval.json").read_text())
     assert scored["prompts"] == 6 and scored["data"] == "test.jsonl" and scored["seed"] == 0

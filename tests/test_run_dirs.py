@@ -56,6 +56,10 @@ def test_differences_ignore_what_a_resume_may_change_and_name_the_rest():
                                                  "model.rewards": ([1], [1, 2]), "seed_everything": (0, 1),
                                                  "trainer.devices": (1, 2)}
     assert run_dir.describe({"seed_everything": (0, 1)}) == "seed_everything: 0 → 1"
+    # another class: named once, not with each init_arg that differs because of it
+    assert run_dir.describe({"model.objective.class_path": ("GSPO", "DAPO"), "model.objective.init_args.dual_clip":
+                             ("(unset)", None), "model.seed": (None, 1)}) == ("model.objective.class_path: GSPO → DAPO, "
+                                                                             "model.seed: null → 1")
     assert run_dir.differences({"a": 1}, {}) == {"a": (1, "(unset)")}
 
 
@@ -120,7 +124,7 @@ def test_the_config_travels_in_the_checkpoint_and_beside_the_run(first_run):
     stored = torch.load(ckpt, map_location="cpu", weights_only=True)[run_dir.CHECKPOINT_KEY]
     assert yaml.safe_load(stored)["seed_everything"] == 0
     found = run_dir.config_for(str(ckpt))
-    assert found.text == stored and found.origin == f"the config saved in {ckpt}"
+    assert found.text == stored and found.origin == f"{ckpt} (stored in the checkpoint)"
     found = run_dir.config_for(str(first_run / "hf_model"))
     assert found.path == first_run / "run_config.yaml"
 
@@ -134,7 +138,7 @@ def test_eval_scores_a_checkpoint_with_its_own_runs_config_not_the_newest_one(fi
     out_json = tmp_path / "e.json"
     main(["eval", "--ckpt", str(other / "checkpoints" / "last.ckpt"), "--samples", "0", "--output", str(out_json)])
     out = capsys.readouterr().out
-    assert f"eval: reading the run's config: the config saved in {other / 'checkpoints' / 'last.ckpt'}" in out
+    assert f"eval: reading the run's config: {other / 'checkpoints' / 'last.ckpt'} (stored in the checkpoint)" in out
     assert yaml.safe_load(out_json.read_text())["seed"] == 1
 
 
