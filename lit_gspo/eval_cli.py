@@ -9,8 +9,9 @@ The arguments are ``lit-gspo fit``'s (``--config``, ``--model.*``, ``--data.*``,
 same parser, so a fit YAML reads unchanged) plus the evaluation's own (``--ckpt``, ``--samples``, ``--k``, ...).
 ``--ckpt`` is a Lightning ``.ckpt`` of a run (the policy weights are loaded into the model the config builds)
 or anything ``model.model`` takes (an HF directory such as a run's ``hf_model/``, a ``.gguf``, a GGUF alias, a
-hub id). Without ``--config``, the ``config.yaml`` that ``lit-gspo fit`` saved in the checkpoint's run
-(``<run>/*/version_*/config.yaml``, the newest) is read when there is one.
+hub id). Without ``--config``, the config of the run that wrote the checkpoint is read (the one saved inside the
+``.ckpt``, beside the export, or the run's ``run_config.yaml``: ``lit_gspo.run_dir.config_for``), and the first line
+says which; a ``--config`` that changes the run's seed, rewards or data is refused unless those are given as options.
 
 The prompts are the data module's held-out rows (``--split validation``, as ``val/reward``; ``--split train``
 for the training rows); ``--data.val_source FILE`` scores every row of a file. Sampling and scoring are the
@@ -35,7 +36,9 @@ from jsonargparse import ArgumentParser
 
 from lit_gspo.evaluate import evaluate, format_table
 from lit_gspo.quiet import CLI_ARGS_WARNING
+from lit_gspo import run_dir, user_errors
 from lit_gspo.rlcli import RLCLI, TRAINER_DEFAULTS
+from lit_gspo.user_errors import SettingsError
 
 DESCRIPTION = "Greedy accuracy, mean@n and pass@k of a checkpoint or HF model on a dataset, with the run's rewards."
 
@@ -111,32 +114,39 @@ def _option(argv: list[str], name: str) -> str | None:
 
 
 def run_config(ckpt: str) -> Path | None:
-    """The ``config.yaml`` ``lit-gspo fit`` saved in the run of ``ckpt`` (``<run>/checkpoints/x.ckpt`` or
-    ``<run>/hf_model``): the newest ``<run>/*/version_*/config.yaml`` or ``<run>/config.yaml``."""
-    path = Path(ckpt)
-    if not path.exists():
-        return None
-    found = []
-    for run in {path.parent, path.parent.parent} if path.is_file() else {path.parent}:
-        found += list(run.glob("*/version_*/config.yaml")) + list(run.glob("config.yaml"))
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+    """The file holding the config of the run that wrote ``ckpt`` (``lit_gspo.run_dir.config_for``), or None."""
+    found = run_dir.config_for(ckpt)
+    return found.path if found else None
+
+
+#: the settings that decide what a score means: which prompts are held out, how completions are scored
+SCORE_KEYS = ("seed_everything", "model.seed", "model.rewards", "model.reward_weights", "model.environment", "data")
 
 
 def load(argv: list[str]) -> EvalCLI:
-    """Parse ``argv`` (fit's arguments plus the evaluation's), build the model and data module, load ``--ckpt``."""
+    """Parse ``argv`` (fit's arguments plus the evaluation's), build the model and data module, load ``--ckpt``.
+
+    The config is the one saved with the checkpoint (``lit_gspo.run_dir.config_for``) unless ``--config`` is given;
+    settings given as options override it and are listed. A ``--config`` whose seed, rewards or data differ from the
+    run's is refused (the score would be another run's: other held-out prompts or rewards), unless those settings
+    are also given as options."""
     argv = list(argv)
-    ckpt = _option(argv, "--ckpt")
-    if _option(argv, "--config") is None and ckpt:
-        found = run_config(ckpt)
-        if found is not None:
-            print(f"eval: reading the run's config {found} (pass --config to use another)", flush=True)
-            argv = ["--config", str(found)] + argv
+    ckpt, given = _option(argv, "--ckpt"), _option(argv, "--config")
+    if ckpt and ckpt.endswith(".ckpt") and not Path(ckpt).exists():
+        raise SettingsError(f"--ckpt {ckpt}: no such file (a run's checkpoints are <run>/checkpoints/*.ckpt; its "
+                            "exported model is <run>/hf_model)")
+    found = run_dir.config_for(ckpt) if ckpt else None
+    if found is not None and given is None:
+        print(f"eval: reading the run's config: {found.origin}; --config to use another", flush=True)
+        argv = ["--config", str(found.path) if found.path else found.text] + argv
     with warnings.catch_warnings():
         # `lit-gspo eval` consumed sys.argv and hands the rest over as `args`: no mistake here
         warnings.filterwarnings("ignore", message=CLI_ARGS_WARNING)
         cli = EvalCLI(_module_class(), _datamodule_class(), seed_everything_default=0, trainer_defaults=TRAINER_DEFAULTS,
                       args=argv, run=False, save_config_callback=None,
                       parser_kwargs={"prog": "lit-gspo eval", "description": DESCRIPTION})
+    if found is not None:
+        _check_against_run(cli, found, argv, given)
     cfg = cli.config
     if cfg.get("ckpt") and _is_lightning_checkpoint(cfg.ckpt):
         load_policy_weights(cli.model, cfg.ckpt)
@@ -144,6 +154,24 @@ def load(argv: list[str]) -> EvalCLI:
     cli.model.policy.to(device)
     _cast(cli.model.policy, cfg.get("trainer.precision"))
     return cli
+
+
+def _check_against_run(cli: EvalCLI, found: run_dir.FoundConfig, argv: list[str], given: str | None) -> None:
+    """List the scoring settings that differ from the run's; refuse those that come from a ``--config`` file."""
+    current = run_dir.load_yaml(run_dir.dump(cli.parser, cli.config))
+    diffs = {k: v for k, v in run_dir.differences(run_dir.load_yaml(found.text), current, ignored=()).items()
+             if any(k == p or k.startswith(p + ".") for p in SCORE_KEYS)}
+    options = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")}
+    named = {k: v for k, v in diffs.items() if any(k == o or k.startswith(o + ".") or o.startswith(k + ".") for o in options)}
+    unnamed = {k: v for k, v in diffs.items() if k not in named}
+    if unnamed:
+        raise SettingsError(
+            f"--config {given} differs from the config of the run that wrote {cli.config.get('ckpt')} ({found.origin}) "
+            f"in {run_dir.describe(unnamed)}: the score would not be the run's (other held-out prompts, rewards or "
+            "seed). Leave out --config to score with the run's config, or give these settings as options "
+            "(e.g. --seed_everything N) to score with them knowingly")
+    if named:
+        print(f"eval: the run's settings overridden by options: {run_dir.describe(named)}", flush=True)
 
 
 def _module_class():
@@ -219,6 +247,7 @@ def run(cli: EvalCLI) -> dict:
     samples = generation.num_generations if cfg.samples is None else cfg.samples
     policy = module.policy
     device = next(policy.parameters()).device
+    user_errors.mark_started()  # settings, data and rewards checked: an error from here on is reported with its traceback
     start = time.perf_counter()
     with _precision_context(cfg.get("trainer.precision"), device):
         result = evaluate(policy, module.collector, rows, greedy=cfg.greedy, samples=samples, ks=cfg.k,

@@ -48,6 +48,7 @@ from lit_gspo.optim import shard_aware
 from lit_gspo.progress import optimizer_steps_per_rl_step, total_rl_steps
 from lit_gspo.quiet import silence_lightning_noise
 from lit_gspo.rewards import ExactMatch, RewardSet, TrainerState
+from lit_gspo.run_dir import save_export_config
 from lit_gspo.safe_ends import safe_ends
 from lit_gspo.warm_start import warm_start
 
@@ -534,6 +535,7 @@ class RLModule(LightningModule):
                 model.config.architectures = [unsharded_class(model).__name__]
                 model.config.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
+            save_export_config(self.trainer if self._attached() else None, tmp)  # the run's settings travel with a copied export (lit-gspo eval)
         rank_zero_info(f"saved {what} in Hugging Face format to {path}")
 
 

@@ -16,7 +16,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
 from lit_gspo import advantages, engines, envs  # noqa: F401
-from lit_gspo import extras
+from lit_gspo import extras, run_dir, user_errors
 from lit_gspo.advantages import get_advantage
 from lit_gspo.config import Update
 from lit_gspo.objectives import GSPO, OBJECTIVES, Objective
@@ -92,6 +92,8 @@ class RLArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None):
         hint = objective_hint(message) + nested_key_hint(message) + extras.hint_for(message) + unknown_option_hint(
             message, [o for o in getattr(self, "_option_string_actions", {}) if o.startswith("--")])
+        if self.exit_on_error and not user_errors.debug_requested():
+            user_errors.parser_error(message + hint)  # one error, not the usage dump (lit_gspo/user_errors.py)
         return super().error(message + hint, ex)
 
     def add_subcommands(self, *args, **kwargs):
@@ -207,10 +209,13 @@ class RLCLI(LightningCLI):
         if self.subcommand in self.other_subcommands:
             self.parser.error(f"`{self.subcommand}` must come first: lit-gspo {self.subcommand} --help")
         cfg = self.config[self.subcommand] if self.subcommand else self.config
+        user_errors.mark_starting()
         schedule_validation(cfg.model, cfg.trainer)
         map_trainer_flags(cfg.model, cfg.trainer)
         atomic_strategy(cfg.trainer)
         rl_step_progress_bars(cfg.trainer)
+        if self.subcommand == "fit":  # one run per directory: compare with the run there (lit_gspo/run_dir.py)
+            run_dir.place_fit(self)
 
     def before_fit(self) -> None:
         repo_id = self.config.fit.get("push_to_hub")
@@ -361,5 +366,6 @@ def cli_main(args: list[str] | None = None, run: bool = True,
              other_subcommands: dict[str, ArgumentParser] | None = None) -> RLCLI:
     """``args`` None: LightningCLI reads ``sys.argv``."""
     return RLCLI(RLModule, PromptDataModule, seed_everything_default=0, trainer_defaults=TRAINER_DEFAULTS,
+                 save_config_callback=run_dir.RunConfigCallback,  # also <root>/run_config.yaml, and in each checkpoint
                  save_config_kwargs={"overwrite": True}, args=args, run=run, other_subcommands=other_subcommands)
 

@@ -1,0 +1,106 @@
+"""A user's mistake is one ``error:`` line and exit code 2; a bug keeps its traceback (issue 29, finding 9).
+
+Before: a bad value in the config arrived after 12-44 traceback frames, a misspelled option after a ~95-line usage
+dump."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lit_gspo import user_errors
+from lit_gspo.cli import main
+from lit_gspo.safe_ends import RunLockedError
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = str(ROOT / "configs/quickstart.yaml")
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+ENV.pop(user_errors.DEBUG_ENV, None)
+
+
+def cli(*args: str, env=ENV) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lit_gspo.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def exit_code_and_error(capsys, args) -> tuple[int, list[str], str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err
+    return exit_info.value.code, [line for line in err.splitlines() if line.startswith("error:")], err
+
+
+# ------------------------------------------------------------------------------------------- the command line
+def test_a_misspelled_option_is_the_error_and_its_close_matches_not_the_usage_dump():
+    proc = cli("fit", "--config", QUICKSTART, "--data.prompts_per_stp", "3")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["error: unrecognized arguments: --data.prompts_per_stp 3",
+                                        "  Did you mean: --data.prompts_per_step, --data.prompt_column, --data.train_split?"]
+
+
+def test_a_bad_value_in_the_config_is_one_error_line_without_a_traceback(tmp_path):
+    proc = cli("fit", "--config", QUICKSTART, "--model.generation.num_generations", "1",
+               "--trainer.default_root_dir", str(tmp_path))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: generation.num_generations=1, but GroupNormalized")
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_debug_shows_the_traceback_and_the_usage(tmp_path):
+    proc = cli("fit", "--config", QUICKSTART, "--model.generation.num_generations", "1", "--debug",
+               "--trainer.default_root_dir", str(tmp_path))
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "ValueError: generation.num_generations=1" in proc.stderr
+    proc = cli("fit", "--data.prompts_per_stp", "3", env={**ENV, user_errors.DEBUG_ENV: "1"})
+    assert proc.returncode == 2 and "usage:" in proc.stderr  # jsonargparse's own message, usage included
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--data.train_source", "no_such_file.jsonl"], "error: 'no_such_file.jsonl' is neither a built-in task"),
+    (["--data.num_val", "-1"], "error: num_val must be >= 0 or None"),
+    (["--data.train_source", "{tmp}/rows.jsonl"], "error: '{tmp}/rows.jsonl' has no column 'prompt'; its columns are"),
+])
+def test_settings_paths_and_columns_checked_at_start_are_one_error(tmp_path, capsys, monkeypatch, extra, expected):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "rows.jsonl").write_text('{"question": "rev 123=", "answer": "321"}\n' * 8)
+    extra, expected = [e.format(tmp=tmp_path) for e in extra], expected.format(tmp=tmp_path)
+    code, errors, err = exit_code_and_error(capsys, ["fit", "--config", QUICKSTART, "--trainer.max_steps", "1",
+                                                     "--trainer.default_root_dir", str(tmp_path), *extra])
+    assert code == 2 and len(errors) == 1 and errors[0].startswith(expected), err[-3000:]
+
+
+def test_eval_of_a_missing_checkpoint_is_one_error(tmp_path, capsys):
+    code, errors, err = exit_code_and_error(capsys, ["eval", "--ckpt", str(tmp_path / "nothing.ckpt")])
+    assert code == 2 and errors == [f"error: --ckpt {tmp_path / 'nothing.ckpt'}: no such file (a run's checkpoints are "
+                                    "<run>/checkpoints/*.ckpt; its exported model is <run>/hf_model)"], err[-3000:]
+
+
+# ------------------------------------------------------------------------------------------- the classification
+def _a_start_check_error() -> ValueError:
+    """A ValueError raised by lit_gspo's own code for a bad input (pass@k of more samples than there are)."""
+    from lit_gspo.evaluate import pass_at_k
+
+    try:
+        pass_at_k(4, 1, 5)
+    except ValueError as err:
+        return err
+    raise AssertionError("pass_at_k(4, 1, 5) should refuse k > n")
+
+
+def test_what_counts_as_a_user_error():
+    user_errors.mark_starting()
+    ours = _a_start_check_error()
+    assert user_errors.is_user_error(ours)  # a start check's ValueError
+    assert user_errors.is_user_error(RunLockedError("in use"))  # the library's user-facing classes
+    assert user_errors.is_user_error(user_errors.SettingsError("bad"))
+    try:
+        int("x")  # a ValueError raised outside lit_gspo (here: a user's code, torch, ...): its traceback helps
+    except ValueError as err:
+        assert not user_errors.is_user_error(err)
+    assert not user_errors.is_user_error(TypeError("a bug"))
+    user_errors.mark_started()  # training runs: a ValueError now is a failure of the run, with its traceback
+    assert not user_errors.is_user_error(ours)
+    assert user_errors.is_user_error(user_errors.SettingsError("bad"))  # the marker always is
+    user_errors.mark_starting()
