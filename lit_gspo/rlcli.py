@@ -12,7 +12,7 @@ import os
 import re
 
 from jsonargparse import ArgumentParser, Namespace
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
 from lit_gspo import advantages, engines, envs  # noqa: F401
@@ -347,9 +347,34 @@ def add_progress_bar(config: dict, callbacks: list) -> None:
         callbacks.append(RLProgressBar())
 
 
+class SaveRunConfig(SaveConfigCallback):
+    """LightningCLI's ``config.yaml``, also for a logger with no local directory: where the logger has one (CSV,
+    TensorBoard: ``log_dir``; MLflow with a ``file:`` store, W&B: ``save_dir``) it goes there, as Lightning puts it;
+    otherwise (MLflow with ``sqlite:///…`` or an ``http://`` server: ``trainer.log_dir`` is None, which Lightning's
+    callback asserts against) to ``trainer.default_root_dir``."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if not self.already_saved:
+            self.save_to_log_dir = trainer.log_dir is not None  # every rank: log_dir is a broadcast
+            if not self.save_to_log_dir and not self.overwrite:
+                path = os.path.join(trainer.default_root_dir, self.config_filename)
+                if trainer.strategy.broadcast(trainer.is_global_zero and os.path.isfile(path)):
+                    raise RuntimeError(f"{path} exists: not overwriting the config of a previous run (delete it, or "
+                                       'give LightningCLI save_config_kwargs={"overwrite": True})')
+        super().setup(trainer, pl_module, stage)
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        """Rank 0 only (Lightning calls it there): the config to ``default_root_dir`` when the logger has no directory."""
+        if not self.save_to_log_dir:
+            os.makedirs(trainer.default_root_dir, exist_ok=True)
+            self.parser.save(self.config, os.path.join(trainer.default_root_dir, self.config_filename),
+                             skip_none=False, overwrite=self.overwrite, multifile=self.multifile)
+
+
 def cli_main(args: list[str] | None = None, run: bool = True,
              other_subcommands: dict[str, ArgumentParser] | None = None) -> RLCLI:
     """``args`` None: LightningCLI reads ``sys.argv``."""
     return RLCLI(RLModule, PromptDataModule, seed_everything_default=0, trainer_defaults=TRAINER_DEFAULTS,
-                 save_config_kwargs={"overwrite": True}, args=args, run=run, other_subcommands=other_subcommands)
+                 save_config_callback=SaveRunConfig, save_config_kwargs={"overwrite": True}, args=args, run=run,
+                 other_subcommands=other_subcommands)
 
