@@ -169,7 +169,7 @@ class Collector:
                     token_rewards[i, t] = turn_rewards[i][turn]
             token_rewards = token_rewards.to(batch.turn_ids.device)
         stats = {"reward_failed": float(scores.num_failed)}
-        stats.update({f"reward/{name}": value for name, value in scores.means().items()})
+        stats.update(per_function_stats(scores.per_function))
         stats.update({name: value for name, value in scores.metrics.items() if name not in stats})  # log_metric
         if self.environment.max_turns > 1:
             stats.update(episode_stats(episodes))
@@ -220,3 +220,17 @@ def fill_failed_with_group_mean(rewards: Tensor, valid: Tensor, group: int) -> T
     r, ok = rewards.view(-1, group), valid.view(-1, group)
     mean = (r * ok).sum(1, keepdim=True) / ok.sum(1, keepdim=True).clamp(min=1)
     return torch.where(ok, r, mean).flatten()
+
+
+def per_function_stats(per_function: dict[str, Tensor]) -> dict[str, float]:
+    """``rewards/<function>/mean`` and ``rewards/<function>/std`` (Bessel-corrected) of each reward function's fp32
+    scores over the samples it scored (NaN: a mean of none, a std of fewer than two), as TRL's GRPOTrainer names and
+    computes them. No such key is also the folder of another (``reward``, the weighted sum, is a sibling of
+    ``rewards/``), which MLflow's file store and TensorBoard's tag tree need. Under several processes the logged
+    value is the mean of the ranks' values (``lit_gspo.distributed.reduce_step_stats``)."""
+    out = {}
+    for name, values in per_function.items():
+        scored = values[torch.isfinite(values)]
+        out[f"rewards/{name}/mean"] = float(scored.mean()) if len(scored) else float("nan")
+        out[f"rewards/{name}/std"] = float(scored.std()) if len(scored) > 1 else float("nan")
+    return out

@@ -53,10 +53,11 @@ def _failed(batch) -> torch.Tensor:
 
 def _aggregate_stats(stats: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
     """``Collector.sample``'s stats over batches of (episodes, stats): ``reward_failed`` summed, the rest
-    (``reward/<function>``, multi-turn ``turns``, ``success``, tool metrics, ...) as means over the episodes,
-    ``success_turn{k}`` over the episodes that reached turn k (``reached_turn{k}``)."""
+    (``rewards/<function>/mean``, multi-turn ``turns``, ``success``, tool metrics, ...) as means over the episodes,
+    ``success_turn{k}`` over the episodes that reached turn k (``reached_turn{k}``). ``rewards/<function>/std`` is
+    left out: a mean of the batches' standard deviations is not the standard deviation over the episodes."""
     out = {"reward_failed": sum(s.get("reward_failed", 0.0) for _, s in stats)}
-    for name in sorted({k for _, s in stats for k in s} - {"reward_failed"}):
+    for name in sorted({k for _, s in stats for k in s if not k.endswith("/std")} - {"reward_failed"}):
         pairs = [(w * (s.get(name.replace("success_", "reached_"), 0.0) if name.startswith("success_turn") else 1.0), s[name])
                  for w, s in stats if name in s and math.isfinite(s[name])]
         total = sum(w for w, _ in pairs)
@@ -118,7 +119,7 @@ def evaluate(policy: nn.Module, collector: Collector, rows: list[dict], *, greed
         seed: ``torch.manual_seed`` right before sampling (None: the RNG as it is).
 
     Returns a JSON-ready dict: ``prompts``, ``threshold``, ``greedy`` (``reward``, ``accuracy``,
-    ``response_length``, ``reward_failed``, ``reward/<function>``, and a multi-turn environment's ``turns``,
+    ``response_length``, ``reward_failed``, ``rewards/<function>/mean``, and a multi-turn environment's ``turns``,
     ``success``, ...), ``sampled`` (``samples``,
     ``temperature``, ``mean@<n>``, ``pass@<k>``..., ``solved_share`` = pass@n), and ``per_prompt``: for each row
     its prompt, answer, greedy completion and reward, and the rewards of its samples.

@@ -237,7 +237,31 @@ def _is_rank_zero() -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------- saving
-class RunConfigCallback(SaveConfigCallback):
+class SaveRunConfig(SaveConfigCallback):
+    """LightningCLI's ``config.yaml``, also for a logger with no local directory: where the logger has one (CSV,
+    TensorBoard: ``log_dir``; MLflow with a ``file:`` store, W&B: ``save_dir``) it goes there, as Lightning puts it;
+    otherwise (MLflow with ``sqlite:///…`` or an ``http://`` server: ``trainer.log_dir`` is None, which Lightning's
+    callback asserts against) to ``trainer.default_root_dir``."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if not self.already_saved:
+            self.save_to_log_dir = trainer.log_dir is not None  # every rank: log_dir is a broadcast
+            if not self.save_to_log_dir and not self.overwrite:
+                path = os.path.join(trainer.default_root_dir, self.config_filename)
+                if trainer.strategy.broadcast(trainer.is_global_zero and os.path.isfile(path)):
+                    raise RuntimeError(f"{path} exists: not overwriting the config of a previous run (delete it, or "
+                                       'give LightningCLI save_config_kwargs={"overwrite": True})')
+        super().setup(trainer, pl_module, stage)
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        """Rank 0 only (Lightning calls it there): the config to ``default_root_dir`` when the logger has no directory."""
+        if not self.save_to_log_dir:
+            os.makedirs(trainer.default_root_dir, exist_ok=True)
+            self.parser.save(self.config, os.path.join(trainer.default_root_dir, self.config_filename),
+                             skip_none=False, overwrite=self.overwrite, multifile=self.multifile)
+
+
+class RunConfigCallback(SaveRunConfig):
     """LightningCLI's ``SaveConfigCallback`` (``<log_dir>/config.yaml``), written when training starts rather than at
     setup, so a resume that fails to load writes nothing; also ``<root>/run_config.yaml`` and the config inside
     every checkpoint (:data:`CHECKPOINT_KEY`), the link ``lit-gspo eval`` follows."""
@@ -259,7 +283,9 @@ class RunConfigCallback(SaveConfigCallback):
         super().setup(trainer, pl_module, "fit")
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
-        """Rank 0: ``<root>/run_config.yaml``, written aside then renamed (a kill leaves the old one or the new)."""
+        """Rank 0: ``<root>/run_config.yaml``, written aside then renamed (a kill leaves the old one or the new), and
+        ``config.yaml`` in the root when the logger has no directory (:class:`SaveRunConfig`)."""
+        super().save_config(trainer, pl_module, stage)
         path = Path(trainer.default_root_dir) / RUN_CONFIG
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f".{RUN_CONFIG}.tmp-{os.getpid()}"

@@ -33,13 +33,14 @@ def test_pass_at_k_by_hand():
 
 
 def test_batch_stats_add_up_over_episodes():
-    stats = [(4, {"reward_failed": 1.0, "turns": 2.0, "success_turn2": 0.5, "reached_turn2": 0.5, "reward/f": 0.25}),
+    stats = [(4, {"reward_failed": 1.0, "turns": 2.0, "success_turn2": 0.5, "reached_turn2": 0.5, "rewards/f/mean": 0.25, "rewards/f/std": 0.1}),
              (2, {"reward_failed": 0.0, "turns": 1.0, "success_turn2": 1.0, "reached_turn2": 1.0})]
     out = _aggregate_stats(stats)
     assert out["reward_failed"] == 1.0
     assert out["turns"] == pytest.approx((4 * 2 + 2 * 1) / 6)
     assert out["success_turn2"] == pytest.approx((4 * 0.5 * 0.5 + 2 * 1.0 * 1.0) / (4 * 0.5 + 2 * 1.0))  # of those reaching turn 2
-    assert out["reward/f"] == 0.25  # only the batches that report it
+    assert out["rewards/f/mean"] == 0.25  # only the batches that report it
+    assert "rewards/f/std" not in out  # a mean of the batches' stds is not the std over the episodes
 
 
 @pytest.fixture(scope="module")

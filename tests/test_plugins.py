@@ -30,6 +30,6 @@ def test_the_example_plugins_run_a_fit_by_class_path(tmp_path, monkeypatch):
     # 2 RL steps × 4 prompts, plus the greedy validation before the first step and at the end (8 prompts each)
     assert engine.prompts == 2 * 4 + 2 * 8 and engine.tokens > 0
     rows = read_metrics(tmp_path)
-    assert column(rows, "train/reward/exact_answer") and column(rows, "train/clip_frac") == [0.0, 0.0]
+    assert column(rows, "train/rewards/exact_answer/mean") and column(rows, "train/clip_frac") == [0.0, 0.0]
     assert max(column(rows, "train/rows_with_gradient")) > 0  # CharAccuracy's partial credit: groups differ
     assert any(not torch.equal(a, b) for a, b in zip(before, model.policy.parameters()))

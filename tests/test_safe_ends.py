@@ -153,9 +153,15 @@ def test_a_resume_continues_the_runs_metrics_file_with_every_step_once(tmp_path,
         assert len(files) == 1, files
         return files[0].read_text().splitlines()
 
-    whole, values = lines(), rows(tmp_path)
+    def completions() -> list[str]:  # issue 28 finding 8: completions.csv is cut back with metrics.csv
+        (path,) = tmp_path.glob("**/completions.csv")
+        return path.read_text().splitlines()
+
+    whole, values, shown = lines(), rows(tmp_path), completions()
+    assert sorted({int(line.split(",")[0]) for line in shown[1:]}) == [0, 1, 2, 3]
     cli_main(["fit", *args(tmp_path, 6, *ckpt), "--ckpt_path", str(copies[2])])  # as if killed before step 2's checkpoint
     after = lines()
+    assert completions() == shown  # the validation of step 3 logged once, as the first time
     with open(next(tmp_path.glob("**/metrics.csv"))) as fh:
         steps = [int(r["step"]) for r in csv.DictReader(fh) if r.get("train/reward")]
     assert steps == [0, 1, 2] and len(after) == len(whole)  # each row once, in one file

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import math
 import re
 import time
 import warnings
@@ -438,7 +439,9 @@ def test_the_collector_gives_chat_prompts_and_message_completions(chat_policy):
     assert seen["completions"] == assistant(replies)
     assert seen["trainer_state"].global_step == 3
     assert batch.rewards.tolist() == [2.0, 0.0, 2.0, 0.0]  # spy + format; the third function gives None
-    assert stats["reward/spy"] == 0.5 and stats["answers_logged"] == 4.0  # log_metric → train/answers_logged
+    assert stats["rewards/spy/mean"] == 0.5 and stats["answers_logged"] == 4.0  # log_metric → train/answers_logged
+    assert stats["rewards/spy/std"] == pytest.approx((4 * 0.25 / 3) ** 0.5)  # TRL's: Bessel-corrected, of 1, 0, 1, 0
+    assert math.isnan(stats["rewards/boxed_with_logs_or_none/mean"]) and math.isnan(stats["rewards/boxed_with_logs_or_none/std"])
     assert collector.last_extra == {"answer_seen": ["12", "12", "8", "8"]}
 
 
