@@ -125,8 +125,9 @@ def test_the_config_travels_in_the_checkpoint_and_beside_the_run(first_run):
     assert yaml.safe_load(stored)["seed_everything"] == 0
     found = run_dir.config_for(str(ckpt))
     assert found.text == stored and found.origin == f"{ckpt} (stored in the checkpoint)"
-    found = run_dir.config_for(str(first_run / "hf_model"))
-    assert found.path == first_run / "run_config.yaml"
+    found = run_dir.config_for(str(first_run / "hf_model"))  # the export carries it (a copied hf_model/ too)
+    assert found.path == first_run / "hf_model" / run_dir.EXPORT_CONFIG
+    assert found.text == (first_run / "run_config.yaml").read_text() == stored
 
 
 # ------------------------------------------------------------------------------------------- eval (finding 6)
