@@ -156,8 +156,15 @@ def test_the_ranks_lightning_derives_for_node_1(tmp_path, monkeypatch, kind):
     from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
     from lightning.pytorch.strategies import DDPStrategy
 
+    from lightning.fabric.utilities import rank_zero as fabric_rank_zero
+    from lightning.pytorch.utilities import rank_zero as pytorch_rank_zero
+    from lightning_utilities.core import rank_zero as utilities_rank_zero
+
     from lit_gspo.cli import cli_main
 
+    # the Trainer of "rank 1" sets the process-wide rank of rank_zero_only: put it back for the tests after this one
+    for module in (utilities_rank_zero, fabric_rank_zero, pytorch_rank_zero):
+        monkeypatch.setattr(module.rank_zero_only, "rank", getattr(module.rank_zero_only, "rank", 0))
     for key in list(os.environ):
         if key in LAUNCHER_VARS or key.startswith(("SLURM_", "TORCHELASTIC_")):
             monkeypatch.delenv(key)

@@ -98,7 +98,7 @@ def test_the_readme_tour_runs_top_to_bottom_without_one_run_overwriting_another(
             assert rl_step(tmp_path / "runs" / "quickstart-2" / "checkpoints" / "last.ckpt") == STEPS  # DAPO's as it was
     # eval of runs/quickstart/hf_model: the quickstart's model, with the quickstart's own config, and says which
     text = outputs["eval --ckpt runs/quickstart/hf_model"]
-    assert "eval: reading the run's config: runs/quickstart/run_config.yaml (the run of runs/quickstart/hf_model)" in text
+    assert "eval: reading the run's config: runs/quickstart/hf_model/lit_gspo_config.yaml (saved with the model)" in text
     scored = json.loads((quickstart / "hf_model.eval.json").read_text())
     assert scored["seed"] == 0 and scored["rewards"] == ["char_accuracy"] and scored["prompts"] == 8
     with open(next(quickstart.glob("lightning_logs/version_*/metrics.csv"))) as f:
