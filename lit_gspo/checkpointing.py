@@ -269,8 +269,9 @@ def export_is_complete(path: str | Path) -> bool:
 
 
 class AtomicModelParallelStrategy(ModelParallelStrategy):
-    """``ModelParallelStrategy`` whose distributed checkpoints (directories) are swapped in whole, and whose mesh
-    sizes default to FSDP2 over every process (:meth:`setup_environment`).
+    """``ModelParallelStrategy`` whose distributed checkpoints (directories) are swapped in whole. lit_gspo shards over
+    data-parallel ranks only: give ``data_parallel_size`` = every process and ``tensor_parallel_size=1`` (the CLI fills
+    them in for a ``ModelParallelStrategy`` given without sizes: ``lit_gspo.rlcli.atomic_strategy``).
 
     Every rank writes its shard into ``.<name>.tmp``; rank 0 then renames the old checkpoint away,
     the new one into place, and deletes the old one. A crash before the swap leaves the previous
@@ -278,18 +279,12 @@ class AtomicModelParallelStrategy(ModelParallelStrategy):
     :meth:`load_checkpoint` falls back to.
     """
 
-    def setup_environment(self) -> None:
-        """Sizes left ``"auto"`` mean FSDP2 over every process: Lightning's ``"auto"`` would make the mesh
-        tensor-parallel over the devices (``tensor_parallel_size = devices``), and lit_gspo shards over data-parallel
-        ranks only. So ``strategy: lightning.pytorch.strategies.ModelParallelStrategy`` alone is FSDP2."""
-        if self._tensor_parallel_size == "auto":
-            self._tensor_parallel_size = 1
-        if self._data_parallel_size == "auto":
-            self._data_parallel_size = self.num_nodes * self.num_processes // self._tensor_parallel_size
-        super().setup_environment()
+    def __init__(self, *args, save_distributed_checkpoint: bool = True, **kwargs) -> None:
+        super().__init__(*args, save_distributed_checkpoint=save_distributed_checkpoint, **kwargs)
+        self.distributed_checkpoint = save_distributed_checkpoint
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
-        if not self._save_distributed_checkpoint:
+        if not self.distributed_checkpoint:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         path = Path(self.broadcast(filepath))
         tmp, old = path.parent / f".{path.name}.tmp", path.parent / f".{path.name}.old"

@@ -328,15 +328,42 @@ def rl_step_progress_bars(trainer) -> None:
 
 
 def atomic_strategy(trainer) -> None:
-    """``ModelParallelStrategy`` (FSDP2) given by class path becomes ``AtomicModelParallelStrategy``: its distributed
-    checkpoints are swapped in whole (``lit_gspo.checkpointing``)."""
+    """``ModelParallelStrategy`` (FSDP2) given by class path becomes ``AtomicModelParallelStrategy`` (its distributed
+    checkpoints are swapped in whole: ``lit_gspo.checkpointing``), and mesh sizes left ``auto`` mean FSDP2 over every
+    process: ``data_parallel_size`` = nodes × devices, ``tensor_parallel_size`` 1. (Lightning's ``auto`` makes the mesh
+    tensor-parallel over the devices; lit_gspo shards over data-parallel ranks only.)"""
     strategy = trainer.get("strategy")
-    plain = "lightning.pytorch.strategies.ModelParallelStrategy"
+    plain = ("lightning.pytorch.strategies.ModelParallelStrategy", "lightning.pytorch.strategies.model_parallel.ModelParallelStrategy",
+             "ModelParallelStrategy")
     atomic = "lit_gspo.checkpointing.AtomicModelParallelStrategy"
-    if isinstance(strategy, Namespace) and strategy.get("class_path") in (plain, "lightning.pytorch.strategies.model_parallel.ModelParallelStrategy"):
-        strategy["class_path"] = atomic
-    elif strategy in (plain, "ModelParallelStrategy"):
-        trainer["strategy"] = atomic
+    if isinstance(strategy, str) and strategy in plain + (atomic,):
+        strategy = trainer["strategy"] = Namespace(class_path=atomic, init_args=Namespace())
+    if not isinstance(strategy, Namespace) or strategy.get("class_path") not in plain + (atomic,):
+        return
+    strategy["class_path"] = atomic
+    sizes = strategy.get("init_args") or Namespace()
+    if sizes.get("tensor_parallel_size", "auto") == "auto":
+        sizes["tensor_parallel_size"] = 1
+    if sizes.get("data_parallel_size", "auto") == "auto":
+        processes = (trainer.get("num_nodes") or 1) * device_count(trainer.get("devices"), trainer.get("accelerator"))
+        sizes["data_parallel_size"] = processes // sizes["tensor_parallel_size"]
+    strategy["init_args"] = sizes
+
+
+def device_count(devices, accelerator) -> int:
+    """How many devices a Trainer's ``devices`` setting means on one node (``auto``/-1: all the accelerator has)."""
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        devices = int(devices)
+    if isinstance(devices, str) and "," in devices:
+        return len([d for d in devices.split(",") if d.strip()])
+    if isinstance(devices, int) and devices >= 0:
+        return devices
+    import torch
+
+    on_gpu = accelerator in ("gpu", "cuda") or (accelerator in (None, "auto") and torch.cuda.is_available())
+    return torch.cuda.device_count() if on_gpu else 1
 
 
 def load_export(model, ckpt_path):
