@@ -87,6 +87,14 @@ def check_model_checkpoint(o: Outcome, steps: int) -> str:
     return f"2 best by val/reward kept (best {float(cb.best_model_score):.3f}) + checkpoints/last.ckpt of step {steps}"
 
 
+def check_last_is_final(o: Outcome, steps: int) -> str:
+    import torch
+
+    last = torch.load(o.root / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    assert last["rl_step"] == steps, f"last.ckpt holds RL step {last['rl_step']}, not {steps}"
+    return f"a checkpoint every step beside checkpoints/last.ckpt, which holds the final step {steps}"
+
+
 def check_early_stopping(o: Outcome, steps: int) -> str:
     cb = callback(o, "EarlyStopping")
     assert o.module.rl_step < steps, f"ran all {steps} steps"
@@ -177,6 +185,9 @@ HABITS = [
     Habit("ModelCheckpoint(monitor=val/reward, save_top_k=2)",
           ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor", "val/reward",
            "--trainer.callbacks.mode", "max", "--trainer.callbacks.save_top_k", "2"], check_model_checkpoint),
+    Habit("ModelCheckpoint(every_n_train_steps=1, save_top_k=-1)",
+          ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.every_n_train_steps", "1",
+           "--trainer.callbacks.save_top_k", "-1", "--checkpoint_every_n_steps", "4"], check_last_is_final),
     Habit("EarlyStopping(monitor=val/reward)",
           ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val/reward", "--trainer.callbacks.mode",
            "max", "--trainer.callbacks.patience", "1", "--trainer.callbacks.min_delta", "1.0"], check_early_stopping),

@@ -363,13 +363,10 @@ class LastCheckpoint(ModelCheckpoint):
 
     def __init__(self, dirpath, every_n_train_steps: int | None) -> None:
         super().__init__(dirpath=dirpath, save_last=True, save_top_k=0, every_n_train_steps=every_n_train_steps)
-        self.saved_at_step: int | None = None
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        self.saved_at_step = trainer.global_step
+        self.every = every_n_train_steps
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if trainer.fast_dev_run or self.saved_at_step == trainer.global_step:
+        if trainer.fast_dev_run or (self.every and trainer.global_step % self.every == 0):  # saved on the interval
             return
         trainer.save_checkpoint(os.path.join(str(self.dirpath), self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION))
 
