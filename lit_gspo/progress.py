@@ -37,11 +37,11 @@ def total_rl_steps(trainer, pl_module) -> int | None:
 class RLProgressBar(TQDMProgressBar):
     """Lightning's tqdm bar, counting RL steps across data epochs and resumes (validation/test bars unchanged)."""
 
-    BAR_FORMAT = "RL step {n_fmt}/{total_fmt} |{bar}| [{elapsed}<{remaining}, {rate_noinv_fmt}{postfix}]"
+    RL_BAR_FORMAT = "RL step {n_fmt}/{total_fmt} |{bar}| [{elapsed}<{remaining}, {rate_noinv_fmt}{postfix}]"
 
     def init_train_tqdm(self) -> Tqdm:
         bar = super().init_train_tqdm()
-        bar.bar_format = self.BAR_FORMAT  # (tqdm would print a description as "RL step: ")
+        bar.bar_format = self.RL_BAR_FORMAT  # the train bar only (tqdm would print a description as "RL step: ")
         return bar
 
     def on_train_start(self, trainer, pl_module) -> None:
