@@ -5,7 +5,7 @@ metrics split over two files (and, reusing a version, it deletes the old file). 
 default logger) resumes into the newest version directory and :class:`ContinuedWriter` keeps the file and its header.
 
 Rows logged after the checkpoint a resume starts from (a killed run's last steps) are run and logged again by the
-resume: :class:`lit_gspo.safe_ends.SafeEnds` cuts them from the file when the checkpoint is loaded (:func:`logged_before`
+resume: :class:`lit_gspo.safe_ends.ContinueLogsOnResume` cuts them from the file when the checkpoint is loaded (:func:`logged_before`
 its ``rl_step``; each step's row is flushed before its checkpoint), so every step appears once.
 """
 

@@ -151,22 +151,26 @@ def test_fsdp2_by_class_path_alone_builds_a_strategy_whose_mesh_is_data_parallel
     assert trainer.strategy._device_mesh == (2, 1, 2)  # data_parallel_size 2, tensor_parallel_size 1, world 2
 
 
+def ddp_env() -> dict:
+    """A CLI fit's environment for 2 DDP processes on a free loopback port, with tests/ importable (fault_helpers)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+
+
 @pytest.mark.distributed
 def test_ddp_with_a_reward_failing_on_every_rank_stops_every_rank_with_its_error(tmp_path):
     """Before (issue 20): every sample of every rank failed, yet each rank kept its all-masked rollout and stepped the
     optimiser; the run ran all its steps, exited 0 and saved a model. Now the ranks agree the step has nothing to
     learn from, count it alike, and all stop after max_skipped_steps with the reward's error. (A reward failing from
     its very first call stops the run at that call instead: the test below.)"""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     cmd = [sys.executable, "-m", "lit_gspo.cli", "fit",
            *run_args(tmp_path, "--trainer.strategy", "ddp", "--model.max_skipped_steps", "2", "--model.val_every_n_steps",
                      "0", "--model.rewards", "[{class_path: fault_helpers.RaisesAfterFirstCall}]", prompts=2,
                      devices=2, steps=20)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=ROOT, env=ddp_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0, proc.stderr[-3000:]
     assert "2 RL steps in a row had nothing to learn from" in proc.stderr, proc.stderr[-3000:]
     assert "The last reward error: reward function 'raises_after_first_call' raised ConnectionError: reward server down" in proc.stderr
@@ -176,17 +180,13 @@ def test_ddp_with_a_reward_failing_on_every_rank_stops_every_rank_with_its_error
     assert steps == [0]  # stopped in the 2nd step (it raises before its row), not after 20 steps
 
 
+@pytest.mark.distributed
 def test_ddp_with_a_reward_failing_from_its_first_call_stops_every_rank_at_the_first_scoring(tmp_path):
     """Issue 29: a reward that fails on every sample of its first call stops the run there, on every rank, naming it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     cmd = [sys.executable, "-m", "lit_gspo.cli", "fit",
            *run_args(tmp_path, "--trainer.strategy", "ddp", "--model.val_every_n_steps", "0", "--model.rewards",
                      "[{class_path: fault_helpers.AlwaysRaises}]", prompts=2, devices=2, steps=20)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=ROOT, env=ddp_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0, proc.stderr[-3000:]
     assert "reward function 'always_raises' raised ConnectionError: reward server down" in proc.stderr
     assert not (tmp_path / "hf_model").exists()
