@@ -42,14 +42,14 @@ def run_cli(argv: list[str]) -> None:
     and sleeps until killed."""
     stall, marker = os.environ.get(STALL_ENV), os.environ.get(MARKER_ENV)
     if stall:
-        import lit_gspo.checkpointing as checkpointing
+        import lit_gspo.lightning.checkpoint_io as checkpoint_io
 
         def hang() -> None:
             Path(marker).write_text(stall)
             time.sleep(3600)
 
         if stall.startswith("checkpoint:"):
-            target, count, write = int(stall.split(":")[1]), [0], checkpointing.AtomicCheckpointIO._write
+            target, count, write = int(stall.split(":")[1]), [0], checkpoint_io.AtomicCheckpointIO._write
 
             def _write(self, checkpoint, f):
                 count[0] += 1
@@ -65,13 +65,15 @@ def run_cli(argv: list[str]) -> None:
                 f.flush()
                 hang()
 
-            checkpointing.AtomicCheckpointIO._write = _write
+            checkpoint_io.AtomicCheckpointIO._write = _write
         elif stall == "export":
-            def _fsync_tree(directory):  # inside written_aside: the files are written, the swap has not happened
+            import lit_gspo.runtime.files as files
+
+            def fsync_tree(directory):  # inside written_aside: the files are written, the swap has not happened
                 hang()
 
-            checkpointing._fsync_tree = _fsync_tree
-    from lit_gspo.cli import main
+            files.fsync_tree = fsync_tree
+    from lit_gspo.tools.main import main
 
     main(argv)
 
@@ -184,7 +186,7 @@ def main() -> None:
     if proc.returncode != 0:
         sys.exit(f"the final resume failed ({proc.returncode}):\n{err[-3000:]}")
 
-    # one file per run since resumes continue it (lit_gspo/metrics_file.py); older runs had one per attempt
+    # one file per run since resumes continue it (lit_gspo/lightning/metrics_file.py); older runs had one per attempt
     attempts = sorted(faulty.glob("**/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[-1]))
     union, wrong_attempts = {}, 0
     for i, path in enumerate(attempts):

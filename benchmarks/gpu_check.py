@@ -212,7 +212,7 @@ def matmul_count(policy) -> int:
 
 # ---------------------------------------------------------------------------------------------- engines
 def engine_for(name: str, attention: str | None):
-    from lit_gspo.engines import HFGenerate, LeanSampler
+    from lit_gspo.rl.engines import HFGenerate, LeanSampler
 
     return (HFGenerate if name == "hf" else LeanSampler)(attn_implementation=attention)
 
@@ -221,7 +221,7 @@ def make_recording(inner, device_type: str):
     """An engine that samples with ``inner`` and records each call's sequences and the CPU RNG state after it."""
     import torch
 
-    from lit_gspo.engines import RolloutEngine
+    from lit_gspo.rl.engines import RolloutEngine
 
     class Recording(RolloutEngine):
         def __init__(self):
@@ -247,7 +247,7 @@ def make_replay(calls: list[dict]):
     the CPU RNG state recorded after each, so minibatch shuffles draw what they drew on the device."""
     import torch
 
-    from lit_gspo.engines import RolloutEngine
+    from lit_gspo.rl.engines import RolloutEngine
 
     class Replay(RolloutEngine):
         def __init__(self):
@@ -289,10 +289,10 @@ def param_sample(policy, per_tensor: int = 4096) -> dict:
 def build_module(spec: dict, engine):
     import torch
 
-    from lit_gspo.config import Generation, LoRA, Update, WarmStart
-    from lit_gspo.module import RLModule
-    from lit_gspo.objectives import GSPO
-    from lit_gspo.rewards import CharAccuracy
+    from lit_gspo.rl.config import Generation, LoRA, Update, WarmStart
+    from lit_gspo.lightning.module import RLModule
+    from lit_gspo.rl.objectives import GSPO
+    from lit_gspo.rl.rewards import CharAccuracy
 
     class CheckModule(RLModule):
         """RLModule that keeps its validations and does not write the policy to disk at the end (gigabytes per case)."""
@@ -331,7 +331,7 @@ def build_module(spec: dict, engine):
 
 
 def build_data(spec: dict):
-    from lit_gspo.data import PromptDataModule
+    from lit_gspo.lightning.datamodule import PromptDataModule
 
     if spec["kind"] == "quickstart":
         return PromptDataModule(train_source="reversal", task_kwargs={"min_length": 3, "max_length": 3}, num_train=700,
@@ -346,7 +346,7 @@ def fit(spec: dict, engine, max_steps: int, callbacks: list, replay: bool = Fals
     from lightning.pytorch import Trainer, seed_everything
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from lit_gspo.module import validation_schedule
+    from lit_gspo.lightning.module import validation_schedule
 
     seed_everything(0, verbose=False)
     module = build_module(dict(spec, replay=replay), engine)
@@ -413,7 +413,7 @@ def child_run(spec: dict) -> None:
     record["val_after"] = module.val_history[-1][1] if module.val_history else None
     record["sampling_peaks"] = engine.sampling_peaks
     record["prompt_tokens_per_row"] = _prompt_tokens(engine.calls)
-    from lit_gspo.optim import optimizer_state_bytes, state_dtypes
+    from lit_gspo.runtime.optim import optimizer_state_bytes, state_dtypes
 
     opt = module.optimizers()
     opt = getattr(opt, "optimizer", opt)
@@ -479,7 +479,7 @@ def child_logprobs(spec: dict) -> None:
     import torch
 
     from lit_gspo.models import load_policy
-    from lit_gspo.rollout import token_logprobs
+    from lit_gspo.rl.rollout import token_logprobs
 
     torch.set_num_threads(spec["threads"])
     device = torch.device(spec["device"])
@@ -517,7 +517,7 @@ def matmul_peak(device: str, precision: str) -> float:
     import torch
 
     if device == "cuda":
-        from lit_gspo.hardware import cuda_matmul_flops
+        from lit_gspo.runtime.hardware import cuda_matmul_flops
 
         return cuda_matmul_flops(torch.bfloat16)
     best = 0.0

@@ -4,7 +4,7 @@
 
 Issue 18 §4, claim 1: "noise grows with length under token ratios, not under sequence ratios". One frozen rollout
 (``lit-gspo fit ... --model.save_rollouts_every_n_steps N``), the weights that sampled it (θ0), and the machinery
-of ``lit-gspo compare`` (``lit_gspo/compare.py``: the same ``Learner`` as ``fit``, its normalisers, micro-batches
+of ``lit-gspo compare`` (``lit_gspo/tools/compare.py``: the same ``Learner`` as ``fit``, its normalisers, micro-batches
 and zero-advantage row skipping; the run's optimiser and its saved state):
 
 1. **Weights that moved.** A driver objective (default the plain policy gradient ``pg``, which favours neither
@@ -42,12 +42,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from lit_gspo.compare import (PolicyGradient, Replay, ReplayLearner, _Optimizer, fresh_optimizer, load_replay, parse_spec,
+from lit_gspo.tools.compare_replay import (PolicyGradient, Replay, ReplayLearner, _Optimizer, fresh_optimizer, load_replay, parse_spec,
                               replay_optimizer, update_of)
-from lit_gspo.diagnostics import sequence_log_ratio
-from lit_gspo.extras import pyplot
-from lit_gspo.learner import Learner
-from lit_gspo.objectives import Objective
+from lit_gspo.rl.learn.diagnostics import sequence_log_ratio
+from lit_gspo.runtime.extras import pyplot
+from lit_gspo.rl.learn.learner import Learner
+from lit_gspo.rl.objectives import Objective
 
 ON_POLICY = "on-policy at θk"  # the first objective with ratios 1 at θk: GRPO's and GSPO's (seq-mean-token-mean) alike
 DEFAULT_OBJECTIVES = ["grpo", "gspo", "grpo:clip_low=inf,clip_high=inf", "gspo:clip_low=inf,clip_high=inf"]

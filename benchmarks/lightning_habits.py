@@ -196,7 +196,7 @@ HABITS = [
           check_rich_bar),
     Habit("OnExceptionCheckpoint (a run that fails)",
           ["--trainer.callbacks+=OnExceptionCheckpoint", "--trainer.callbacks.dirpath", "{root}/crash",
-           "--model.rewards", "[{class_path: lit_gspo.rewards.ExactMatch}]", "--model.max_skipped_steps", "1",
+           "--model.rewards", "[{class_path: lit_gspo.rl.rewards.ExactMatch}]", "--model.max_skipped_steps", "1",
            "--model.dynamic_sampling", "true", "--model.max_sampling_rounds", "1"],
           check_on_exception),
     Habit("gradient_clip_val 0.5", ["--trainer.gradient_clip_val", "0.5"], check_clip),
@@ -221,7 +221,7 @@ HABITS = [
 
 def run_habit(habit: Habit, root: Path, base: list[str], steps: int) -> Outcome:
     """``lit-gspo fit`` with ``base`` + the habit's arguments, in this process (as ``cli_main`` runs it)."""
-    from lit_gspo.rlcli import cli_main
+    from lit_gspo.lightning.cli import cli_main
 
     args = ["fit", *base, "--trainer.max_steps", str(steps), "--trainer.default_root_dir", str(root),
             *[a.replace("{root}", str(root)) for a in habit.args]]

@@ -4,7 +4,7 @@
     python benchmarks/memory.py --hidden 768 --layers 8 --intermediate 2048   # ~45M
 
 Each configuration runs in fresh processes (so peak RSS is that configuration's own): build the model
-(FSDP2: ``lit_gspo.distributed.shard_model`` over 2 gloo ranks, as ``RLModule.configure_model``
+(FSDP2: ``lit_gspo.runtime.sharding.shard_model`` over 2 gloo ranks, as ``RLModule.configure_model``
 does), then ``--steps`` forward/backward/optimizer steps on random tokens. Reported per rank (the
 maximum over ranks): peak RSS (``ru_maxrss``), its growth over the process after imports, and the
 optimizer state held by the rank; "state bytes / param" divides the state of all ranks by the model's
@@ -40,12 +40,12 @@ def child(args) -> None:
         import torch.distributed as dist
 
         dist.init_process_group("gloo", rank=rank, world_size=world)
-    from lit_gspo.distributed import shard_model
+    from lit_gspo.runtime.sharding import shard_model
     from lit_gspo.models import load_policy
-    from lit_gspo.optim import optimizer_state_bytes, shard_aware
+    from lit_gspo.runtime.optim import optimizer_state_bytes, shard_aware
 
     if args.optimizer != "AdamW":
-        from lit_gspo.extras import require
+        from lit_gspo.runtime.extras import require
 
         require("bitsandbytes", "An 8-bit optimizer")  # import before measuring the baseline
     baseline = rss_mb()

@@ -6,7 +6,7 @@
 The commands are read from README.md's ``bash`` blocks (:func:`tour_commands`): every ``lit-gspo fit --config
 configs/quickstart.yaml ...`` that writes the quickstart's own directory (no ``--trainer.default_root_dir`` of its
 own; the install line's is included) and every ``lit-gspo eval``, in README order. Each runs as ``python -m
-lit_gspo.cli`` in a directory holding a link to ``configs/`` and the ``test.jsonl`` the README's second eval line
+lit_gspo.tools.main`` in a directory holding a link to ``configs/`` and the ``test.jsonl`` the README's second eval line
 reads (reversal prompts with their answers). Fits get :func:`tiny` settings appended (``--trainer.max_steps N`` and
 a small data set; a resume ``2N`` steps, so that it has steps to continue), which the README's own options do not
 override: each command keeps its meaning, only shorter.
@@ -83,7 +83,7 @@ def run(argv: list[str], workdir: Path, timeout: float = 600) -> tuple[int, floa
                                                                       if os.environ.get("PYTHONPATH") else [])),
            "PYTHONWARNINGS": "ignore"}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "lit_gspo.cli", *argv], cwd=workdir, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "lit_gspo.tools.main", *argv], cwd=workdir, env=env, capture_output=True,
                           text=True, timeout=timeout)
     seconds = time.perf_counter() - start
     if "--print_config" in argv and proc.returncode == 0:

@@ -87,7 +87,7 @@ def matmul_peak(dtype, threads: int, device: str = "cpu") -> float:
     import torch
 
     if device == "cuda":
-        from lit_gspo.hardware import cuda_matmul_flops
+        from lit_gspo.runtime.hardware import cuda_matmul_flops
 
         return cuda_matmul_flops(dtype)
     a, b = torch.randn(1504, 576, dtype=dtype), torch.randn(576, 1536, dtype=dtype)
@@ -111,12 +111,12 @@ def run_lit(args) -> dict:
     import torch
     from lightning.pytorch import Callback, Trainer
 
-    from lit_gspo.config import Generation, Update
-    from lit_gspo.data import PromptDataModule
-    from lit_gspo.engines import HFGenerate, LeanSampler
-    from lit_gspo.module import RLModule
-    from lit_gspo.objectives import GSPO
-    from lit_gspo.rewards import AnswerMatch
+    from lit_gspo.rl.config import Generation, Update
+    from lit_gspo.lightning.datamodule import PromptDataModule
+    from lit_gspo.rl.engines import HFGenerate, LeanSampler
+    from lit_gspo.lightning.module import RLModule
+    from lit_gspo.rl.objectives import GSPO
+    from lit_gspo.rl.rewards import AnswerMatch
 
     cycles, update_phase, tokens, trained = [], [], [], []
 
@@ -168,8 +168,8 @@ def trl_trainer(model_dir: Path, output_dir: Path, *, updates: int, precision: s
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lit_gspo.extras import require
-    from lit_gspo.rewards import AnswerMatch
+    from lit_gspo.runtime.extras import require
+    from lit_gspo.rl.rewards import AnswerMatch
 
     trl = require("trl", "Comparing with TRL")
     GRPOConfig, GRPOTrainer = trl.GRPOConfig, trl.GRPOTrainer

@@ -1,7 +1,7 @@
 """One small example of each pluggable stage, in a user's own file (not in the package).
 
     PYTHONPATH=examples lit-gspo fit --config configs/quickstart.yaml \
-        --model.objective plugins.REINFORCE --model.rewards '[plugins.exact_answer, lit_gspo.rewards.CharAccuracy]' \
+        --model.objective plugins.REINFORCE --model.rewards '[plugins.exact_answer, lit_gspo.rl.rewards.CharAccuracy]' \
         --model.environment plugins.Prefixed --model.environment.prefix 'rev? ' --model.engine plugins.CountingEngine
 
 tests/test_plugins.py runs exactly these.
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from lit_gspo.engines import HFGenerate
-from lit_gspo.envs import SingleTurn
-from lit_gspo.objectives import Counts, LossOutput, Objective, aggregate, masked_mean
+from lit_gspo.rl.engines import HFGenerate
+from lit_gspo.rl.envs import SingleTurn
+from lit_gspo.rl.objectives import Counts, LossOutput, Objective, aggregate, masked_mean
 
 
 class REINFORCE(Objective, register=False):

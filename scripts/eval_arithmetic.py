@@ -13,7 +13,7 @@ with just the number." of each pair falls in the task's held-out split):
 
 A reply is correct when its last number equals the answer (``AnswerMatch(mode="last_number")``,
 the reward used in training). Prompts go through the chat template with its default system prompt.
-Scored by ``lit-gspo eval``'s ``evaluate`` (``lit_gspo/evaluate.py``) on these sets, with the settings in
+Scored by ``lit-gspo eval``'s ``evaluate`` (``lit_gspo/rl/evaluate.py``) on these sets, with the settings in
 ``load`` below; ``lit-gspo eval --config configs/smollm2/gspo_arithmetic.yaml --ckpt <model>`` scores that
 config's own held-out prompts with its settings instead.
 Subtraction sets are also scored apart by whether the units column borrows (``a % 10 < b % 10``):
@@ -67,11 +67,11 @@ def load(model: str, *, max_new_tokens: int, seed: int = 0, device: str = "cpu")
     """``lit-gspo eval``'s model and trainer pieces, set as these scripts score: the training reward (the last
     number of the reply equals the answer), the lean sampler with the model's attention, fp32, the chat template
     with its default system prompt. An explicit config: not the settings of the run the model comes from."""
-    from lit_gspo.eval_cli import load as load_eval
+    from lit_gspo.tools.eval import load as load_eval
 
     config = {"seed_everything": seed, "trainer": {"precision": "32-true"},
-              "model": {"rewards": [{"class_path": "lit_gspo.rewards.AnswerMatch", "init_args": {"mode": "last_number"}}],
-                        "engine": {"class_path": "lit_gspo.engines.LeanSampler"},
+              "model": {"rewards": [{"class_path": "lit_gspo.rl.rewards.AnswerMatch", "init_args": {"mode": "last_number"}}],
+                        "engine": {"class_path": "lit_gspo.rl.engines.LeanSampler"},
                         "generation": {"max_new_tokens": max_new_tokens, "max_prompt_length": 512}}}
     return load_eval(["--config", json.dumps(config), "--ckpt", model, "--device", device]).model
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
 
-    from lit_gspo.evaluate import evaluate
+    from lit_gspo.rl.evaluate import evaluate
 
     module = load(args.model, max_new_tokens=args.max_new_tokens, device=args.device)
     results = {"model": args.model, "n": args.n, "max_new_tokens": args.max_new_tokens}

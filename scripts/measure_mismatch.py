@@ -49,10 +49,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", default=None, help="write the record to this file")
     own, rest = parser.parse_known_args(argv)
 
-    from lit_gspo.cli import cli_main
-    from lit_gspo.mismatch import MIS, TIS, Mismatch, SequenceMIS, mismatch_metrics
-    from lit_gspo.rollout import token_logprobs
-    from lit_gspo.warm_start import warm_start
+    from lit_gspo.tools.main import cli_main
+    from lit_gspo.rl.learn.mismatch import MIS, TIS, Mismatch, SequenceMIS, mismatch_metrics
+    from lit_gspo.rl.rollout import token_logprobs
+    from lit_gspo.rl.warm_start import warm_start
 
     cli = cli_main(rest + ["--trainer.logger", "false"], run=False)
     module, dm = cli.model, cli.datamodule

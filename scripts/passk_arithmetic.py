@@ -21,7 +21,7 @@ from eval_arithmetic import eval_sets, load
 def main(argv: list[str] | None = None) -> dict:
     import torch
 
-    from lit_gspo.evaluate import evaluate
+    from lit_gspo.rl.evaluate import evaluate
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model", help="HF model dir, or a name load_policy knows (e.g. smollm2-135m-instruct)")

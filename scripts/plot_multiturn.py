@@ -16,7 +16,7 @@ import math
 import sys
 from pathlib import Path
 
-from lit_gspo.extras import pyplot
+from lit_gspo.runtime.extras import pyplot
 
 plt = pyplot("Plotting")
 

@@ -12,7 +12,7 @@ import csv
 import sys
 from pathlib import Path
 
-from lit_gspo.extras import pyplot
+from lit_gspo.runtime.extras import pyplot
 
 plt = pyplot("Plotting")
 

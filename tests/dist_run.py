@@ -32,8 +32,8 @@ class _Step:
 
 def per_prompt_seeded_engine():
     """HFGenerate, but each prompt's completions come from a generator seeded by (prompt tokens, step)."""
-    from lit_gspo.engines import HFGenerate
-    from lit_gspo.rollout import concat_rollouts
+    from lit_gspo.rl.engines import HFGenerate
+    from lit_gspo.rl.rollout import concat_rollouts
 
     class PerPromptSeeded(HFGenerate):
         def sample(self, policy, prompt_ids, *, pad_id, greedy=False, **kwargs):
@@ -51,7 +51,7 @@ def per_prompt_seeded_engine():
 
 def crash_during_save(n: int, marker: Path) -> None:
     """Make the n-th checkpoint write stall half-way (after touching ``marker``) so the test can SIGKILL us."""
-    from lit_gspo.checkpointing import AtomicCheckpointIO
+    from lit_gspo.lightning.checkpoint_io import AtomicCheckpointIO
 
     original = AtomicCheckpointIO._write
     count = {"n": 0}
@@ -86,9 +86,9 @@ def main() -> None:
     if args.crash_at_save:
         crash_during_save(args.crash_at_save, out / "crashing")
 
-    from lit_gspo.cli import cli_main
-    from lit_gspo.distributed import full_state_dict, is_sharded
-    from lit_gspo.optim import optimizer_state_bytes, state_dtypes
+    from lit_gspo.tools.main import cli_main
+    from lit_gspo.runtime.sharding import full_state_dict, is_sharded
+    from lit_gspo.runtime.optim import optimizer_state_bytes, state_dtypes
 
     cli = cli_main(cli_args, run=False)
     cli.model.collector.engine = per_prompt_seeded_engine()

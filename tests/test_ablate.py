@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lit_gspo.ablate import fit_args, load_ablation, main
-from lit_gspo.ablate_report import SUMMARY_COLUMNS, paired_by_seed
-from lit_gspo.cli import main as cli_entry
+from lit_gspo.tools.ablate import fit_args, load_ablation, main
+from lit_gspo.tools.ablate_report import SUMMARY_COLUMNS, paired_by_seed
+from lit_gspo.tools.main import main as cli_entry
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "configs/ablate/toy.yaml"
@@ -90,8 +90,8 @@ def test_fit_args_put_the_objective_before_its_overrides_and_seed_everything(tmp
 def test_a_signal_stops_the_whole_ablation_not_just_its_arm(tmp_path, monkeypatch):
     """SIGTERM/SIGINT end a fit with RunInterrupted (checkpoint saved, exit 143/130): ablate must stop there and
     exit with that code, not report the arm as failed and start the next one."""
-    import lit_gspo.ablate as ablate
-    from lit_gspo.safe_ends import RunInterrupted
+    import lit_gspo.tools.ablate as ablate
+    from lit_gspo.lightning.callbacks.signals import RunInterrupted
 
     monkeypatch.chdir(ROOT)
     started = []

@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-from lit_gspo.advantages import (
+from lit_gspo.rl.advantages import (
     ADVANTAGES, GAE, RLOO, BatchNormalized, GroupMean, GroupNormalized, gae, get_advantage, group_advantages,
     rloo_advantages,
 )
-from lit_gspo.rewards import overlong_penalty
-from lit_gspo.rollout import RolloutBatch
+from lit_gspo.rl.rewards import overlong_penalty
+from lit_gspo.rl.rollout import RolloutBatch
 
 
 def test_group_advantages_hand_values():

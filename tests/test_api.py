@@ -23,9 +23,9 @@ def test_import_lit_gspo_is_light_and_every_name_of_the_api_resolves():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", f"`import lit_gspo` pulled in {out}"
     assert set(API) <= set(lit_gspo.__all__) and set(API) <= set(dir(lit_gspo))
-    from lit_gspo.data import PromptDataModule
-    from lit_gspo.module import RLModule
-    from lit_gspo.objectives import GSPO
+    from lit_gspo.lightning.datamodule import PromptDataModule
+    from lit_gspo.lightning.module import RLModule
+    from lit_gspo.rl.objectives import GSPO
 
     assert (lit_gspo.RLModule, lit_gspo.PromptDataModule, lit_gspo.GSPO) == (RLModule, PromptDataModule, GSPO)
     for name in API:

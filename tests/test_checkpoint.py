@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_gspo.cli import cli_main
+from lit_gspo.tools.main import cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ def args(root: Path, steps: int, *extra: str) -> list[str]:
             "--model.update.num_minibatches", "2", "--model.optimizer.lr", "0.01",
             "--model.lr_scheduler", "torch.optim.lr_scheduler.StepLR", "--model.lr_scheduler.step_size", "1",
             "--model.lr_scheduler.gamma", "0.9",
-            "--model.rewards", '[{class_path: lit_gspo.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]', *extra]
+            "--model.rewards", '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]', *extra]
 
 
 def fit(root: Path, steps: int, *extra: str, ckpt_path: str | None = None):

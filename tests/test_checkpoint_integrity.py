@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_gspo.checkpointing import AtomicCheckpointIO, CheckpointError, sha256_path
+from lit_gspo.lightning.checkpoint_io import AtomicCheckpointIO
+from lit_gspo.runtime.checkpoint_files import CheckpointError, sha256_path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,7 +81,7 @@ def test_a_remote_ckpt_path_is_refused_at_once(url):
 
 def test_a_crash_between_the_hash_and_the_rename_leaves_a_checkpoint_that_still_verifies(saved, monkeypatch):
     """The sidecar lists the new and the old hash until the new file is in place."""
-    import lit_gspo.checkpointing as checkpointing
+    import lit_gspo.runtime.checkpoint_files as checkpoint_files
 
     real_replace = os.replace
 
@@ -89,10 +90,10 @@ def test_a_crash_between_the_hash_and_the_rename_leaves_a_checkpoint_that_still_
             raise KeyboardInterrupt("killed")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(checkpointing.os, "replace", crash_on_checkpoint)
+    monkeypatch.setattr(checkpoint_files.os, "replace", crash_on_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(3)}, "global_step": 8}, saved)
-    monkeypatch.setattr(checkpointing.os, "replace", real_replace)
+    monkeypatch.setattr(checkpoint_files.os, "replace", real_replace)
     assert len(sha256_path(saved).read_text().splitlines()) == 2
     assert load(saved)["global_step"] == 7
     assert [p.name for p in saved.parent.iterdir() if ".tmp-" in p.name] == []
@@ -104,7 +105,7 @@ def test_removing_a_checkpoint_removes_its_hash(saved):
 
 
 def test_fit_from_an_empty_checkpoint_names_it(tmp_path):
-    from lit_gspo.cli import cli_main
+    from lit_gspo.tools.main import cli_main
 
     ckpt = tmp_path / "last.ckpt"
     ckpt.write_bytes(b"")

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from lit_gspo.ablate import make_parser
-from lit_gspo.cli import cli_main, main
+from lit_gspo.tools.ablate import make_parser
+from lit_gspo.tools.main import cli_main, main
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lit_gspo"
 
@@ -61,7 +61,7 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_nothing_in_the_package_imports_the_entry_point():
     importers = [p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
-                 if p.name != "cli.py" and "lit_gspo.cli" in imported_modules(p)]
+                 if p.name != "cli.py" and "lit_gspo.tools.main" in imported_modules(p)]
     assert importers == []
 
 

@@ -5,15 +5,16 @@ import json
 import pytest
 import torch
 
-from lit_gspo.advantages import get_advantage
-from lit_gspo.cli import main
-from lit_gspo.compare import make_parser, run_compare
-from lit_gspo.config import Update
-from lit_gspo.learner import Learner
+from lit_gspo.rl.advantages import get_advantage
+from lit_gspo.tools.main import main
+from lit_gspo.tools.compare import make_parser
+from lit_gspo.tools.compare_replay import run_compare
+from lit_gspo.rl.config import Update
+from lit_gspo.rl.learn.learner import Learner
 from lit_gspo.models import load_policy
-from lit_gspo.objectives import GRPO
-from lit_gspo.rollout import RolloutBatch
-from lit_gspo.rollout_io import load_rollout, policy_dir, save_optimizer_state, save_rollout
+from lit_gspo.rl.objectives import GRPO
+from lit_gspo.rl.rollout import RolloutBatch
+from lit_gspo.rl.rollout_io import load_rollout, policy_dir, save_optimizer_state, save_rollout
 
 G = 4
 
@@ -194,7 +195,7 @@ def test_an_unknown_objective_names_the_registered_ones(saved, tmp_path):
 
 
 def test_a_fit_with_saving_on_writes_the_rollout_and_its_policy(tmp_path):
-    from lit_gspo.rlcli import cli_main
+    from lit_gspo.lightning.cli import cli_main
 
     root = tmp_path / "run"
     cli = cli_main(["--config", "configs/quickstart.yaml", "--trainer.max_steps", "3", "--trainer.default_root_dir",

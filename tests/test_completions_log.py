@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
-from lit_gspo.cli import cli_main
-from lit_gspo.completions_log import COLUMNS, due, log_completions, markdown
+from lit_gspo.tools.main import cli_main
+from lit_gspo.lightning.completions_log import COLUMNS, due, log_completions, markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 

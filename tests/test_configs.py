@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lit_gspo.ablate import fit_args, load_ablation
-from lit_gspo.cli import RLCLI
-from lit_gspo.data import PromptDataModule
-from lit_gspo.module import RLModule
+from lit_gspo.tools.ablate import fit_args, load_ablation
+from lit_gspo.lightning.cli import RLCLI
+from lit_gspo.lightning.datamodule import PromptDataModule
+from lit_gspo.lightning.module import RLModule
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 QUICKSTART = CONFIGS / "quickstart.yaml"
@@ -38,16 +38,16 @@ def test_fit_config_parses(path):
 
 @pytest.mark.parametrize("path", sorted((CONFIGS / "objectives").glob("*.yaml")), ids=lambda p: p.stem)
 def test_objective_overlay_swaps_only_the_objective(path):
-    from lit_gspo.objectives import OBJECTIVES
+    from lit_gspo.rl.objectives import OBJECTIVES
 
     config, base = parse(QUICKSTART, path), parse(QUICKSTART)
     assert config.model.objective.class_path.rsplit(".", 1)[-1] == OBJECTIVES[path.stem].__name__
     assert config.data == base.data and config.model.rewards == base.model.rewards
 
 
-@pytest.mark.parametrize("value", ["GSPOO", "lit_gspo.objectives.GSPOO"])
+@pytest.mark.parametrize("value", ["GSPOO", "lit_gspo.rl.objectives.GSPOO"])
 def test_unknown_objective_error_lists_the_known_ones(value, capsys):
-    from lit_gspo.objectives import OBJECTIVES
+    from lit_gspo.rl.objectives import OBJECTIVES
 
     with pytest.raises(SystemExit):
         parse(QUICKSTART, extra=("--model.objective", value))
@@ -61,7 +61,7 @@ def test_objective_by_class_name_still_parses():
 
 
 def test_every_registered_objective_has_an_overlay():
-    from lit_gspo.objectives import OBJECTIVES
+    from lit_gspo.rl.objectives import OBJECTIVES
 
     assert {p.stem for p in (CONFIGS / "objectives").glob("*.yaml")} == set(OBJECTIVES)
 

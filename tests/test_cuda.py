@@ -23,14 +23,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lit_gspo.advantages import GroupNormalized
-from lit_gspo.config import Update
-from lit_gspo.engines import HFGenerate, LeanSampler
-from lit_gspo.learner import Learner
+from lit_gspo.rl.advantages import GroupNormalized
+from lit_gspo.rl.config import Update
+from lit_gspo.rl.engines import HFGenerate, LeanSampler
+from lit_gspo.rl.learn.learner import Learner
 from lit_gspo.models import load_policy
-from lit_gspo.objectives import GSPO
-from lit_gspo.optim import state_dtypes
-from lit_gspo.rollout import position_ids_of, token_logprobs
+from lit_gspo.rl.objectives import GSPO
+from lit_gspo.runtime.optim import state_dtypes
+from lit_gspo.rl.rollout import position_ids_of, token_logprobs
 
 pytestmark = pytest.mark.cuda
 
@@ -143,7 +143,7 @@ FIT = """
 import json, math, sys, torch
 import lightning as L
 from lit_gspo import CharAccuracy, Generation, PromptDataModule, RLModule, Update
-from lit_gspo.optim import state_dtypes
+from lit_gspo.runtime.optim import state_dtypes
 
 device, strategy, optimizer, root = sys.argv[1:5]
 lr = 1e-3

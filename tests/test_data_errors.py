@@ -39,7 +39,7 @@ def no_network(monkeypatch):
     import datasets
     import huggingface_hub
 
-    import lit_gspo.hub as hub
+    import lit_gspo.runtime.hub as hub
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
@@ -66,7 +66,7 @@ def test_a_hub_dataset_without_network_fails_in_seconds_saying_why(no_network):
 
 
 def test_an_over_long_prompt_is_named_by_its_file_row_before_training(tmp_path):
-    from lit_gspo.cli import cli_main
+    from lit_gspo.tools.main import cli_main
 
     data = tmp_path / "prompts.jsonl"
     rows = [{"prompt": f"rev {i}{i}{i}=", "answer": f"{i}{i}{i}"} for i in range(10)]
@@ -83,7 +83,7 @@ def test_an_over_long_prompt_is_named_by_its_file_row_before_training(tmp_path):
 
 
 def test_a_misspelled_nested_key_lists_the_valid_fields(capsys):
-    from lit_gspo.cli import cli_main
+    from lit_gspo.tools.main import cli_main
 
     with pytest.raises(SystemExit):
         cli_main(["fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--model.generation.num_generation", "4"])
@@ -94,7 +94,7 @@ def test_a_misspelled_nested_key_lists_the_valid_fields(capsys):
 
 
 def test_a_misspelled_option_suggests_the_close_ones(capsys):
-    from lit_gspo.cli import cli_main
+    from lit_gspo.tools.main import cli_main
 
     with pytest.raises(SystemExit):
         cli_main(["fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--data.prompts_per_stp", "4"])

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from lit_gspo.data import PromptDataModule, load_prompt_rows
-from lit_gspo.rewards import CharAccuracy, ExactMatch
+from lit_gspo.data import load_prompt_rows
+from lit_gspo.lightning.datamodule import PromptDataModule
+from lit_gspo.rl.rewards import CharAccuracy, ExactMatch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,7 +134,7 @@ def test_holding_out_too_many_rows_for_prompts_per_step_is_refused_with_the_numb
 def test_a_fit_gives_rewards_each_column_by_its_own_name_as_written(tmp_path, monkeypatch):
     """End to end: a CSV train file + a JSONL validation file in one directory, answer_column pointing at `solution`;
     a reward naming `solution` and `question` gets them (strings, leading zeros kept), and validation uses the JSONL."""
-    from lit_gspo.cli import cli_main
+    from lit_gspo.tools.main import cli_main
 
     folder = tmp_path / "data"
     folder.mkdir()
@@ -153,7 +154,7 @@ def test_a_fit_gives_rewards_each_column_by_its_own_name_as_written(tmp_path, mo
                     "--trainer.enable_checkpointing", "false", "--data.train_source", str(folder),
                     "--data.prompt_column", "question", "--data.answer_column", "solution", "--data.num_train", "null",
                     "--data.num_val", "null", "--data.prompts_per_step", "4", "--model.generation.num_generations", "2",
-                    "--model.rewards", "[lit_gspo.rewards.CharAccuracy, seen_rewards.by_name]"], run=False)
+                    "--model.rewards", "[lit_gspo.rl.rewards.CharAccuracy, seen_rewards.by_name]"], run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     seen = set(sys.modules["seen_rewards"].SEEN)
     assert {("rev 123=", "321", "321"), ("rev 045=", "540", "540")} <= seen  # validation: the directory's JSONL

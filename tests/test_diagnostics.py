@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from lit_gspo.diagnostics import RatioStats, buckets, pearson, ratio_diagnostics, sequence_log_ratio
+from lit_gspo.rl.learn.diagnostics import RatioStats, buckets, pearson, ratio_diagnostics, sequence_log_ratio
 
 
 def test_sequence_log_ratio_sums_valid_tokens_only():

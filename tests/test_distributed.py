@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_gspo.cli import cli_main
+from lit_gspo.tools.main import cli_main
 from lit_gspo.models import load_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def run_args(root: Path, *extra: str, prompts: int = 4, devices: int = 1, steps:
             "--model.warm_start.steps", "0", "--model.val_every_n_steps", "1", "--data.num_train", "64",
             "--data.num_val", "8", "--data.prompts_per_step", str(prompts), "--model.generation.num_generations", "4",
             "--model.generation.max_new_tokens", "4", "--model.optimizer.lr", "0.01",
-            "--model.rewards", '[{class_path: lit_gspo.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]',
+            "--model.rewards", '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]',
             "--model.update.epochs", "2", "--model.update.micro_batch_size", "4",
             # every row runs, so entropy/kl/ratio means cover the same rows however they are split over ranks
             "--model.update.skip_zero_advantage_rows", "false",
@@ -166,7 +166,7 @@ def test_ddp_with_a_reward_failing_on_every_rank_stops_every_rank_with_its_error
     optimiser; the run ran all its steps, exited 0 and saved a model. Now the ranks agree the step has nothing to
     learn from, count it alike, and all stop after max_skipped_steps with the reward's error. (A reward failing from
     its very first call stops the run at that call instead: the test below.)"""
-    cmd = [sys.executable, "-m", "lit_gspo.cli", "fit",
+    cmd = [sys.executable, "-m", "lit_gspo.tools.main", "fit",
            *run_args(tmp_path, "--trainer.strategy", "ddp", "--model.max_skipped_steps", "2", "--model.val_every_n_steps",
                      "0", "--model.rewards", "[{class_path: fault_helpers.RaisesAfterFirstCall}]", prompts=2,
                      devices=2, steps=20)]
@@ -183,7 +183,7 @@ def test_ddp_with_a_reward_failing_on_every_rank_stops_every_rank_with_its_error
 @pytest.mark.distributed
 def test_ddp_with_a_reward_failing_from_its_first_call_stops_every_rank_at_the_first_scoring(tmp_path):
     """Issue 29: a reward that fails on every sample of its first call stops the run there, on every rank, naming it."""
-    cmd = [sys.executable, "-m", "lit_gspo.cli", "fit",
+    cmd = [sys.executable, "-m", "lit_gspo.tools.main", "fit",
            *run_args(tmp_path, "--trainer.strategy", "ddp", "--model.val_every_n_steps", "0", "--model.rewards",
                      "[{class_path: fault_helpers.AlwaysRaises}]", prompts=2, devices=2, steps=20)]
     proc = subprocess.run(cmd, cwd=ROOT, env=ddp_env(), capture_output=True, text=True, timeout=300)
@@ -228,7 +228,7 @@ def test_adamw8bit_under_fsdp2_keeps_uint8_state_tracks_adamw_and_resumes_from_a
 def test_fsdp1_strategy_is_refused_with_a_pointer_to_fsdp2(tmp_path):
     with pytest.raises(ValueError, match="ModelParallelStrategy"):
         cli_main(run_args(tmp_path, "--trainer.strategy", "fsdp"), run=False)
-    from lit_gspo.distributed import FSDP1_MESSAGE, check_strategy
+    from lit_gspo.lightning.strategy import FSDP1_MESSAGE, check_strategy
     from lightning.pytorch.strategies import FSDPStrategy
 
     assert "19626" in FSDP1_MESSAGE and "19685" in FSDP1_MESSAGE

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from lit_gspo.engines import HFGenerate, LeanSampler, RolloutEngine
-from lit_gspo.rollout import token_logprobs
+from lit_gspo.rl.engines import HFGenerate, LeanSampler, RolloutEngine
+from lit_gspo.rl.rollout import token_logprobs
 
 PAD, EOS = 0, 1  # conftest.py's tiny model
 PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12]]
@@ -71,7 +71,7 @@ def test_greedy_generation_picks_the_argmax_of_our_logprobs(model):
     # greedy tokens have the maximal log-prob at every valid step: logp(y_t) == max_v logp(v)
     P = rollout.prompt_length
     ids, attn = rollout.input_ids, rollout.attention_mask
-    from lit_gspo.rollout import position_ids_of
+    from lit_gspo.rl.rollout import position_ids_of
 
     logits = model(ids, attention_mask=attn, position_ids=position_ids_of(attn)).logits.float().log_softmax(-1)
     best = logits[:, P - 1:-1].max(-1).values

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_gspo import eval_cli
-from lit_gspo.cli import cli_main, main
-from lit_gspo.eval_cli import load, run, run_config
-from lit_gspo.evaluate import _aggregate_stats, default_ks, pass_at_k
+from lit_gspo.tools import eval as eval_cli
+from lit_gspo.tools.main import cli_main, main
+from lit_gspo.tools.eval import load, run, run_config
+from lit_gspo.rl.evaluate import _aggregate_stats, default_ks, pass_at_k
 
 ROOT = Path(__file__).resolve().parents[1]
 

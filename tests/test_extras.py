@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_gspo import extras
+from lit_gspo.runtime import extras
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,7 @@ def test_gguf_without_the_package_names_the_gguf_extra(missing, tmp_path):
 
 
 def test_an_8bit_optimizer_without_bitsandbytes_names_the_bnb_extra(missing, capsys):
-    from lit_gspo.cli import cli_main
+    from lit_gspo.tools.main import cli_main
 
     missing("bitsandbytes")
     with pytest.raises(SystemExit):
@@ -91,7 +91,7 @@ def test_an_8bit_optimizer_without_bitsandbytes_names_the_bnb_extra(missing, cap
 def test_an_ablation_report_without_matplotlib_is_written_without_plots_and_says_why(missing, tmp_path):
     from types import SimpleNamespace
 
-    from lit_gspo.ablate_report import write_report
+    from lit_gspo.tools.ablate_report import write_report
 
     missing("matplotlib")
     ab = SimpleNamespace(report_dir=tmp_path, name="x", description="", base="b.yaml", source="a.yaml", seeds=[0],

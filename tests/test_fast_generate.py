@@ -5,9 +5,9 @@ import contextlib
 import pytest
 import torch
 
-from lit_gspo.engines import HFGenerate, LeanSampler
-from lit_gspo.fast_generate import attention_implementation, fast_generate, filter_logits, sample_tokens
-from lit_gspo.rollout import left_pad
+from lit_gspo.rl.engines import HFGenerate, LeanSampler
+from lit_gspo.rl.engines.fast_generate import attention_implementation, fast_generate, filter_logits, sample_tokens
+from lit_gspo.rl.rollout import left_pad
 
 PAD, EOS = 0, 1  # as in conftest.py's tiny model
 
@@ -138,8 +138,8 @@ def test_rollout_backends_agree_on_greedy(model):
 def test_bf16_autocast_keeps_logprobs_and_ratios_fp32(model):
     """Under bf16-mixed (CPU autocast) the backbone runs in bf16 but log-probs come out fp32, and
     an on-policy recomputation gives a ratio of exactly 1 (the same kernels run twice)."""
-    from lit_gspo.objectives import GSPO
-    from lit_gspo.rollout import token_logprobs
+    from lit_gspo.rl.objectives import GSPO
+    from lit_gspo.rl.rollout import token_logprobs
 
     batch = generate(model, PROMPTS, num_generations=2, max_new_tokens=6, pad_id=PAD, eos_id=EOS, backend="fast")
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -159,7 +159,7 @@ def test_bf16_autocast_keeps_logprobs_and_ratios_fp32(model):
 def test_weights_are_cast_once_while_sampling_and_the_cache_is_dropped_after():
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from lit_gspo.fast_generate import weights_cast_once
+    from lit_gspo.rl.engines.fast_generate import weights_cast_once
 
     class CountCasts(TorchDispatchMode):
         count = 0
@@ -191,8 +191,8 @@ def test_weights_are_cast_once_while_sampling_and_the_cache_is_dropped_after():
 
 def test_grouped_query_eager_attention_equals_eager(model):
     """lit_gqa_eager: the same log-probs and greedy tokens as eager, without repeating K and V per head."""
-    from lit_gspo.fast_generate import GQA_EAGER
-    from lit_gspo.rollout import token_logprobs
+    from lit_gspo.rl.engines.fast_generate import GQA_EAGER
+    from lit_gspo.rl.rollout import token_logprobs
 
     assert model.config.num_attention_heads // model.config.num_key_value_heads == 2
     prompts = [[2, 5, 6, 7, 8], [2, 9]]  # left padding exercises the mask

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import lit_gspo.hardware as hardware
-from lit_gspo.cli import cli_main
-from lit_gspo.hardware import SlowPrecisionWarning, bf16_on_cpu_warning, cpu_flags
+import lit_gspo.runtime.hardware as hardware
+from lit_gspo.tools.main import cli_main
+from lit_gspo.runtime.hardware import SlowPrecisionWarning, bf16_on_cpu_warning, cpu_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 

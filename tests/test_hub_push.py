@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lit_gspo import hub
-from lit_gspo.cli import cli_main
+from lit_gspo.models import push as hub
+from lit_gspo.tools.main import cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 

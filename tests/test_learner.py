@@ -7,16 +7,16 @@ import math
 import pytest
 import torch
 
-from lit_gspo.advantages import GroupNormalized
-from lit_gspo.collect import Collector
-from lit_gspo.config import Generation, Update
-from lit_gspo.engines import HFGenerate
-from lit_gspo.envs import SingleTurn
-from lit_gspo.learner import Learner
+from lit_gspo.rl.advantages import GroupNormalized
+from lit_gspo.rl.collect import Collector
+from lit_gspo.rl.config import Generation, Update
+from lit_gspo.rl.engines import HFGenerate
+from lit_gspo.rl.envs import SingleTurn
+from lit_gspo.rl.learn.learner import Learner
 from lit_gspo.models import enable_gradient_checkpointing, load_policy
-from lit_gspo.objectives import GSPO
-from lit_gspo.rewards import CharAccuracy, RewardSet
-from lit_gspo.rollout import token_logprobs
+from lit_gspo.rl.objectives import GSPO
+from lit_gspo.rl.rewards import CharAccuracy, RewardSet
+from lit_gspo.rl.rollout import token_logprobs
 
 ROWS = [{"prompt": "rev 12=", "answer": "21"}, {"prompt": "rev 1234567=", "answer": "7654321"},
         {"prompt": "rev 345=", "answer": "543"}, {"prompt": "rev 98765=", "answer": "56789"}]
@@ -132,7 +132,7 @@ def test_rows_without_advantage_are_skipped_with_the_same_gradient_steps():
 
 
 def test_built_in_objectives_flagged_inert_have_no_gradient_on_zero_advantage_rows():
-    from lit_gspo.objectives import OBJECTIVES
+    from lit_gspo.rl.objectives import OBJECTIVES
 
     g = torch.Generator().manual_seed(0)
     logprobs = (-torch.rand(4, 5, generator=g) * 3).requires_grad_()
@@ -176,7 +176,7 @@ def padded_tokens(batch, groups) -> int:
 
 
 def test_token_budget_groups_rows_by_length_and_respects_the_budget():
-    from lit_gspo.rollout import RolloutBatch, micro_batch_rows
+    from lit_gspo.rl.rollout import RolloutBatch, micro_batch_rows
 
     prompt_len = [3, 5, 3, 5, 4, 2]  # real prompt tokens (left-padded to 5)
     completion_len = [1, 8, 2, 7, 0, 8]  # used completion tokens (right-padded to 8)
@@ -349,3 +349,66 @@ def test_snapshot_keeps_rollout_row_order_when_a_token_budget_sorts_rows_by_leng
     budgeted.snapshot(batches[1])
     mask = rollout.completion_mask
     torch.testing.assert_close(batches[1].ref_logprobs[mask], batches[0].ref_logprobs[mask], rtol=0, atol=1e-6)
+
+
+class HookOrder(Learner):
+    """Records the hooks ``learn`` calls, in order (``calls`` set by the test)."""
+
+    calls: list
+
+    def begin(self, rollout):
+        self.calls.append("begin")
+        return super().begin(rollout)
+
+    def minibatch_order(self, n):
+        self.calls.append("order")
+        return super().minibatch_order(n)
+
+    def fill_old_logprobs(self, update, order):
+        self.calls.append("old" if update.rollout.old_logprobs is None and not self.cfg.on_policy else "old (have)")
+        return super().fill_old_logprobs(update, order)
+
+    def minibatches(self, update, order, epoch):
+        for minibatch in super().minibatches(update, order, epoch):
+            self.calls.append(f"minibatch {epoch}.{minibatch.index}")
+            yield minibatch
+
+    def micro_loss(self, update, minibatch, micro_rows, micro):
+        self.calls.append(f"micro {len(micro_rows)}")
+        return super().micro_loss(update, minibatch, micro_rows, micro)
+
+    def after_backward(self, update, minibatch):
+        self.calls.append("backward done")
+
+    def optimizer_step(self, update, minibatch, optimizer, scheduler):
+        steps = update.steps_done
+        super().optimizer_step(update, minibatch, optimizer, scheduler)
+        self.calls.append(f"step {update.steps_done - steps}")
+
+    def metrics(self, update, optimizer):
+        self.calls.append("metrics")
+        return super().metrics(update, optimizer)
+
+
+def test_learn_calls_its_hooks_in_the_order_of_the_algorithm():
+    """``learn`` is the loop epochs × minibatches → micro-batches → backward → clip → step, each concern a hook; the
+    replay of ``lit-gspo compare`` (``ReplayLearner``) relies on this order through the public hooks only."""
+    policy, _ = load_policy("tiny-llama", seed=0)
+    learner = HookOrder(policy, GSPO(clip_low=0.02, clip_high=0.02),
+                        Update(epochs=2, num_minibatches=2, micro_batch_size=4, skip_zero_advantage_rows=False),
+                        max_len=MAX_NEW, group_size=G)
+    learner.calls = []
+    batch = with_rewards(learner, sample_rollout(policy), [0.0, 1.0, 3.0] * 4)  # 12 rows: minibatches of 6 = 4 + 2
+    learn(learner, batch)
+    minibatch = ["micro 4", "micro 2", "backward done", "step 1"]
+    assert learner.calls == (["begin", "order", "old", "minibatch 0.0", *minibatch, "minibatch 0.1", *minibatch,
+                              "order", "old (have)", "minibatch 1.0", *minibatch, "minibatch 1.1", *minibatch, "metrics"])
+
+
+def test_compare_replays_through_the_learners_public_hooks_only():
+    from lit_gspo.tools.compare_replay import ReplayLearner
+
+    hooks = {"begin", "minibatch_order", "fill_old_logprobs", "minibatches", "micro_loss", "after_backward",
+             "optimizer_step", "metrics", "micro_step", "global_counts", "clip_and_norm"}
+    overridden = {name for name, value in vars(ReplayLearner).items() if callable(value) and name != "__init__"}
+    assert overridden <= hooks and not any(name.startswith("_") for name in overridden)

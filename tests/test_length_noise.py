@@ -12,7 +12,7 @@ from length_noise import gradient_noise, length_buckets, main  # noqa: E402
 from test_compare import G, make_rollout  # noqa: E402
 
 from lit_gspo.models import load_policy  # noqa: E402
-from lit_gspo.rollout_io import policy_dir, save_rollout  # noqa: E402
+from lit_gspo.rl.rollout_io import policy_dir, save_rollout  # noqa: E402
 
 
 def test_the_noise_of_a_constant_gradient_is_zero_and_scales_out():

@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from lightning_habits import HABITS, run_habit, verdict  # noqa: E402
 
-from lit_gspo.rlcli import cli_main  # noqa: E402
+from lit_gspo.lightning.cli import cli_main  # noqa: E402
 
 STEPS = 6
 TINY = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.warm_start.steps", "5", "--model.val_every_n_steps",
@@ -38,7 +38,7 @@ def test_trainer_validate_from_python_puts_val_reward_in_callback_metrics(tmp_pa
 
 
 def test_validate_and_test_score_a_checkpoint_and_an_export_as_eval_does(tmp_path, capsys):
-    from lit_gspo.cli import main
+    from lit_gspo.tools.main import main
 
     run = tmp_path / "run"
     main(["fit", *TINY, "--trainer.max_steps", "4", "--trainer.default_root_dir", str(run)])
@@ -49,7 +49,7 @@ def test_validate_and_test_score_a_checkpoint_and_an_export_as_eval_does(tmp_pat
         cli = cli_main([command, *TINY, "--trainer.default_root_dir", str(tmp_path / f"{command}_{ckpt.name}"),
                         "--ckpt_path", str(ckpt)])
         scores[(command, ckpt.name)] = float(cli.trainer.callback_metrics[key])
-    from lit_gspo import eval_cli
+    from lit_gspo.tools import eval as eval_cli
 
     eval_result = eval_cli.main([*TINY, "--ckpt", str(run / "hf_model"), "--samples", "0",
                         "--output", str(tmp_path / "eval.json")])

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from lit_gspo.rewards import RewardSet, RewardTimeout, RewardWarning
+from lit_gspo.rl.rewards import RewardSet, RewardTimeout, RewardWarning
 
 
 class Stuck:

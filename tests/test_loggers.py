@@ -21,9 +21,9 @@ from jsonargparse import ArgumentParser
 sys.path.insert(0, str(Path(__file__).parent))
 from test_trainer import column, read_metrics, tiny_args  # noqa: E402
 
-from lit_gspo.cli import cli_main  # noqa: E402
-from lit_gspo.completions_log import COLUMNS  # noqa: E402
-from lit_gspo.run_dir import SaveRunConfig  # noqa: E402
+from lit_gspo.tools.main import cli_main  # noqa: E402
+from lit_gspo.lightning.completions_log import COLUMNS  # noqa: E402
+from lit_gspo.lightning.run_dir import SaveRunConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = sorted((ROOT / "tests/golden").glob("*.json"))

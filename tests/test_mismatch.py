@@ -1,4 +1,4 @@
-"""Rollout-mismatch correction (lit_gspo/mismatch.py): hand-computed weights and masks, no change when the sampler is
+"""Rollout-mismatch correction (lit_gspo/rl/learn/mismatch.py): hand-computed weights and masks, no change when the sampler is
 the trainer, split-invariance, the sampler's log-probs as π_old, config errors, and a CLI fit with it on."""
 
 import copy
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_gspo.config import Update
-from lit_gspo.mismatch import MIS, OPSM, TIS, Mismatch, SequenceMIS, mismatch_metrics
-from lit_gspo.objectives import CISPO, DAPO, GMPO, GRPO, GSPO, SAPO, GSPOToken
-from lit_gspo.rollout import RolloutBatch
+from lit_gspo.rl.config import Update
+from lit_gspo.rl.learn.mismatch import MIS, OPSM, TIS, Mismatch, SequenceMIS, mismatch_metrics
+from lit_gspo.rl.objectives import CISPO, DAPO, GMPO, GRPO, GSPO, SAPO, GSPOToken
+from lit_gspo.rl.rollout import RolloutBatch
 from test_learner import G, learn, make_learner, sample_rollout, with_rewards
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,12 +256,12 @@ def test_mismatch_metrics_are_zero_for_equal_logprobs_and_ignore_padding():
 # ------------------------------------------------------------------ end to end
 @pytest.mark.parametrize("engine", ["HFGenerate", "LeanSampler"])
 def test_the_collector_keeps_the_engines_logprobs_only_when_asked(engine):
-    from lit_gspo.collect import Collector
-    from lit_gspo.config import Generation
-    from lit_gspo.engines import HFGenerate, LeanSampler
-    from lit_gspo.envs import SingleTurn
+    from lit_gspo.rl.collect import Collector
+    from lit_gspo.rl.config import Generation
+    from lit_gspo.rl.engines import HFGenerate, LeanSampler
+    from lit_gspo.rl.envs import SingleTurn
     from lit_gspo.models import load_policy
-    from lit_gspo.rewards import CharAccuracy, RewardSet
+    from lit_gspo.rl.rewards import CharAccuracy, RewardSet
 
     policy, tokenizer = load_policy("tiny-llama", seed=0)
     for keep in (False, True):
@@ -278,7 +278,7 @@ def test_the_collector_keeps_the_engines_logprobs_only_when_asked(engine):
 
 
 def test_a_cli_fit_with_corrections_logs_the_mismatch(tmp_path):
-    from lit_gspo.cli import cli_main
+    from lit_gspo.tools.main import cli_main
 
     args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--config", str(ROOT / "configs/mismatch/tis_opsm.yaml"),
             "--trainer.default_root_dir", str(tmp_path), "--trainer.max_steps", "4", "--trainer.enable_progress_bar", "false",

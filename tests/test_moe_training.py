@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_gspo.config import Generation, Update
+from lit_gspo.rl.config import Generation, Update
 from lit_gspo.models.routing import moe_routers, record_routing
-from lit_gspo.module import RLModule
-from lit_gspo.objectives import GRPO
-from lit_gspo.rewards import CharAccuracy
-from lit_gspo.rollout import token_logprobs
+from lit_gspo.lightning.module import RLModule
+from lit_gspo.rl.objectives import GRPO
+from lit_gspo.rl.rewards import CharAccuracy
+from lit_gspo.rl.rollout import token_logprobs
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_trainer import column, read_metrics, tiny_args  # noqa: E402
@@ -153,7 +153,7 @@ def test_fit_logs_routing_volatility_for_moe_and_moves_the_router(tmp_path):
                      "--trainer.max_steps", "4", "--model.optimizer.lr", "0.05", "--model.objective", "GRPO",
                      "--model.update.num_minibatches", "2", "--model.routing_replay", "true",
                      "--model.val_every_n_steps", "0")
-    from lit_gspo.cli import cli_main
+    from lit_gspo.tools.main import cli_main
 
     cli = cli_main(args, run=False)
     cli.model.collector.rewards.functions[0] = first_char_parity  # varies even for a random policy: non-zero advantages
@@ -167,7 +167,7 @@ def test_fit_logs_routing_volatility_for_moe_and_moves_the_router(tmp_path):
 
 
 def test_dense_models_log_no_routing_volatility(tmp_path):
-    from lit_gspo.cli import cli_main
+    from lit_gspo.tools.main import cli_main
 
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "1", "--model.val_every_n_steps", "0"), run=False)
     cli.fit(cli.model, datamodule=cli.datamodule)

@@ -43,7 +43,7 @@ def fit_args(root: Path, *extra: str) -> list[str]:
             "--model.warm_start.steps", "0", "--model.val_every_n_steps", "2", "--data.num_train", "64",
             "--data.num_val", "8", "--data.prompts_per_step", "2", "--model.generation.num_generations", "4",
             "--model.generation.max_new_tokens", "4", "--checkpoint_every_n_steps", "2", "--model.optimizer.lr", "0.01",
-            "--model.rewards", '[{class_path: lit_gspo.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]', *extra]
+            "--model.rewards", '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]', *extra]
 
 
 def free_port() -> int:
@@ -93,7 +93,7 @@ def run_together(launches: list[tuple[list[str], dict]], logs: Path, timeout: fl
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "lit_gspo.cli", *args]
+    return [sys.executable, "-m", "lit_gspo.tools.main", *args]
 
 
 def two_node_launches(kind: str, root: Path) -> list[tuple[list[str], dict]]:
@@ -104,7 +104,7 @@ def two_node_launches(kind: str, root: Path) -> list[tuple[list[str], dict]]:
                 for node in (0, 1)]
     if kind == "torchrun":  # static rendezvous (TorchElasticEnvironment)
         return [([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                  "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", port, "-m", "lit_gspo.cli",
+                  "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", port, "-m", "lit_gspo.tools.main",
                   *args], clean_env()) for node in (0, 1)]
     if kind == "slurm":  # what `srun` sets in each task of `sbatch --nodes 2 --ntasks-per-node 1` (SLURMEnvironment)
         return [(cli(*args), clean_env(**slurm_vars(task=node, node=node), MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
@@ -160,7 +160,7 @@ def test_the_ranks_lightning_derives_for_node_1(tmp_path, monkeypatch, kind):
     from lightning.pytorch.utilities import rank_zero as pytorch_rank_zero
     from lightning_utilities.core import rank_zero as utilities_rank_zero
 
-    from lit_gspo.cli import cli_main
+    from lit_gspo.tools.main import cli_main
 
     # the Trainer of "rank 1" sets the process-wide rank of rank_zero_only: put it back for the tests after this one
     for module in (utilities_rank_zero, fabric_rank_zero, pytorch_rank_zero):
@@ -197,7 +197,7 @@ def test_a_slurm_job_whose_tasks_per_node_disagree_with_devices_fails_at_launch(
 
 RESUME_CHECK = textwrap.dedent("""
     import os, sys, torch.distributed as dist
-    from lit_gspo.distributed import check_ranks_resume_alike
+    from lit_gspo.runtime.collectives import check_ranks_resume_alike
     dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=2)
     path, step = (sys.argv[1] or None), int(sys.argv[2])
     try:

@@ -5,16 +5,16 @@ import copy
 import pytest
 import torch
 
-from lit_gspo.advantages import GAE, GroupNormalized, TurnGroupNormalized, gae
-from lit_gspo.collect import Collector
-from lit_gspo.config import Generation, Update
-from lit_gspo.engines import HFGenerate, RolloutEngine
-from lit_gspo.envs import Environment, RetryWithFeedback, Turn
-from lit_gspo.learner import Learner
+from lit_gspo.rl.advantages import GAE, GroupNormalized, TurnGroupNormalized, gae
+from lit_gspo.rl.collect import Collector
+from lit_gspo.rl.config import Generation, Update
+from lit_gspo.rl.engines import HFGenerate, RolloutEngine
+from lit_gspo.rl.envs import Environment, RetryWithFeedback, Turn
+from lit_gspo.rl.learn.learner import Learner
 from lit_gspo.models.loading import load_policy
-from lit_gspo.objectives import Counts, get_objective
-from lit_gspo.rewards import CharAccuracy, RewardSet
-from lit_gspo.rollout import RolloutBatch
+from lit_gspo.rl.objectives import Counts, get_objective
+from lit_gspo.rl.rewards import CharAccuracy, RewardSet
+from lit_gspo.rl.rollout import RolloutBatch
 
 ROWS = [{"prompt": "rev 12=", "answer": "21"}, {"prompt": "rev 345=", "answer": "543"}]
 
@@ -117,7 +117,7 @@ def test_an_observation_longer_than_the_whole_budget_is_a_clear_error(tiny):
 
 @pytest.mark.parametrize("bad, message", [
     (Turn(reward="1"), r"reward='1' \(str\); a turn's reward is a float or None"),
-    ("done", r"must return a lit_gspo.envs.Turn, got str"),
+    ("done", r"must return a lit_gspo.rl.envs.Turn, got str"),
     (Turn(done=False), r"done=False without an observation"),
 ])
 def test_an_environment_answering_wrongly_is_named(tiny, bad, message):
@@ -322,9 +322,9 @@ def test_multi_turn_updates_are_split_and_padding_invariant(tiny, split):
 # ---------------------------------------------------------------- demonstrations for the warm start
 
 def test_a_tool_demonstration_is_the_replies_with_the_tools_real_answers_between_them():
-    from lit_gspo.envs import ToolUse
+    from lit_gspo.rl.envs import ToolUse
     from lit_gspo.models.tokenizer import char_tokenizer
-    from lit_gspo.warm_start import demonstration_batch
+    from lit_gspo.rl.warm_start import demonstration_batch
 
     tok = char_tokenizer()
     env = ToolUse(call_format="plain", chat_template=False, demonstration=['CALL calculator("{expression}")', "{answer}"])
@@ -353,7 +353,7 @@ def test_the_multi_turn_quickstart_fits_and_logs_success_per_turn(tmp_path):
     import csv
     from pathlib import Path
 
-    from lit_gspo.cli import cli_main
+    from lit_gspo.tools.main import cli_main
 
     config = Path(__file__).resolve().parents[1] / "configs" / "multiturn" / "reversal_retry.yaml"
     cli = cli_main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.default_root_dir", str(tmp_path),
@@ -372,8 +372,8 @@ def test_the_multi_turn_quickstart_fits_and_logs_success_per_turn(tmp_path):
 
 def test_episode_stats_by_hand():
     """4 episodes: right at turn 1; wrong then right; wrong, wrong, right; wrong three times (max_turns 3)."""
-    from lit_gspo.envs import Turn
-    from lit_gspo.episodes import Episode, episode_stats
+    from lit_gspo.rl.envs import Turn
+    from lit_gspo.rl.collect.episodes import Episode, episode_stats
 
     def episode(*successes):
         e = Episode(row={}, state={}, budget=10)

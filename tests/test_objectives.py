@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from lit_gspo.objectives import (
+from lit_gspo.rl.objectives import (
     CISPO, DAPO, DPPO, GMPO, GRPO, GSPO, LUSPO, OBJECTIVES, PPO, SAPO, VESPO, ClipCov, Counts, DrGRPO, GSPOToken, KLCov,
     Objective, get_objective, kl_penalty,
 )
@@ -359,7 +359,7 @@ def test_user_subclass_registers_and_is_found():
         default_aggregation = "seq-mean-token-sum"
 
         def policy_loss(self, logprobs, old_logprobs, advantages, mask, counts, **extra):
-            from lit_gspo.objectives import LossOutput, aggregate, token_ratio_metrics
+            from lit_gspo.rl.objectives import LossOutput, aggregate, token_ratio_metrics
             ratio = torch.exp(logprobs - old_logprobs)
             never = torch.zeros_like(mask)
             return LossOutput(aggregate(-ratio * advantages, mask, self.aggregation, counts),
@@ -587,3 +587,30 @@ def test_luspo_is_gspo_weighted_by_length():
     torch.testing.assert_close(a.loss, b.loss)
     torch.testing.assert_close(ga, gb)
     assert a.metrics.keys() == b.metrics.keys() and all(torch.equal(a.metrics[k], b.metrics[k]) for k in a.metrics)
+
+
+def test_a_second_class_under_a_taken_name_is_refused_naming_both():
+    """A subclass that reuses a registered name would silently replace the built-in (verl's registry raises too)."""
+    with pytest.raises(ValueError, match=r"objective name 'gspo' is taken by lit_gspo\.rl\.objectives\.gspo\.GSPO; "
+                                         r".*\.Impostor cannot register under it"):
+        class Impostor(Objective):
+            name = "gspo"
+    assert OBJECTIVES["gspo"] is GSPO
+    with pytest.raises(ValueError, match=r"advantage estimator name 'rloo' is taken by lit_gspo\.rl\.advantages\.RLOO"):
+        from lit_gspo.rl.advantages import AdvantageEstimator
+
+        class MyRLOO(AdvantageEstimator):
+            name = "rloo"
+
+
+def test_a_subclass_without_a_name_registers_under_its_own_and_a_redefinition_replaces_itself():
+    from lit_gspo.rl.advantages import ADVANTAGES, RLOO
+
+    namespace: dict = {}
+    source = "from lit_gspo.rl.advantages import RLOO\nclass ScaledRLOO(RLOO):\n    pass\n"
+    exec(compile(source, "user_module", "exec"), namespace)
+    first = ADVANTAGES.pop("scaled_rloo")  # a subclass of a built-in no longer takes the built-in's name
+    assert first.__name__ == "ScaledRLOO" and ADVANTAGES["rloo"] is RLOO
+    exec(compile(source, "user_module", "exec"), namespace)  # the same class defined again (a reloaded module)
+    exec(compile(source, "user_module", "exec"), namespace)
+    assert ADVANTAGES.pop("scaled_rloo").__name__ == "ScaledRLOO"

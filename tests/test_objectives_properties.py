@@ -6,7 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lit_gspo.objectives import AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES, Counts, get_objective
+from lit_gspo.rl.objectives import AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES, Counts, get_objective
 
 NAMES = ["ppo", "grpo", "dapo", "gspo", "gspo_token", "dr_grpo", "cispo", "gmpo", "sapo", "dppo", "clip_cov", "kl_cov",
          "vespo", "luspo"]

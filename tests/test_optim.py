@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lit_gspo.cli import cli_main
-from lit_gspo.optim import optimizer_state_bytes, shard_aware, state_dtypes
+from lit_gspo.tools.main import cli_main
+from lit_gspo.runtime.optim import optimizer_state_bytes, shard_aware, state_dtypes
 
 bnb = pytest.importorskip("bitsandbytes")
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,10 +13,10 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 def test_the_example_plugins_run_a_fit_by_class_path(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))  # as PYTHONPATH=examples does
-    from lit_gspo.cli import cli_main
+    from lit_gspo.tools.main import cli_main
 
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.val_every_n_steps", "0",
-                             "--model.objective", "plugins.REINFORCE", "--model.rewards", "[plugins.exact_answer, lit_gspo.rewards.CharAccuracy]",
+                             "--model.objective", "plugins.REINFORCE", "--model.rewards", "[plugins.exact_answer, lit_gspo.rl.rewards.CharAccuracy]",
                              "--model.environment", "plugins.Prefixed", "--model.environment.prefix", "rev? ",
                              "--model.engine", "plugins.CountingEngine"), run=False)
     model = cli.model

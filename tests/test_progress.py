@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from lit_gspo.cli import cli_main
-from lit_gspo.progress import RLProgressBar
+from lit_gspo.tools.main import cli_main
+from lit_gspo.lightning.progress import RLProgressBar
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,7 +5,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from lit_gspo.ablate import run_one
+from lit_gspo.tools.ablate import run_one
 
 ROOT = Path(__file__).resolve().parents[1]
 SILENCED = ("You passed in a `val_dataloader` but have no `validation_step`", "in eval mode at the start of training",

@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from lit_gspo.cli import main
+from lit_gspo.tools.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 3
@@ -78,7 +78,7 @@ def test_the_readme_tour_runs_top_to_bottom_without_one_run_overwriting_another(
             assert sha256(quickstart / "hf_model" / "model.safetensors") == hf_after_quickstart
             assert sha256(quickstart / "checkpoints" / "last.ckpt") == ckpt_after_quickstart
             assert ("fit: runs/quickstart holds a run with other settings (model.objective.class_path: "
-                    "lit_gspo.objectives.GSPO → lit_gspo.DAPO, seed_everything: 0 → 1); this run writes to "
+                    "lit_gspo.rl.objectives.GSPO → lit_gspo.DAPO, seed_everything: 0 → 1); this run writes to "
                     "runs/quickstart-2") in text
             dapo = tmp_path / "runs" / "quickstart-2"
             saved = yaml.safe_load((dapo / "run_config.yaml").read_text())

@@ -5,7 +5,7 @@ import torch
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
 from lit_gspo.models.tokenizer import char_tokenizer
-from lit_gspo.rewards import RewardModel, RewardSet
+from lit_gspo.rl.rewards import RewardModel, RewardSet
 
 
 @pytest.fixture(scope="module")

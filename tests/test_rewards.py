@@ -4,7 +4,7 @@ import warnings
 import pytest
 import torch
 
-from lit_gspo.rewards import (
+from lit_gspo.rl.rewards import (
     AnswerMatch,
     CharAccuracy,
     ExactMatch,

@@ -2,7 +2,7 @@
 
 import torch
 
-from lit_gspo.rollout import (
+from lit_gspo.rl.rollout import (
     RolloutBatch,
     completion_mask_through_eos,
     concat_rollouts,
@@ -104,7 +104,7 @@ def test_shared_prompt_forward_gives_the_full_forwards_logprobs_and_gradients(mo
 
 
 def test_shared_prompt_forward_runs_each_distinct_prompt_once(model):
-    from lit_gspo.rollout import completion_states_shared_prompts
+    from lit_gspo.rl.rollout import completion_states_shared_prompts
 
     batch = batch_of([[2, 5, 6, 7]] * 3 + [[2, 9]] * 3, [[10, 11, 12]] * 6)
     seen = []
@@ -121,7 +121,7 @@ def test_shared_prompt_forward_runs_each_distinct_prompt_once(model):
 
 
 def test_target_logprob_backward_is_autograds_and_the_entropy_is_the_softmaxs():
-    from lit_gspo.rollout import target_logprobs_and_entropy
+    from lit_gspo.rl.rollout import target_logprobs_and_entropy
 
     g = torch.Generator().manual_seed(0)
     logits = (3 * torch.randn(2, 3, 7, generator=g, dtype=torch.float64)).requires_grad_()

@@ -1,5 +1,5 @@
 """One run per directory, resumes only with the run's settings, and eval reads the checkpoint's own config
-(issue 29, findings 5 and 6; ``lit_gspo/run_dir.py``)."""
+(issue 29, findings 5 and 6; ``lit_gspo/lightning/run_dir.py``)."""
 
 import hashlib
 from pathlib import Path
@@ -8,8 +8,8 @@ import pytest
 import torch
 import yaml
 
-from lit_gspo import run_dir
-from lit_gspo.cli import main
+from lit_gspo.lightning import run_dir
+from lit_gspo.tools.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--model.warm_start.steps", "3", "--model.val_every_n_steps", "0", "--data.num_train", "32",

@@ -19,9 +19,12 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lit_gspo.checkpointing import AtomicCheckpointIO, written_aside
-from lit_gspo.cli import cli_main
-from lit_gspo.safe_ends import LOCK_NAME, RunInterrupted, RunLock, RunLockedError, clean_stale_temporaries
+from lit_gspo.lightning.checkpoint_io import AtomicCheckpointIO
+from lit_gspo.runtime.files import written_aside
+from lit_gspo.tools.main import cli_main
+from lit_gspo.lightning.callbacks.run_lock import LOCK_NAME, RunLock, RunLockedError
+from lit_gspo.lightning.callbacks.signals import RunInterrupted
+from lit_gspo.lightning.callbacks.temporaries import clean_stale_temporaries
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +37,7 @@ def args(root: Path, steps: int, *extra: str) -> list[str]:
             "--data.num_train", "24", "--data.num_val", "8", "--data.prompts_per_step", "4",
             "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4",
             "--model.update.num_minibatches", "2", "--model.optimizer.lr", "0.01",
-            "--model.rewards", '[{class_path: lit_gspo.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]', *extra]
+            "--model.rewards", '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]', *extra]
 
 
 class SendSignal(Callback):
@@ -175,7 +178,7 @@ def _export_bytes(path: Path) -> bytes:
 
 
 def test_the_export_is_swapped_in_whole_a_failed_export_leaves_the_previous_one(tmp_path):
-    from lit_gspo.module import RLModule
+    from lit_gspo.lightning.module import RLModule
 
     module = RLModule(model_config={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64}, kl_to_ref=False)
     export = tmp_path / "hf_model"
@@ -294,7 +297,7 @@ def test_a_lock_file_of_a_dead_process_is_taken_over(tmp_path):
 
 
 def test_the_lock_is_released_when_a_fit_fails(tmp_path, monkeypatch):
-    from lit_gspo.module import RLModule
+    from lit_gspo.lightning.module import RLModule
 
     def boom(self, *a, **k):
         raise RuntimeError("reward server down")
@@ -310,7 +313,7 @@ def test_the_lock_is_released_when_a_fit_fails(tmp_path, monkeypatch):
 
 def test_run_csv_logger_resumes_into_the_newest_version_keeping_its_rows(tmp_path):
     """The Python API's way to the same: ``RunCSVLogger(root, resume=True)``; a fresh run still gets a new version."""
-    from lit_gspo.metrics_file import RunCSVLogger, logged_before
+    from lit_gspo.lightning.metrics_file import RunCSVLogger, logged_before
 
     first = RunCSVLogger(tmp_path)
     first.log_metrics({"train/reward": 0.5}, step=0)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from lit_gspo.envs import HermesFormat, PlainFormat, ToolCall, ToolUse, calculator
-from lit_gspo.envs.tools import template_renders_tools
+from lit_gspo.rl.envs import HermesFormat, PlainFormat, ToolCall, ToolUse, calculator
+from lit_gspo.rl.envs.tools import template_renders_tools
 from lit_gspo.models.tokenizer import char_tokenizer
 
-CALC = "lit_gspo.envs.calculator.calculator"
+CALC = "lit_gspo.rl.envs.calculator.calculator"
 
 
 def add(a: int, b: int = 0) -> int:
@@ -235,10 +235,10 @@ def test_a_tool_without_a_schema_is_refused_naming_it_and_the_fix(tool, problem)
 
 
 @pytest.mark.parametrize("tool, problem", [
-    ("lit_gspo.envs.calculator.nope", "cannot import the tool 'lit_gspo.envs.calculator.nope'"),
+    ("lit_gspo.rl.envs.calculator.nope", "cannot import the tool 'lit_gspo.rl.envs.calculator.nope'"),
     ("no_such_package.tool", "cannot import the tool 'no_such_package.tool'"),
     ("calculator", "import path"),
-    ("lit_gspo.envs.calculator.MAX_INT_BITS", "is a int, not a function"),
+    ("lit_gspo.rl.envs.calculator.MAX_INT_BITS", "is a int, not a function"),
 ])
 def test_bad_import_paths_are_refused(tool, problem):
     with pytest.raises(ValueError, match=problem):
@@ -363,7 +363,7 @@ def test_the_calculator_config_builds_a_tool_environment_whose_demonstrated_call
     from jsonargparse import ArgumentParser
 
     from lit_gspo.data import make_task
-    from lit_gspo.envs import Environment, PlainFormat
+    from lit_gspo.rl.envs import Environment, PlainFormat
 
     config = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/tools/smollm2_calculator.yaml").read_text())
     parser = ArgumentParser()

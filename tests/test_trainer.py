@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lit_gspo.cli import cli_main
-from lit_gspo.engines import HFGenerate
-from lit_gspo.objectives import GSPO
+from lit_gspo.tools.main import cli_main
+from lit_gspo.rl.engines import HFGenerate
+from lit_gspo.rl.objectives import GSPO
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACT_COLUMNS = {"step", "train/reward", "train/clip_frac", "train/kl", "train/entropy", "train/response_length",
@@ -82,7 +82,7 @@ def test_fit_updates_the_policy_logs_the_contract_columns_and_saves_an_hf_model(
 def test_rl_learns_a_reward_it_can_reach(tmp_path):
     """Reward 1 for completions starting with '7': from ~chance, GSPO must push the sampled reward up."""
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "25", "--model.optimizer.lr", "0.01",
-                             "--model.rewards", '[{class_path: lit_gspo.rewards.FormatReward, init_args: {pattern: "7.*"}}]',
+                             "--model.rewards", '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "7.*"}}]',
                              "--model.kl_to_ref", "false", "--model.val_every_n_steps", "0"), run=False)
     cli.fit(cli.model, datamodule=cli.datamodule)
     rewards = column(read_metrics(tmp_path), "train/reward")
@@ -176,7 +176,7 @@ def test_dynamic_sampling_drops_all_equal_groups_and_a_signal_free_run_stops_wit
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.objective", "DAPO",
                              "--model.max_sampling_rounds", "3", "--model.max_skipped_steps", "3",
                              "--model.val_every_n_steps", "0",
-                             "--model.rewards", '[{class_path: lit_gspo.rewards.FormatReward, init_args: {pattern: ".*"}}]'),
+                             "--model.rewards", '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: ".*"}}]'),
                    run=False)
     before = {k: v.clone() for k, v in cli.model.policy.state_dict().items()}
     assert before

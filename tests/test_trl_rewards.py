@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_gspo import rewards as R
-from lit_gspo.rewards import RewardSet, RewardWarning
+from lit_gspo.rl import rewards as R
+from lit_gspo.rl.rewards import RewardSet, RewardWarning
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -397,7 +397,7 @@ def chat_policy():
 
 def scripted_engine(tokenizer, replies: list[str]):
     """An engine whose sampled replies are ``replies`` (one per row and generation), each ended by EOS."""
-    from lit_gspo.engines import RolloutEngine
+    from lit_gspo.rl.engines import RolloutEngine
 
     class Scripted(RolloutEngine):
         def generate(self, policy, input_ids, attention_mask, *, num_generations, max_new_tokens, pad_id, eos_id,
@@ -413,9 +413,9 @@ def scripted_engine(tokenizer, replies: list[str]):
 
 
 def make_collector(tokenizer, engine, functions, G=2):
-    from lit_gspo.collect import Collector
-    from lit_gspo.config import Generation
-    from lit_gspo.envs import SingleTurn
+    from lit_gspo.rl.collect import Collector
+    from lit_gspo.rl.config import Generation
+    from lit_gspo.rl.envs import SingleTurn
 
     return Collector(SingleTurn(), engine, RewardSet(functions), tokenizer, Generation(num_generations=G, max_new_tokens=64))
 
@@ -479,7 +479,7 @@ def test_the_collector_is_strict_on_its_first_scoring_only(chat_policy):
 
 # ---------------------------------------------------------------- end to end: the run stops at its first scoring
 def test_a_fit_with_a_reward_that_always_raises_stops_at_the_first_scoring(tmp_path):
-    from lit_gspo.cli import cli_main
+    from lit_gspo.tools.main import cli_main
 
     calls = []
 

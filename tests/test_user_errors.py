@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from lit_gspo import user_errors
-from lit_gspo.cli import main
-from lit_gspo.safe_ends import RunLockedError
+from lit_gspo.runtime import user_errors
+from lit_gspo.tools.main import main
+from lit_gspo.lightning.callbacks.run_lock import RunLockedError
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs/quickstart.yaml")
@@ -21,7 +21,7 @@ ENV.pop(user_errors.DEBUG_ENV, None)
 
 
 def cli(*args: str, env=ENV) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lit_gspo.cli", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "lit_gspo.tools.main", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -80,7 +80,7 @@ def test_eval_of_a_missing_checkpoint_is_one_error(tmp_path, capsys):
 # ------------------------------------------------------------------------------------------- the classification
 def _a_start_check_error() -> ValueError:
     """A ValueError raised by lit_gspo's own code for a bad input (pass@k of more samples than there are)."""
-    from lit_gspo.evaluate import pass_at_k
+    from lit_gspo.rl.evaluate import pass_at_k
 
     try:
         pass_at_k(4, 1, 5)

@@ -3,10 +3,10 @@ construction with an error naming the value and what is valid."""
 
 import pytest
 
-from lit_gspo.advantages import GAE, RLOO, BatchNormalized, GroupMean, GroupNormalized
-from lit_gspo.config import Generation, Update
-from lit_gspo.module import RLModule
-from lit_gspo.objectives import PPO
+from lit_gspo.rl.advantages import GAE, RLOO, BatchNormalized, GroupMean, GroupNormalized
+from lit_gspo.rl.config import Generation, Update
+from lit_gspo.lightning.module import RLModule
+from lit_gspo.rl.objectives import PPO
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from lit_gspo.data.synthetic import TASKS, make_split
-from lit_gspo.hub import hub_offline, hub_unreachable, offline_hint
+from lit_gspo.runtime.hub import hub_offline, hub_unreachable, offline_hint
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 #: split names a user may give for a directory's split → the name ``datasets`` files it under (``val.jsonl`` → "validation")

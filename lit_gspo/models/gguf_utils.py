@@ -13,7 +13,7 @@ import os
 
 from transformers import PreTrainedModel
 
-from lit_gspo.extras import available
+from lit_gspo.runtime.extras import available
 
 #: what transformers imports to load a ``.gguf`` (the ``gguf`` extra installs both): the reader, and accelerate
 GGUF_PACKAGES = ("gguf", "accelerate")

@@ -19,13 +19,15 @@ from __future__ import annotations
 import logging
 import os
 import re
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from lit_gspo.extras import require_installed
-from lit_gspo.hub import hub_offline, hub_unreachable, offline_hint
+from lit_gspo.runtime.extras import require_installed
+from lit_gspo.runtime.hub import hub_offline, hub_unreachable, offline_hint
 
 from .builders import build_from_config, tiny_llama_config, tiny_qwen3_moe_config
 from .gguf_utils import GGUF_ALIASES, GGUF_PACKAGES, drop_quantizer, packaged_gguf_path
@@ -186,3 +188,17 @@ def _ensure_pad_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
     model.config.pad_token_id = tokenizer.pad_token_id
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
+
+
+def load_checkpoint_policy(policy: nn.Module, path: str) -> None:
+    """The policy's weights from a Lightning checkpoint of an ``RLModule`` run (keys ``policy.*``)."""
+    if Path(path).is_dir():
+        raise ValueError(f"{path} is a directory: a sharded (distributed) checkpoint. Evaluate the run's hf_model/ "
+                         "instead, or consolidate it first (lightning.pytorch.utilities.consolidate_checkpoint)")
+    # the run's own checkpoint, as `fit --ckpt_path` loads it (it holds RNG states, not only tensors)
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    state = {k[len("policy."):]: v for k, v in checkpoint["state_dict"].items() if k.startswith("policy.")}
+    if not state:
+        raise ValueError(f"{path} holds no policy.* weights: not a checkpoint of an RLModule run")
+    policy.load_state_dict(state)
+    print(f"loaded the policy from {path} (RL step {checkpoint.get('rl_step', '?')})", flush=True)

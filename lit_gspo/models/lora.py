@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from torch import nn
 from transformers import PreTrainedModel
 
-from lit_gspo.extras import require
+from lit_gspo.runtime.extras import require
 
 
 def _require_peft():

@@ -65,7 +65,7 @@ def run(name: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / name
         env = {**os.environ, **PINNED_ENV}
-        cmd = [sys.executable, "-m", "lit_gspo.cli", "fit", *fit_args(name, run_dir)]
+        cmd = [sys.executable, "-m", "lit_gspo.tools.main", "fit", *fit_args(name, run_dir)]
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if proc.returncode:
             raise RuntimeError(f"golden run {name!r} failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")

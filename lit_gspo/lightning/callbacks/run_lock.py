@@ -1,0 +1,164 @@
+"""One run per directory: ``<default_root_dir>/.lit_gspo.lock`` (:class:`RunLock`: the PID, host, start time and
+command of the run, held with ``flock`` so that the kernel releases it when the process dies). A second run in the
+same directory is refused with :class:`RunLockedError` naming the first; a lock left by a dead process is taken over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from lightning.pytorch import Callback
+from lightning.pytorch.utilities import rank_zero_info
+
+from lit_gspo.runtime.processes import process_start, pid_alive
+from lit_gspo.runtime.user_errors import UserError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no run lock
+    fcntl = None
+
+LOCK_NAME = ".lit_gspo.lock"
+
+
+class RunLockedError(UserError, RuntimeError):
+    """Another live run holds the lock of this ``default_root_dir``."""
+
+
+_HELD: dict[str, RunLock] = {}
+
+
+class RunLock:
+    """An exclusive lock on ``<root>/.lit_gspo.lock``, whose text says who holds it (JSON: pid, host, start, argv).
+
+    ``flock`` on the open file is the lock (the kernel drops it when the holder dies, so a lock file left by a
+    killed run is taken over); the text is for the error message. Where ``flock`` is not supported the holder's
+    PID is checked instead (alive on this host: refused; dead: taken over).
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.path = Path(root) / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        earlier = _HELD.pop(str(self.path.resolve()), None)
+        if earlier is not None:  # a fit of this process that ended without releasing it
+            earlier.release()
+        for _ in range(20):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                locked = self._flock(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            try:  # the holder may have released and unlinked the file between our open and flock: try again
+                same_file = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same_file = False
+            if not same_file:
+                os.close(fd)
+                continue
+            holder = _parse(os.pread(fd, 1 << 16, 0))
+            if not locked and holder and holder.get("pid") != os.getpid() and _alive(holder):
+                os.close(fd)
+                raise RunLockedError(self._message(holder))
+            if holder and holder.get("pid") not in (None, os.getpid()):
+                rank_zero_info(f"took over the run lock {self.path} of PID {holder.get('pid')} on {holder.get('host')}, "
+                               "a run that ended without releasing it")
+            info = {"pid": os.getpid(), "host": socket.gethostname(), "start": process_start(os.getpid()),
+                    "started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+            self._fd = fd
+            _HELD[str(self.path.resolve())] = self
+            return self
+        raise RunLockedError(f"could not lock {self.path}: it keeps being replaced by other processes")
+
+    def _flock(self, fd: int) -> bool:
+        """True when locked with flock; False when flock is unsupported here (the PID check decides)."""
+        if fcntl is None:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            holder = _parse(os.pread(fd, 1 << 16, 0)) or {}
+            raise RunLockedError(self._message(holder)) from None
+        except OSError:  # e.g. a file system without flock
+            return False
+
+    def _message(self, holder: dict) -> str:
+        who = (f"PID {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}: "
+               f"{' '.join(map(str, holder.get('argv') or [])) or '?'}") if holder else "details not written yet"
+        return (f"{self.path.parent} is in use by another run ({who}). Two runs in one default_root_dir would overwrite "
+                "each other's checkpoints, metrics and hf_model: wait for that run to end or stop it, or give this one "
+                f"another --trainer.default_root_dir. (The lock is {self.path}; it is released when that process ends.)")
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        _HELD.pop(str(self.path.resolve()), None)
+        try:
+            if os.fstat(fd).st_ino == os.stat(self.path).st_ino:
+                self.path.unlink()
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)  # drops the flock
+
+
+def _parse(raw: bytes) -> dict | None:
+    try:
+        value = json.loads(raw.decode())
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _alive(holder: dict) -> bool:
+    """Whether the process a lock file names may still run (a process on another host cannot be checked: assume so)."""
+    if holder.get("host") != socket.gethostname():
+        return True
+    pid = holder.get("pid")
+    return isinstance(pid, int) and pid_alive(pid, holder.get("start"))
+
+
+
+class OneRunPerDirectory(Callback):
+    """At the start of a fit, the run lock of ``default_root_dir`` (:class:`RunLock`), refused on every rank when
+    another live run holds it; released when the fit ends or fails."""
+
+    def __init__(self) -> None:
+        self._lock: RunLock | None = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage != "fit":
+            return
+        error = None
+        if trainer.is_global_zero:
+            try:
+                self._lock = RunLock(trainer.default_root_dir).acquire()
+            except RunLockedError as err:
+                error = str(err)
+        error = trainer.strategy.broadcast(error)
+        if error:
+            raise RunLockedError(error)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            self._release()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None

@@ -1,0 +1,399 @@
+"""LightningCLI for ``RLModule``: ``lit-gspo fit --config configs/quickstart.yaml``.
+
+The ``lit-gspo`` entry point is ``lit_gspo.tools.main``; ``lit_gspo.tools.ablate`` runs its fits through ``cli_main`` here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import os
+import re
+
+from jsonargparse import ArgumentParser, Namespace
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+# importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
+from lit_gspo.rl import advantages, engines, envs  # noqa: F401
+from lit_gspo.lightning import run_dir
+from lit_gspo.runtime import extras, user_errors
+from lit_gspo.rl.advantages import get_advantage
+from lit_gspo.rl.config import Update
+from lit_gspo.rl.objectives import GSPO, OBJECTIVES, Objective
+from lit_gspo.lightning.datamodule import PromptDataModule
+from lit_gspo.runtime.imports import import_path
+from lit_gspo.lightning.metrics_file import RunCSVLogger
+from lit_gspo.lightning.module import RLModule, validation_schedule
+
+DEFAULT_VAL_EVERY_N_STEPS = 10
+
+TRAINER_DEFAULTS = {
+    "log_every_n_steps": 1,  # one CSV row per RL step
+    "num_sanity_val_steps": 0,
+    "enable_model_summary": False,
+}
+
+
+def objective_hint(message: str) -> str:
+    """What to add to a parser error about ``model.objective``: the registered names (jsonargparse only
+    says the value is not an import path)."""
+    if 'key "model.objective"' not in message:
+        return ""
+    names = ", ".join(sorted(cls.__name__ for cls in OBJECTIVES.values()))
+    return (f"\n  Known objectives: {names} (class names, e.g. `--model.objective GSPO`), or the dotted "
+            "import path of your own Objective subclass (`--model.objective my_pkg.MyObjective`).")
+
+
+def _fields(cls: type) -> list[str]:
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls) if f.init]
+    params = inspect.signature(cls.__init__).parameters.values()
+    return [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def nested_key_hint(message: str) -> str:
+    """What to add to a parser error about a misspelled nested key (``--model.generation.num_generation``): the
+    fields of that group (jsonargparse names the bad key and the group's class, not the keys it accepts)."""
+    key = re.search(r'Parser key "([\w.]+)"', message)
+    bad = re.search(r"(?:Option|Key) '([\w.]+)' is not (?:accepted|expected)", message)
+    classes = re.findall(r"<class '([\w.]+)'>", message)
+    if not (key and bad):
+        return ""
+    for path in classes:
+        if path == "NoneType":
+            continue
+        try:
+            cls = import_path(path)
+            fields = _fields(cls)
+        except (ImportError, AttributeError, TypeError, ValueError):
+            continue
+        close = difflib.get_close_matches(bad.group(1), fields, n=1)
+        return (f"\n  Valid fields of {key.group(1)}: {', '.join(fields)}"
+                + (f" (did you mean {key.group(1)}.{close[0]}?)" if close else ""))
+    return ""
+
+
+def unknown_option_hint(message: str, options: list[str]) -> str:
+    """Close matches for ``unrecognized arguments: --data.prompts_per_stp``."""
+    found = re.search(r"unrecognized arguments: (--[\w.]+)", message)
+    if not found:
+        return ""
+    close = difflib.get_close_matches(found.group(1), options, n=3)
+    return f"\n  Did you mean: {', '.join(close)}?" if close else ""
+
+
+class RLArgumentParser(LightningArgumentParser):
+    """Parser errors about the objective list the objectives that exist, about a misspelled nested key the valid
+    fields, about a class path of a missing optional package the extra to install, about an unknown option the
+    close ones; keeps its subcommands action."""
+
+    subcommands_action = None
+
+    def error(self, message: str, ex: Exception | None = None):
+        hint = objective_hint(message) + nested_key_hint(message) + extras.hint_for(message) + unknown_option_hint(
+            message, [o for o in getattr(self, "_option_string_actions", {}) if o.startswith("--")])
+        if self.exit_on_error and not user_errors.debug_requested():
+            user_errors.parser_error(message + hint)  # one error, not the usage dump (lit_gspo/runtime/user_errors.py)
+        return super().error(message + hint, ex)
+
+    def add_subcommands(self, *args, **kwargs):
+        self.subcommands_action = super().add_subcommands(*args, **kwargs)
+        return self.subcommands_action
+
+    def dump(self, cfg: Namespace, *args, **kwargs) -> str:
+        """``--print_config`` and the ``config.yaml`` saved with a run say what lit_gspo's null settings resolve to."""
+        return annotate_defaults(super().dump(cfg, *args, **kwargs), effective_defaults(cfg))
+
+
+def effective_defaults(cfg: Namespace) -> dict[str, str]:
+    """What the null lit_gspo settings of a fit config resolve to: dotted key → a note (``"0.0003 (GSPO's paper)"``).
+
+    The objective's ``clip_low``/``clip_high``/``aggregation`` take its paper's values (``Objective.default_*``),
+    ``advantage`` and ``dynamic_sampling`` the objective's paper's, ``update`` the ``Update`` defaults, ``seed`` the
+    run's ``seed_everything``, ``generation.val_max_new_tokens`` ``max_new_tokens``. They stay null in the printed
+    config, with the value as a comment: a null follows the objective, so a config printed for GSPO and run with
+    ``--model.objective DAPO`` gets DAPO's clipping, not GSPO's. Lightning's own nulls (``trainer.*``) are not annotated.
+    """
+    model = cfg.get("model") if isinstance(cfg, Namespace) else None
+    if not isinstance(model, Namespace) or "objective" not in model:
+        return {}
+    objective = model.get("objective")
+    cls = GSPO if objective is None else _class_of(objective)
+    if cls is None or not (isinstance(cls, type) and issubclass(cls, Objective)):
+        return {}
+    paper = f"{cls.__name__}'s paper"
+    notes = {}
+    init_args = objective.get("init_args") if isinstance(objective, Namespace) else None
+    for name in inspect.signature(cls.__init__).parameters:
+        default = getattr(cls, f"default_{name}", None)
+        if default is not None and (init_args is None or init_args.get(name, None) is None):
+            notes[f"model.objective.init_args.{name}"] = f"{_yaml(default)} ({paper})"
+    if model.get("advantage") is None:
+        notes["model.advantage"] = f"{type(get_advantage(cls.paper_advantage)).__name__} ({paper})"
+    if model.get("dynamic_sampling") is None:
+        notes["model.dynamic_sampling"] = f"{_yaml(cls.paper_dynamic_sampling)} ({paper})"
+    if "update" in model and model["update"] is None:  # ["update"]: Namespace.update is a method
+        fields = ", ".join(f"{k}: {_yaml(v)}" for k, v in dataclasses.asdict(Update()).items())
+        notes["model.update"] = f"the Update defaults ({fields})"
+    if "seed" in model and model["seed"] is None and type(cfg.get("seed_everything")) is int:
+        notes["model.seed"] = f"{cfg.seed_everything} (seed_everything)"
+    generation = model.get("generation")
+    generation = generation.get("init_args", generation) if isinstance(generation, Namespace) else None
+    if isinstance(generation, Namespace) and generation.get("val_max_new_tokens", 0) is None:
+        notes["model.generation.val_max_new_tokens"] = f"{generation.get('max_new_tokens')} (max_new_tokens)"
+    return notes
+
+
+def _yaml(value) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def annotate_defaults(text: str, notes: dict[str, str]) -> str:
+    """Append ``# resolves to <note>`` to each ``key: null`` line of a YAML dump whose dotted key has a note."""
+    if not notes:
+        return text
+    out, path = [], []  # path: (indent, key) of the enclosing mappings
+    for line in text.splitlines(keepends=True):
+        found = re.match(r"^(\s*)(- )?([\w.]+):( null)?\s*$|^(\s*)(- )?([\w.]+):", line)
+        if found:
+            indent = len(found.group(1) or found.group(5) or "") + 2 * bool(found.group(2) or found.group(6))
+            key = found.group(3) or found.group(7)
+            while path and path[-1][0] >= indent:
+                path.pop()
+            path.append((indent, key))
+            dotted = ".".join(k for _, k in path)
+            if found.group(4) and dotted in notes:
+                line = f"{line.rstrip()}  # resolves to {notes[dotted]}\n"
+        out.append(line)
+    return "".join(out)
+
+
+def _class_of(subclass_cfg) -> type | None:
+    path = subclass_cfg.get("class_path") if isinstance(subclass_cfg, Namespace) else None
+    try:
+        return import_path(path or "")
+    except (ImportError, AttributeError):
+        return None
+
+
+class RLCLI(LightningCLI):
+    """LightningCLI with CSV metrics by default (``<default_root_dir>/lightning_logs/version_N/metrics.csv``, continued by
+    a resume), checkpoints, and a
+    progress bar over RL steps (``lit_gspo.lightning.progress.RLProgressBar``).
+
+    Checkpoints (``lit_gspo.lightning.callbacks.last_checkpoint``): ``<default_root_dir>/checkpoints/last.ckpt`` every
+    ``checkpoint_every_n_steps`` steps, written atomically; resume with ``--ckpt_path last``.
+    ``FSDPStrategy`` (FSDP1) is refused with a pointer to ``ModelParallelStrategy`` (FSDP2).
+
+    ``other_subcommands`` (name → parser) are listed in ``--help`` and in the "expected subcommand" error
+    beside fit/validate/test/predict; they are run by the entry point (``lit_gspo.tools.main``), not here.
+    """
+
+    def __init__(self, *args, parser_class: type[LightningArgumentParser] = RLArgumentParser,
+                 other_subcommands: dict[str, ArgumentParser] | None = None, **kwargs) -> None:
+        self.other_subcommands = dict(other_subcommands or {})
+        super().__init__(*args, parser_class=parser_class, **kwargs)
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """``fit``, ``validate`` and ``test`` (greedy ``val/reward`` / ``test/reward`` of a ``.ckpt`` or an ``hf_model/``
+        directory given as ``--ckpt_path``). ``predict`` has nothing to predict: ``lit-gspo eval`` writes completions."""
+        return {name: LightningCLI.subcommands()[name] for name in ("fit", "validate", "test")}
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        for name, parser in self.other_subcommands.items():
+            self.parser.subcommands_action.add_subcommand(name, parser, help=parser.description)
+
+    def before_instantiate_classes(self) -> None:
+        if self.subcommand in self.other_subcommands:
+            self.parser.error(f"`{self.subcommand}` must come first: lit-gspo {self.subcommand} --help")
+        cfg = self.config[self.subcommand] if self.subcommand else self.config
+        user_errors.mark_starting()
+        schedule_validation(cfg.model, cfg.trainer)
+        map_trainer_flags(cfg.model, cfg.trainer)
+        atomic_strategy(cfg.trainer)
+        rl_step_progress_bars(cfg.trainer)
+        if self.subcommand == "fit":  # one run per directory: compare with the run there (lit_gspo/lightning/run_dir.py)
+            run_dir.place_fit(self)
+
+    def before_fit(self) -> None:
+        repo_id = self.config.fit.get("push_to_hub")
+        if repo_id:
+            from lit_gspo.models.push import check_can_push
+
+            check_can_push(repo_id)
+
+    def fit(self, model, datamodule=None, ckpt_path=None, **kwargs) -> None:
+        """``trainer.validate`` (val/reward before the first update; a resume has it already), then ``trainer.fit``."""
+        if ckpt_path is None:
+            self.trainer.validate(model, datamodule=datamodule, verbose=False)
+        self.trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **kwargs)
+
+    def validate(self, model, ckpt_path=None, **kwargs):
+        return self.trainer.validate(model, ckpt_path=load_export(model, ckpt_path), **kwargs)
+
+    def test(self, model, ckpt_path=None, **kwargs):
+        return self.trainer.test(model, ckpt_path=load_export(model, ckpt_path), **kwargs)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument("--checkpoint_every_n_steps", type=int, default=50,
+                            help="save <default_root_dir>/checkpoints/last.ckpt every n optimiser steps "
+                                 "(with trainer.enable_checkpointing; 0 = at the end of each epoch)")
+        parser.add_argument("--push_to_hub", type=str | None, default=None,
+                            help="after training, upload <default_root_dir>/hf_model (and a LoRA run's hf_adapter, "
+                                 "into adapter/) to this Hugging Face Hub model repo, e.g. my-name/my-model; off by "
+                                 "default. Checked before training: fails at once when the hub is offline")
+        parser.add_argument("--hub_private", type=bool, default=False,
+                            help="with --push_to_hub: create the repo private (an existing repo keeps its visibility)")
+
+    def after_fit(self) -> None:
+        repo_id = self.config.fit.get("push_to_hub")
+        if repo_id and self.trainer.is_global_zero:
+            from lit_gspo.models.push import push_export
+
+            for url in push_export(self.trainer.default_root_dir, repo_id, private=self.config.fit.get("hub_private")):
+                print(f"pushed to the hub: {url}")
+
+    def instantiate_trainer(self, **kwargs):
+        """The Trainer with lit_gspo's defaults: ``RunCSVLogger`` (a resume continues the run's ``metrics.csv``),
+        atomic checkpoints with ``<root>/checkpoints/last.ckpt``, and the RL-step progress bar."""
+        from lit_gspo.lightning.callbacks.last_checkpoint import configure_checkpointing
+
+        cfg = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        config = {**cfg["trainer"], **kwargs}
+        callbacks = config.get("callbacks") or []
+        callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        if config.get("logger") in (None, True):
+            config["logger"] = RunCSVLogger(save_dir=config.get("default_root_dir") or os.getcwd(),
+                                            resume=bool(cfg.get("ckpt_path")) and self.subcommand in (None, "fit"))
+        if self.subcommand in (None, "fit"):  # None: cli_main(run=False), which builds a fit
+            configure_checkpointing(config, callbacks, cfg.get("checkpoint_every_n_steps", 50))
+        add_progress_bar(config, callbacks)
+        config["callbacks"] = callbacks
+        return super().instantiate_trainer(**config)
+
+
+def schedule_validation(model, trainer) -> None:
+    """``model.val_every_n_steps`` is Lightning's ``trainer.val_check_interval`` in RL steps (one Lightning batch is one
+    RL step, so ``check_val_every_n_epoch`` is None). Either may be given; both, differing, are refused in one line."""
+    n, interval = model.get("val_every_n_steps"), trainer.get("val_check_interval")
+    if n is not None and interval is not None and validation_schedule(n)["val_check_interval"] != interval:
+        raise ValueError(f"--model.val_every_n_steps {n} and --trainer.val_check_interval {interval} disagree: give one "
+                         "(both count RL steps)")
+    if n is None and isinstance(interval, float):
+        return  # a fraction of a data epoch: Lightning's own meaning, with check_val_every_n_epoch
+    if n is None:
+        n = DEFAULT_VAL_EVERY_N_STEPS if interval is None else interval
+    model["val_every_n_steps"] = n
+    for key, value in validation_schedule(n).items():
+        trainer[key] = value
+
+
+def map_trainer_flags(model, trainer) -> None:
+    """Lightning's optimisation flags, which assume automatic optimisation, mapped to lit_gspo's own settings or refused in
+    one line naming them (RLModule optimises by hand: K epochs × M minibatches per RL step, ``lit_gspo.rl.learn.learner``).
+
+    ``gradient_clip_val`` → ``model.update.max_grad_norm`` (``gradient_clip_algorithm: norm`` only);
+    ``accumulate_grad_batches`` → refused: ``model.update.micro_batch_size`` accumulates within a minibatch."""
+    clip, algorithm = trainer.get("gradient_clip_val"), trainer.get("gradient_clip_algorithm")
+    if algorithm not in (None, "norm"):
+        raise ValueError(f"--trainer.gradient_clip_algorithm {algorithm}: lit_gspo clips the gradient norm only "
+                         "(--model.update.max_grad_norm); use norm, or leave it unset")
+    if clip is not None:
+        update = model.get("update")
+        if update is None:
+            update = model["update"] = Namespace()
+        update = update.get("init_args", update)
+        given = update.get("max_grad_norm")
+        if given is not None and float(given) != float(clip):
+            raise ValueError(f"--trainer.gradient_clip_val {clip} and --model.update.max_grad_norm {given} disagree: "
+                             "give one (both clip the gradient norm of each optimiser step)")
+        update["max_grad_norm"] = float(clip) if clip > 0 else None  # Lightning's 0: no clipping
+        trainer["gradient_clip_val"], trainer["gradient_clip_algorithm"] = None, None
+    accumulate = trainer.get("accumulate_grad_batches")
+    if accumulate not in (None, 1):
+        raise ValueError(f"--trainer.accumulate_grad_batches {accumulate}: one Lightning batch is one RL step, and its "
+                         "update is K epochs × M minibatches (--model.update.epochs, --model.update.num_minibatches); "
+                         "a minibatch too large for memory is accumulated over --model.update.micro_batch_size rows")
+
+
+def rl_step_progress_bars(trainer) -> None:
+    """A ``RichProgressBar`` given as a callback becomes ``RLRichProgressBar`` (same arguments): it counts RL steps."""
+    callbacks = trainer.get("callbacks") or []
+    for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
+        if isinstance(callback, Namespace) and callback.get("class_path") in (
+                "lightning.pytorch.callbacks.RichProgressBar", "lightning.pytorch.callbacks.progress.rich_progress.RichProgressBar"):
+            callback["class_path"] = "lit_gspo.lightning.progress.RLRichProgressBar"
+
+
+def atomic_strategy(trainer) -> None:
+    """``ModelParallelStrategy`` (FSDP2) given by class path becomes ``AtomicModelParallelStrategy`` (its distributed
+    checkpoints are swapped in whole: ``lit_gspo.lightning.strategy``), and mesh sizes left ``auto`` mean FSDP2 over every
+    process: ``data_parallel_size`` = nodes × devices, ``tensor_parallel_size`` 1. (Lightning's ``auto`` makes the mesh
+    tensor-parallel over the devices; lit_gspo shards over data-parallel ranks only.)"""
+    strategy = trainer.get("strategy")
+    plain = ("lightning.pytorch.strategies.ModelParallelStrategy", "lightning.pytorch.strategies.model_parallel.ModelParallelStrategy",
+             "ModelParallelStrategy")
+    atomic = "lit_gspo.lightning.strategy.AtomicModelParallelStrategy"
+    if isinstance(strategy, str) and strategy in plain + (atomic,):
+        strategy = trainer["strategy"] = Namespace(class_path=atomic, init_args=Namespace())
+    if not isinstance(strategy, Namespace) or strategy.get("class_path") not in plain + (atomic,):
+        return
+    strategy["class_path"] = atomic
+    sizes = strategy.get("init_args") or Namespace()
+    if sizes.get("tensor_parallel_size", "auto") == "auto":
+        sizes["tensor_parallel_size"] = 1
+    if sizes.get("data_parallel_size", "auto") == "auto":
+        processes = (trainer.get("num_nodes") or 1) * device_count(trainer.get("devices"), trainer.get("accelerator"))
+        sizes["data_parallel_size"] = processes // sizes["tensor_parallel_size"]
+    strategy["init_args"] = sizes
+
+
+def device_count(devices, accelerator) -> int:
+    """How many devices a Trainer's ``devices`` setting means on one node (``auto``/-1: all the accelerator has)."""
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        devices = int(devices)
+    if isinstance(devices, str) and "," in devices:
+        return len([d for d in devices.split(",") if d.strip()])
+    if isinstance(devices, int) and devices >= 0:
+        return devices
+    import torch
+
+    on_gpu = accelerator in ("gpu", "cuda") or (accelerator in (None, "auto") and torch.cuda.is_available())
+    return torch.cuda.device_count() if on_gpu else 1
+
+
+def load_export(model, ckpt_path):
+    """``--ckpt_path DIR`` of a Hugging Face export (``<run>/hf_model``): its weights into ``model``'s policy (the run's
+    warm start is in them), and no Lightning checkpoint to restore. A ``.ckpt`` is Lightning's to restore."""
+    from pathlib import Path
+
+    if ckpt_path is None or not Path(ckpt_path).is_dir():
+        return ckpt_path
+    model.load_trained_policy(ckpt_path)
+    return None
+
+
+def add_progress_bar(config: dict, callbacks: list) -> None:
+    """``RLProgressBar`` (RL steps n/N) in place of Lightning's default bar, unless the progress bar is off
+    (``--trainer.enable_progress_bar false``) or the user gave a progress bar of their own."""
+    from lightning.pytorch.callbacks import ProgressBar
+
+    from lit_gspo.lightning.progress import RLProgressBar
+
+    given = list(callbacks) + list(config.get("callbacks") or [])
+    if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
+        callbacks.append(RLProgressBar())
+
+
+def cli_main(args: list[str] | None = None, run: bool = True,
+             other_subcommands: dict[str, ArgumentParser] | None = None) -> RLCLI:
+    """``args`` None: LightningCLI reads ``sys.argv``."""
+    return RLCLI(RLModule, PromptDataModule, seed_everything_default=0, trainer_defaults=TRAINER_DEFAULTS,
+                 save_config_callback=run_dir.RunConfigCallback,  # also <root>/run_config.yaml, and in each checkpoint
+                 save_config_kwargs={"overwrite": True}, args=args, run=run, other_subcommands=other_subcommands)
+

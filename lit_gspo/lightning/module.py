@@ -1,0 +1,565 @@
+"""RLModule: the Lightning adapter around the four stages of one RL step.
+
+    training_step(rows):
+        rollout  = collect(rows)              Environment × RolloutEngine → trajectories, rewards   (collect.py)
+        snapshot(rollout)                     reference log-probs, old values, MoE routes          (learner.py)
+        Â        = advantage(rollout)         group, RLOO, GAE, ...                                 (advantages.py)
+        metrics  = learn(rollout)             K epochs × M minibatches of optimiser steps           (learner.py)
+        log(metrics)
+
+This file owns what needs Lightning: the optimiser and scheduler, manual backward, hooks, logging,
+validation, the RL-step counter in checkpoints, and saving the policy.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch import nn
+
+from lit_gspo.rl.advantages import AdvantageEstimator, get_advantage
+from lit_gspo.runtime.files import export_is_complete, written_aside
+from lit_gspo.runtime.rng import local_rng_state, restore_local_rng_state, restore_rng_states, rng_states
+from lit_gspo.rl.collect import Collector
+from lit_gspo.lightning.completions_log import due, log_completions
+from lit_gspo.rl.config import Generation, LoRA, Update, WarmStart, resolve_seed
+from lit_gspo.data.prompts import check_prompt_lengths
+from lit_gspo.lightning.strategy import check_strategy
+from lit_gspo.runtime.collectives import all_reduce_sum, gather_objects, reduce_step_stats, sum_over_ranks
+from lit_gspo.runtime.sharding import apply_fsdp2, full_state_dict, is_sharded
+from lit_gspo.rl.engines import HFGenerate, RolloutEngine
+from lit_gspo.rl.envs import Environment, SingleTurn
+from lit_gspo.rl.evaluate import GreedyTally
+from lit_gspo.runtime.hardware import SlowPrecisionWarning, bf16_on_cpu_warning, deterministic_on_cpu
+from lit_gspo.rl.learn.learner import Learner
+from lit_gspo.rl.learn.mismatch import Mismatch
+from lit_gspo.models import enable_gradient_checkpointing, load_policy
+from lit_gspo.models.lora import apply_lora, is_lora, merged_for_saving
+from lit_gspo.models.routing import moe_routers
+from lit_gspo.rl.objectives import GSPO, Objective
+from lit_gspo.runtime.optim import shard_aware
+from lit_gspo.lightning.progress import optimizer_steps_per_rl_step, total_rl_steps
+from lit_gspo.lightning.quiet import silence_lightning_noise
+from lit_gspo.rl.rewards import ExactMatch, RewardSet, TrainerState
+from lit_gspo.lightning.run_dir import save_export_config
+from lit_gspo.lightning.callbacks import run_callbacks
+from lit_gspo.rl.warm_start import warm_start
+
+
+def default_optimizer(params) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
+
+
+class RLModule(LightningModule):
+    """Reinforcement learning of a causal LM with a pluggable :class:`~lit_gspo.rl.objectives.Objective`.
+
+    Args:
+        model: a built-in name (``tiny-llama``, ``tiny-qwen3-moe``, ``smollm2-135m-instruct``), a local
+            Hugging Face directory, a ``.gguf`` file, or a hub id.
+        model_config: overrides of the built-in model's config (layers, hidden size, ...).
+        objective: the loss; by class name in YAML/CLI (``--model.objective GSPO``).
+        rewards: reward functions ``(prompts, completions, **columns) -> list[float | None]``.
+        reward_weights: one weight per reward function (default 1 each).
+        environment: what the policy talks to (default :class:`~lit_gspo.rl.envs.SingleTurn`: the row's
+            prompt, one reply); it also holds ``system_prompt`` and ``chat_template``.
+        engine: what samples (default :class:`~lit_gspo.rl.engines.HFGenerate`; ``LeanSampler`` is faster on CPU).
+        advantage: the advantage estimator (``GroupNormalized``, ``GroupMean``, ``BatchNormalized``,
+            ``RLOO``, ``GAE``); None: the objective's paper's (``Objective.paper_advantage``).
+        dynamic_sampling: drop groups whose rewards are all equal and refill; None: the objective's paper's
+            (DAPO's is on).
+        max_sampling_rounds: generation rounds allowed per step when refilling.
+        max_skipped_steps: stop with an error after this many RL steps in a row without an update (all
+            groups' rewards equal, or every reward failed). Skipped steps make no optimiser step, so they
+            do not count towards ``trainer.max_steps``.
+        kl_to_ref: keep a frozen reference policy to log ``train/kl`` even when β = 0.
+        gradient_checkpointing: recompute each decoder layer's activations in backward (less memory,
+            about a third more compute; TRL's GRPOTrainer turns it on by default).
+        val_every_n_steps: the CLI's name for ``Trainer(val_check_interval=n, check_val_every_n_epoch=None)``:
+            Lightning's validation loop every n RL steps (one Lightning batch is one RL step) and after the last
+            one; ``lit-gspo fit`` also validates before the first update (``trainer.validate`` before ``trainer.fit``;
+            do the same from Python). 0: only before and after training. None: the Trainer's schedule as it is.
+        log_completions_every_n_steps: log the greedy completions of the first ``num_logged_completions``
+            held-out prompts (prompt, completion, reward) with the validations at steps that are multiples of n
+            (None: every validation; 0: never) through the configured loggers (``lit_gspo/lightning/completions_log.py``).
+        routing_replay: MoE only: record each layer's top-k experts in the old-policy pass (which then runs even
+            on-policy) and force the update's forward to use them (Routing Replay, GSPO paper §5.3).
+        track_routing_volatility: MoE only: log ``train/routing_volatility``, the share of (completion token,
+            layer, top-k slot) choices that differ between the old-policy pass and the policy after the step's
+            updates, and ``train/routing/*``: the share of tokens rerouted and their mean |log-ratio| against the
+            others' (``Learner.measure_routing``; one extra no-grad forward over the rollout; the old pass runs
+            even on-policy).
+        save_rollouts_every_n_steps: write the rollout of every RL step K that is a positive multiple of n, after
+            its advantages and before its update, to ``<default_root_dir>/rollouts/step_K.pt`` (0: never), for
+            ``lit-gspo compare`` (``lit_gspo/rl/rollout_io.py``). Training is unchanged by it.
+        save_rollout_policy: with each rollout file, the policy that sampled it (``rollouts/step_K_policy/``, Hugging
+            Face format), so that ``lit-gspo compare`` replays it from the very weights.
+        mismatch: measure the sampler–trainer mismatch (``train/mismatch/*``) and correct it (TIS, MIS, SequenceMIS,
+            OPSM; or the sampler's log-probs as π_old): ``lit_gspo/rl/learn/mismatch.py``, docs/mismatch.md. None: off.
+    """
+
+    def __init__(
+        self,
+        model: str = "tiny-llama",
+        model_config: dict | None = None,
+        gguf_file: str | None = None,
+        objective: Objective | None = None,
+        optimizer: OptimizerCallable = default_optimizer,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        rewards: list[Callable] | None = None,
+        reward_weights: list[float] | None = None,
+        environment: Environment | None = None,
+        engine: RolloutEngine | None = None,
+        advantage: AdvantageEstimator | None = None,
+        generation: Generation | None = None,
+        update: Update | None = None,
+        dynamic_sampling: bool | None = None,
+        max_sampling_rounds: int = 4,
+        max_skipped_steps: int = 20,
+        kl_to_ref: bool = True,
+        lora: LoRA | None = None,
+        gradient_checkpointing: bool = False,
+        warm_start: WarmStart | None = None,
+        val_every_n_steps: int | None = None,
+        log_completions_every_n_steps: int | None = None,
+        num_logged_completions: int = 8,
+        routing_replay: bool = False,
+        track_routing_volatility: bool = True,
+        save_rollouts_every_n_steps: int = 0,
+        save_rollout_policy: bool = True,
+        seed: int | None = None,
+        mismatch: Mismatch | None = None,
+    ):
+        super().__init__()
+        silence_lightning_noise()  # before Trainer.fit checks its configuration (lit_gspo/lightning/quiet.py says what and why)
+        self.save_hyperparameters(ignore=["objective", "optimizer", "lr_scheduler", "rewards", "environment", "engine",
+                                          "advantage", "mismatch"])
+        self.automatic_optimization = False
+        self.objective = objective if objective is not None else GSPO()
+        self.advantage = advantage if advantage is not None else get_advantage(self.objective.paper_advantage)
+        if self.advantage.needs_values != self.objective.needs_critic:
+            raise ValueError(
+                f"{type(self.advantage).__name__} {'needs' if self.advantage.needs_values else 'does not use'} a critic's "
+                f"values, and {type(self.objective).__name__} {'has' if self.objective.needs_critic else 'has no'} critic: "
+                "use GAE with PPO, and GroupNormalized, GroupMean, BatchNormalized or RLOO with the others")
+        self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
+        self.generation, self.warm_start_cfg = generation or Generation(), warm_start or WarmStart()
+        if self.advantage.needs_groups and self.generation.num_generations < 2:
+            raise ValueError(
+                f"generation.num_generations={self.generation.num_generations}, but {type(self.advantage).__name__} compares "
+                "the completions of a prompt with each other (Â = 0 for a group of 1, nothing is learned): use "
+                "num_generations >= 2, or an estimator without groups (GAE with PPO)")
+        if max_skipped_steps < 1:
+            raise ValueError(f"max_skipped_steps must be >= 1, got {max_skipped_steps}")
+        if val_every_n_steps is not None and val_every_n_steps < 0:
+            raise ValueError(f"val_every_n_steps must be >= 0 (0: only before and after training), got {val_every_n_steps}")
+        if (log_completions_every_n_steps or 0) < 0 or num_logged_completions < 0:
+            raise ValueError(f"log_completions_every_n_steps and num_logged_completions must be >= 0, got "
+                             f"{log_completions_every_n_steps} and {num_logged_completions}")
+        self.max_skipped_steps, self._skipped_in_a_row = max_skipped_steps, 0
+        if save_rollouts_every_n_steps < 0:
+            raise ValueError(f"save_rollouts_every_n_steps must be >= 0 (0: never), got {save_rollouts_every_n_steps}")
+        self.save_rollouts_every_n_steps, self.save_rollout_policy = save_rollouts_every_n_steps, save_rollout_policy
+        self.val_every_n_steps, self.seed = val_every_n_steps, resolve_seed(seed)
+        self.log_completions_every_n_steps, self.num_logged_completions = log_completions_every_n_steps, num_logged_completions
+        self.rl_step = 0  # RL steps (rollout batches) done, across epochs and resumes: the ``step`` of the logs
+        self._logged_keys: set[str] = set()
+        self._warm_started = False  # saved in checkpoints: a resume never warm-starts again
+        self._warned_precision = False
+
+        self.policy, self.tokenizer = load_policy(model, gguf_file=gguf_file, config_overrides=model_config, seed=self.seed)
+        if routing_replay and not moe_routers(self.policy):
+            raise ValueError(f"routing_replay needs an MoE policy with top-k routers; {model!r} has none")
+        self.lora = lora
+        if lora is not None:
+            self.policy = apply_lora(self.policy, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
+                                     target_modules=tuple(lora.target_modules))
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(self.policy)
+        use_ref = self.objective.beta > 0 or kl_to_ref
+        self.ref_policy = _frozen_copy(self.policy) if use_ref and lora is None else None
+        self.value_head = nn.Linear(self.policy.config.hidden_size, 1) if self.objective.needs_critic else None
+
+        dynamic = self.objective.paper_dynamic_sampling if dynamic_sampling is None else dynamic_sampling
+        self.collector = Collector(environment or SingleTurn(), engine or HFGenerate(),
+                                   RewardSet(list(rewards) if rewards else [ExactMatch()], reward_weights),
+                                   self.tokenizer, self.generation, dynamic_sampling=dynamic,
+                                   max_sampling_rounds=max_sampling_rounds, engine_logprobs=mismatch is not None)
+        self.learner = Learner(
+            self.policy, self.objective, update or Update(), value_head=self.value_head,
+            reference=(self.ref_policy if lora is None else "adapters_off") if use_ref else None,
+            temperature=self.generation.temperature,
+            max_len=self.generation.max_new_tokens * self.collector.environment.max_turns,
+            group_size=self.generation.num_generations, routing_replay=routing_replay,
+            record_routing=bool(moe_routers(self.policy)) and track_routing_volatility,
+            gradient_checkpointing=gradient_checkpointing, mismatch=mismatch)
+        self._refill_generator = torch.Generator().manual_seed(self.seed)
+
+    # ------------------------------------------------------------------ one RL step
+    def training_step(self, rows: list[dict], batch_idx: int) -> None:
+        start = time.perf_counter()
+        self.collector.trainer_state = self._reward_trainer_state()
+        self.collector.engine.sync_weights(self.policy)
+        rollout, stats = self.collector.collect(self.policy, rows, self._refill_rows, synced_gpus=self._synced_gpus())
+        stats["time/rollout_s"] = time.perf_counter() - start
+        if not self._anything_to_learn(rollout):
+            rollout = None  # every sample of every rank failed: no rank updates, all count a skipped step alike
+        if rollout is not None:
+            start = time.perf_counter()
+            self.learner.snapshot(rollout)
+            rollout.advantages = self.advantage(rollout, self.generation.num_generations)
+            if self.save_rollouts_every_n_steps and self.rl_step and self.rl_step % self.save_rollouts_every_n_steps == 0:
+                self.save_rollout(rollout)
+            stats.update(self.learner.learn(rollout, self.optimizers(), self.lr_schedulers(),
+                                            backward=self.manual_backward, world_size=self.trainer.world_size))
+            stats["time/update_s"] = time.perf_counter() - start
+        self._check_progress(rollout is not None, stats)
+        self.log_step(stats, rollout, batch_size=len(rows))
+        self.rl_step += 1
+        if self._last_step():
+            self.trainer.should_stop = True  # Lightning's loop then validates after this step (val/reward at the end)
+
+    def _last_step(self) -> bool:
+        """Whether the run ends after this RL step (``max_steps`` optimiser steps, or the last batch of the last epoch)."""
+        trainer = self.trainer
+        if trainer.max_steps is not None and trainer.max_steps >= 0 and self.global_step >= trainer.max_steps:
+            return True
+        last_epoch = trainer.max_epochs is not None and trainer.max_epochs >= 0 and trainer.current_epoch + 1 >= trainer.max_epochs
+        return last_epoch and trainer.is_last_batch
+
+    def _reward_trainer_state(self) -> TrainerState:
+        """What TRL passes its reward functions as ``trainer_state``: the RL step, the run's length, the epoch."""
+        trainer = self.trainer
+        return TrainerState(global_step=self.rl_step, max_steps=total_rl_steps(trainer, self) or 0,
+                            epoch=float(trainer.current_epoch), num_train_epochs=max(trainer.max_epochs or 0, 0))
+
+    def _anything_to_learn(self, rollout) -> bool:
+        """Whether any rank kept a sample (collective under several processes: every rank decides the same; a rank
+        whose samples all failed still takes part in the update of the others, with a zero mask)."""
+        mine = rollout is not None and bool(rollout.completion_mask.any())
+        return sum_over_ranks(float(mine)) > 0 if self.trainer.world_size > 1 else mine
+
+    def _check_progress(self, updated: bool, stats: dict) -> None:
+        """A skipped step makes no optimiser step, so ``max_steps`` alone would never end a run that keeps skipping.
+        ``updated`` is the same on every rank (:meth:`_anything_to_learn`), so all ranks stop at the same step, each
+        with the first rank's reward error."""
+        self._skipped_in_a_row = 0 if updated else self._skipped_in_a_row + 1
+        if self._skipped_in_a_row >= self.max_skipped_steps:
+            errors = [e for e in gather_objects(self.collector.rewards.last_error) if e]
+            raise RuntimeError(
+                f"{self._skipped_in_a_row} RL steps in a row had nothing to learn from (frac_zero_std_groups="
+                f"{stats.get('frac_zero_std_groups', float('nan')):.2f}, reward_failed={stats.get('reward_failed', 0):.0f}): "
+                "every group's rewards were equal or every reward failed. Check the reward functions, or raise "
+                f"max_skipped_steps={self.max_skipped_steps}" + (f". The last reward error: {errors[0]}" if errors else ""))
+
+    def log_step(self, stats: dict, rollout, batch_size: int) -> None:
+        """``train/*`` over every rank (a step without some metric logs NaN for it, not its last value) and the progress bar."""
+        stats = reduce_step_stats(stats, None if rollout is None else rollout.rewards,
+                                  None if rollout is None else rollout.completion_mask.sum(1))
+        # fp32, as self.log stores them: the logged values are those of earlier runs bit for bit
+        values = {f"train/{k}" if not k.startswith("time/") else k: float(torch.tensor(float(v), dtype=torch.float32))
+                  for k, v in stats.items()}
+        values.update({k: float("nan") for k in self._logged_keys - values.keys()})
+        self._logged_keys |= values.keys()
+        # The row goes to the loggers now, before ModelCheckpoint saves this step in on_train_batch_end (Lightning
+        # would log it only after that, and a kill in between would lose it: the resume starts after this step).
+        # self.log(logger=False) still gives callbacks (EarlyStopping/ModelCheckpoint on train/*) every value.
+        every = self.trainer.log_every_n_steps
+        if every and self.rl_step % every == 0 and self.trainer.is_global_zero:
+            for logger in self.loggers:
+                logger.log_metrics({**values, "epoch": self.current_epoch}, step=self.rl_step)
+                logger.save()
+        self.log_dict(values, on_step=True, on_epoch=False, batch_size=batch_size, logger=False)
+        self.log_dict({"reward": float(stats["reward"]), "clip": float(stats.get("clip_frac", 0.0))},
+                      prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=batch_size)
+
+    def _refill_rows(self, count: int) -> list[dict]:
+        pool = self.trainer.datamodule.train_rows
+        idx = torch.randint(len(pool), (count,), generator=self._refill_generator)
+        return [pool[int(i)] for i in idx]
+
+    def _attached(self) -> bool:
+        """Whether a Trainer runs this module (``self.trainer`` raises otherwise)."""
+        try:
+            return self.trainer is not None
+        except RuntimeError:
+            return False
+
+    def _synced_gpus(self) -> bool:
+        """Sharded parameters (FSDP2 over several processes): every rank must take part in every forward."""
+        return self._attached() and self.trainer.world_size > 1 and isinstance(self.trainer.strategy,
+                                                                                         ModelParallelStrategy)
+
+    # ------------------------------------------------------------------ Lightning plumbing
+    def configure_optimizers(self):
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            params += list(self.value_head.parameters())
+        opt = shard_aware(self.optimizer_factory(params))  # bitsandbytes on FSDP2 shards: update local shards
+        if self.scheduler_factory is None:
+            return opt
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.val_every_n_steps is not None and not self.trainer.fast_dev_run:
+            check_validation_schedule(self.trainer, self.val_every_n_steps)
+        # fp16's GradScaler (Lightning's MixedPrecision plugin; public attributes of both)
+        self.learner.grad_scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if stage == "fit" and self.trainer.log_every_n_steps > 1:
+            rank_zero_info(f"train/* metrics every {self.trainer.log_every_n_steps} RL steps (log_every_n_steps; 1: every "
+                           "step, as `lit-gspo fit` does)")
+        deterministic_on_cpu(self.trainer.strategy.root_device.type)  # before the warm start's first backward
+        advice = bf16_on_cpu_warning(self.trainer.precision, self.trainer.strategy.root_device.type)
+        if advice and not self._warned_precision:  # bf16 emulated on this CPU: slower than fp32 (once: validate, then fit)
+            self._warned_precision = True
+            rank_zero_warn(advice, category=SlowPrecisionWarning)
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """fp16: Lightning's GradScaler has just unscaled the gradients; clip them now (``Learner.clip_unscaled``)."""
+        if self.learner.grad_scaler is not None:
+            self.learner.clip_unscaled()
+
+    def configure_model(self) -> None:
+        """FSDP2 (``ModelParallelStrategy``): ``fully_shard`` each decoder layer, then the root; FSDP1 is refused."""
+        if self._attached():
+            check_strategy(self.trainer.strategy)
+        if self.device_mesh is not None:
+            apply_fsdp2(self, self.device_mesh)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Every rank's torch/numpy/python RNG states, the refill generator and the RL-step counter (Lightning saves none)."""
+        checkpoint["rng_states"] = rng_states(self._refill_generator)
+        checkpoint["rl_step"] = self.rl_step
+        checkpoint["warm_started"] = self._warm_started
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "rng_states" in checkpoint:
+            restore_rng_states(checkpoint["rng_states"], self.global_rank, self._refill_generator)
+        # checkpoints written before the counter was saved: one RL step is K × M optimiser steps
+        self.rl_step = checkpoint.get("rl_step", checkpoint.get("global_step", 0) // optimizer_steps_per_rl_step(self))
+        self._warm_started = checkpoint.get("warm_started", True)
+
+    def on_fit_start(self) -> None:
+        self._check_data()
+
+    def _check_data(self) -> None:
+        """A reward function whose parameters no dataset column fills, or a prompt too long for the context, fails
+        now (named by its file row), not after N steps."""
+        dm = self.trainer.datamodule
+        rows = getattr(dm, "train_rows", None)
+        if rows:
+            self.collector.rewards.check(list(rows[0]))
+        for split in ("train", "val"):
+            check_prompt_lengths(getattr(dm, f"{split}_rows", None) or [], lambda r: self.collector.encode(self.policy, r),
+                                 lambda i: dm.describe_row(split, i) if hasattr(dm, "describe_row") else f"{split} row {i}")
+
+    def on_train_start(self) -> None:
+        self._warm_start_once()  # a fit without a validation before it (trainer.fit alone)
+
+    def on_train_end(self) -> None:
+        if not self.trainer.fast_dev_run:  # a dry run writes nothing
+            self._export()
+
+    def on_fit_end(self) -> None:
+        """A resume of a finished run skips the training loop and ``on_train_end``: write the export if a kill stopped it."""
+        if self.trainer.fast_dev_run:
+            return
+        paths = [self._export_path()] + ([self.adapter_path(self._export_path())] if self.lora is not None else [])
+        if self.trainer.strategy.broadcast(not all(export_is_complete(p) for p in paths)):
+            self._export()
+
+    def configure_callbacks(self) -> list:
+        """Run lock, cleanup of killed writes, logs continued on resume, SIGINT/SIGTERM saved (``lit_gspo.lightning.callbacks``)."""
+        return run_callbacks()
+
+    def _export_path(self) -> Path:
+        return Path(self.trainer.default_root_dir) / "hf_model"
+
+    def _export(self) -> None:
+        state_dict = full_state_dict(self.policy) if is_sharded(self.policy) else None  # collective under FSDP2
+        if self.trainer.is_global_zero:
+            self.save_hf_model(self._export_path(), state_dict)
+
+    # ------------------------------------------------------------------ validation (Lightning's loop)
+    def _warm_start_once(self) -> None:
+        """Supervised warm start of a fresh run, before the first validation or update, whichever comes first
+        (``trainer.validate`` before ``trainer.fit`` measures the policy RL starts from). Never after a resume."""
+        if self._warm_started or self.global_step > 0:
+            return
+        self._warm_started = True
+        if self.warm_start_cfg.steps <= 0:
+            return
+        with torch.inference_mode(False), torch.enable_grad():  # validation hooks run under inference mode
+            loss = warm_start(self.policy, self.tokenizer, self.trainer.datamodule.train_rows,
+                              lambda rows: self.collector.encode(self.policy, rows), self.warm_start_cfg, self.seed,
+                              environment=self.collector.environment)
+        rank_zero_info(f"warm start: {self.warm_start_cfg.steps} supervised steps, last loss {loss:.4f}")
+        if self.ref_policy is not None:  # the reference is the policy RL starts from
+            self.ref_policy.load_state_dict(self.policy.state_dict())
+
+    def on_validation_start(self) -> None:
+        """Warm start (fresh run), weights to the engine, a fresh tally; the RNG state is kept aside so that how often
+        one validates does not change the training run (greedy sampling, environments and samplers may draw)."""
+        if self.trainer.state.fn != "fit":
+            self._check_data()
+        self._warm_start_once()
+        self._rng_before_validation = local_rng_state()
+        self.collector.trainer_state = self._reward_trainer_state()
+        self.collector.engine.sync_weights(self.policy)
+        self._val = GreedyTally(self._episode_metric_keys())
+        self._val_shown = ([], [], [])  # rows, replies, rewards of the completions logged with this validation
+        self._val_start = time.perf_counter()
+
+    def on_test_start(self) -> None:
+        self.on_validation_start()
+
+    def validation_step(self, rows: list[dict], batch_idx: int) -> None:
+        """Greedy completions of this rank's share of the held-out batch, scored; reduced at the epoch's end."""
+        rows = rows[self.global_rank::self.trainer.world_size]
+        if not rows:  # every rank runs every step: FSDP2's sharded forward needs all of them
+            return
+        batch, replies, stats = self.collector.sample(self.policy, rows, greedy=True, synced_gpus=self._synced_gpus())
+        self._val.add(rows, batch, stats)
+        room = max(self.num_logged_completions - len(self._val_shown[0]), 0)
+        for part, new in zip(self._val_shown, (rows, replies, batch.rewards.tolist())):
+            part.extend(new[:room])
+
+    def test_step(self, rows: list[dict], batch_idx: int) -> None:
+        self.validation_step(rows, batch_idx)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_greedy_metrics("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_greedy_metrics("test")
+
+    def _log_greedy_metrics(self, split: str) -> None:
+        """``<split>/reward`` (mean reward of greedy completions over every held-out prompt of every rank),
+        ``<split>/response_length`` and the multi-turn metrics, through ``self.log``: callbacks and loggers see them.
+        The row's ``step`` is the number of RL steps done."""
+        metrics = self._val.reduce(all_reduce_sum, prefix=split)
+        if self.trainer.sanity_checking:
+            return
+        # fp64 tensors: Lightning keeps their dtype (a float would be stored as fp32); the same value on every rank
+        self.log_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}, sync_dist=True)
+        self.log_dict({"step": float(self.rl_step), "time/val_s": time.perf_counter() - self._val_start})
+        if due(self.rl_step, self.log_completions_every_n_steps) and self.trainer.is_global_zero:
+            log_completions(self.loggers, self.rl_step, *self._val_shown)
+        rank_zero_info(f"step {self.rl_step}: {split}/reward = {metrics[f'{split}/reward']:.4f} "
+                       f"({time.perf_counter() - self._val_start:.1f} s)")
+
+    def on_validation_end(self) -> None:
+        restore_local_rng_state(self._rng_before_validation)
+
+    def on_test_end(self) -> None:
+        self.on_validation_end()
+
+    def _episode_metric_keys(self) -> list[str]:
+        """The multi-turn metrics validation reports (none for a single-turn environment)."""
+        environment = self.collector.environment
+        if environment.max_turns == 1:
+            return []
+        return (["turns", "success"] + [f"success_turn{k}" for k in range(1, environment.max_turns + 1)]
+                + list(environment.metric_names))
+
+    def load_trained_policy(self, path: str | Path) -> None:
+        """The policy's weights from a run's Hugging Face export (``<run>/hf_model``), to validate or test it: the run's
+        warm start is in them, so none is done again."""
+        from transformers import AutoModelForCausalLM
+
+        if self.lora is not None:
+            raise ValueError(f"{path}: a LoRA run's hf_model holds the merged weights; validate it without --model.lora")
+        trained = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32)
+        self.policy.load_state_dict(trained.state_dict())
+        self._warm_started = True
+        rank_zero_info(f"loaded the policy from {path}")
+
+    def save_rollout(self, rollout) -> None:
+        """``<root>/rollouts/step_K.pt`` with the trainer's old log-probs (and the sampling policy): ``lit_gspo.rl.rollout_io``."""
+        from dataclasses import asdict, replace
+
+        from lit_gspo.rl.rollout_io import policy_dir, rollout_path, save_optimizer_state, save_rollout
+
+        old = rollout.old_logprobs
+        if old is None:  # on-policy training never computes them: one no-grad pass (every rank: FSDP2 collectives)
+            old = self.learner.old_logprobs(rollout, torch.arange(len(rollout)))
+        path = rollout_path(self.trainer.default_root_dir, self.rl_step)
+        opt = self.optimizers()
+        opt = opt.optimizer if hasattr(opt, "optimizer") else opt
+        if self.save_rollout_policy:
+            state_dict = full_state_dict(self.policy) if is_sharded(self.policy) else None
+            if self.trainer.is_global_zero:
+                self.save_hf_model(policy_dir(path), state_dict)
+                if state_dict is None and self.lora is None and self.value_head is None:  # its state fits the HF policy
+                    save_optimizer_state(policy_dir(path), opt.state_dict())
+        if not self.trainer.is_global_zero:
+            return  # rank 0's share of the rollout
+        group = opt.param_groups[0]
+        meta = {"temperature": self.generation.temperature, "max_len": self.learner.max_len,
+                "group_size": self.generation.num_generations, "update": asdict(self.learner.cfg),
+                "objective": repr(self.objective), "objective_class": type(self.objective).__name__,
+                "advantage": type(self.advantage).__name__, "model": str(self.hparams.model),
+                "model_config": self.hparams.model_config, "lora": self.lora is not None, "seed": self.seed,
+                "optimizer": type(opt).__name__,
+                "optimizer_hparams": {k: v for k, v in group.items() if k != "params" and isinstance(v, (int, float, bool, tuple))},
+                "world_size": self.trainer.world_size, "policy": policy_dir(path).name if self.save_rollout_policy else None}
+        save_rollout(path, replace(rollout, old_logprobs=old), self.rl_step, meta)
+        rank_zero_info(f"saved the rollout of step {self.rl_step} to {path}")
+
+    def save_hf_model(self, path: Path, state_dict: dict | None = None) -> None:
+        """Save in Hugging Face format (written aside, then swapped in); ``state_dict``: the full weights of an FSDP2-sharded
+        policy. Under LoRA: the merged model at ``path`` and the adapter alone beside it (:meth:`adapter_path`)."""
+        if self.lora is None:
+            return self._save_pretrained(self.policy, path, state_dict)
+        self._save_pretrained(merged_for_saving(self.policy), path, state_dict)
+        self._save_pretrained(self.policy, self.adapter_path(path), state_dict, "the LoRA adapter")  # a PeftModel saves that only
+
+    @staticmethod
+    def adapter_path(path: Path) -> Path:
+        """Where the LoRA adapter goes beside the merged model: ``<root>/hf_adapter`` for ``<root>/hf_model``
+        (``PeftModel.from_pretrained(base, <root>/hf_adapter)`` reproduces the merged model)."""
+        return Path(path).parent / "hf_adapter"
+
+    def _save_pretrained(self, model: nn.Module, path: Path, state_dict: dict | None, what: str = "the policy") -> None:
+        with written_aside(path) as tmp:
+            model.save_pretrained(tmp, state_dict=state_dict)
+            if state_dict is not None and not is_lora(model):  # fully_shard renamed the class (FSDPLlamaForCausalLM)
+                from lit_gspo.runtime.sharding import unsharded_class
+
+                model.config.architectures = [unsharded_class(model).__name__]
+                model.config.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            save_export_config(self.trainer if self._attached() else None, tmp)  # the run's settings travel with a copied export (lit-gspo eval)
+        rank_zero_info(f"saved {what} in Hugging Face format to {path}")
+
+
+def _frozen_copy(model: nn.Module) -> nn.Module:
+    ref = copy.deepcopy(model).eval()
+    ref.requires_grad_(False)
+    return ref
+
+
+#: ``val_check_interval`` of a run that validates only before and after training (``val_every_n_steps=0``)
+NEVER = 2**62
+
+
+def validation_schedule(val_every_n_steps: int) -> dict:
+    """The Trainer settings of ``val_every_n_steps``: Lightning's validation loop every n batches (= RL steps)."""
+    return {"val_check_interval": val_every_n_steps or NEVER, "check_val_every_n_epoch": None}
+
+
+def check_validation_schedule(trainer, val_every_n_steps: int) -> None:
+    """``RLModule(val_every_n_steps=n)`` under a Trainer that schedules otherwise: one line naming the Trainer flags."""
+    want = validation_schedule(val_every_n_steps)
+    have = {"val_check_interval": trainer.val_check_interval, "check_val_every_n_epoch": trainer.check_val_every_n_epoch}
+    if have != want:
+        raise ValueError(f"RLModule(val_every_n_steps={val_every_n_steps}) needs Trainer(val_check_interval="
+                         f"{want['val_check_interval']}, check_val_every_n_epoch=None) (one Lightning batch is one RL "
+                         f"step); this Trainer has {have}. Set those on the Trainer, or leave val_every_n_steps=None")

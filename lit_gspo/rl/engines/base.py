@@ -1,0 +1,80 @@
+"""The RolloutEngine protocol: token ids of prompts in, sampled completions (and the sampler's log-probs) out."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from lit_gspo.rl.engines.fast_generate import ATTENTION_IMPLEMENTATIONS, attention_implementation, weights_cast_once
+from lit_gspo.rl.rollout import RolloutBatch, completion_mask_through_eos, left_pad
+
+
+class RolloutEngine:
+    """Samples ``num_generations`` completions per prompt; picked by class path (``--model.engine LeanSampler``).
+
+    A subclass implements :meth:`generate` on left-padded prompt tensors; :meth:`sample` does the rest
+    (padding, eval mode, the attention kernel while sampling, masks through the first EOS, the batch
+    layout). Engines that keep their own copy of the weights (a server, another process) refresh it in
+    :meth:`sync_weights`, which the trainer calls before every rollout; the built-ins sample from the
+    policy module itself, so theirs does nothing.
+
+    Args:
+        attn_implementation: the attention kernel while sampling (``eager``, ``sdpa``, ``lit_gqa_eager``:
+            eager without copying K, V per query head, ...); None keeps the model's. The update's forward
+            always uses the model's own kernel, and the trainer's log-probs come only from that forward.
+    """
+
+    def __init__(self, attn_implementation: str | None = None):
+        if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"attn_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, got {attn_implementation!r}")
+        self.attn_implementation = attn_implementation
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(attn_implementation={self.attn_implementation!r})"
+
+    def sync_weights(self, policy: nn.Module) -> None:
+        """Make the engine sample from ``policy``'s current weights (nothing to do for the built-ins)."""
+
+    def generate(self, policy: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, num_generations: int,
+                 max_new_tokens: int, pad_id: int, eos_id: int | list[int], sampling: dict, synced_gpus: bool,
+                 return_logprobs: bool) -> tuple[Tensor, Tensor | None]:
+        """Sample from left-padded prompts (N, P), each once in ``input_ids``.
+
+        Returns (sequences, logprobs): sequences (N·G, P + T) group-major, the prompt then the completion
+        (anything after an EOS is ignored); logprobs (N·G, T) fp32, the sampler's log-probability of each
+        sampled token under the distribution it sampled from, or None (not asked for, or not available).
+        ``sampling`` holds ``temperature``, ``top_p``, ``top_k`` — empty for greedy decoding.
+        """
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def sample(self, policy: nn.Module, prompt_ids: list[list[int]], *, num_generations: int, max_new_tokens: int,
+               pad_id: int, eos_id: int | list[int], temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+               greedy: bool = False, synced_gpus: bool = False, return_logprobs: bool = False) -> RolloutBatch:
+        """Completions of ``prompt_ids`` as a rollout batch: prompts left-padded to P, completions right-padded
+        to T (columns no row uses trimmed), ``completion_mask`` 1 through the first EOS, rows group-major."""
+        ids, attn = left_pad(prompt_ids, pad_id)
+        device = next(policy.parameters()).device
+        ids, attn = ids.to(device), attn.to(device)
+        was_training = policy.training
+        policy.eval()  # gradient checkpointing disables the KV cache in train mode
+        try:
+            sampling = {} if greedy else dict(temperature=temperature, top_p=top_p, top_k=top_k)
+            with attention_implementation(policy, self.attn_implementation), weights_cast_once(device.type):
+                out, logprobs = self.generate(policy, ids, attn, num_generations=num_generations,
+                                              max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id,
+                                              sampling=sampling, synced_gpus=synced_gpus, return_logprobs=return_logprobs)
+        finally:
+            policy.train(was_training)
+        ids = ids.repeat_interleave(num_generations, 0)
+        attn = attn.repeat_interleave(num_generations, 0)
+        prompt_length = ids.shape[1]
+        completions = out[:, prompt_length:]
+        mask = completion_mask_through_eos(completions, eos_id)
+        completions = completions.masked_fill(~mask, pad_id)
+        used = int(mask.sum(1).max()) if mask.numel() else 0  # trim columns no row uses
+        completions, mask = completions[:, :used], mask[:, :used]
+        if logprobs is not None:
+            logprobs = logprobs[:, :used].float().masked_fill(~mask, 0.0)
+        return RolloutBatch(input_ids=torch.cat([ids, completions], 1), attention_mask=torch.cat([attn, mask.long()], 1),
+                            prompt_length=prompt_length, completion_mask=mask, engine_logprobs=logprobs)

@@ -1,0 +1,221 @@
+"""Evaluation with the trainer's own sampling and rewards: greedy accuracy, mean@n and pass@k.
+
+    greedy     one greedy completion per prompt (as ``val/reward``):  reward = mean R,  accuracy = share R ≥ τ
+    sampled    n completions per prompt at temperature T (``Collector.sample``, G = n):
+               mean@n = mean R over all samples;  c_i = #{samples of prompt i with R ≥ τ}
+               pass@k = mean_i [1 − C(n − c_i, k) / C(n, k)]   (the unbiased estimator of Chen et al. 2021,
+               "Evaluating Large Language Models Trained on Code"; pass@1 = mean_i c_i / n)
+
+A sample whose reward failed (``reward_failed``) counts as not solved; its reward is the one
+``Collector.sample`` gives it (its group's mean valid reward), so mean@n is the mean of the valid rewards
+per prompt. Pure torch: no Lightning here (``lit_gspo.tools.eval`` is the ``lit-gspo eval`` front end).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import nn
+
+from lit_gspo.rl.collect import Collector
+
+#: a multi-turn environment's episode statistics that the table shows (the JSON has every statistic)
+EPISODE_KEYS = ("turns", "success")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k samples drawn without replacement from n, c of them correct, is correct."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def default_ks(n: int) -> list[int]:
+    """1, 2, 4, ... up to n, and n itself."""
+    ks, k = [], 1
+    while k < n:
+        ks.append(k)
+        k *= 2
+    return ks + [n] if n >= 1 else []
+
+
+def _batches(rows: list[dict], size: int):
+    for start in range(0, len(rows), size):
+        yield rows[start:start + size]
+
+
+def _failed(batch) -> torch.Tensor:
+    """Samples whose reward failed: ``Collector.sample`` masks their whole completion (a reply has ≥ 1 token)."""
+    return ~batch.completion_mask.any(1).cpu()
+
+
+def _aggregate_stats(stats: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """``Collector.sample``'s stats over batches of (episodes, stats): ``reward_failed`` summed, the rest
+    (``rewards/<function>/mean``, multi-turn ``turns``, ``success``, tool metrics, ...) as means over the episodes,
+    ``success_turn{k}`` over the episodes that reached turn k (``reached_turn{k}``). ``rewards/<function>/std`` is
+    left out: a mean of the batches' standard deviations is not the standard deviation over the episodes."""
+    out = {"reward_failed": sum(s.get("reward_failed", 0.0) for _, s in stats)}
+    for name in sorted({k for _, s in stats for k in s if not k.endswith("/std")} - {"reward_failed"}):
+        pairs = [(w * (s.get(name.replace("success_", "reached_"), 0.0) if name.startswith("success_turn") else 1.0), s[name])
+                 for w, s in stats if name in s and math.isfinite(s[name])]
+        total = sum(w for w, _ in pairs)
+        out[name] = sum(w * v for w, v in pairs) / total if total > 0 else float("nan")
+    return out
+
+
+class GreedyTally:
+    """Sums over greedily completed, scored batches: what ``val/reward`` (Lightning's validation loop) and
+    ``lit-gspo eval``'s greedy table both report, so the two agree bit for bit.
+
+        reward = Σ R / #prompts      response_length = Σ completion tokens / #prompts
+        <key>  = Σ value·w / Σ w     (w = the batch's prompts; for ``success_turn{k}`` × the share that reached turn k)
+
+    The sums are fp64 and summed over ranks in one collective (:meth:`reduce`), so the result does not depend on how
+    the prompts are split over processes or batches.
+    """
+
+    def __init__(self, episode_keys: list[str] | tuple[str, ...] = ()) -> None:
+        self.episode_keys = list(episode_keys)
+        self.sums = torch.zeros(3 + 2 * len(self.episode_keys), dtype=torch.float64)  # Σ R, prompts, tokens, (Σ v·w, Σ w)…
+
+    def add(self, rows: list, batch, stats: dict[str, float]) -> None:
+        self.sums[0] += float(batch.rewards.sum())
+        self.sums[1] += len(rows)
+        self.sums[2] += float(batch.completion_mask.sum())
+        for j, key in enumerate(self.episode_keys):
+            if key in stats:  # success_turn{k} is a rate over the episodes that reached turn k
+                reached = stats[key.replace("success_", "reached_")] if key.startswith("success_turn") else 1.0
+                weight = len(rows) * reached
+                self.sums[3 + 2 * j: 5 + 2 * j] += torch.tensor([stats[key] * weight, weight], dtype=torch.float64)
+
+    def reduce(self, all_reduce=None, prefix: str = "val") -> dict[str, float]:
+        """The means over every prompt seen (``all_reduce``: sums a tensor over ranks, e.g.
+        ``lit_gspo.runtime.collectives.all_reduce_sum``), keyed ``<prefix>/reward``, ``<prefix>/response_length``, ``<prefix>/<key>``."""
+        sums = all_reduce(self.sums.clone()) if all_reduce is not None else self.sums
+        prompts = sums[1].clamp(min=1)
+        out = {f"{prefix}/reward": float(sums[0] / prompts), f"{prefix}/response_length": float(sums[2] / prompts)}
+        for j, key in enumerate(self.episode_keys):
+            if sums[4 + 2 * j] > 0:
+                out[f"{prefix}/{key}"] = float(sums[3 + 2 * j] / sums[4 + 2 * j])
+        return out
+
+
+@torch.no_grad()
+def evaluate(policy: nn.Module, collector: Collector, rows: list[dict], *, greedy: bool = True, samples: int = 0,
+             ks: list[int] | None = None, temperature: float | None = None, threshold: float = 1.0,
+             greedy_batch_size: int = 64, sample_batch_size: int = 8, seed: int | None = 0) -> dict:
+    """Greedy and sampled metrics of ``policy`` on ``rows`` with ``collector``'s environment, engine and rewards.
+
+    Args:
+        greedy: score one greedy completion per prompt (``collector.generation.val_max_new_tokens`` or
+            ``max_new_tokens`` new tokens, as validation).
+        samples: n completions per prompt for mean@n and pass@k (0: none), at ``temperature`` (None: the
+            collector's) with the collector's ``max_new_tokens``, ``top_p``, ``top_k``.
+        ks: the k of pass@k (each ≤ n; None: 1, 2, 4, ..., n).
+        threshold: a sample is solved when its reward is ≥ this.
+        greedy_batch_size, sample_batch_size: prompts per ``Collector.sample`` call.
+        seed: ``torch.manual_seed`` right before sampling (None: the RNG as it is).
+
+    Returns a JSON-ready dict: ``prompts``, ``threshold``, ``greedy`` (``reward``, ``accuracy``,
+    ``response_length``, ``reward_failed``, ``rewards/<function>/mean``, and a multi-turn environment's ``turns``,
+    ``success``, ...), ``sampled`` (``samples``,
+    ``temperature``, ``mean@<n>``, ``pass@<k>``..., ``solved_share`` = pass@n), and ``per_prompt``: for each row
+    its prompt, answer, greedy completion and reward, and the rewards of its samples.
+    """
+    if not rows:
+        raise ValueError("no rows to evaluate")
+    if samples < 0 or greedy_batch_size < 1 or sample_batch_size < 1:
+        raise ValueError(f"samples must be >= 0 and batch sizes >= 1, got {samples}, {greedy_batch_size}, {sample_batch_size}")
+    ks = default_ks(samples) if ks is None else sorted(set(ks))
+    if samples and any(not 1 <= k <= samples for k in ks):
+        raise ValueError(f"every k of pass@k must be in [1, samples={samples}], got {ks}")
+    per_prompt = [{"prompt": r.get("prompt"), "answer": r.get("answer")} for r in rows]
+    result: dict = {"prompts": len(rows), "threshold": threshold}
+    was_training = policy.training
+    policy.eval()
+    try:
+        if greedy:
+            result["greedy"] = _greedy(policy, collector, rows, per_prompt, threshold, greedy_batch_size)
+        if samples:
+            if seed is not None:
+                torch.manual_seed(seed)
+            result["sampled"] = _sampled(policy, collector, rows, per_prompt, samples, ks, temperature, threshold,
+                                         sample_batch_size)
+    finally:
+        policy.train(was_training)
+    result["per_prompt"] = per_prompt
+    return result
+
+
+def _greedy(policy, collector, rows, per_prompt, threshold, batch_size) -> dict:
+    tally, solved, stats = GreedyTally(), [], []
+    for start, chunk in zip(range(0, len(rows), batch_size), _batches(rows, batch_size)):
+        batch, replies, batch_stats = collector.sample(policy, chunk, greedy=True)
+        tally.add(chunk, batch, batch_stats)
+        r = batch.rewards.float().cpu()  # (B,)
+        ok = (r >= threshold) & ~_failed(batch)
+        for i, (reply, reward, good) in enumerate(zip(replies, r.tolist(), ok.tolist())):
+            per_prompt[start + i].update(greedy_completion=reply, greedy_reward=reward, greedy_solved=bool(good))
+        solved.append(ok)
+        stats.append((len(chunk), batch_stats))
+    g = collector.generation
+    means = tally.reduce(prefix="greedy")
+    return {"reward": means["greedy/reward"], "accuracy": float(torch.cat(solved).float().mean()),
+            "response_length": means["greedy/response_length"], "max_new_tokens": g.val_max_new_tokens or g.max_new_tokens,
+            **_aggregate_stats(stats)}
+
+
+def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold, batch_size) -> dict:
+    original = collector.generation
+    collector.generation = dataclasses.replace(original, num_generations=n,
+                                               temperature=original.temperature if temperature is None else temperature)
+    try:
+        rewards, solved, lengths, stats = [], [], [], []
+        for start, chunk in zip(range(0, len(rows), batch_size), _batches(rows, batch_size)):
+            batch, _, batch_stats = collector.sample(policy, chunk)
+            flat = batch.rewards.float().cpu()  # (B·n,) group-major: n samples per prompt
+            r, ok = flat.view(len(chunk), n), ((flat >= threshold) & ~_failed(batch)).view(len(chunk), n)
+            for i in range(len(chunk)):
+                per_prompt[start + i].update(sample_rewards=r[i].tolist(), samples_solved=int(ok[i].sum()))
+            rewards.append(r)
+            solved.append(ok)
+            lengths.append(batch.completion_mask.sum(1).float().cpu())
+            stats.append((len(chunk) * n, batch_stats))
+        g = collector.generation
+    finally:
+        collector.generation = original
+    counts = torch.cat(solved).sum(1).tolist()  # c_i per prompt
+    out = {"samples": n, "temperature": g.temperature, "max_new_tokens": g.max_new_tokens, "top_p": g.top_p,
+           "top_k": g.top_k, f"mean@{n}": float(torch.cat(rewards).mean())}
+    for k in ks:
+        out[f"pass@{k}"] = sum(pass_at_k(n, int(c), k) for c in counts) / len(counts)
+    out["response_length"] = float(torch.cat(lengths).mean())
+    out.update(_aggregate_stats(stats))
+    return out
+
+
+def format_table(result: dict) -> str:
+    """The metrics as a small text table (one line per metric)."""
+    lines = [f"{result['prompts']} prompts, solved = reward >= {result['threshold']:g}"]
+    rows = []
+    if "greedy" in result:
+        g = result["greedy"]
+        rows += [("greedy", "reward (mean)", g["reward"]), ("greedy", "accuracy", g["accuracy"]),
+                 ("greedy", "response length", g["response_length"])]
+        rows += [("greedy", key, g[key]) for key in EPISODE_KEYS if key in g]
+        if g["reward_failed"]:
+            rows.append(("greedy", "reward failed (samples)", g["reward_failed"]))
+    if "sampled" in result:
+        s = result["sampled"]
+        where = f"n={s['samples']}, T={s['temperature']:g}"
+        rows += [(where, key, value) for key, value in s.items() if key.startswith(("mean@", "pass@"))]
+        rows.append((where, "response length", s["response_length"]))
+        rows += [(where, key, s[key]) for key in EPISODE_KEYS if key in s]
+        if s["reward_failed"]:
+            rows.append((where, "reward failed (samples)", s["reward_failed"]))
+    width = max(len(r[0]) for r in rows) if rows else 0
+    name_width = max(len(r[1]) for r in rows) if rows else 0
+    lines += [f"  {a:<{width}}  {b:<{name_width}}  {c:8.4f}" for a, b, c in rows]
+    return "\n".join(lines)

@@ -1,0 +1,22 @@
+"""Dr. GRPO (Liu et al., 2025, "Understanding R1-Zero-Like Training: A Critical Perspective")."""
+
+from __future__ import annotations
+
+from lit_gspo.rl.objectives.ppo import PPOClip
+
+
+class DrGRPO(PPOClip):
+    """GRPO without its two biases: no std division, no per-sequence length normalisation.
+
+        Â_i = R_i − mean_group R                                     (``group_mean`` estimator)
+        ℓ_{i,t} = −min( r_{i,t} Â_i, clip(r_{i,t}, 1 − ε, 1 + ε) Â_i )
+        loss = Σ_i Σ_t ℓ_{i,t} / (N_seqs · L)                        (``seq-mean-token-sum-norm``)
+
+    ε = 0.2; L is the constant ``Counts.max_len`` (pass the generation budget, not the padded width).
+    """
+
+    name = "dr_grpo"
+    default_clip_low = 0.2
+    default_clip_high = 0.2
+    default_aggregation = "seq-mean-token-sum-norm"
+    paper_advantage = "group_mean"

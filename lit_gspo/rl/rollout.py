@@ -1,0 +1,320 @@
+"""Rollout batches (the trajectories the learner trains on) and per-token log-probs in fp32 without (B, T, V).
+
+Layout of a rollout: every row is one prompt, left-padded to P tokens, followed by its completion,
+right-padded to T tokens. ``completion_mask`` (N, T) is the per-token loss mask: 1 on tokens the policy
+sampled (each reply up to and including its first EOS), 0 on padding and on the tokens the
+environment appended between replies (multi-turn); ``attention_mask`` marks every real token. Rows are group-major: prompt 0's G
+completions, then prompt 1's, and so on. Engines (``lit_gspo.rl.engines``) produce them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+
+
+@dataclass
+class RolloutBatch:
+    """One rollout batch: tokens, masks, the old-policy snapshot and what the update needs."""
+
+    input_ids: Tensor  # (N, P + T)
+    attention_mask: Tensor  # (N, P + T)
+    prompt_length: int  # P
+    completion_mask: Tensor  # (N, T) bool, the loss mask: 1 on policy tokens
+    engine_logprobs: Tensor | None = None  # (N, T) fp32, the sampler's own log-probs of the sampled tokens
+    rewards: Tensor | None = None  # (N,) fp32
+    advantages: Tensor | None = None  # (N,) or (N, T) fp32
+    old_logprobs: Tensor | None = None  # (N, T) fp32; None = on-policy (reuse the update's detached log-probs)
+    ref_logprobs: Tensor | None = None  # (N, T) fp32
+    old_values: Tensor | None = None  # (N, T) fp32, PPO critic
+    returns: Tensor | None = None  # (N, T) fp32, PPO critic
+    turn_ids: Tensor | None = None  # (N, T) long, multi-turn: the 0-based reply each completion token belongs to or follows
+    token_rewards: Tensor | None = None  # (N, T) fp32, multi-turn: each reply's reward on its last token; sums to rewards
+    routing: Any = None  # RoutingRecord of the old-policy pass, (N, P + T, k) per MoE layer; select/trimmed slice it
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, index: Tensor) -> "RolloutBatch":
+        """Rows ``index`` of every per-row tensor, and of the routing record (``RoutingRecord[rows]``)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor) and value.dim() > 0 or f.name == "routing" and value is not None:
+                value = value[index]
+            out[f.name] = value
+        return replace(self, **out)
+
+    def trimmed(self) -> "RolloutBatch":
+        """Drop prompt columns that are padding in every row and completion columns no row uses."""
+        P = self.prompt_length
+        first_real = int((self.attention_mask[:, :P].sum(0) > 0).long().argmax()) if P else 0
+        # keep one column even when every row is empty, so the loss still has a graph to backpropagate
+        used = int(self.completion_mask.any(0).nonzero().max()) + 1 if self.completion_mask.any() else 1
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("input_ids", "attention_mask"):
+                value = value[:, first_real:P + used]
+            elif isinstance(value, Tensor) and value.dim() == 2:  # (N, T) completion-aligned
+                value = value[:, :used]
+            elif f.name == "routing" and value is not None:  # RoutingRecord over input_ids' columns: (N, P + T, k)
+                value = type(value)([t[:, first_real:P + used] for t in value.indices])
+            out[f.name] = value
+        out["prompt_length"] = P - first_real
+        return replace(self, **out)
+
+
+def concat_rollouts(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """Stack rollouts of different prompt/completion widths (prompts stay left-, completions right-padded)."""
+    P = max(b.prompt_length for b in batches)
+    T = max(b.completion_mask.shape[1] for b in batches)
+
+    def pad(x: Tensor, left: int, right: int, value) -> Tensor:
+        return F.pad(x, (left, right), value=value)
+
+    out: dict[str, Any] = {"prompt_length": P, "routing": None}
+    for f in fields(RolloutBatch):
+        if f.name in out:
+            continue
+        parts = []
+        for b in batches:
+            value = getattr(b, f.name)
+            if value is None:
+                parts = None
+                break
+            t = b.completion_mask.shape[1]
+            if f.name in ("input_ids", "attention_mask"):
+                fill = pad_id if f.name == "input_ids" else 0
+                value = torch.cat([pad(value[:, :b.prompt_length], P - b.prompt_length, 0, fill),
+                                   pad(value[:, b.prompt_length:], 0, T - t, fill)], 1)
+            elif value.dim() == 2:
+                value = pad(value, 0, T - t, False if value.dtype == torch.bool else 0)
+            parts.append(value)
+        out[f.name] = torch.cat(parts, 0) if parts else None
+    return RolloutBatch(**out)
+
+
+def micro_batch_rows(batch: RolloutBatch, max_rows: int | None = None, max_tokens: int | None = None) -> list[Tensor]:
+    """Row indices of ``batch``'s micro-batches: at most ``max_rows`` rows and ``max_tokens`` padded tokens each.
+
+    Without a token budget: consecutive chunks of ``max_rows``. With one, rows are sorted by length
+    (real prompt tokens + used completion tokens, longest first) and filled greedily, so that a
+    micro-batch costs ``rows × (longest prompt + longest completion)`` after ``trimmed()``: rows of
+    similar length go together and little padding is computed. A row longer than the budget runs alone.
+    """
+    n = len(batch)
+    max_rows = max_rows or n
+    if not max_tokens:
+        return [torch.arange(start, min(start + max_rows, n)) for start in range(0, n, max_rows)]
+    prompt_len = batch.attention_mask[:, :batch.prompt_length].sum(1).cpu()
+    used = torch.arange(1, batch.completion_mask.shape[1] + 1)
+    completion_len = (batch.completion_mask.cpu() * used).amax(1)  # index of the last used column + 1
+    order = torch.argsort(prompt_len + completion_len, descending=True, stable=True)
+    groups, current, widest_prompt, widest_completion = [], [], 0, 0
+    for row in order.tolist():
+        p, c = int(prompt_len[row]), int(completion_len[row])
+        width = max(widest_prompt, p) + max(widest_completion, c)  # the trimmed width with this row added
+        if current and (len(current) == max_rows or (len(current) + 1) * width > max_tokens):
+            groups.append(torch.tensor(current))
+            current, widest_prompt, widest_completion = [], 0, 0
+        current.append(row)
+        widest_prompt, widest_completion = max(widest_prompt, p), max(widest_completion, c)
+    return groups + [torch.tensor(current)] if current else groups
+
+
+def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Stack token lists left-padded: (ids, attention_mask), both (N, max_len)."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if seq:
+            ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
+            attn[row, width - len(seq):] = 1
+    return ids, attn
+
+
+def completion_mask_through_eos(completions: Tensor, eos_id: int | list[int]) -> Tensor:
+    """(N, T) bool: True up to and including the first EOS of each row (all True if none)."""
+    eos_ids = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], device=completions.device)
+    is_eos = torch.isin(completions, eos_ids).long()
+    after_eos = (is_eos.cumsum(1) - is_eos) > 0
+    return ~after_eos
+
+
+@dataclass
+class TokenForward:
+    """Per completion token: log π(y_t) (fp32, with grad), entropy (detached) and critic values."""
+
+    logprobs: Tensor  # (N, T)
+    entropy: Tensor | None = None  # (N, T)
+    values: Tensor | None = None  # (N, T)
+
+
+def position_ids_of(attention_mask: Tensor) -> Tensor:
+    """Positions counted over real tokens, so left padding gives the same positions as generate()."""
+    return (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+
+
+def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float = 1.0, with_entropy: bool = False,
+                   value_head: nn.Module | None = None, max_chunk_elements: int = 2**26,
+                   share_prompts: bool = False) -> TokenForward:
+    """log π(y_t | y_<t) of every completion token, gathering chunk by chunk in fp32.
+
+    The backbone runs once; the LM head and log-softmax run over chunks of positions so that at
+    most ``max_chunk_elements`` logits exist at a time, and (with grad) each chunk is recomputed in
+    backward instead of keeping its (B, c, V) logits alive. ``share_prompts``: rows with the same
+    prompt share one forward of it (:func:`completion_states_shared_prompts`).
+    """
+    P, T = batch.prompt_length, batch.completion_mask.shape[1]
+    hidden = completion_states_shared_prompts(model, batch) if share_prompts else None
+    if hidden is None:
+        hidden = _decoder_output_through_root(model, batch.input_ids, batch.attention_mask)
+        hidden = hidden[:, P - 1:P - 1 + T]  # the state that predicts completion token t
+    targets = batch.input_ids[:, P:P + T]
+    head = model.get_output_embeddings()
+    if type(head.weight).__name__ == "DTensor":
+        raise RuntimeError("the LM head weight is still sharded after the root's forward: do not set "
+                           "reshard_after_forward=True on the root fully_shard (lit_gspo.runtime.sharding.apply_fsdp2)")
+    chunk = max(1, max_chunk_elements // max(1, hidden.shape[0] * head.weight.shape[0]))
+    logps, ents = [], []
+    for start in range(0, T, chunk):
+        h, y = hidden[:, start:start + chunk], targets[:, start:start + chunk]
+        args = (h, y, head.weight, head.bias, temperature, with_entropy)
+        if torch.is_grad_enabled() and chunk < T:  # the chunk's (B, c, V) logits are recomputed in backward
+            logp, entropy = checkpoint(_chunk_logprobs_and_entropy, *args, use_reentrant=False)
+        else:
+            logp, entropy = _chunk_logprobs_and_entropy(*args)
+        logps.append(logp)
+        if with_entropy:
+            ents.append(entropy)
+    values = value_head(hidden.float()).squeeze(-1) if value_head is not None else None
+    empty = hidden.new_zeros(hidden.shape[0], 0, dtype=torch.float32)
+    return TokenForward(logprobs=torch.cat(logps, 1) if logps else empty,
+                        entropy=(torch.cat(ents, 1) if ents else empty) if with_entropy else None,
+                        values=values)
+
+
+def completion_states_shared_prompts(model: nn.Module, batch: RolloutBatch) -> Tensor | None:
+    """The decoder states that predict each completion token, running each distinct prompt once.
+
+    A group's G rows share their prompt, so its forward (with grad) runs once per distinct prompt and
+    its KV cache is indexed out to the rows; the completions then run on top of that cache. The
+    states are those of the full-sequence forward (same computation, tested), and in backward the
+    rows' gradients meet in the shared prompt's graph. Tokens through the backbone per group:
+    P + G·T instead of G·(P + T). Returns None when no two rows share a prompt (nothing to save).
+    Needs a model whose forward takes ``past_key_values`` (decoder-only HF models; not with
+    gradient checkpointing, which recomputes layers that would append to the cache twice).
+    """
+    from transformers import DynamicCache
+
+    P, T = batch.prompt_length, batch.completion_mask.shape[1]
+    prompt_rows = torch.cat([batch.input_ids[:, :P], batch.attention_mask[:, :P].long()], 1)
+    distinct, row_to_prompt = torch.unique(prompt_rows, dim=0, return_inverse=True)
+    if len(distinct) == len(batch):
+        return None
+    cache = DynamicCache(config=model.config)
+    prompt_states = _decoder_output_through_root(model, distinct[:, :P], distinct[:, P:], past_key_values=cache)
+    states = prompt_states[row_to_prompt, -1:]  # (N, 1, H): predicts completion token 0
+    if T > 1:  # completion tokens 0..T-2 predict tokens 1..T-1
+        cache.batch_select_indices(row_to_prompt)
+        mask = batch.attention_mask[:, :P + T - 1]
+        completion_states = _decoder_output_through_root(model, batch.input_ids[:, P:P + T - 1], mask,
+                                                         position_ids=position_ids_of(mask)[:, P:],
+                                                         past_key_values=cache)
+        states = torch.cat([states, completion_states], 1)
+    return states
+
+
+def _decoder_output_through_root(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *,
+                                 position_ids: Tensor | None = None, past_key_values: Any = None) -> Tensor:
+    """The decoder's last hidden state, running the *root* module's forward.
+
+    Going through the root keeps every wrapper's hooks in play (FSDP2, PEFT, Routing Replay). Under
+    FSDP2 only the root's forward unshards the root's own parameters (embeddings, final norm, LM head)
+    and sets up their gradient reduction; calling the decoder directly would see sharded
+    DTensors. The root runs with ``logits_to_keep`` = no positions (logits (B, 0, V): nothing is
+    materialised) and a forward hook hands back the decoder's output. The root stays unsharded after
+    its forward (FSDP2's default for the root), so the LM head weight is usable afterwards.
+    """
+    captured = {}
+
+    def keep(module, args, output):
+        captured["hidden"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+
+    handle = model.get_decoder().register_forward_hook(keep)
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask,
+              position_ids=position_ids_of(attention_mask) if position_ids is None else position_ids,
+              past_key_values=past_key_values, use_cache=past_key_values is not None,
+              logits_to_keep=torch.zeros(0, dtype=torch.long, device=input_ids.device))
+    finally:
+        handle.remove()
+    return captured["hidden"]
+
+
+def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    with torch.autocast(hidden.device.type, enabled=False):  # the LM head in fp32, always
+        logits = F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+        return logits if temperature == 1.0 else logits / temperature
+
+
+def _chunk_logprobs_and_entropy(hidden: Tensor, targets: Tensor, weight: Tensor, bias: Tensor | None, temperature: float,
+                                with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """One LM-head matmul and one softmax serve the log-probs and the entropy."""
+    return target_logprobs_and_entropy(_logits(hidden, weight, bias, temperature), targets, with_entropy)
+
+
+def target_logprobs_and_entropy(logits: Tensor, targets: Tensor, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """log softmax(z)[y] (with grad) and, if asked, the entropy of softmax(z) (detached), for (B, c, V) fp32 logits z."""
+    if torch.is_grad_enabled() and logits.requires_grad:
+        logp, entropy = _TargetLogprob.apply(logits, targets, with_entropy)
+        return logp, entropy if with_entropy else None
+    logp, lse = _target_logprob_and_lse(logits, targets)
+    return logp, _entropy(logits, lse) if with_entropy else None
+
+
+def _target_logprob_and_lse(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """(z_y − logsumexp(z), logsumexp(z)) without materialising the log-softmax."""
+    lse = logits.logsumexp(-1)
+    return logits.gather(-1, targets[..., None]).squeeze(-1) - lse, lse
+
+
+class _TargetLogprob(torch.autograd.Function):
+    """log p_y = z_y − logsumexp(z), keeping p = softmax(z) for backward: ∂ log p_y / ∂z = onehot(y) − p.
+
+    Autograd's own graph for ``gather − logsumexp`` recomputes exp(z − lse) and fills a zero (B, c, V)
+    buffer for the gather in backward; here backward is one multiply and one scatter. The entropy
+    H = lse − Σ p·z comes from the same p (no gradient: it is a diagnostic).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, with_entropy: bool):
+        logp, lse = _target_logprob_and_lse(logits, targets)
+        probs = (logits - lse[..., None]).exp_()
+        entropy = _entropy(logits, lse, probs) if with_entropy else logp.new_zeros(())
+        ctx.save_for_backward(probs, targets)
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
+        probs, targets = ctx.saved_tensors
+        grad = probs * -grad_logp[..., None]
+        grad.scatter_add_(-1, targets[..., None], grad_logp[..., None])
+        return grad, None, None
+
+
+@torch.no_grad()
+def _entropy(logits: Tensor, lse: Tensor, probs: Tensor | None = None) -> Tensor:
+    """H = −Σ p log p = lse − Σ p·z for p = softmax(z) (given, or computed from lse = logsumexp(z))."""
+    if probs is None:
+        probs = (logits - lse[..., None]).exp()
+    return lse - (probs * logits).sum(-1)

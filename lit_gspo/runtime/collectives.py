@@ -1,0 +1,138 @@
+"""Collectives over the ranks of a run (identity in one process): sums, gathers, and the reductions of logged metrics.
+
+DDP and FSDP2 average gradients over ranks; the learner normalises each rank's loss by the *global* token and
+sequence counts (:func:`all_reduce_sum`) and multiplies it by the world size, so the summed gradient is exactly the
+single-process gradient of the global batch. Pure ``torch.distributed``: no Lightning here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+
+def all_reduce_sum(tensor: Tensor) -> Tensor:
+    """``tensor`` summed over ranks (unchanged in one process), on its own device.
+
+    NCCL reduces only CUDA tensors: under it a CPU tensor travels through the current GPU and back.
+    """
+    if world_size() > 1:
+        if dist.get_backend() == "nccl" and tensor.device.type == "cpu":
+            on_gpu = tensor.to(f"cuda:{torch.cuda.current_device()}")
+            dist.all_reduce(on_gpu)
+            tensor.copy_(on_gpu.cpu())
+        else:
+            dist.all_reduce(tensor)
+    return tensor
+
+
+def sum_over_ranks(value: float) -> float:
+    return float(all_reduce_sum(torch.tensor([value], dtype=torch.float64))) if world_size() > 1 else value
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """``[obj of rank 0, obj of rank 1, ...]`` (just ``[obj]`` in one process)."""
+    if world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def check_ranks_resume_alike(ckpt_path: Any, global_step: int, root_dir: Any) -> None:
+    """Raise on every rank when the ranks did not all restore the same training state (collective).
+
+    On several nodes ``--ckpt_path last`` is looked up by each node in its own
+    ``<default_root_dir>/checkpoints``, and a rank that finds nothing starts from step 0 (Lightning only
+    warns, on rank 0). Nodes that do not share the file system holding ``default_root_dir`` (where
+    rank 0 wrote the checkpoints) thus resume on node 0 and restart on the others: their collectives no
+    longer pair up and the run hangs until the process group's timeout (30 min). Call after the
+    checkpoint is restored (``on_fit_start``) with ``trainer.ckpt_path``, ``trainer.global_step`` and
+    ``trainer.default_root_dir``.
+    """
+    if world_size() == 1:
+        return
+    mine = (None if ckpt_path is None else str(ckpt_path), int(global_step), os.path.abspath(str(root_dir)),
+            socket.gethostname())
+    parts = gather_objects(mine)
+    if len({(path is None, step) for path, step, _, _ in parts}) == 1:
+        return
+    lines = [f"  rank {rank} on {host}: " + (f"resumed from {path} at step {step}" if path else
+                                             f"found no checkpoint (default_root_dir {root}), starts at step {step}")
+             for rank, (path, step, root, host) in enumerate(parts)]
+    raise RuntimeError("the ranks did not resume from the same checkpoint:\n" + "\n".join(lines) + "\nEvery node must "
+                       "see rank 0's --trainer.default_root_dir (a shared file system), or be given a --ckpt_path "
+                       "file it can read; otherwise the ranks train from different steps and their collectives hang.")
+
+
+def reduce_weighted_means(records: list[tuple[dict, float]]) -> dict[str, float]:
+    """Token-weighted means of micro-batch metrics over every rank's micro-batches; ``*_min``/``*_max`` reduce by min/max."""
+    sums: dict[str, list] = {}
+    for metrics, weight in records:
+        for key, value in metrics.items():
+            if not math.isfinite(value):
+                continue
+            s = sums.setdefault(key, [0.0, 0.0, 0, 0.0, math.inf, -math.inf])  # Σvw, Σw, n, Σv, min, max
+            s[0] += value * weight
+            s[1] += weight
+            s[2] += 1
+            s[3] += value
+            s[4], s[5] = min(s[4], value), max(s[5], value)
+    total: dict[str, list] = {}
+    for part in gather_objects(sums):
+        for key, s in part.items():
+            t = total.setdefault(key, [0.0, 0.0, 0, 0.0, math.inf, -math.inf])
+            t[0], t[1], t[2], t[3] = t[0] + s[0], t[1] + s[1], t[2] + s[2], t[3] + s[3]
+            t[4], t[5] = min(t[4], s[4]), max(t[5], s[5])
+    out = {}
+    for key, (vw, w, n, v, lo, hi) in total.items():
+        if key.endswith("_min"):
+            out[key] = lo
+        elif key.endswith("_max"):
+            out[key] = hi
+        else:
+            out[key] = vw / w if w else v / n
+    return out
+
+
+def reduce_step_stats(stats: dict[str, float], rewards: Tensor | None, lengths: Tensor | None) -> dict[str, float]:
+    """Reduce one RL step's logged stats over ranks (identity in one process).
+
+    ``reward``, ``reward_std`` and ``response_length`` are recomputed over the global rollout (every
+    rank's kept samples); ``reward_failed`` is summed; ``time/*`` and ``sampling_rounds`` take the max;
+    every other key is the mean over the ranks that report it (the update's metrics are already global
+    and identical on every rank).
+    """
+    if world_size() == 1:
+        return stats
+    mine = (stats, [] if rewards is None else rewards.float().tolist(), [] if lengths is None else lengths.float().tolist())
+    parts = gather_objects(mine)
+    out: dict[str, float] = {}
+    keys = {k for s, _, _ in parts for k in s}
+    for key in keys:
+        values = [float(s[key]) for s, _, _ in parts if key in s]
+        finite = [v for v in values if math.isfinite(v)]
+        if key == "reward_failed":
+            out[key] = sum(values)
+        elif key.startswith("time/") or key == "sampling_rounds":
+            out[key] = max(finite) if finite else float("nan")
+        else:
+            out[key] = sum(finite) / len(finite) if finite else float("nan")
+    all_rewards = torch.tensor([r for _, rs, _ in parts for r in rs], dtype=torch.float64)
+    all_lengths = torch.tensor([n for _, _, ls in parts for n in ls], dtype=torch.float64)
+    if all_rewards.numel():
+        out["reward"] = float(all_rewards.mean())
+        out["reward_std"] = float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0
+        out["response_length"] = float(all_lengths.mean())
+    return out

@@ -1,0 +1,88 @@
+"""FSDP2 sharding of a causal LM: ``fully_shard`` each decoder layer, then the root; the full state dict back.
+
+FSDP2 (``strategy: lightning.pytorch.strategies.ModelParallelStrategy`` with ``data_parallel_size: <world>`` and
+``tensor_parallel_size: 1``): :func:`apply_fsdp2` shards every decoder layer and then the root (:func:`shard_model`)
+of the policy (and of the frozen reference) with ``fully_shard``. FSDP2 averages gradients (reduce-scatter), so the
+learner's ×world scaling of the loss holds as under DDP. Pure torch: the Lightning strategy is checked in
+``lit_gspo.lightning.strategy``.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of a Hugging Face causal LM (``model.model.layers`` and the like)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    layers = getattr(decoder, "layers", None) or getattr(decoder, "h", None) or getattr(decoder, "blocks", None)
+    if layers is None:
+        raise ValueError(f"cannot find the decoder layers of {type(model).__name__} to shard")
+    return list(layers)
+
+
+def is_sharded(module: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def shard_model(model: nn.Module, mesh) -> None:
+    """``fully_shard`` each decoder layer of a causal LM, then the root, over ``mesh`` (a 1-D device mesh).
+
+    The root keeps its parameters unsharded between forward and backward (FSDP2's default for the
+    root), which ``token_logprobs`` relies on to use the LM head weight after the root's forward.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def apply_fsdp2(module: nn.Module, mesh) -> None:
+    """:func:`shard_model` ``module.policy`` and ``module.ref_policy`` over the data-parallel part of ``mesh``.
+
+    The critic head (PPO) is sharded on its own so that its gradient is reduced as well.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    dp_mesh = _data_parallel_mesh(mesh)
+    for name in ("policy", "ref_policy"):
+        model = getattr(module, name, None)
+        if model is not None and not is_sharded(model):
+            shard_model(model, dp_mesh)
+    value_head = getattr(module, "value_head", None)
+    if value_head is not None and not is_sharded(value_head):
+        fully_shard(value_head, mesh=dp_mesh)
+
+
+def unsharded_class(model: nn.Module) -> type:
+    """The model's own class: ``fully_shard`` swaps in a subclass named ``FSDP<Class>``."""
+    cls = type(model)
+    if is_sharded(model):
+        for base in cls.__mro__[1:]:
+            if f"FSDP{base.__name__}" == cls.__name__:
+                return base
+    return cls
+
+
+def _data_parallel_mesh(mesh):
+    names = mesh.mesh_dim_names or ()
+    if "data_parallel" in names:
+        dp = mesh["data_parallel"]
+        tp_size = mesh["tensor_parallel"].size() if "tensor_parallel" in names else 1
+        if tp_size > 1:
+            raise ValueError(
+                f"lit_gspo shards with FSDP2 over the data-parallel dimension only; the ModelParallelStrategy mesh has "
+                f"tensor_parallel_size={tp_size}. Set --trainer.strategy.data_parallel_size {mesh.size()} "
+                "--trainer.strategy.tensor_parallel_size 1.")
+        return dp
+    return mesh
+
+
+def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The full (unsharded) state dict on CPU; collective under FSDP2 (every rank must call it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
