@@ -74,3 +74,40 @@ def test_tensorboard_gets_a_markdown_table_and_wandb_a_table():
     assert key == "val/completions" and columns == COLUMNS and step == 5
     assert data == [[5, "rev 12|3=", "321", 1.0, "321"], [5, "user: hi", "a\nb", 0.25, ""]]
     assert markdown(data) == text
+
+
+def test_print_completions_shows_each_logged_completion_with_every_reward_on_the_terminal(tmp_path, capsys):
+    """As TRL's ``log_completions``: prompt, completion, the reward and each function's own score, at the validations
+    that log completions; off by default."""
+    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
+            "--trainer.max_steps", "1", "--model.warm_start.steps", "0", "--model.val_every_n_steps", "1",
+            "--model.num_logged_completions", "3", "--model.print_completions", "true",
+            "--model.rewards", "[lit_gspo.rl.rewards.CharAccuracy, lit_gspo.rl.rewards.ExactMatch]",
+            "--model.reward_weights", "[1.0, 0.5]",
+            "--data.num_train", "16", "--data.num_val", "5", "--data.prompts_per_step", "4",
+            "--model.generation.num_generations", "2", "--model.generation.max_new_tokens", "3",
+            "--trainer.enable_progress_bar", "false"]
+    cli = cli_main(args, run=False)
+    cli.fit(cli.model, datamodule=cli.datamodule)
+    out = capsys.readouterr().out.splitlines()
+    titles = [i for i, line in enumerate(out) if "val completions, greedy, the first 3 held-out prompts" in line]
+    assert [out[i].split(":")[0] for i in titles] == ["step 0", "step 1"]
+    header, *body = out[titles[1] + 1:titles[1] + 5]
+    assert header.split() == ["prompt", "completion", "reward", "char_accuracy", "exact_match"]
+    with open(next(tmp_path.glob("**/completions.csv"))) as f:
+        logged = [r for r in csv.DictReader(f) if r["step"] == "1"]
+    for line, row in zip(body, logged):  # the same completions as the loggers got
+        assert line.startswith(row["prompt"])
+        reward, char_accuracy, exact_match = map(float, line.split()[-3:])
+        assert reward == pytest.approx(float(row["reward"]), abs=5e-4)
+        assert reward == pytest.approx(char_accuracy + 0.5 * exact_match, abs=1e-3)
+
+
+def test_completions_are_not_printed_unless_asked(tmp_path, capsys):
+    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
+            "--trainer.max_steps", "1", "--model.warm_start.steps", "0", "--data.num_train", "16", "--data.num_val", "3",
+            "--data.prompts_per_step", "4", "--model.generation.num_generations", "2",
+            "--model.generation.max_new_tokens", "3", "--trainer.enable_progress_bar", "false"]
+    cli = cli_main(args, run=False)
+    cli.fit(cli.model, datamodule=cli.datamodule)
+    assert "completions, greedy" not in capsys.readouterr().out

@@ -8,6 +8,9 @@ held-out prompts, so a run shows what the model writes, not only its reward:
     WandbLogger        log_table("val/completions", columns, rows, step)
     MLFlowLogger       log_text: completions/step_<step>.md in the run's artifacts
     other loggers      nothing (a logger with a ``log_dir`` gets the CSV file)
+
+With ``print_completions`` they are also printed on the terminal, as TRL's ``log_completions`` does: one line per
+completion with its prompt, the completion, the reward and each reward function's score (:func:`terminal_table`).
 """
 
 from __future__ import annotations
@@ -48,6 +51,27 @@ def markdown(data: list[list]) -> str:
 
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in data])
+
+
+def _clip(text: str, width: int) -> str:
+    """One line of at most ``width`` characters (newlines as ⏎, the cut marked with …)."""
+    text = str(text).replace("\r", "").replace("\n", "⏎")
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def terminal_table(step: int, split: str, rows: list[dict], replies: list[str], rewards: list[float],
+                   per_function: dict[str, list[float]], width: int = 48) -> str:
+    """The completions as a text table for the terminal: prompt, completion, reward, then each function's score
+    (``-`` where it failed or gave None); prompts and completions cut to ``width`` characters."""
+    header = ["prompt", "completion", "reward", *per_function]
+    body = [[_clip(prompt_text(row.get("prompt", "")), width), _clip(reply, width), f"{float(reward):.3f}",
+             *("-" if value != value else f"{value:.3f}" for value in (scores[i] for scores in per_function.values()))]
+            for i, (row, reply, reward) in enumerate(zip(rows, replies, rewards))]
+    widths = [max(len(line[c]) for line in [header, *body]) for c in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if c < 2 else cell.rjust(w) for c, (cell, w) in enumerate(zip(line, widths)))
+             for line in [header, *body]]
+    title = f"step {step}: {split} completions, greedy, the first {len(body)} held-out prompts"
+    return "\n".join([title, *lines])
 
 
 def write_csv(path: Path, data: list[list]) -> None:

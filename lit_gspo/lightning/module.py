@@ -29,7 +29,7 @@ from lit_gspo.rl.advantages import AdvantageEstimator, get_advantage
 from lit_gspo.runtime.files import export_is_complete, written_aside
 from lit_gspo.runtime.rng import local_rng_state, restore_local_rng_state, restore_rng_states, rng_states
 from lit_gspo.rl.collect import Collector
-from lit_gspo.lightning.completions_log import due, log_completions
+from lit_gspo.lightning.completions_log import due, log_completions, terminal_table
 from lit_gspo.rl.config import Generation, LoRA, Update, WarmStart, resolve_seed
 from lit_gspo.data.prompts import check_prompt_lengths
 from lit_gspo.lightning.strategy import check_strategy
@@ -89,6 +89,8 @@ class RLModule(LightningModule):
         log_completions_every_n_steps: log the greedy completions of the first ``num_logged_completions``
             held-out prompts (prompt, completion, reward) with the validations at steps that are multiples of n
             (None: every validation; 0: never) through the configured loggers (``lit_gspo/lightning/completions_log.py``).
+        print_completions: also print them on the terminal, as TRL's ``log_completions`` does: prompt, completion,
+            reward and each reward function's score.
         routing_replay: MoE only: record each layer's top-k experts in the old-policy pass (which then runs even
             on-policy) and force the update's forward to use them (Routing Replay, GSPO paper §5.3).
         track_routing_volatility: MoE only: log ``train/routing_volatility``, the share of (completion token,
@@ -130,6 +132,7 @@ class RLModule(LightningModule):
         val_every_n_steps: int | None = None,
         log_completions_every_n_steps: int | None = None,
         num_logged_completions: int = 8,
+        print_completions: bool = False,
         routing_replay: bool = False,
         track_routing_volatility: bool = True,
         save_rollouts_every_n_steps: int = 0,
@@ -169,6 +172,7 @@ class RLModule(LightningModule):
         self.save_rollouts_every_n_steps, self.save_rollout_policy = save_rollouts_every_n_steps, save_rollout_policy
         self.val_every_n_steps, self.seed = val_every_n_steps, resolve_seed(seed)
         self.log_completions_every_n_steps, self.num_logged_completions = log_completions_every_n_steps, num_logged_completions
+        self.print_completions = print_completions
         self.rl_step = 0  # RL steps (rollout batches) done, across epochs and resumes: the ``step`` of the logs
         self._logged_keys: set[str] = set()
         self._warm_started = False  # saved in checkpoints: a resume never warm-starts again
@@ -415,6 +419,7 @@ class RLModule(LightningModule):
         self.collector.engine.sync_weights(self.policy)
         self._val = GreedyTally(self._episode_metric_keys())
         self._val_shown = ([], [], [])  # rows, replies, rewards of the completions logged with this validation
+        self._val_shown_scores: dict[str, list[float]] = {}  # each reward function's scores of those
         self._val_start = time.perf_counter()
 
     def on_test_start(self) -> None:
@@ -430,6 +435,8 @@ class RLModule(LightningModule):
         room = max(self.num_logged_completions - len(self._val_shown[0]), 0)
         for part, new in zip(self._val_shown, (rows, replies, batch.rewards.tolist())):
             part.extend(new[:room])
+        for name, scores in self.collector.last_per_function.items():
+            self._val_shown_scores.setdefault(name, []).extend(scores[:room])
 
     def test_step(self, rows: list[dict], batch_idx: int) -> None:
         self.validation_step(rows, batch_idx)
@@ -452,6 +459,8 @@ class RLModule(LightningModule):
         self.log_dict({"step": float(self.rl_step), "time/val_s": time.perf_counter() - self._val_start})
         if due(self.rl_step, self.log_completions_every_n_steps) and self.trainer.is_global_zero:
             log_completions(self.loggers, self.rl_step, *self._val_shown)
+            if self.print_completions and self._val_shown[0]:
+                print(terminal_table(self.rl_step, split, *self._val_shown, self._val_shown_scores), flush=True)
         rank_zero_info(f"step {self.rl_step}: {split}/reward = {metrics[f'{split}/reward']:.4f} "
                        f"({time.perf_counter() - self._val_start:.1f} s)")
 

@@ -32,6 +32,8 @@ class Collector:
         trainer_state: what the reward functions get as ``trainer_state`` (TRL's input for curricula); the
             trainer updates it every step. None: a default ``TrainerState()`` (step 0, max_steps 0).
         last_extra: the ``log_extra(column, values)`` columns of the last scoring (column → one value per sample).
+        last_per_function: each reward function's unweighted scores of the last scoring (name → one per sample, NaN
+            where it failed or gave None).
     """
 
     def __init__(self, environment: Environment, engine: RolloutEngine, rewards: RewardSet, tokenizer,
@@ -44,6 +46,7 @@ class Collector:
         self.engine_logprobs = engine_logprobs  # keep the sampler's log-probs of sampled tokens (mismatch correction)
         self.trainer_state: TrainerState | None = None
         self.last_extra: dict[str, list] = {}
+        self.last_per_function: dict[str, list[float]] = {}
         self._scored = False  # the first scoring of the run is strict: a reward that fails as a whole stops it
 
     def encode(self, policy: nn.Module, rows: list[dict]) -> list[list[int]]:
@@ -151,6 +154,7 @@ class Collector:
                                     trainer_state=self.trainer_state, strict=not self._scored)
         self._scored = True
         self.last_extra = scores.extra
+        self.last_per_function = {name: values.tolist() for name, values in scores.per_function.items()}
         turn_rewards = [[float(t.reward or 0.0) for t in e.turns] for e in episodes]
         total = scores.total.float()
         if any(t.reward is not None for e in episodes for t in e.turns):
