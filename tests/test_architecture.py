@@ -117,7 +117,7 @@ def test_a_subcommand_imports_only_what_it_needs():
 PRIVATE_LIGHTNING = re.compile(
     r"trainer\._[a-z]|\._logger_connector|_instantiate_trainer|_check_log_dir_exists|epoch_loop\.|batch_progress|"
     r"launcher\.procs|\bself\._trainer\b|\._fs\b|_get_next_version|_(?:tensor|data)_parallel_size\b|"
-    r"_save_distributed_checkpoint|\._device_mesh|__class__\s*=(?!=)")
+    r"_save_distributed_checkpoint|\._device_mesh|\bcli\._[a-z]|__class__\s*=(?!=)")
 #: the one ``__class__`` assignment left is a torch optimizer's (``optim.shard_aware``), not a Lightning object's
 ALLOWED = {("optim.py", "optimizer.__class__ = _CLASSES[cls]")}
 
@@ -143,7 +143,7 @@ def test_the_private_api_check_finds_what_the_old_code_did(tmp_path):
            "strategy.__class__ = AtomicModelParallelStrategy", "return super()._instantiate_trainer(config, callbacks)",
            "    def _check_log_dir_exists(self) -> None:", "for proc in getattr(launcher, 'procs', None) or []: launcher.procs",
            "if self._trainer is not None:", "if self._tensor_parallel_size == 'auto':",
-           "if not self._save_distributed_checkpoint:"]
+           "if not self._save_distributed_checkpoint:", "current = load_yaml(dump(cli._parser(cli.subcommand), cfg))"]
     (tmp_path / "lit_gspo").mkdir()
     for i, line in enumerate(old):
         (tmp_path / "lit_gspo" / f"m{i}.py").write_text(line + "\n")

@@ -154,3 +154,19 @@ def test_eval_refuses_a_config_file_that_changes_the_runs_seed_and_takes_options
     assert "seed_everything: 0 → 7" in err
     main(["eval", "--ckpt", ckpt, "--samples", "0", "--seed_everything", "7", "--output", str(tmp_path / "x.json")])
     assert "eval: the run's settings overridden by options: seed_everything: 0 → 7" in capsys.readouterr().out
+
+
+def test_a_run_of_an_earlier_version_resumes_when_a_setting_added_since_keeps_its_default(tmp_path, capsys):
+    """A run saved before a setting existed ran as that setting's default does: resuming it with the default is the
+    same run; with another value it is refused, naming the setting. (Before: every setting added in a release made
+    every earlier run un-resumable: "model.print_completions: (unset) → False".)"""
+    root = tmp_path / "old"
+    fit(root, steps=1)
+    saved = run_dir.saved_config_path(root)
+    config = yaml.safe_load(saved.read_text())
+    del config["model"]["print_completions"]  # as written by the version before the setting
+    saved.write_text(yaml.safe_dump(config))
+    fit(root, "--ckpt_path", "last", steps=2)
+    assert rl_step(root / "checkpoints" / "last.ckpt") == 2
+    err = refused(capsys, fit, root, "--ckpt_path", "last", "--model.print_completions", "true", "--trainer.max_steps", "3")
+    assert "model.print_completions: False → True" in err

@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -67,6 +68,15 @@ def flatten(tree, prefix: str = "") -> dict:
         name = f"{prefix}.{key}" if prefix else str(key)
         out.update(flatten(value, name) if isinstance(value, dict) and value else {name: value})
     return out
+
+
+def settings_of_run(path: Path, defaults: dict) -> dict:
+    """The flat settings a run saved in ``path``, and the ``defaults`` (flat) of settings it did not have: a run of an
+    earlier lit_gspo ran as a setting added since behaves by default, so resuming it is not a change of settings."""
+    saved = flatten(load_yaml(path))
+    unknown = {key: value for key, value in defaults.items()
+               if not any(s == key or s.startswith(key + ".") or key.startswith(s + ".") for s in saved)}
+    return {**saved, **unknown}
 
 
 def _ignored(key: str, ignored: tuple[str, ...]) -> bool:
@@ -151,38 +161,41 @@ def _newest_checkpoint_time(root: Path) -> float:
     return max((p.stat().st_mtime for p in (root / "checkpoints").glob("*.ckpt")), default=0.0)
 
 
-def place(root: Path, given: bool, current: dict, ckpt_path: str | None) -> Placement:
+def place(root: Path, given: bool, current: dict, ckpt_path: str | None, defaults: dict | None = None) -> Placement:
     """Where a fit with settings ``current`` (the parsed config as a dict) and ``ckpt_path`` writes; raises
-    :class:`RunDirError` for a resume whose settings differ from its run's (module docstring)."""
+    :class:`RunDirError` for a resume whose settings differ from its run's (module docstring). ``defaults``: every
+    setting's default, for the settings a run saved by an earlier version of lit_gspo did not have (it ran as their
+    default does)."""
+    saved_settings = partial(settings_of_run, defaults=flatten(defaults or {}))
     if ckpt_path in ("hpc", "best"):  # Lightning's other names: not a run of ours to compare with
         return Placement(root, None)
     if ckpt_path and ckpt_path != "last":
-        return _place_resume_from_file(root, given, current, Path(ckpt_path))
+        return _place_resume_from_file(root, given, current, Path(ckpt_path), saved_settings)
     if ckpt_path == "last":
-        return _place_resume_last(root, given, current)
-    return _place_fresh(root, given, current)
+        return _place_resume_last(root, given, current, saved_settings)
+    return _place_fresh(root, given, current, saved_settings)
 
 
-def _place_fresh(root: Path, given: bool, current: dict) -> Placement:
+def _place_fresh(root: Path, given: bool, current: dict, saved_settings) -> Placement:
     if not holds_run(root):
         return Placement(root, None)
     free = next(d for d in siblings(root, given) if not holds_run(d))
     saved = saved_config_path(root)
-    diffs = differences(load_yaml(saved), current) if saved else None
+    diffs = differences(saved_settings(saved), current) if saved else None
     what = ("a run with other settings (" + describe(diffs) + ")" if diffs else
             "a run with these settings (--ckpt_path last resumes it)" if diffs is not None else "a run")
     return Placement(free, f"{root} holds {what}; this run writes to {free} "
                            "(--trainer.default_root_dir chooses the directory)")
 
 
-def _place_resume_last(root: Path, given: bool, current: dict) -> Placement:
+def _place_resume_last(root: Path, given: bool, current: dict, saved_settings) -> Placement:
     runs = [d for d in siblings(root, given) if holds_run(d)]
     if not runs:
         return Placement(root, None)  # nothing to resume: a new run (Lightning says so too)
     diffs = {}
     for run in runs:
         saved = saved_config_path(run)
-        diffs[run] = differences(load_yaml(saved), current) if saved else {}
+        diffs[run] = differences(saved_settings(saved), current) if saved else {}
     same = [run for run in runs if not diffs[run]]
     if root in same:
         return Placement(root, None)
@@ -201,13 +214,13 @@ def run_of_checkpoint(path: Path) -> Path:
     return path.parent.parent if path.parent.name == "checkpoints" else path.parent
 
 
-def _place_resume_from_file(root: Path, given: bool, current: dict, path: Path) -> Placement:
+def _place_resume_from_file(root: Path, given: bool, current: dict, path: Path, saved_settings) -> Placement:
     if not path.exists():
         raise RunDirError(f"--ckpt_path {path}: no such file (a run's checkpoints are <run>/checkpoints/*.ckpt; "
                           "--ckpt_path last takes the newest of this run)")
     run = run_of_checkpoint(path)
     saved = saved_config_path(run)
-    diffs = differences(load_yaml(saved), current) if saved else {}
+    diffs = differences(saved_settings(saved), current) if saved else {}
     if diffs:
         raise RunDirError(f"--ckpt_path {path}: the run that wrote it had other settings than this fit's: "
                           f"{describe(diffs)}. A resume continues a run with its own settings (they are in {saved}); "
@@ -215,7 +228,7 @@ def _place_resume_from_file(root: Path, given: bool, current: dict, path: Path) 
                           "(--model.model <run>/hf_model)")
     if root.resolve() == run.resolve():
         return Placement(root, None)
-    return _place_fresh(root, given, current)  # the checkpoint's run resumed into another directory
+    return _place_fresh(root, given, current, saved_settings)  # the checkpoint's run resumed into another directory
 
 
 # ---------------------------------------------------------------------------------------------------- the CLI hook
@@ -224,8 +237,9 @@ def place_fit(cli) -> None:
     cfg = cli.config[cli.subcommand]
     given = cfg.get("trainer.default_root_dir")
     root = Path(given or os.getcwd())
-    current = load_yaml(dump(cli._parser(cli.subcommand), cfg))
-    placement = place(root, bool(given), current, cfg.get("ckpt_path"))
+    parser = cli.parser.subcommands_action.choices[cli.subcommand]  # the fit parser (jsonargparse's public map)
+    current = load_yaml(dump(parser, cfg))
+    placement = place(root, bool(given), current, cfg.get("ckpt_path"), load_yaml(dump(parser, parser.get_defaults())))
     if placement.root != root:
         cfg["trainer.default_root_dir"] = str(placement.root)
     if placement.note and _is_rank_zero():
