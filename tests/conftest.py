@@ -33,6 +33,9 @@ CUDA_TESTS_ON = os.environ.get("LIT_GSPO_CUDA_TESTS_ON", "cuda")
 
 
 def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False,
+                     help="also run the long tests (markers `slow` and `distributed`: golden fits, the per-objective "
+                          "fits, several processes, every Lightning habit, the README tour); `.ci/run` runs them")
     parser.addoption("--faults", action="store_true", default=False,
                      help="run the fault-injection tests (marker `faults`): real signals and SIGKILLs of CLI runs in "
                           "subprocesses, a few minutes; `pytest -m faults --faults`")
@@ -40,8 +43,12 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.cuda`` tests are skipped where torch sees no CUDA device (CI), never failed;
-    ``@pytest.mark.faults`` tests run only with ``--faults``."""
+    ``@pytest.mark.faults`` tests run only with ``--faults``; ``slow`` and ``distributed`` ones only with ``--runslow``
+    (the default ``pytest`` is the developer's loop of a few minutes; ``.ci/run`` runs everything)."""
     skips = []
+    if not config.getoption("--runslow"):
+        long = pytest.mark.skip(reason="long (golden fits, several processes, ...): run with `pytest --runslow`")
+        skips += [("slow", long), ("distributed", long)]
     if not (CUDA_TESTS_ON != "cuda" or torch.cuda.is_available()):
         skips.append(("cuda", pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")))
     if not config.getoption("--faults"):

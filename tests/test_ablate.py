@@ -45,6 +45,7 @@ def test_every_ablate_config_parses():
             assert all("." in k or k == "seed_everything" for k in {**ab.overrides, **arm.overrides}), (path, arm)
 
 
+@pytest.mark.slow
 def test_toy_ablation_writes_summary_and_report(toy_run):
     rows = read_summary(toy_run / "a" / "summary.csv")
     assert list(rows[0]) == SUMMARY_COLUMNS and REQUIRED <= set(rows[0])
@@ -58,6 +59,7 @@ def test_toy_ablation_writes_summary_and_report(toy_run):
     assert (toy_run / "a" / "curves.csv").exists()
 
 
+@pytest.mark.slow
 def test_same_config_and_seed_give_the_same_summary(toy_run):
     a, b = read_summary(toy_run / "a" / "summary.csv"), read_summary(toy_run / "b" / "summary.csv")
     for ra, rb in zip(a, b):

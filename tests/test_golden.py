@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(
     reason="golden values were recorded with AVX2 kernels; this CPU has none")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(runs.RUNS))
 def test_fit_reproduces_its_golden_values_bit_for_bit(name):
     diff = runs.differences(name, runs.run(name))

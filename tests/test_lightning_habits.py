@@ -21,6 +21,7 @@ TINY = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.warm_start.s
         "--trainer.enable_progress_bar", "false"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("habit", HABITS, ids=[h.name for h in HABITS])
 def test_a_lightning_habit_works_or_is_refused_in_one_line(habit, tmp_path):
     outcome = run_habit(habit, tmp_path / "run", TINY, STEPS)

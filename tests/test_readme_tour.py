@@ -61,6 +61,7 @@ def test_the_tour_commands_are_the_readmes():
     assert tour.tiny(["fit", "--ckpt_path", "last"], 4)[-2:] == ["--trainer.max_steps", "8"]  # a resume continues
 
 
+@pytest.mark.slow
 def test_the_readme_tour_runs_top_to_bottom_without_one_run_overwriting_another(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     tour.prepare(tmp_path)

@@ -97,6 +97,7 @@ def test_a_users_objective_plugs_in_by_class_path(tmp_path):
     assert column(read_metrics(tmp_path), "train/halved") == [1.0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["GRPO", "DAPO", "GSPOToken", "PPO", "DrGRPO", "CISPO", "GMPO", "SAPO", "DPPO",
                                   "ClipCov", "KLCov", "VESPO", "LUSPO"])
 def test_every_objective_runs_by_class_name(tmp_path, name):
