@@ -82,7 +82,7 @@ def run_cli(argv: list[str]) -> None:
 def fit_args(root: Path, steps: int) -> list[str]:
     return ["fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
             "--trainer.max_steps", str(steps), "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "1",
-            "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "5", "--model.val_every_n_steps", "2",
+            "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "5", "--model.validation.every_n_steps", "2",
             "--data.num_train", "128", "--data.num_val", "16", "--data.prompts_per_step", "8"]
 
 

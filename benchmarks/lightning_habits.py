@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 #: the quickstart, shortened; the tests use a tinier one (tests/test_lightning_habits.py)
-QUICKSTART = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.val_every_n_steps", "5",
+QUICKSTART = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.validation.every_n_steps", "5",
               "--trainer.enable_progress_bar", "false"]
 
 
@@ -196,8 +196,8 @@ HABITS = [
           check_rich_bar),
     Habit("OnExceptionCheckpoint (a run that fails)",
           ["--trainer.callbacks+=OnExceptionCheckpoint", "--trainer.callbacks.dirpath", "{root}/crash",
-           "--model.rewards", "[{class_path: lit_gspo.rl.rewards.ExactMatch}]", "--model.max_skipped_steps", "1",
-           "--model.dynamic_sampling", "true", "--model.max_sampling_rounds", "1"],
+           "--model.rewards", "[{class_path: lit_gspo.rl.rewards.ExactMatch}]", "--model.sampling.max_skipped_steps", "1",
+           "--model.sampling.dynamic", "true", "--model.sampling.max_rounds", "1"],
           check_on_exception),
     Habit("gradient_clip_val 0.5", ["--trainer.gradient_clip_val", "0.5"], check_clip),
     Habit("gradient_clip_algorithm value", ["--trainer.gradient_clip_val", "0.5", "--trainer.gradient_clip_algorithm",
@@ -206,9 +206,9 @@ HABITS = [
     Habit("limit_train_batches 2, max_epochs 1", ["--trainer.limit_train_batches", "2", "--trainer.max_epochs", "1",
                                                    "--trainer.max_steps", "-1"], check_limit_train),
     Habit("limit_val_batches 1", ["--trainer.limit_val_batches", "1"], check_limit_val),
-    Habit("val_check_interval 3", ["--model.val_every_n_steps", "null", "--trainer.val_check_interval", "3"],
+    Habit("val_check_interval 3", ["--model.validation.every_n_steps", "null", "--trainer.val_check_interval", "3"],
           check_interval),
-    Habit("val_check_interval 3 with val_every_n_steps 5", ["--trainer.val_check_interval", "3"], refused, refused=True),
+    Habit("val_check_interval 3 with validation.every_n_steps 5", ["--trainer.val_check_interval", "3"], refused, refused=True),
     Habit("num_sanity_val_steps 1", ["--trainer.num_sanity_val_steps", "1"], check_ran("sanity check ran; the run as usual")),
     Habit("fast_dev_run", ["--trainer.fast_dev_run", "true"], check_fast_dev_run),
     Habit("max_time 2 s", ["--trainer.max_time", "00:00:00:02", "--trainer.max_steps", "100000"], check_max_time),
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| `{' '.join(habit.args).replace('|', '/')}` | {'' if good else '✗ '}{text} | "
                      f"{time.perf_counter() - start:.0f} |")
         print(lines[-1], flush=True)
-    print(f"\n{ok}/{len(habits)} as expected; {args.steps} RL steps each, the quickstart with val_every_n_steps 5, "
+    print(f"\n{ok}/{len(habits)} as expected; {args.steps} RL steps each, the quickstart with validation.every_n_steps 5, "
           f"on {cpu or platform.processor()} ({os.cpu_count()} cores).\n"
           f"Reproduce: python benchmarks/lightning_habits.py --steps {args.steps}\n")
     print("\n".join(lines))

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 #: appended to each fit: a small data set, few generations, a short warm start, validation every 2 steps
-TINY_FIT = ["--model.warm_start.steps", "5", "--model.val_every_n_steps", "2", "--data.num_train", "64",
+TINY_FIT = ["--model.warm_start.steps", "5", "--model.validation.every_n_steps", "2", "--data.num_train", "64",
             "--data.num_val", "8", "--data.prompts_per_step", "8", "--model.generation.num_generations", "4",
             "--trainer.enable_progress_bar", "false"]
 

@@ -54,8 +54,8 @@ def pytest_collection_modifyitems(config, items):
     if not config.getoption("--faults"):
         skips.append(("faults", pytest.mark.skip(reason="fault injection (minutes): run with `pytest -m faults --faults`")))
     for item in items:
-        for keyword, skip in skips:
-            if keyword in item.keywords:
+        for marker, skip in skips:
+            if item.get_closest_marker(marker) is not None:  # a marker, not any keyword (a parameter id may be "distributed")
                 item.add_marker(skip)
 
 

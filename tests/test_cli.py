@@ -79,13 +79,13 @@ def test_print_config_says_what_null_settings_resolve_to(capsys, tmp_path):
     assert "clip_high: null  # resolves to 0.0004 (GSPO's paper)" in text
     assert "aggregation: null  # resolves to seq-mean-token-mean (GSPO's paper)" in text
     assert "advantage: null  # resolves to GroupNormalized (GSPO's paper)" in text
-    assert "dynamic_sampling: null  # resolves to false (GSPO's paper)" in text
+    assert "sampling: null  # resolves to dynamic: false (GSPO's paper), the other Sampling defaults" in text
     assert "update: null  # resolves to the Update defaults (epochs: 1," in text
     assert "val_max_new_tokens: null  # resolves to 6 (max_new_tokens)" in text
     # the values follow the objective, which is why they stay null: a printed config run with another objective
     dapo = print_config(capsys, "--model.objective", "DAPO")
     assert "clip_high: null  # resolves to 0.28 (DAPO's paper)" in dapo
-    assert "dynamic_sampling: null  # resolves to true (DAPO's paper)" in dapo
+    assert "sampling: null  # resolves to dynamic: true (DAPO's paper), the other Sampling defaults" in dapo
     # the printed config is a config: it parses back to itself
     printed = tmp_path / "printed.yaml"
     printed.write_text(text)

@@ -199,8 +199,8 @@ def test_a_fit_with_saving_on_writes_the_rollout_and_its_policy(tmp_path):
 
     root = tmp_path / "run"
     cli = cli_main(["--config", "configs/quickstart.yaml", "--trainer.max_steps", "3", "--trainer.default_root_dir",
-                    str(root), "--model.save_rollouts_every_n_steps", "2", "--model.warm_start.steps", "0",
-                    "--model.val_every_n_steps", "0", "--trainer.enable_progress_bar", "false",
+                    str(root), "--model.rollout_dumps.every_n_steps", "2", "--model.warm_start.steps", "0",
+                    "--model.validation.every_n_steps", "0", "--trainer.enable_progress_bar", "false",
                     "--trainer.enable_checkpointing", "false", "--data.prompts_per_step", "4"], run=False)
     cli.fit(cli.model, datamodule=cli.datamodule)
     assert sorted(p.name for p in (root / "rollouts").glob("*.pt")) == ["step_2.pt"]  # step 0 is never saved

@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_a_fit_writes_the_completions_table_beside_metrics_csv(tmp_path):
     args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.max_steps", "2", "--model.warm_start.steps", "0", "--model.val_every_n_steps", "1",
-            "--model.log_completions_every_n_steps", "2", "--model.num_logged_completions", "3",
+            "--trainer.max_steps", "2", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "1",
+            "--model.validation.log_completions_every_n_steps", "2", "--model.validation.num_logged_completions", "3",
             "--data.num_train", "16", "--data.num_val", "3", "--data.prompts_per_step", "4",
             "--model.generation.num_generations", "2", "--model.generation.max_new_tokens", "3",
             "--trainer.enable_progress_bar", "false"]
@@ -80,8 +80,8 @@ def test_print_completions_shows_each_logged_completion_with_every_reward_on_the
     """As TRL's ``log_completions``: prompt, completion, the reward and each function's own score, at the validations
     that log completions; off by default."""
     args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.max_steps", "1", "--model.warm_start.steps", "0", "--model.val_every_n_steps", "1",
-            "--model.num_logged_completions", "3", "--model.print_completions", "true",
+            "--trainer.max_steps", "1", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "1",
+            "--model.validation.num_logged_completions", "3", "--model.validation.print_completions", "true",
             "--model.rewards", "[lit_gspo.rl.rewards.CharAccuracy, lit_gspo.rl.rewards.ExactMatch]",
             "--model.reward_weights", "[1.0, 0.5]",
             "--data.num_train", "16", "--data.num_val", "5", "--data.prompts_per_step", "4",

@@ -40,7 +40,7 @@ def run_args(root: Path, *extra: str, prompts: int = 4, devices: int = 1, steps:
     """2 RL steps (×2 epochs = 4 optimiser steps): 4 prompts × 4 completions per step in total."""
     return ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
             "--trainer.max_steps", str(steps), "--trainer.devices", str(devices), "--trainer.enable_progress_bar", "false",
-            "--model.warm_start.steps", "0", "--model.val_every_n_steps", "1", "--data.num_train", "64",
+            "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "1", "--data.num_train", "64",
             "--data.num_val", "8", "--data.prompts_per_step", str(prompts), "--model.generation.num_generations", "4",
             "--model.generation.max_new_tokens", "4", "--model.optimizer.lr", "0.01",
             "--model.rewards", '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]',
@@ -167,7 +167,7 @@ def test_ddp_with_a_reward_failing_on_every_rank_stops_every_rank_with_its_error
     learn from, count it alike, and all stop after max_skipped_steps with the reward's error. (A reward failing from
     its very first call stops the run at that call instead: the test below.)"""
     cmd = [sys.executable, "-m", "lit_gspo.tools.main", "fit",
-           *run_args(tmp_path, "--trainer.strategy", "ddp", "--model.max_skipped_steps", "2", "--model.val_every_n_steps",
+           *run_args(tmp_path, "--trainer.strategy", "ddp", "--model.sampling.max_skipped_steps", "2", "--model.validation.every_n_steps",
                      "0", "--model.rewards", "[{class_path: fault_helpers.RaisesAfterFirstCall}]", prompts=2,
                      devices=2, steps=20)]
     proc = subprocess.run(cmd, cwd=ROOT, env=ddp_env(), capture_output=True, text=True, timeout=300)
@@ -184,7 +184,7 @@ def test_ddp_with_a_reward_failing_on_every_rank_stops_every_rank_with_its_error
 def test_ddp_with_a_reward_failing_from_its_first_call_stops_every_rank_at_the_first_scoring(tmp_path):
     """Issue 29: a reward that fails on every sample of its first call stops the run there, on every rank, naming it."""
     cmd = [sys.executable, "-m", "lit_gspo.tools.main", "fit",
-           *run_args(tmp_path, "--trainer.strategy", "ddp", "--model.val_every_n_steps", "0", "--model.rewards",
+           *run_args(tmp_path, "--trainer.strategy", "ddp", "--model.validation.every_n_steps", "0", "--model.rewards",
                      "[{class_path: fault_helpers.AlwaysRaises}]", prompts=2, devices=2, steps=20)]
     proc = subprocess.run(cmd, cwd=ROOT, env=ddp_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0, proc.stderr[-3000:]

@@ -48,7 +48,7 @@ def run_dir(tmp_path_factory):
     """A seconds-long quickstart fit with a short warm start (so greedy rewards are not all 0) and a checkpoint."""
     root = tmp_path_factory.mktemp("run")
     args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
-            "--trainer.max_steps", "2", "--model.warm_start.steps", "20", "--model.val_every_n_steps", "0",
+            "--trainer.max_steps", "2", "--model.warm_start.steps", "20", "--model.validation.every_n_steps", "0",
             "--data.num_train", "64", "--data.num_val", "6", "--data.prompts_per_step", "4",
             "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4",
             "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "1",

@@ -26,7 +26,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests
 def cli(root: Path, *extra: str, steps: int = 12) -> list[str]:
     return [sys.executable, "-m", "lit_gspo.tools.main", "fit", "--config", str(ROOT / "configs/quickstart.yaml"),
             "--trainer.default_root_dir", str(root), "--trainer.max_steps", str(steps),
-            "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "0", "--model.val_every_n_steps", "4",
+            "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "4",
             "--data.num_train", "64", "--data.num_val", "8", "--data.prompts_per_step", "8",
             "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "6", *extra]
 

@@ -59,7 +59,7 @@ def test_fit_warns_for_bf16_on_a_cpu_without_native_bf16(monkeypatch, tmp_path, 
     monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(flags.split()))
     args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
             "--trainer.accelerator", "cpu", "--trainer.precision", "bf16-mixed", "--trainer.max_steps", "1",
-            "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "0", "--model.val_every_n_steps", "0",
+            "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "0",
             "--data.num_train", "8", "--data.num_val", "4", "--data.prompts_per_step", "2",
             "--model.generation.num_generations", "2", "--model.generation.max_new_tokens", "2"]
     cli = cli_main(args, run=False)
@@ -85,7 +85,7 @@ def moe_fit_weights(tmp_path: Path, name: str) -> dict[str, torch.Tensor]:
     """Warm start + 2 RL steps of a 4-layer Qwen3-MoE with 16 experts, top-4 (the size whose backward varied run to run)."""
     args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path / name),
             "--trainer.accelerator", "cpu", "--trainer.max_steps", "4", "--trainer.enable_progress_bar", "false",
-            "--trainer.enable_checkpointing", "false", "--model.val_every_n_steps", "0",
+            "--trainer.enable_checkpointing", "false", "--model.validation.every_n_steps", "0",
             "--model.model", "tiny-qwen3-moe", "--model.model_config",
             "{hidden_size: 64, num_hidden_layers: 4, moe_intermediate_size: 32, num_experts: 16, num_experts_per_tok: 4}",
             "--model.update.num_minibatches", "2", "--model.warm_start.steps", "5",

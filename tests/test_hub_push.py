@@ -67,7 +67,7 @@ def test_push_without_an_export_or_an_owner_is_refused(tmp_path, uploads):
 
 def fit_args(root: Path, *extra: str) -> list[str]:
     return ["fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
-            "--trainer.max_steps", "1", "--model.warm_start.steps", "0", "--model.val_every_n_steps", "0",
+            "--trainer.max_steps", "1", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "0",
             "--data.num_train", "16", "--data.num_val", "4", "--data.prompts_per_step", "2",
             "--model.generation.num_generations", "2", "--model.generation.max_new_tokens", "3",
             "--trainer.enable_progress_bar", "false", *extra]

@@ -15,7 +15,7 @@ from lightning_habits import HABITS, run_habit, verdict  # noqa: E402
 from lit_gspo.lightning.cli import cli_main  # noqa: E402
 
 STEPS = 6
-TINY = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.warm_start.steps", "5", "--model.val_every_n_steps",
+TINY = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.warm_start.steps", "5", "--model.validation.every_n_steps",
         "2", "--data.num_train", "64", "--data.num_val", "8", "--data.prompts_per_step", "4",
         "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4",
         "--trainer.enable_progress_bar", "false"]
@@ -65,7 +65,7 @@ def test_a_lightning_validation_does_not_change_the_training_run(tmp_path):
     runs = {}
     for every in ("1", "0"):
         root = tmp_path / every
-        cli = cli_main(["fit", *TINY, "--trainer.max_steps", "3", "--model.val_every_n_steps", every,
+        cli = cli_main(["fit", *TINY, "--trainer.max_steps", "3", "--model.validation.every_n_steps", every,
                         "--trainer.default_root_dir", str(root)])
         train = [{k: v for k, v in row.items() if k.startswith("train/")} for row in _rows(root) if row.get("train/reward")]
         runs[every] = (train, {k: v.clone() for k, v in cli.model.policy.state_dict().items()})

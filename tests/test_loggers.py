@@ -84,7 +84,7 @@ PATHS = {
                          ["train/value_loss", "train/routing/rerouted_tokens", "train/mismatch/k3", "train/ratio/seq_logratio_std"]),
 }
 MOE = ["--model.model", "tiny-qwen3-moe", "--model.model_config",
-       "{hidden_size: 64, num_hidden_layers: 2, moe_intermediate_size: 32}", "--model.routing_replay", "true",
+       "{hidden_size: 64, num_hidden_layers: 2, moe_intermediate_size: 32}", "--model.routing.replay", "true",
        "--model.update.num_minibatches", "2"]
 
 

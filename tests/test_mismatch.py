@@ -282,7 +282,7 @@ def test_a_cli_fit_with_corrections_logs_the_mismatch(tmp_path):
 
     args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--config", str(ROOT / "configs/mismatch/tis_opsm.yaml"),
             "--trainer.default_root_dir", str(tmp_path), "--trainer.max_steps", "4", "--trainer.enable_progress_bar", "false",
-            "--model.warm_start.steps", "0", "--model.val_every_n_steps", "0", "--data.num_train", "16",
+            "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "0", "--data.num_train", "16",
             "--data.num_val", "4", "--data.prompts_per_step", "4", "--model.generation.num_generations", "4",
             "--model.update.num_minibatches", "2", "--model.engine", "LeanSampler"]
     cli = cli_main(args, run=False)

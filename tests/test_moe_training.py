@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_gspo.rl.config import Generation, Update
+from lit_gspo.rl.config import Generation, Routing, Update
 from lit_gspo.models.routing import moe_routers, record_routing
 from lit_gspo.lightning.module import RLModule
 from lit_gspo.rl.objectives import GRPO
@@ -62,7 +62,7 @@ def perturb_routers(model, scale=1.0):
 
 @pytest.fixture(scope="module")
 def replay():
-    module = moe_module(routing_replay=True)
+    module = moe_module(routing=Routing(replay=True))
     return module, snapshot_rollout(module)
 
 
@@ -90,7 +90,7 @@ def test_replay_uses_the_recorded_experts_and_reproduces_old_logprobs(replay):
 
 
 def test_replay_pins_the_experts_after_the_router_moved():
-    module = moe_module(routing_replay=True)
+    module = moe_module(routing=Routing(replay=True))
     rollout = snapshot_rollout(module)
     perturb_routers(module.policy, scale=2.0)
     micro = rollout.select(torch.arange(len(rollout))).trimmed()
@@ -139,8 +139,8 @@ def test_rerouted_and_kept_tokens_split_the_log_ratio_by_whether_an_expert_chang
 
 
 def test_routing_replay_on_a_dense_model_is_refused():
-    with pytest.raises(ValueError, match="routing_replay needs an MoE"):
-        RLModule(model="tiny-llama", routing_replay=True)
+    with pytest.raises(ValueError, match="routing.replay needs an MoE"):
+        RLModule(model="tiny-llama", routing=Routing(replay=True))
 
 
 def first_char_parity(prompts, completions, **columns):
@@ -151,8 +151,8 @@ def test_fit_logs_routing_volatility_for_moe_and_moves_the_router(tmp_path):
     """A high learning rate moves the routers within one step: volatility > 0, with and without replay."""
     args = tiny_args(tmp_path, "--model.model", "tiny-qwen3-moe", "--model.model_config", "{}",
                      "--trainer.max_steps", "4", "--model.optimizer.lr", "0.05", "--model.objective", "GRPO",
-                     "--model.update.num_minibatches", "2", "--model.routing_replay", "true",
-                     "--model.val_every_n_steps", "0")
+                     "--model.update.num_minibatches", "2", "--model.routing.replay", "true",
+                     "--model.validation.every_n_steps", "0")
     from lit_gspo.tools.main import cli_main
 
     cli = cli_main(args, run=False)
@@ -169,6 +169,6 @@ def test_fit_logs_routing_volatility_for_moe_and_moves_the_router(tmp_path):
 def test_dense_models_log_no_routing_volatility(tmp_path):
     from lit_gspo.tools.main import cli_main
 
-    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "1", "--model.val_every_n_steps", "0"), run=False)
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "1", "--model.validation.every_n_steps", "0"), run=False)
     cli.fit(cli.model, datamodule=cli.datamodule)
     assert "train/routing_volatility" not in read_metrics(tmp_path)[0]

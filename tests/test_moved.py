@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 
 from lit_gspo.moved import MOVED, MOVED_NAMES, SPLIT
@@ -77,3 +78,44 @@ def _root():
     from pathlib import Path
 
     return Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------- settings moved into groups
+def test_old_setting_names_on_the_command_line_and_in_config_files_read_as_their_groups(tmp_path, caplog):
+    """``--model.val_every_n_steps 5`` and a config file's ``model: {routing_replay: ...}`` (names before the settings were
+    grouped) give the grouped settings, with one note naming each rename."""
+    from lit_gspo.rl.config import MOVED_SETTINGS
+    from lit_gspo.tools.main import cli_main
+
+    old = tmp_path / "old.yaml"
+    old.write_text("model:\n  dynamic_sampling: true\n  max_sampling_rounds: 3\n  save_rollouts_every_n_steps: 7\n"
+                   "  validation: {num_logged_completions: 2}\n")
+    with caplog.at_level("INFO"):
+        cli = cli_main(["--config", "configs/quickstart.yaml", "--config", str(old), "--model.val_every_n_steps", "5",
+                        "--model.print_completions=true", "--trainer.max_steps", "0"], run=False)
+    module = cli.model
+    assert (module.validation.every_n_steps, module.validation.print_completions, module.validation.num_logged_completions,
+            module.sampling.dynamic, module.sampling.max_rounds, module.rollout_dumps.every_n_steps) == (5, True, 2, True, 3, 7)
+    assert module.collector.dynamic_sampling is True and module.collector.max_sampling_rounds == 3
+    note = next(r.getMessage() for r in caplog.records if "old names" in r.getMessage())
+    for key in ("val_every_n_steps", "print_completions", "dynamic_sampling", "max_sampling_rounds", "save_rollouts_every_n_steps"):
+        assert f"model.{key} → model.{MOVED_SETTINGS[key]}" in note
+
+
+def test_a_run_saved_with_the_old_names_resumes_under_the_new_ones(tmp_path):
+    from lit_gspo.lightning import run_dir
+    from lit_gspo.tools.main import main
+
+    args = ["fit", "--config", "configs/quickstart.yaml", "--trainer.default_root_dir", str(tmp_path), "--model.warm_start.steps",
+            "0", "--data.num_train", "16", "--data.num_val", "2", "--data.prompts_per_step", "2",
+            "--model.generation.num_generations", "2", "--model.generation.max_new_tokens", "2",
+            "--trainer.enable_progress_bar", "false", "--model.validation.every_n_steps", "0"]
+    main(args + ["--trainer.max_steps", "1"])
+    saved = run_dir.saved_config_path(tmp_path)
+    config = yaml.safe_load(saved.read_text())
+    validation = config["model"].pop("validation")  # as the version before the groups wrote it
+    config["model"]["val_every_n_steps"] = validation["every_n_steps"]
+    saved.write_text(yaml.safe_dump(config))
+    main(args + ["--trainer.max_steps", "2", "--ckpt_path", "last"])  # the same settings: resumed, not refused
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["rl_step"] == 2

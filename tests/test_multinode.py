@@ -40,7 +40,7 @@ def fit_args(root: Path, *extra: str) -> list[str]:
     advantages and the updates are not zero."""
     return ["fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
             "--trainer.accelerator", "cpu", "--trainer.max_steps", "3", "--trainer.enable_progress_bar", "false",
-            "--model.warm_start.steps", "0", "--model.val_every_n_steps", "2", "--data.num_train", "64",
+            "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "2", "--data.num_train", "64",
             "--data.num_val", "8", "--data.prompts_per_step", "2", "--model.generation.num_generations", "4",
             "--model.generation.max_new_tokens", "4", "--checkpoint_every_n_steps", "2", "--model.optimizer.lr", "0.01",
             "--model.rewards", '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]', *extra]

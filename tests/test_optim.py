@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def tiny_args(tmp_path, *extra):
     return ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.max_steps", "1", "--model.warm_start.steps", "0", "--model.val_every_n_steps", "0",
+            "--trainer.max_steps", "1", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "0",
             "--data.num_train", "64", "--data.num_val", "8", "--data.prompts_per_step", "4",
             "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4",
             "--trainer.enable_progress_bar", "false", *extra]

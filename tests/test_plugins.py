@@ -15,7 +15,7 @@ def test_the_example_plugins_run_a_fit_by_class_path(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))  # as PYTHONPATH=examples does
     from lit_gspo.tools.main import cli_main
 
-    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.val_every_n_steps", "0",
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.validation.every_n_steps", "0",
                              "--model.objective", "plugins.REINFORCE", "--model.rewards", "[plugins.exact_answer, lit_gspo.rl.rewards.CharAccuracy]",
                              "--model.environment", "plugins.Prefixed", "--model.environment.prefix", "rev? ",
                              "--model.engine", "plugins.CountingEngine"), run=False)

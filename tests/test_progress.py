@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def fit(root: Path, max_steps: int, *extra: str, ckpt_path: str | None = None):
     args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
-            "--trainer.max_steps", str(max_steps), "--model.warm_start.steps", "0", "--model.val_every_n_steps", "0",
+            "--trainer.max_steps", str(max_steps), "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "0",
             "--data.num_train", "64", "--data.num_val", "4", "--data.prompts_per_step", "4",
             "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4",
             "--model.update.num_minibatches", "2", *extra]

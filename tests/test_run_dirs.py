@@ -12,7 +12,7 @@ from lit_gspo.lightning import run_dir
 from lit_gspo.tools.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--model.warm_start.steps", "3", "--model.val_every_n_steps", "0", "--data.num_train", "32",
+TINY = ["--model.warm_start.steps", "3", "--model.validation.every_n_steps", "0", "--data.num_train", "32",
         "--data.num_val", "4", "--data.prompts_per_step", "4", "--model.generation.num_generations", "4",
         "--model.generation.max_new_tokens", "4", "--trainer.enable_progress_bar", "false"]
 
@@ -159,14 +159,14 @@ def test_eval_refuses_a_config_file_that_changes_the_runs_seed_and_takes_options
 def test_a_run_of_an_earlier_version_resumes_when_a_setting_added_since_keeps_its_default(tmp_path, capsys):
     """A run saved before a setting existed ran as that setting's default does: resuming it with the default is the
     same run; with another value it is refused, naming the setting. (Before: every setting added in a release made
-    every earlier run un-resumable: "model.print_completions: (unset) → False".)"""
+    every earlier run un-resumable: "model.validation.print_completions: (unset) → False".)"""
     root = tmp_path / "old"
     fit(root, steps=1)
     saved = run_dir.saved_config_path(root)
     config = yaml.safe_load(saved.read_text())
-    del config["model"]["print_completions"]  # as written by the version before the setting
+    del config["model"]["validation"]["print_completions"]  # as written by the version before the setting
     saved.write_text(yaml.safe_dump(config))
     fit(root, "--ckpt_path", "last", steps=2)
     assert rl_step(root / "checkpoints" / "last.ckpt") == 2
-    err = refused(capsys, fit, root, "--ckpt_path", "last", "--model.print_completions", "true", "--trainer.max_steps", "3")
-    assert "model.print_completions: False → True" in err
+    err = refused(capsys, fit, root, "--ckpt_path", "last", "--model.validation.print_completions", "true", "--trainer.max_steps", "3")
+    assert "model.validation.print_completions: False → True" in err

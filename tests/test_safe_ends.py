@@ -33,7 +33,7 @@ def args(root: Path, steps: int, *extra: str) -> list[str]:
     """The quickstart (checkpointing off), 2 minibatches per RL step, validation every step: 3 RL steps in seconds."""
     return ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
             "--trainer.max_steps", str(steps), "--trainer.enable_checkpointing", "false",
-            "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "0", "--model.val_every_n_steps", "1",
+            "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "1",
             "--data.num_train", "24", "--data.num_val", "8", "--data.prompts_per_step", "4",
             "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4",
             "--model.update.num_minibatches", "2", "--model.optimizer.lr", "0.01",

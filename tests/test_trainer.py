@@ -42,7 +42,7 @@ class FlakyReward:
 def tiny_args(tmp_path, *extra):
     """A seconds-long run: 2-layer model, 8 prompts × 4 completions, 4 new tokens."""
     return ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.max_steps", "3", "--model.warm_start.steps", "0", "--model.val_every_n_steps", "2",
+            "--trainer.max_steps", "3", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "2",
             "--data.num_train", "64", "--data.num_val", "8", "--data.prompts_per_step", "4",
             "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4", *extra]
 
@@ -83,7 +83,7 @@ def test_rl_learns_a_reward_it_can_reach(tmp_path):
     """Reward 1 for completions starting with '7': from ~chance, GSPO must push the sampled reward up."""
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "25", "--model.optimizer.lr", "0.01",
                              "--model.rewards", '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "7.*"}}]',
-                             "--model.kl_to_ref", "false", "--model.val_every_n_steps", "0"), run=False)
+                             "--model.kl_to_ref", "false", "--model.validation.every_n_steps", "0"), run=False)
     cli.fit(cli.model, datamodule=cli.datamodule)
     rewards = column(read_metrics(tmp_path), "train/reward")
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.3, rewards
@@ -113,7 +113,7 @@ def test_every_objective_runs_by_class_name(tmp_path, name):
 
 
 def test_a_failing_reward_is_masked_and_counted_not_fatal(tmp_path):
-    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.val_every_n_steps", "0"), run=False)
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.validation.every_n_steps", "0"), run=False)
     cli.model.collector.rewards.functions[0] = FlakyReward()  # a plain callable, as a user may pass in Python
     cli.fit(cli.model, datamodule=cli.datamodule)
     failed = column(read_metrics(tmp_path), "train/reward_failed")
@@ -133,7 +133,7 @@ class SignalOnOddCalls:
 
 
 def test_a_step_without_signal_logs_zero_clipping_and_no_stale_ratio_statistics(tmp_path):
-    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "8", "--model.val_every_n_steps", "0",
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "8", "--model.validation.every_n_steps", "0",
                              "--model.update.num_minibatches", "2"), run=False)
     cli.model.collector.rewards.functions[0] = SignalOnOddCalls()
     cli.fit(cli.model, datamodule=cli.datamodule)
@@ -175,8 +175,8 @@ def test_dynamic_sampling_drops_all_equal_groups_and_a_signal_free_run_stops_wit
     """A reward of 1 for everything makes every group all-equal: DAPO refills up to its cap, skips the
     update, and after max_skipped_steps such steps stops instead of looping forever."""
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.objective", "DAPO",
-                             "--model.max_sampling_rounds", "3", "--model.max_skipped_steps", "3",
-                             "--model.val_every_n_steps", "0",
+                             "--model.sampling.max_rounds", "3", "--model.sampling.max_skipped_steps", "3",
+                             "--model.validation.every_n_steps", "0",
                              "--model.rewards", '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: ".*"}}]'),
                    run=False)
     before = {k: v.clone() for k, v in cli.model.policy.state_dict().items()}
@@ -232,7 +232,7 @@ def test_how_often_one_validates_does_not_change_the_training_run(tmp_path):
     weights, rewards = [], []
     for every in ("1", "0"):
         root = tmp_path / f"val_every_{every}"
-        cli = cli_main(tiny_args(root, "--model.val_every_n_steps", every, "--seed_everything", "3"), run=False)
+        cli = cli_main(tiny_args(root, "--model.validation.every_n_steps", every, "--seed_everything", "3"), run=False)
         cli.fit(cli.model, datamodule=cli.datamodule)
         weights.append({k: v.clone() for k, v in cli.model.policy.state_dict().items()})
         rewards.append(column(read_metrics(root), "train/reward"))

@@ -4,7 +4,7 @@ construction with an error naming the value and what is valid."""
 import pytest
 
 from lit_gspo.rl.advantages import GAE, RLOO, BatchNormalized, GroupMean, GroupNormalized
-from lit_gspo.rl.config import Generation, Update
+from lit_gspo.rl.config import Generation, RolloutDumps, Sampling, Update, Validation
 from lit_gspo.lightning.module import RLModule
 from lit_gspo.rl.objectives import PPO
 
@@ -47,10 +47,15 @@ def test_one_generation_per_prompt_is_fine_without_groups():
     assert module.generation.num_generations == 1
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"val_every_n_steps": -1}, r"val_every_n_steps must be >= 0 \(0: only before and after training\), got -1"),
-    ({"max_skipped_steps": 0}, r"max_skipped_steps must be >= 1, got 0"),
+@pytest.mark.parametrize("make, message", [
+    (lambda: Validation(every_n_steps=-1),
+     r"validation.every_n_steps must be >= 0 \(0: only before and after training\), got -1"),
+    (lambda: Validation(num_logged_completions=-1), r"validation.log_completions_every_n_steps and "
+                                                     r"validation.num_logged_completions must be >= 0, got None and -1"),
+    (lambda: Sampling(max_skipped_steps=0), r"sampling.max_skipped_steps must be >= 1, got 0"),
+    (lambda: Sampling(max_rounds=0), r"sampling.max_rounds must be >= 1, got 0"),
+    (lambda: RolloutDumps(every_n_steps=-2), r"rollout_dumps.every_n_steps must be >= 0 \(0: never\), got -2"),
 ])
-def test_module_ranges(kwargs, message):
+def test_module_ranges(make, message):
     with pytest.raises(ValueError, match=message):
-        RLModule(**kwargs)
+        make()

@@ -10,21 +10,23 @@ import difflib
 import inspect
 import os
 import re
+import sys
 
 from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
+from lit_gspo.lightning import moved_settings, run_dir
+from lit_gspo.lightning.datamodule import PromptDataModule
+from lit_gspo.lightning.metrics_file import RunCSVLogger
+from lit_gspo.lightning.module import RLModule, validation_schedule
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
 from lit_gspo.rl import advantages, engines, envs  # noqa: F401
-from lit_gspo.lightning import run_dir
-from lit_gspo.runtime import extras, user_errors
 from lit_gspo.rl.advantages import get_advantage
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.objectives import GSPO, OBJECTIVES, Objective
-from lit_gspo.lightning.datamodule import PromptDataModule
+from lit_gspo.runtime import extras, user_errors
 from lit_gspo.runtime.imports import import_path
-from lit_gspo.lightning.metrics_file import RunCSVLogger
-from lit_gspo.lightning.module import RLModule, validation_schedule
 
 DEFAULT_VAL_EVERY_N_STEPS = 10
 
@@ -110,7 +112,7 @@ def effective_defaults(cfg: Namespace) -> dict[str, str]:
     """What the null lit_gspo settings of a fit config resolve to: dotted key → a note (``"0.0003 (GSPO's paper)"``).
 
     The objective's ``clip_low``/``clip_high``/``aggregation`` take its paper's values (``Objective.default_*``),
-    ``advantage`` and ``dynamic_sampling`` the objective's paper's, ``update`` the ``Update`` defaults, ``seed`` the
+    ``advantage`` and ``sampling.dynamic`` the objective's paper's, ``update`` the ``Update`` defaults, ``seed`` the
     run's ``seed_everything``, ``generation.val_max_new_tokens`` ``max_new_tokens``. They stay null in the printed
     config, with the value as a comment: a null follows the objective, so a config printed for GSPO and run with
     ``--model.objective DAPO`` gets DAPO's clipping, not GSPO's. Lightning's own nulls (``trainer.*``) are not annotated.
@@ -131,8 +133,12 @@ def effective_defaults(cfg: Namespace) -> dict[str, str]:
             notes[f"model.objective.init_args.{name}"] = f"{_yaml(default)} ({paper})"
     if model.get("advantage") is None:
         notes["model.advantage"] = f"{type(get_advantage(cls.paper_advantage)).__name__} ({paper})"
-    if model.get("dynamic_sampling") is None:
-        notes["model.dynamic_sampling"] = f"{_yaml(cls.paper_dynamic_sampling)} ({paper})"
+    sampling = model.get("sampling")
+    sampling = sampling.get("init_args", sampling) if isinstance(sampling, Namespace) else None
+    if sampling is None:
+        notes["model.sampling"] = f"dynamic: {_yaml(cls.paper_dynamic_sampling)} ({paper}), the other Sampling defaults"
+    elif sampling.get("dynamic") is None:
+        notes["model.sampling.dynamic"] = f"{_yaml(cls.paper_dynamic_sampling)} ({paper})"
     if "update" in model and model["update"] is None:  # ["update"]: Namespace.update is a method
         fields = ", ".join(f"{k}: {_yaml(v)}" for k, v in dataclasses.asdict(Update()).items())
         notes["model.update"] = f"the Update defaults ({fields})"
@@ -193,6 +199,15 @@ class RLCLI(LightningCLI):
     def __init__(self, *args, parser_class: type[LightningArgumentParser] = RLArgumentParser,
                  other_subcommands: dict[str, ArgumentParser] | None = None, **kwargs) -> None:
         self.other_subcommands = dict(other_subcommands or {})
+        given = kwargs.get("args")
+        if given is None or isinstance(given, (list, tuple)):  # settings under their old names: read as the new ones
+            upgraded, notes = moved_settings.upgrade_args(sys.argv[1:] if given is None else list(given))
+            if notes:
+                rank_zero_info(f"note: {moved_settings.describe(notes)}")
+                if given is None:
+                    sys.argv[1:] = upgraded
+                else:
+                    kwargs["args"] = upgraded
         super().__init__(*args, parser_class=parser_class, **kwargs)
 
     @staticmethod
@@ -275,18 +290,28 @@ class RLCLI(LightningCLI):
         return super().instantiate_trainer(**config)
 
 
+def settings_group(model, name: str):
+    """The parsed ``model.<name>`` settings group (a dataclass's Namespace), created empty when not given."""
+    group = model.get(name)
+    if group is None:
+        group = model[name] = Namespace()
+    return group.get("init_args", group)
+
+
 def schedule_validation(model, trainer) -> None:
-    """``model.val_every_n_steps`` is Lightning's ``trainer.val_check_interval`` in RL steps (one Lightning batch is one
-    RL step, so ``check_val_every_n_epoch`` is None). Either may be given; both, differing, are refused in one line."""
-    n, interval = model.get("val_every_n_steps"), trainer.get("val_check_interval")
+    """``model.validation.every_n_steps`` is Lightning's ``trainer.val_check_interval`` in RL steps (one Lightning
+    batch is one RL step, so ``check_val_every_n_epoch`` is None). Either may be given; both, differing, are refused in
+    one line."""
+    validation = settings_group(model, "validation")
+    n, interval = validation.get("every_n_steps"), trainer.get("val_check_interval")
     if n is not None and interval is not None and validation_schedule(n)["val_check_interval"] != interval:
-        raise ValueError(f"--model.val_every_n_steps {n} and --trainer.val_check_interval {interval} disagree: give one "
-                         "(both count RL steps)")
+        raise ValueError(f"--model.validation.every_n_steps {n} and --trainer.val_check_interval {interval} disagree: "
+                         "give one (both count RL steps)")
     if n is None and isinstance(interval, float):
         return  # a fraction of a data epoch: Lightning's own meaning, with check_val_every_n_epoch
     if n is None:
         n = DEFAULT_VAL_EVERY_N_STEPS if interval is None else interval
-    model["val_every_n_steps"] = n
+    validation["every_n_steps"] = n
     for key, value in validation_schedule(n).items():
         trainer[key] = value
 
@@ -302,10 +327,7 @@ def map_trainer_flags(model, trainer) -> None:
         raise ValueError(f"--trainer.gradient_clip_algorithm {algorithm}: lit_gspo clips the gradient norm only "
                          "(--model.update.max_grad_norm); use norm, or leave it unset")
     if clip is not None:
-        update = model.get("update")
-        if update is None:
-            update = model["update"] = Namespace()
-        update = update.get("init_args", update)
+        update = settings_group(model, "update")
         given = update.get("max_grad_norm")
         if given is not None and float(given) != float(clip):
             raise ValueError(f"--trainer.gradient_clip_val {clip} and --model.update.max_grad_norm {given} disagree: "

@@ -9,7 +9,7 @@ held-out prompts, so a run shows what the model writes, not only its reward:
     MLFlowLogger       log_text: completions/step_<step>.md in the run's artifacts
     other loggers      nothing (a logger with a ``log_dir`` gets the CSV file)
 
-With ``print_completions`` they are also printed on the terminal, as TRL's ``log_completions`` does: one line per
+With ``validation.print_completions`` they are also printed on the terminal, as TRL's ``log_completions`` does: one line per
 completion with its prompt, the completion, the reward and each reward function's score (:func:`terminal_table`).
 """
 

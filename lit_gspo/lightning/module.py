@@ -13,7 +13,6 @@ validation, the RL-step counter in checkpoints, and saving the policy.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,33 +24,32 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from lit_gspo.rl.advantages import AdvantageEstimator, get_advantage
-from lit_gspo.runtime.files import export_is_complete, written_aside
-from lit_gspo.runtime.rng import local_rng_state, restore_local_rng_state, restore_rng_states, rng_states
-from lit_gspo.rl.collect import Collector
-from lit_gspo.lightning.completions_log import due, log_completions, terminal_table
-from lit_gspo.rl.config import Generation, LoRA, Update, WarmStart, resolve_seed
 from lit_gspo.data.prompts import check_prompt_lengths
+from lit_gspo.lightning import export
+from lit_gspo.lightning.callbacks import run_callbacks
+from lit_gspo.lightning.completions_log import due, log_completions, terminal_table
+from lit_gspo.lightning.progress import optimizer_steps_per_rl_step, total_rl_steps
+from lit_gspo.lightning.quiet import silence_lightning_noise
 from lit_gspo.lightning.strategy import check_strategy
-from lit_gspo.runtime.collectives import all_reduce_sum, gather_objects, reduce_step_stats, sum_over_ranks
-from lit_gspo.runtime.sharding import apply_fsdp2, full_state_dict, is_sharded
+from lit_gspo.models.policies import build_policies
+from lit_gspo.rl.advantages import AdvantageEstimator, get_advantage
+from lit_gspo.rl.collect import Collector
+from lit_gspo.rl.config import (Generation, LoRA, RolloutDumps, Routing, Sampling, Update, Validation, WarmStart,
+                                resolve_seed)
 from lit_gspo.rl.engines import HFGenerate, RolloutEngine
 from lit_gspo.rl.envs import Environment, SingleTurn
 from lit_gspo.rl.evaluate import GreedyTally
-from lit_gspo.runtime.hardware import SlowPrecisionWarning, bf16_on_cpu_warning, deterministic_on_cpu
 from lit_gspo.rl.learn.learner import Learner
 from lit_gspo.rl.learn.mismatch import Mismatch
-from lit_gspo.models import enable_gradient_checkpointing, load_policy
-from lit_gspo.models.lora import apply_lora, is_lora, merged_for_saving
-from lit_gspo.models.routing import moe_routers
 from lit_gspo.rl.objectives import GSPO, Objective
-from lit_gspo.runtime.optim import shard_aware
-from lit_gspo.lightning.progress import optimizer_steps_per_rl_step, total_rl_steps
-from lit_gspo.lightning.quiet import silence_lightning_noise
 from lit_gspo.rl.rewards import ExactMatch, RewardSet, TrainerState
-from lit_gspo.lightning.run_dir import save_export_config
-from lit_gspo.lightning.callbacks import run_callbacks
 from lit_gspo.rl.warm_start import warm_start
+from lit_gspo.runtime.collectives import all_reduce_sum, gather_objects, reduce_step_stats, sum_over_ranks
+from lit_gspo.runtime.files import export_is_complete
+from lit_gspo.runtime.hardware import SlowPrecisionWarning, bf16_on_cpu_warning, deterministic_on_cpu
+from lit_gspo.runtime.optim import shard_aware
+from lit_gspo.runtime.rng import local_rng_state, restore_local_rng_state, restore_rng_states, rng_states
+from lit_gspo.runtime.sharding import apply_fsdp2, full_state_dict, is_sharded
 
 
 def default_optimizer(params) -> torch.optim.Optimizer:
@@ -73,36 +71,12 @@ class RLModule(LightningModule):
         engine: what samples (default :class:`~lit_gspo.rl.engines.HFGenerate`; ``LeanSampler`` is faster on CPU).
         advantage: the advantage estimator (``GroupNormalized``, ``GroupMean``, ``BatchNormalized``,
             ``RLOO``, ``GAE``); None: the objective's paper's (``Objective.paper_advantage``).
-        dynamic_sampling: drop groups whose rewards are all equal and refill; None: the objective's paper's
-            (DAPO's is on).
-        max_sampling_rounds: generation rounds allowed per step when refilling.
-        max_skipped_steps: stop with an error after this many RL steps in a row without an update (all
-            groups' rewards equal, or every reward failed). Skipped steps make no optimiser step, so they
-            do not count towards ``trainer.max_steps``.
+        generation, update, sampling, validation, routing, rollout_dumps, warm_start, lora: the settings groups
+            (``lit_gspo/rl/config.py``; each a YAML section: ``--model.validation.every_n_steps 25``).
         kl_to_ref: keep a frozen reference policy to log ``train/kl`` even when β = 0.
         gradient_checkpointing: recompute each decoder layer's activations in backward (less memory,
             about a third more compute; TRL's GRPOTrainer turns it on by default).
-        val_every_n_steps: the CLI's name for ``Trainer(val_check_interval=n, check_val_every_n_epoch=None)``:
-            Lightning's validation loop every n RL steps (one Lightning batch is one RL step) and after the last
-            one; ``lit-gspo fit`` also validates before the first update (``trainer.validate`` before ``trainer.fit``;
-            do the same from Python). 0: only before and after training. None: the Trainer's schedule as it is.
-        log_completions_every_n_steps: log the greedy completions of the first ``num_logged_completions``
-            held-out prompts (prompt, completion, reward) with the validations at steps that are multiples of n
-            (None: every validation; 0: never) through the configured loggers (``lit_gspo/lightning/completions_log.py``).
-        print_completions: also print them on the terminal, as TRL's ``log_completions`` does: prompt, completion,
-            reward and each reward function's score.
-        routing_replay: MoE only: record each layer's top-k experts in the old-policy pass (which then runs even
-            on-policy) and force the update's forward to use them (Routing Replay, GSPO paper §5.3).
-        track_routing_volatility: MoE only: log ``train/routing_volatility``, the share of (completion token,
-            layer, top-k slot) choices that differ between the old-policy pass and the policy after the step's
-            updates, and ``train/routing/*``: the share of tokens rerouted and their mean |log-ratio| against the
-            others' (``Learner.measure_routing``; one extra no-grad forward over the rollout; the old pass runs
-            even on-policy).
-        save_rollouts_every_n_steps: write the rollout of every RL step K that is a positive multiple of n, after
-            its advantages and before its update, to ``<default_root_dir>/rollouts/step_K.pt`` (0: never), for
-            ``lit-gspo compare`` (``lit_gspo/rl/rollout_io.py``). Training is unchanged by it.
-        save_rollout_policy: with each rollout file, the policy that sampled it (``rollouts/step_K_policy/``, Hugging
-            Face format), so that ``lit-gspo compare`` replays it from the very weights.
+        seed: the run's seed (None: ``seed_everything``'s).
         mismatch: measure the sampler–trainer mismatch (``train/mismatch/*``) and correct it (TIS, MIS, SequenceMIS,
             OPSM; or the sampler's log-probs as π_old): ``lit_gspo/rl/learn/mismatch.py``, docs/mismatch.md. None: off.
     """
@@ -122,21 +96,14 @@ class RLModule(LightningModule):
         advantage: AdvantageEstimator | None = None,
         generation: Generation | None = None,
         update: Update | None = None,
-        dynamic_sampling: bool | None = None,
-        max_sampling_rounds: int = 4,
-        max_skipped_steps: int = 20,
-        kl_to_ref: bool = True,
-        lora: LoRA | None = None,
-        gradient_checkpointing: bool = False,
+        sampling: Sampling | None = None,
+        validation: Validation | None = None,
+        routing: Routing | None = None,
+        rollout_dumps: RolloutDumps | None = None,
         warm_start: WarmStart | None = None,
-        val_every_n_steps: int | None = None,
-        log_completions_every_n_steps: int | None = None,
-        num_logged_completions: int = 8,
-        print_completions: bool = False,
-        routing_replay: bool = False,
-        track_routing_volatility: bool = True,
-        save_rollouts_every_n_steps: int = 0,
-        save_rollout_policy: bool = True,
+        lora: LoRA | None = None,
+        kl_to_ref: bool = True,
+        gradient_checkpointing: bool = False,
         seed: int | None = None,
         mismatch: Mismatch | None = None,
     ):
@@ -147,62 +114,37 @@ class RLModule(LightningModule):
         self.automatic_optimization = False
         self.objective = objective if objective is not None else GSPO()
         self.advantage = advantage if advantage is not None else get_advantage(self.objective.paper_advantage)
-        if self.advantage.needs_values != self.objective.needs_critic:
-            raise ValueError(
-                f"{type(self.advantage).__name__} {'needs' if self.advantage.needs_values else 'does not use'} a critic's "
-                f"values, and {type(self.objective).__name__} {'has' if self.objective.needs_critic else 'has no'} critic: "
-                "use GAE with PPO, and GroupNormalized, GroupMean, BatchNormalized or RLOO with the others")
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.generation, self.warm_start_cfg = generation or Generation(), warm_start or WarmStart()
-        if self.advantage.needs_groups and self.generation.num_generations < 2:
-            raise ValueError(
-                f"generation.num_generations={self.generation.num_generations}, but {type(self.advantage).__name__} compares "
-                "the completions of a prompt with each other (Â = 0 for a group of 1, nothing is learned): use "
-                "num_generations >= 2, or an estimator without groups (GAE with PPO)")
-        if max_skipped_steps < 1:
-            raise ValueError(f"max_skipped_steps must be >= 1, got {max_skipped_steps}")
-        if val_every_n_steps is not None and val_every_n_steps < 0:
-            raise ValueError(f"val_every_n_steps must be >= 0 (0: only before and after training), got {val_every_n_steps}")
-        if (log_completions_every_n_steps or 0) < 0 or num_logged_completions < 0:
-            raise ValueError(f"log_completions_every_n_steps and num_logged_completions must be >= 0, got "
-                             f"{log_completions_every_n_steps} and {num_logged_completions}")
-        self.max_skipped_steps, self._skipped_in_a_row = max_skipped_steps, 0
-        if save_rollouts_every_n_steps < 0:
-            raise ValueError(f"save_rollouts_every_n_steps must be >= 0 (0: never), got {save_rollouts_every_n_steps}")
-        self.save_rollouts_every_n_steps, self.save_rollout_policy = save_rollouts_every_n_steps, save_rollout_policy
-        self.val_every_n_steps, self.seed = val_every_n_steps, resolve_seed(seed)
-        self.log_completions_every_n_steps, self.num_logged_completions = log_completions_every_n_steps, num_logged_completions
-        self.print_completions = print_completions
+        self.sampling, self.validation = sampling or Sampling(), validation or Validation()
+        self.routing, self.rollout_dumps, self.lora = routing or Routing(), rollout_dumps or RolloutDumps(), lora
+        check_stages_fit(self.objective, self.advantage, self.generation)
+        self.seed = resolve_seed(seed)
         self.rl_step = 0  # RL steps (rollout batches) done, across epochs and resumes: the ``step`` of the logs
+        self._skipped_in_a_row = 0
         self._logged_keys: set[str] = set()
         self._warm_started = False  # saved in checkpoints: a resume never warm-starts again
         self._warned_precision = False
 
-        self.policy, self.tokenizer = load_policy(model, gguf_file=gguf_file, config_overrides=model_config, seed=self.seed)
-        if routing_replay and not moe_routers(self.policy):
-            raise ValueError(f"routing_replay needs an MoE policy with top-k routers; {model!r} has none")
-        self.lora = lora
-        if lora is not None:
-            self.policy = apply_lora(self.policy, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
-                                     target_modules=tuple(lora.target_modules))
-        if gradient_checkpointing:
-            enable_gradient_checkpointing(self.policy)
-        use_ref = self.objective.beta > 0 or kl_to_ref
-        self.ref_policy = _frozen_copy(self.policy) if use_ref and lora is None else None
-        self.value_head = nn.Linear(self.policy.config.hidden_size, 1) if self.objective.needs_critic else None
+        models = build_policies(model, model_config=model_config, gguf_file=gguf_file, seed=self.seed, lora=lora,
+                                gradient_checkpointing=gradient_checkpointing,
+                                reference=self.objective.beta > 0 or kl_to_ref, critic=self.objective.needs_critic)
+        if self.routing.replay and not models.is_moe:
+            raise ValueError(f"routing.replay needs an MoE policy with top-k routers; {model!r} has none")
+        self.policy, self.tokenizer, self.value_head = models.policy, models.tokenizer, models.value_head
+        self.ref_policy = models.reference if isinstance(models.reference, nn.Module) else None  # saved with the run
 
-        dynamic = self.objective.paper_dynamic_sampling if dynamic_sampling is None else dynamic_sampling
+        dynamic = self.objective.paper_dynamic_sampling if self.sampling.dynamic is None else self.sampling.dynamic
         self.collector = Collector(environment or SingleTurn(), engine or HFGenerate(),
                                    RewardSet(list(rewards) if rewards else [ExactMatch()], reward_weights),
                                    self.tokenizer, self.generation, dynamic_sampling=dynamic,
-                                   max_sampling_rounds=max_sampling_rounds, engine_logprobs=mismatch is not None)
+                                   max_sampling_rounds=self.sampling.max_rounds, engine_logprobs=mismatch is not None)
         self.learner = Learner(
-            self.policy, self.objective, update or Update(), value_head=self.value_head,
-            reference=(self.ref_policy if lora is None else "adapters_off") if use_ref else None,
+            self.policy, self.objective, update or Update(), value_head=self.value_head, reference=models.reference,
             temperature=self.generation.temperature,
             max_len=self.generation.max_new_tokens * self.collector.environment.max_turns,
-            group_size=self.generation.num_generations, routing_replay=routing_replay,
-            record_routing=bool(moe_routers(self.policy)) and track_routing_volatility,
+            group_size=self.generation.num_generations, routing_replay=self.routing.replay,
+            record_routing=models.is_moe and self.routing.track_volatility,
             gradient_checkpointing=gradient_checkpointing, mismatch=mismatch)
         self._refill_generator = torch.Generator().manual_seed(self.seed)
 
@@ -219,7 +161,8 @@ class RLModule(LightningModule):
             start = time.perf_counter()
             self.learner.snapshot(rollout)
             rollout.advantages = self.advantage(rollout, self.generation.num_generations)
-            if self.save_rollouts_every_n_steps and self.rl_step and self.rl_step % self.save_rollouts_every_n_steps == 0:
+            every = self.rollout_dumps.every_n_steps
+            if every and self.rl_step and self.rl_step % every == 0:
                 self.save_rollout(rollout)
             stats.update(self.learner.learn(rollout, self.optimizers(), self.lr_schedulers(),
                                             backward=self.manual_backward, world_size=self.trainer.world_size))
@@ -255,13 +198,13 @@ class RLModule(LightningModule):
         ``updated`` is the same on every rank (:meth:`_anything_to_learn`), so all ranks stop at the same step, each
         with the first rank's reward error."""
         self._skipped_in_a_row = 0 if updated else self._skipped_in_a_row + 1
-        if self._skipped_in_a_row >= self.max_skipped_steps:
+        if self._skipped_in_a_row >= self.sampling.max_skipped_steps:
             errors = [e for e in gather_objects(self.collector.rewards.last_error) if e]
             raise RuntimeError(
                 f"{self._skipped_in_a_row} RL steps in a row had nothing to learn from (frac_zero_std_groups="
                 f"{stats.get('frac_zero_std_groups', float('nan')):.2f}, reward_failed={stats.get('reward_failed', 0):.0f}): "
                 "every group's rewards were equal or every reward failed. Check the reward functions, or raise "
-                f"max_skipped_steps={self.max_skipped_steps}" + (f". The last reward error: {errors[0]}" if errors else ""))
+                f"sampling.max_skipped_steps={self.sampling.max_skipped_steps}" + (f". The last reward error: {errors[0]}" if errors else ""))
 
     def log_step(self, stats: dict, rollout, batch_size: int) -> None:
         """``train/*`` over every rank (a step without some metric logs NaN for it, not its last value) and the progress bar."""
@@ -312,8 +255,9 @@ class RLModule(LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
 
     def setup(self, stage: str) -> None:
-        if stage == "fit" and self.val_every_n_steps is not None and not self.trainer.fast_dev_run:
-            check_validation_schedule(self.trainer, self.val_every_n_steps)
+        every = self.validation.every_n_steps
+        if stage == "fit" and every is not None and not self.trainer.fast_dev_run:
+            check_validation_schedule(self.trainer, every)
         # fp16's GradScaler (Lightning's MixedPrecision plugin; public attributes of both)
         self.learner.grad_scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         if stage == "fit" and self.trainer.log_every_n_steps > 1:
@@ -375,7 +319,7 @@ class RLModule(LightningModule):
         """A resume of a finished run skips the training loop and ``on_train_end``: write the export if a kill stopped it."""
         if self.trainer.fast_dev_run:
             return
-        paths = [self._export_path()] + ([self.adapter_path(self._export_path())] if self.lora is not None else [])
+        paths = [self._export_path()] + ([export.adapter_path(self._export_path())] if self.lora is not None else [])
         if self.trainer.strategy.broadcast(not all(export_is_complete(p) for p in paths)):
             self._export()
 
@@ -432,7 +376,7 @@ class RLModule(LightningModule):
             return
         batch, replies, stats = self.collector.sample(self.policy, rows, greedy=True, synced_gpus=self._synced_gpus())
         self._val.add(rows, batch, stats)
-        room = max(self.num_logged_completions - len(self._val_shown[0]), 0)
+        room = max(self.validation.num_logged_completions - len(self._val_shown[0]), 0)
         for part, new in zip(self._val_shown, (rows, replies, batch.rewards.tolist())):
             part.extend(new[:room])
         for name, scores in self.collector.last_per_function.items():
@@ -457,9 +401,9 @@ class RLModule(LightningModule):
         # fp64 tensors: Lightning keeps their dtype (a float would be stored as fp32); the same value on every rank
         self.log_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}, sync_dist=True)
         self.log_dict({"step": float(self.rl_step), "time/val_s": time.perf_counter() - self._val_start})
-        if due(self.rl_step, self.log_completions_every_n_steps) and self.trainer.is_global_zero:
+        if due(self.rl_step, self.validation.log_completions_every_n_steps) and self.trainer.is_global_zero:
             log_completions(self.loggers, self.rl_step, *self._val_shown)
-            if self.print_completions and self._val_shown[0]:
+            if self.validation.print_completions and self._val_shown[0]:
                 print(terminal_table(self.rl_step, split, *self._val_shown, self._val_shown_scores), flush=True)
         rank_zero_info(f"step {self.rl_step}: {split}/reward = {metrics[f'{split}/reward']:.4f} "
                        f"({time.perf_counter() - self._val_start:.1f} s)")
@@ -491,84 +435,44 @@ class RLModule(LightningModule):
         rank_zero_info(f"loaded the policy from {path}")
 
     def save_rollout(self, rollout) -> None:
-        """``<root>/rollouts/step_K.pt`` with the trainer's old log-probs (and the sampling policy): ``lit_gspo.rl.rollout_io``."""
-        from dataclasses import asdict, replace
-
-        from lit_gspo.rl.rollout_io import policy_dir, rollout_path, save_optimizer_state, save_rollout
-
-        old = rollout.old_logprobs
-        if old is None:  # on-policy training never computes them: one no-grad pass (every rank: FSDP2 collectives)
-            old = self.learner.old_logprobs(rollout, torch.arange(len(rollout)))
-        path = rollout_path(self.trainer.default_root_dir, self.rl_step)
-        opt = self.optimizers()
-        opt = opt.optimizer if hasattr(opt, "optimizer") else opt
-        if self.save_rollout_policy:
-            state_dict = full_state_dict(self.policy) if is_sharded(self.policy) else None
-            if self.trainer.is_global_zero:
-                self.save_hf_model(policy_dir(path), state_dict)
-                if state_dict is None and self.lora is None and self.value_head is None:  # its state fits the HF policy
-                    save_optimizer_state(policy_dir(path), opt.state_dict())
-        if not self.trainer.is_global_zero:
-            return  # rank 0's share of the rollout
-        group = opt.param_groups[0]
-        meta = {"temperature": self.generation.temperature, "max_len": self.learner.max_len,
-                "group_size": self.generation.num_generations, "update": asdict(self.learner.cfg),
-                "objective": repr(self.objective), "objective_class": type(self.objective).__name__,
-                "advantage": type(self.advantage).__name__, "model": str(self.hparams.model),
-                "model_config": self.hparams.model_config, "lora": self.lora is not None, "seed": self.seed,
-                "optimizer": type(opt).__name__,
-                "optimizer_hparams": {k: v for k, v in group.items() if k != "params" and isinstance(v, (int, float, bool, tuple))},
-                "world_size": self.trainer.world_size, "policy": policy_dir(path).name if self.save_rollout_policy else None}
-        save_rollout(path, replace(rollout, old_logprobs=old), self.rl_step, meta)
-        rank_zero_info(f"saved the rollout of step {self.rl_step} to {path}")
+        """``<root>/rollouts/step_K.pt`` with the trainer's old log-probs (and the sampling policy): ``lit_gspo.lightning.export``."""
+        export.save_rollout(self, rollout)
 
     def save_hf_model(self, path: Path, state_dict: dict | None = None) -> None:
-        """Save in Hugging Face format (written aside, then swapped in); ``state_dict``: the full weights of an FSDP2-sharded
-        policy. Under LoRA: the merged model at ``path`` and the adapter alone beside it (:meth:`adapter_path`)."""
-        if self.lora is None:
-            return self._save_pretrained(self.policy, path, state_dict)
-        self._save_pretrained(merged_for_saving(self.policy), path, state_dict)
-        self._save_pretrained(self.policy, self.adapter_path(path), state_dict, "the LoRA adapter")  # a PeftModel saves that only
-
-    @staticmethod
-    def adapter_path(path: Path) -> Path:
-        """Where the LoRA adapter goes beside the merged model: ``<root>/hf_adapter`` for ``<root>/hf_model``
-        (``PeftModel.from_pretrained(base, <root>/hf_adapter)`` reproduces the merged model)."""
-        return Path(path).parent / "hf_adapter"
-
-    def _save_pretrained(self, model: nn.Module, path: Path, state_dict: dict | None, what: str = "the policy") -> None:
-        with written_aside(path) as tmp:
-            model.save_pretrained(tmp, state_dict=state_dict)
-            if state_dict is not None and not is_lora(model):  # fully_shard renamed the class (FSDPLlamaForCausalLM)
-                from lit_gspo.runtime.sharding import unsharded_class
-
-                model.config.architectures = [unsharded_class(model).__name__]
-                model.config.save_pretrained(tmp)
-            self.tokenizer.save_pretrained(tmp)
-            save_export_config(self.trainer if self._attached() else None, tmp)  # the run's settings travel with a copied export (lit-gspo eval)
-        rank_zero_info(f"saved {what} in Hugging Face format to {path}")
+        """Save in Hugging Face format, written aside and swapped in (``lit_gspo.lightning.export``); ``state_dict``: the
+        full weights of an FSDP2-sharded policy. Under LoRA: the merged model at ``path`` and the adapter beside it."""
+        export.save_hf_model(self, path, state_dict)
 
 
-def _frozen_copy(model: nn.Module) -> nn.Module:
-    ref = copy.deepcopy(model).eval()
-    ref.requires_grad_(False)
-    return ref
+def check_stages_fit(objective: Objective, advantage: AdvantageEstimator, generation: Generation) -> None:
+    """An estimator and an objective that cannot work together, or groups too small for the estimator, fail at start."""
+    if advantage.needs_values != objective.needs_critic:
+        raise ValueError(
+            f"{type(advantage).__name__} {'needs' if advantage.needs_values else 'does not use'} a critic's "
+            f"values, and {type(objective).__name__} {'has' if objective.needs_critic else 'has no'} critic: "
+            "use GAE with PPO, and GroupNormalized, GroupMean, BatchNormalized or RLOO with the others")
+    if advantage.needs_groups and generation.num_generations < 2:
+        raise ValueError(
+            f"generation.num_generations={generation.num_generations}, but {type(advantage).__name__} compares "
+            "the completions of a prompt with each other (Â = 0 for a group of 1, nothing is learned): use "
+            "num_generations >= 2, or an estimator without groups (GAE with PPO)")
 
 
-#: ``val_check_interval`` of a run that validates only before and after training (``val_every_n_steps=0``)
+#: ``val_check_interval`` of a run that validates only before and after training (``validation.every_n_steps=0``)
 NEVER = 2**62
 
 
-def validation_schedule(val_every_n_steps: int) -> dict:
-    """The Trainer settings of ``val_every_n_steps``: Lightning's validation loop every n batches (= RL steps)."""
-    return {"val_check_interval": val_every_n_steps or NEVER, "check_val_every_n_epoch": None}
+def validation_schedule(every_n_steps: int) -> dict:
+    """The Trainer settings of ``validation.every_n_steps``: Lightning's validation loop every n batches (= RL steps)."""
+    return {"val_check_interval": every_n_steps or NEVER, "check_val_every_n_epoch": None}
 
 
-def check_validation_schedule(trainer, val_every_n_steps: int) -> None:
-    """``RLModule(val_every_n_steps=n)`` under a Trainer that schedules otherwise: one line naming the Trainer flags."""
-    want = validation_schedule(val_every_n_steps)
+def check_validation_schedule(trainer, every_n_steps: int) -> None:
+    """``RLModule(validation=Validation(every_n_steps=n))`` under a Trainer that schedules otherwise: one line naming
+    the Trainer flags."""
+    want = validation_schedule(every_n_steps)
     have = {"val_check_interval": trainer.val_check_interval, "check_val_every_n_epoch": trainer.check_val_every_n_epoch}
     if have != want:
-        raise ValueError(f"RLModule(val_every_n_steps={val_every_n_steps}) needs Trainer(val_check_interval="
+        raise ValueError(f"validation.every_n_steps={every_n_steps} needs Trainer(val_check_interval="
                          f"{want['val_check_interval']}, check_val_every_n_epoch=None) (one Lightning batch is one RL "
-                         f"step); this Trainer has {have}. Set those on the Trainer, or leave val_every_n_steps=None")
+                         f"step); this Trainer has {have}. Set those on the Trainer, or leave validation.every_n_steps=None")

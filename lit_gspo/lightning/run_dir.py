@@ -35,7 +35,9 @@ stored in every checkpoint (:data:`CHECKPOINT_KEY`), beside the export (:data:`E
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import typing
 import warnings
 from dataclasses import dataclass
 from functools import partial
@@ -44,6 +46,7 @@ from pathlib import Path
 import yaml
 from lightning.pytorch.cli import SaveConfigCallback
 
+from lit_gspo.lightning.moved_settings import upgrade_tree
 from lit_gspo.runtime.user_errors import RunDirError
 
 RUN_CONFIG = "run_config.yaml"
@@ -73,7 +76,9 @@ def flatten(tree, prefix: str = "") -> dict:
 def settings_of_run(path: Path, defaults: dict) -> dict:
     """The flat settings a run saved in ``path``, and the ``defaults`` (flat) of settings it did not have: a run of an
     earlier lit_gspo ran as a setting added since behaves by default, so resuming it is not a change of settings."""
-    saved = flatten(load_yaml(path))
+    tree = load_yaml(path)
+    upgrade_tree(tree)  # a run saved before settings moved into groups
+    saved = flatten(tree)
     unknown = {key: value for key, value in defaults.items()
                if not any(s == key or s.startswith(key + ".") or key.startswith(s + ".") for s in saved)}
     return {**saved, **unknown}
@@ -231,6 +236,18 @@ def _place_resume_from_file(root: Path, given: bool, current: dict, path: Path, 
     return _place_fresh(root, given, current, saved_settings)  # the checkpoint's run resumed into another directory
 
 
+def group_defaults(module_class=None) -> dict:
+    """``{"validation": {...}, ...}``: each settings group of ``RLModule`` (a dataclass parameter) with its defaults."""
+    if module_class is None:
+        from lit_gspo.lightning.module import RLModule as module_class
+    out = {}
+    for name, hint in typing.get_type_hints(module_class.__init__).items():
+        for cls in typing.get_args(hint) or (hint,):
+            if dataclasses.is_dataclass(cls):
+                out[name] = dataclasses.asdict(cls())
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------- the CLI hook
 def place_fit(cli) -> None:
     """``RLCLI.before_instantiate_classes`` for ``fit``: compare, and set ``trainer.default_root_dir`` (or refuse)."""
@@ -239,7 +256,10 @@ def place_fit(cli) -> None:
     root = Path(given or os.getcwd())
     parser = cli.parser.subcommands_action.choices[cli.subcommand]  # the fit parser (jsonargparse's public map)
     current = load_yaml(dump(parser, cfg))
-    placement = place(root, bool(given), current, cfg.get("ckpt_path"), load_yaml(dump(parser, parser.get_defaults())))
+    defaults = load_yaml(dump(parser, parser.get_defaults()))
+    if isinstance(defaults.get("model"), dict):  # a group left null runs with its dataclass's defaults
+        defaults["model"].update(group_defaults(type(cli.model) if hasattr(cli, "model") else None))
+    placement = place(root, bool(given), current, cfg.get("ckpt_path"), defaults)
     if placement.root != root:
         cfg["trainer.default_root_dir"] = str(placement.root)
     if placement.note and _is_rank_zero():

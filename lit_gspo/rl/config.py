@@ -112,3 +112,101 @@ class LoRA:
     alpha: int = 16
     dropout: float = 0.0
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class Sampling:
+    """Which rollouts an RL step learns from.
+
+    ``dynamic``: drop the groups whose rewards are all equal (nothing to learn: Â = 0) and sample more prompts to
+    refill the batch, up to ``max_rounds`` generation rounds (DAPO's dynamic sampling); None: the objective's paper's
+    (on for DAPO). ``max_skipped_steps``: this many RL steps in a row with nothing to learn from (every group's rewards
+    equal, or every reward failed) stop the run with an error; skipped steps make no optimiser step, so they do not
+    count towards ``trainer.max_steps``.
+    """
+
+    dynamic: bool | None = None
+    max_rounds: int = 4
+    max_skipped_steps: int = 20
+
+    def __post_init__(self):
+        if self.max_rounds < 1:
+            raise ValueError(f"sampling.max_rounds must be >= 1, got {self.max_rounds}")
+        if self.max_skipped_steps < 1:
+            raise ValueError(f"sampling.max_skipped_steps must be >= 1, got {self.max_skipped_steps}")
+
+
+@dataclass
+class Validation:
+    """Greedy completions of the held-out prompts, scored: ``val/reward`` and what the loggers show.
+
+    ``every_n_steps``: the CLI's name for ``Trainer(val_check_interval=n, check_val_every_n_epoch=None)``: Lightning's
+    validation loop every n RL steps (one Lightning batch is one RL step) and after the last one; ``lit-gspo fit`` also
+    validates before the first update (``trainer.validate`` before ``trainer.fit``; do the same from Python). 0: only
+    before and after training. None: the Trainer's schedule as it is.
+    ``log_completions_every_n_steps``: log the greedy completions of the first ``num_logged_completions`` held-out
+    prompts (prompt, completion, reward) with the validations at steps that are multiples of n (None: every
+    validation; 0: never) through the configured loggers (``lit_gspo/lightning/completions_log.py``).
+    ``print_completions``: also print them on the terminal, as TRL's ``log_completions`` does: prompt, completion,
+    reward and each reward function's score.
+    """
+
+    every_n_steps: int | None = None
+    log_completions_every_n_steps: int | None = None
+    num_logged_completions: int = 8
+    print_completions: bool = False
+
+    def __post_init__(self):
+        if self.every_n_steps is not None and self.every_n_steps < 0:
+            raise ValueError(f"validation.every_n_steps must be >= 0 (0: only before and after training), got "
+                             f"{self.every_n_steps}")
+        if (self.log_completions_every_n_steps or 0) < 0 or self.num_logged_completions < 0:
+            raise ValueError(f"validation.log_completions_every_n_steps and validation.num_logged_completions must be "
+                             f">= 0, got {self.log_completions_every_n_steps} and {self.num_logged_completions}")
+
+
+@dataclass
+class Routing:
+    """Mixture-of-Experts routing (an MoE policy only).
+
+    ``replay``: record each layer's top-k experts in the old-policy pass (which then runs even on-policy) and force
+    the update's forward to use them (Routing Replay, GSPO paper §5.3).
+    ``track_volatility``: log ``train/routing_volatility``, the share of (completion token, layer, top-k slot) choices
+    that differ between the old-policy pass and the policy after the step's updates, and ``train/routing/*``: the
+    share of tokens rerouted and their mean |log-ratio| against the others' (``Learner.measure_routing``; one extra
+    no-grad forward over the rollout; the old pass runs even on-policy).
+    """
+
+    replay: bool = False
+    track_volatility: bool = True
+
+
+@dataclass
+class RolloutDumps:
+    """Rollouts on disk for ``lit-gspo compare`` (``lit_gspo/rl/rollout_io.py``); training is unchanged by them.
+
+    ``every_n_steps``: write the rollout of every RL step K that is a positive multiple of n, after its advantages and
+    before its update, to ``<default_root_dir>/rollouts/step_K.pt`` (0: never). ``with_policy``: with each, the policy
+    that sampled it (``rollouts/step_K_policy/``, Hugging Face format), so that ``compare`` replays it from the very
+    weights.
+    """
+
+    every_n_steps: int = 0
+    with_policy: bool = True
+
+    def __post_init__(self):
+        if self.every_n_steps < 0:
+            raise ValueError(f"rollout_dumps.every_n_steps must be >= 0 (0: never), got {self.every_n_steps}")
+
+
+#: settings that moved into a group: old ``model.<key>`` → new ``model.<group>.<key>`` (``lit_gspo.tools.main`` reads
+#: the old names in a user's command line and config files as the new ones, saying so; saved runs are read alike)
+MOVED_SETTINGS = {
+    "dynamic_sampling": "sampling.dynamic", "max_sampling_rounds": "sampling.max_rounds",
+    "max_skipped_steps": "sampling.max_skipped_steps",
+    "val_every_n_steps": "validation.every_n_steps",
+    "log_completions_every_n_steps": "validation.log_completions_every_n_steps",
+    "num_logged_completions": "validation.num_logged_completions", "print_completions": "validation.print_completions",
+    "routing_replay": "routing.replay", "track_routing_volatility": "routing.track_volatility",
+    "save_rollouts_every_n_steps": "rollout_dumps.every_n_steps", "save_rollout_policy": "rollout_dumps.with_policy",
+}

@@ -1,6 +1,6 @@
 """``lit-gspo compare``: one frozen rollout replayed through every objective, from the same weights.
 
-    lit-gspo fit --config configs/quickstart.yaml --trainer.max_steps 101 --model.save_rollouts_every_n_steps 100
+    lit-gspo fit --config configs/quickstart.yaml --trainer.max_steps 101 --model.rollout_dumps.every_n_steps 100
     lit-gspo compare --rollout runs/quickstart/rollouts/step_100.pt --objectives gspo grpo dapo sapo --out docs/compare/x
 
 The rollout file (``lit_gspo/rl/rollout_io.py``) holds the tokens, masks, rewards and advantages of one RL step;
@@ -53,7 +53,7 @@ def make_parser() -> ArgumentParser:
     """The ``lit-gspo compare`` arguments (``lit-gspo --help`` lists this parser's description)."""
     parser = ArgumentParser(prog="lit-gspo compare", description=DESCRIPTION)
     parser.add_argument("--rollout", type=str, required=True,
-                        help="a rollout file of a fit run with --model.save_rollouts_every_n_steps N: <run>/rollouts/step_K.pt")
+                        help="a rollout file of a fit run with --model.rollout_dumps.every_n_steps N: <run>/rollouts/step_K.pt")
     parser.add_argument("--model", type=str | None, default=None,
                         help="the weights to replay from: an HF dir, a built-in name, a hub id, or the run's .ckpt of that "
                              "step (null: the rollout's own <run>/rollouts/step_K_policy/, the policy that sampled it)")

@@ -37,11 +37,11 @@ PINNED_ENV = {
     "PYTHONHASHSEED": "0",
 }
 
-QUICKSTART = ["--config", "configs/quickstart.yaml", "--model.val_every_n_steps", "10"]
+QUICKSTART = ["--config", "configs/quickstart.yaml", "--model.validation.every_n_steps", "10"]
 MOE = ["--model.model", "tiny-qwen3-moe",
        "--model.model_config", "{hidden_size: 64, num_hidden_layers: 2, moe_intermediate_size: 32}",
        "--model.update.num_minibatches", "4", "--model.update.skip_zero_advantage_rows", "false",
-       "--model.objective", "GRPO", "--model.routing_replay", "true"]
+       "--model.objective", "GRPO", "--model.routing.replay", "true"]
 
 #: name -> (extra ``fit`` arguments, optimiser steps per RL step)
 RUNS: dict[str, tuple[list[str], int]] = {

@@ -144,9 +144,9 @@ class Objective:
       paper_advantage: the advantage estimator of the paper (``lit_gspo.rl.advantages`` name: ``group``,
         ``group_mean``, ``rloo``, ``gae``), used when ``model.advantage`` is not set
       paper_dynamic_sampling: whether the paper drops all-equal groups and refills (DAPO), used when
-        ``model.dynamic_sampling`` is not set
+        ``model.sampling.dynamic`` is not set
     The settings themselves live on the stage that uses them: the loss's hyperparameters here, the
-    advantage estimator on ``model.advantage``, dynamic sampling on ``model.dynamic_sampling``.
+    advantage estimator on ``model.advantage``, dynamic sampling on ``model.sampling.dynamic``.
     """
 
     name: ClassVar[str] = "objective"

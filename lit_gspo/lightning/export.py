@@ -1,0 +1,79 @@
+"""What a run writes besides its checkpoints: the policy in Hugging Face format (``hf_model/``, and ``hf_adapter/``
+under LoRA), written aside and swapped in so that a kill never leaves a partial one, with the run's settings inside;
+and the rollouts ``lit-gspo compare`` replays (``rollouts/step_K.pt``, ``lit_gspo.rl.rollout_io``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+
+from lit_gspo.lightning.run_dir import save_export_config
+from lit_gspo.models.lora import is_lora, merged_for_saving
+from lit_gspo.rl.rollout_io import policy_dir, rollout_path, save_optimizer_state
+from lit_gspo.rl.rollout_io import save_rollout as write_rollout
+from lit_gspo.runtime.files import written_aside
+from lit_gspo.runtime.sharding import full_state_dict, is_sharded, unsharded_class
+
+
+def adapter_path(path: Path) -> Path:
+    """Where the LoRA adapter goes beside the merged model: ``<root>/hf_adapter`` for ``<root>/hf_model``
+    (``PeftModel.from_pretrained(base, <root>/hf_adapter)`` reproduces the merged model)."""
+    return Path(path).parent / "hf_adapter"
+
+
+def save_hf_model(module, path: Path, state_dict: dict | None = None) -> None:
+    """``module``'s policy in Hugging Face format at ``path``; ``state_dict``: the full weights of an FSDP2-sharded
+    policy. Under LoRA: the merged model at ``path`` and the adapter alone beside it (:func:`adapter_path`)."""
+    if module.lora is None:
+        return save_pretrained(module, module.policy, path, state_dict)
+    save_pretrained(module, merged_for_saving(module.policy), path, state_dict)
+    save_pretrained(module, module.policy, adapter_path(path), state_dict, "the LoRA adapter")  # a PeftModel saves that only
+
+
+def save_pretrained(module, model: nn.Module, path: Path, state_dict: dict | None, what: str = "the policy") -> None:
+    """``model.save_pretrained`` with the tokenizer and the run's settings, written aside and swapped in."""
+    with written_aside(path) as tmp:
+        model.save_pretrained(tmp, state_dict=state_dict)
+        if state_dict is not None and not is_lora(model):  # fully_shard renamed the class (FSDPLlamaForCausalLM)
+            model.config.architectures = [unsharded_class(model).__name__]
+            model.config.save_pretrained(tmp)
+        module.tokenizer.save_pretrained(tmp)
+        save_export_config(module.trainer if module._attached() else None, tmp)  # the settings travel with a copy (eval)
+    rank_zero_info(f"saved {what} in Hugging Face format to {path}")
+
+
+def save_rollout(module, rollout) -> None:
+    """``<root>/rollouts/step_K.pt``: the rollout of RL step K with the trainer's old log-probs, what a replay needs to
+    compute the same log-probs and minibatches, and (``rollout_dumps.with_policy``) the policy that sampled it with
+    the optimiser's state then. Every rank takes part (FSDP2 collectives); rank 0 writes its share of the rollout."""
+    old = rollout.old_logprobs
+    if old is None:  # on-policy training never computes them: one no-grad pass (every rank: FSDP2 collectives)
+        old = module.learner.old_logprobs(rollout, torch.arange(len(rollout)))
+    trainer = module.trainer
+    path = rollout_path(trainer.default_root_dir, module.rl_step)
+    opt = module.optimizers()
+    opt = opt.optimizer if hasattr(opt, "optimizer") else opt
+    with_policy = module.rollout_dumps.with_policy
+    if with_policy:
+        state_dict = full_state_dict(module.policy) if is_sharded(module.policy) else None
+        if trainer.is_global_zero:
+            module.save_hf_model(policy_dir(path), state_dict)
+            if state_dict is None and module.lora is None and module.value_head is None:  # its state fits the HF policy
+                save_optimizer_state(policy_dir(path), opt.state_dict())
+    if not trainer.is_global_zero:
+        return
+    group = opt.param_groups[0]
+    meta = {"temperature": module.generation.temperature, "max_len": module.learner.max_len,
+            "group_size": module.generation.num_generations, "update": asdict(module.learner.cfg),
+            "objective": repr(module.objective), "objective_class": type(module.objective).__name__,
+            "advantage": type(module.advantage).__name__, "model": str(module.hparams.model),
+            "model_config": module.hparams.model_config, "lora": module.lora is not None, "seed": module.seed,
+            "optimizer": type(opt).__name__,
+            "optimizer_hparams": {k: v for k, v in group.items() if k != "params" and isinstance(v, (int, float, bool, tuple))},
+            "world_size": trainer.world_size, "policy": policy_dir(path).name if with_policy else None}
+    write_rollout(path, replace(rollout, old_logprobs=old), module.rl_step, meta)
+    rank_zero_info(f"saved the rollout of step {module.rl_step} to {path}")
