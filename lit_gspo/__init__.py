@@ -11,8 +11,8 @@ The Python API — the same pieces the YAML/CLI names by class::
     L.Trainer(max_steps=100, accelerator="cpu", callbacks=[RLProgressBar()]).fit(model, datamodule=data)
 
 ``examples/python_api.py`` runs it end to end. Every name below is imported on first use (PEP 562):
-``import lit_gspo`` happens whenever any stage is imported, and the stages below ``module.py`` import
-no Lightning (``tests/test_architecture.py``), so nothing heavy may be imported here eagerly.
+``import lit_gspo`` happens whenever any module of the package is imported, and ``rl/``, ``models/``, ``data/`` and
+``runtime/`` import no Lightning (``tests/test_architecture.py``), so nothing heavy may be imported here eagerly.
 """
 
 from __future__ import annotations

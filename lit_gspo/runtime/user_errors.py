@@ -108,6 +108,6 @@ def run_reporting(main, *args):
 def parser_error(message: str) -> None:
     """A command-line mistake (an unknown option, a bad value, a misspelled key): the message and its hints, not
     the ~95-line usage dump; ``--help`` lists the options. Exits with code 2."""
-    hinted = "\n  " in message  # rlcli's hints: close options, valid fields, known objectives, the extra to install
+    hinted = "\n  " in message  # the CLI parser's hints: close options, valid fields, known objectives, the extra to install
     print(f"error: {message}" + ("" if hinted else " (--help lists every option)"), file=sys.stderr, flush=True)
     raise SystemExit(EXIT_CODE)
