@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from lit_gspo.runtime.registry import register as register_class, snake_case
+from lit_gspo.runtime.registry import Registered
 
 if TYPE_CHECKING:
     from lit_gspo.rl.rollout import RolloutBatch
@@ -102,7 +102,7 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
     return adv, torch.where(m, adv + v, zero)
 
 
-class AdvantageEstimator:
+class AdvantageEstimator(Registered, register=False):
     """Base class: ``estimator(rollout, group_size)`` → Â, (N,) per row or (N, T) per completion token.
 
     Subclasses register under ``name`` (default: the class name in snake_case; picked in YAML by class name or
@@ -113,16 +113,10 @@ class AdvantageEstimator:
     user's estimator is not refused for G = 1 unless it says so.
     """
 
+    registry, kind = ADVANTAGES, "advantage estimator"
     name: ClassVar[str] = "advantage"
     needs_values: ClassVar[bool] = False
     needs_groups: ClassVar[bool] = False
-
-    def __init_subclass__(cls, register: bool = True, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if "name" not in cls.__dict__:
-            cls.name = snake_case(cls.__name__)
-        if register:
-            register_class(ADVANTAGES, cls, "advantage estimator")
 
     def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
         raise NotImplementedError

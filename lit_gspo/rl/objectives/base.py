@@ -21,7 +21,7 @@ from typing import ClassVar, Literal
 import torch
 from torch import Tensor
 
-from lit_gspo.runtime.registry import register as register_class, snake_case
+from lit_gspo.runtime.registry import Registered, snake_case
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 AGGREGATIONS: tuple[str, ...] = Aggregation.__args__  # type: ignore[attr-defined]
@@ -129,7 +129,7 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor
     raise ValueError(f"unknown kl_estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
 
 
-class Objective:
+class Objective(Registered, register=False):
     """Base class of every policy objective.
 
     A subclass sets its paper's defaults as class attributes and implements :meth:`policy_loss`.
@@ -149,6 +149,7 @@ class Objective:
     advantage estimator on ``model.advantage``, dynamic sampling on ``model.sampling.dynamic``.
     """
 
+    registry, kind = OBJECTIVES, "objective"
     name: ClassVar[str] = "objective"
     default_clip_low: ClassVar[float] = 0.2
     default_clip_high: ClassVar[float] = 0.2
@@ -157,13 +158,6 @@ class Objective:
     zero_advantage_has_no_gradient: ClassVar[bool] = False
     paper_advantage: ClassVar[str] = "group"
     paper_dynamic_sampling: ClassVar[bool] = False
-
-    def __init_subclass__(cls, register: bool = True, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if "name" not in cls.__dict__:
-            cls.name = snake_case(cls.__name__)
-        if register:
-            register_class(OBJECTIVES, cls, "objective")
 
     def __init__(
         self,
