@@ -86,7 +86,7 @@ class VLLMEngine(RolloutEngine):
         if self.llm is None or weights_version(policy) == self._pushed:
             return
         start = time.perf_counter()
-        with torch.no_grad():
+        with torch.inference_mode():  # as the build: vLLM's tensors may be inference tensors (built in validation)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": hf_weights(policy)})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
         self._pushed = weights_version(policy)
@@ -148,7 +148,10 @@ class VLLMEngine(RolloutEngine):
         dtype = _trainer_dtype(policy, device.type) if self.dtype == "auto" else self.dtype
         max_model_len = self.max_model_len or config.max_position_embeddings
         start = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="lit_gspo_vllm_") as directory, _kept_process_state():
+        # inference mode whatever the caller's (Lightning validates under it, trains without): vLLM's tensors are then
+        # inference tensors, which only inference mode may update in place (sync_weights pushes under it too)
+        with (tempfile.TemporaryDirectory(prefix="lit_gspo_vllm_") as directory, _kept_process_state(),
+              torch.inference_mode()):
             config.save_pretrained(directory)
             self.llm = vllm.LLM(model=directory, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
                                 max_model_len=max_model_len, enforce_eager=self.enforce_eager,
