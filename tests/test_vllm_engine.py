@@ -190,6 +190,13 @@ def test_lora_adapters_are_merged_into_what_vllm_samples_from(engine):
     assert names == list(tiny_llama().state_dict())  # the plain model's checkpoint names, adapters left out
 
 
+def test_a_policy_of_another_shape_is_refused_naming_both(engine):
+    other = tiny_llama()
+    other.config.intermediate_size = 96  # only the config is compared: no forward runs
+    with pytest.raises(ValueError, match=r"built for a .*'intermediate_size': 64.*this policy is .*'intermediate_size': 96"):
+        greedy(engine, other)
+
+
 def test_a_head_size_vllms_cpu_attention_lacks_is_refused_naming_it():
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=23, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,

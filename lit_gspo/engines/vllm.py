@@ -83,13 +83,16 @@ class VLLMEngine(RolloutEngine):
         """Push ``policy``'s weights when they changed since the last push (before the build: nothing to do, the
         build pushes them). ``last_sync_s`` holds the push's seconds, None when nothing was pushed."""
         self.last_sync_s = None
-        if self.llm is None or weights_version(policy) == self._pushed:
+        if self.llm is None:
             return
         start = time.perf_counter()
+        version = weights_version(policy)
+        if version == self._pushed:
+            return
         with torch.inference_mode():  # as the build: vLLM's tensors may be inference tensors (built in validation)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": hf_weights(policy)})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
-        self._pushed = weights_version(policy)
+        self._pushed = version
         self.last_sync_s = time.perf_counter() - start
 
     # ------------------------------------------------------------------ sampling
@@ -99,6 +102,9 @@ class VLLMEngine(RolloutEngine):
         vllm = _import_vllm()
         if self.llm is None:
             self._build(policy)
+        if _shape(_base_config(policy)) != self._shape:
+            raise ValueError(f"VLLMEngine was built for a {self._shape} model, this policy is {_shape(_base_config(policy))}: "
+                             "one engine per architecture (close() it to build another)")
         self.sync_weights(policy)  # a no-op after the trainer's own call; keeps direct users (eval, tests) fresh
         eos = eos_id if isinstance(eos_id, list) else [eos_id]
         prompts = [vllm.TokensPrompt(prompt_token_ids=ids[mask.bool()].tolist())
@@ -158,7 +164,7 @@ class VLLMEngine(RolloutEngine):
                                 kv_cache_memory_bytes=int(self.kv_cache_gb * 2**30), generation_config="vllm",
                                 logprobs_mode="processed_logprobs", **self.llm_kwargs)
         self.startup_s = time.perf_counter() - start
-        self.resolved_dtype = dtype
+        self.resolved_dtype, self._shape = dtype, _shape(config)
         self._pushed = None
         _LIVE[:] = [weakref.ref(self)]
 
@@ -212,6 +218,13 @@ def _base_config(policy: nn.Module):
     """The transformers config of the model under any LoRA wrapper."""
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     return base.config
+
+
+def _shape(config) -> dict:
+    """What must match for a policy's weights to load into the engine's model."""
+    keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "intermediate_size", "tie_word_embeddings")
+    return {k: getattr(config, k, None) for k in keys}
 
 
 def _trainer_dtype(policy: nn.Module, device_type: str) -> str:
