@@ -75,3 +75,13 @@ def test_vllms_logprobs_as_pi_old_leave_gspo_on_policy(tmp_path):
              "--model.mismatch", "{old_logprobs: sampler}"))
     clip = column(metrics(tmp_path), "train/clip_frac")
     assert clip == [0.0, 0.0, 0.0], clip
+
+
+def test_under_bf16_mixed_precision_vllm_samples_in_bfloat16(tmp_path):
+    """``dtype: auto`` is the trainer's forward's: autocast's bfloat16 under ``bf16-mixed`` (the first rollout, in
+    validation, runs under it). Then the log-probs differ from the trainer's a little (bf16 kernels), not 0."""
+    cli = fit(args(tmp_path, "VLLMEngine", "--trainer.max_steps", "2", "--model.val_every_n_steps", "0",
+                   "--trainer.precision", "bf16-mixed", "--model.mismatch", "{}"))
+    assert cli.model.collector.engine.resolved_dtype == "bfloat16"
+    k3 = column(metrics(tmp_path), "train/mismatch/k3")
+    assert len(k3) == 2 and all(1e-9 < v < 1e-2 for v in k3), k3
