@@ -109,6 +109,16 @@ def test_a_seeded_torch_rng_samples_the_same_completions_and_another_seed_others
     assert len({tuple(r.tolist()) for r in rows}) > len(PROMPTS)  # the G samples of a prompt differ
 
 
+def test_prompts_beyond_one_steps_token_budget_sample_with_their_seeds(engine, model):
+    """48 prompts × 100 tokens exceed the 4096 tokens vLLM prefills in one step. With chunked prefill (vLLM's
+    default) a partly prefilled seeded request fails on CPU ("CPU Generator does not use offset"); whole prompts
+    do not, and the seeds still give the same draws."""
+    torch.manual_seed(0)
+    prompts = torch.randint(2, 23, (48, 100)).tolist()
+    first, again = (sample(engine, model, prompts=prompts, num_generations=2, temperature=1.0) for _ in range(2))
+    assert len(first) == 96 and torch.equal(first.input_ids, again.input_ids)
+
+
 def test_greedy_completions_equal_hf_generates(engine, model):
     ours = greedy(engine, model)
     hf = HFGenerate().sample(model, PROMPTS, num_generations=1, max_new_tokens=8, pad_id=PAD, eos_id=EOS, greedy=True)

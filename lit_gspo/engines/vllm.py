@@ -153,6 +153,13 @@ class VLLMEngine(RolloutEngine):
                 "devices 1, or HFGenerate/LeanSampler")
         dtype = _trainer_dtype(policy, device.type) if self.dtype == "auto" else self.dtype
         max_model_len = self.max_model_len or config.max_position_embeddings
+        llm_kwargs = dict(self.llm_kwargs)
+        if device.type == "cpu":
+            # vLLM 0.32's model runner rewinds a seeded request's generator when a partial (chunked) prefill's sample
+            # is discarded, with set_offset, which only CUDA generators have ("CPU Generator does not use offset"):
+            # prefill prompts whole, never in chunks
+            llm_kwargs.setdefault("enable_chunked_prefill", False)
+            llm_kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 4096))
         start = time.perf_counter()
         # inference mode whatever the caller's (Lightning validates under it, trains without): vLLM's tensors are then
         # inference tensors, which only inference mode may update in place (sync_weights pushes under it too)
@@ -162,7 +169,7 @@ class VLLMEngine(RolloutEngine):
             self.llm = vllm.LLM(model=directory, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
                                 max_model_len=max_model_len, enforce_eager=self.enforce_eager,
                                 kv_cache_memory_bytes=int(self.kv_cache_gb * 2**30), generation_config="vllm",
-                                logprobs_mode="processed_logprobs", **self.llm_kwargs)
+                                logprobs_mode="processed_logprobs", **llm_kwargs)
         self.startup_s = time.perf_counter() - start
         self.resolved_dtype, self._shape = dtype, _shape(config)
         self._pushed = None
