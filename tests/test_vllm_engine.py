@@ -221,6 +221,16 @@ def test_a_policy_of_another_shape_is_refused_naming_both(engine):
         greedy(engine, other)
 
 
+def test_several_trainer_processes_are_refused_before_vllm_is_built(model, monkeypatch):
+    """Under DDP/FSDP2 vLLM would have to join the trainer's process group (its external_launcher): not done yet."""
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    engine = VLLMEngine(kv_cache_gb=0.05)
+    with pytest.raises(NotImplementedError, match=r"single process for now; this run has 2 processes"):
+        greedy(engine, model)
+    assert engine.llm is None
+
+
 def test_a_head_size_vllms_cpu_attention_lacks_is_refused_naming_it():
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=23, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,

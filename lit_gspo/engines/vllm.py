@@ -142,15 +142,15 @@ class VLLMEngine(RolloutEngine):
             raise ValueError(f"vLLM's CPU attention supports head sizes {CPU_HEAD_SIZES}; the policy's is {head_dim} "
                              f"(hidden_size {config.hidden_size} / {config.num_attention_heads} heads): set head_dim "
                              "or num_attention_heads in model_config, or sample with another engine")
-        live = _LIVE[0]() if _LIVE else None
-        if live is not None and live is not self and live.llm is not None:
-            raise RuntimeError("another VLLMEngine holds a vLLM in this process; vLLM keeps global state, and freeing "
-                               "one engine breaks the other: call .close() on it first")
         if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
             raise NotImplementedError(
                 f"VLLMEngine runs in a single process for now; this run has {torch.distributed.get_world_size()} "
                 "processes (DDP/FSDP2 would need vLLM's external_launcher over the trainer's process group): use "
                 "devices 1, or HFGenerate/LeanSampler")
+        live = _LIVE[0]() if _LIVE else None
+        if live is not None and live is not self and live.llm is not None:
+            raise RuntimeError("another VLLMEngine holds a vLLM in this process; vLLM keeps global state, and freeing "
+                               "one engine breaks the other: call .close() on it first")
         dtype = _trainer_dtype(policy, device.type) if self.dtype == "auto" else self.dtype
         max_model_len = self.max_model_len or config.max_position_embeddings
         llm_kwargs = dict(self.llm_kwargs)
