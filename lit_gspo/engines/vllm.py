@@ -70,6 +70,7 @@ class VLLMEngine(RolloutEngine):
         self.dtype, self.max_model_len, self.kv_cache_gb = dtype, max_model_len, kv_cache_gb
         self.num_threads, self.enforce_eager, self.llm_kwargs = num_threads, enforce_eager, dict(llm_kwargs or {})
         self.llm = None
+        self.resolved_dtype: str | None = None  # the dtype vLLM was built in (``dtype``, or what ``auto`` resolved to)
         self.startup_s: float | None = None  # seconds the build took (vLLM's start-up, without the first push)
         self.last_sync_s: float | None = None  # seconds the last push took
         self._pushed = None  # weights_version() of the policy at the last push
@@ -90,7 +91,9 @@ class VLLMEngine(RolloutEngine):
         if version == self._pushed:
             return
         with torch.inference_mode():  # as the build: vLLM's tensors may be inference tensors (built in validation)
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": hf_weights(policy)})
+            dtype = getattr(torch, self.resolved_dtype)  # cast here, as vLLM would (it warns on a narrowing cast)
+            weights = ((name, t.to(dtype) if t.is_floating_point() else t) for name, t in hf_weights(policy))
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
         self._pushed = version
         self.last_sync_s = time.perf_counter() - start
