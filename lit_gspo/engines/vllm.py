@@ -248,9 +248,10 @@ def _trainer_dtype(policy: nn.Module, device_type: str) -> str:
 
 @contextlib.contextmanager
 def _kept_process_state() -> Iterator[None]:
-    """Build vLLM in this process without changing it: in-process mode on, then the RNG states (its CPU worker
-    reseeds torch, numpy and random) and ``torch.set_num_threads`` (replaced by a no-op that warns) restored."""
+    """Build vLLM in this process without changing it: in-process mode on, then the RNG states (its worker reseeds
+    torch, CUDA, numpy and random) and ``torch.set_num_threads`` (its CPU worker's no-op that warns) restored."""
     rng = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None  # vLLM seeds every device too
     set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
     previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -266,6 +267,8 @@ def _kept_process_state() -> Iterator[None]:
         torch.set_rng_state(rng[0])
         np.random.set_state(rng[1])
         random.setstate(rng[2])
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
 
 
 @contextlib.contextmanager
