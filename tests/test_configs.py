@@ -27,7 +27,7 @@ def parse(*configs: Path, extra: tuple[str, ...] = ()):
 
 
 def fit_configs():
-    return sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name not in ("ablate", "objectives", "mismatch"))
+    return sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name not in ("ablate", "objectives", "mismatch", "engines"))
 
 
 @pytest.mark.parametrize("path", fit_configs(), ids=lambda p: str(p.relative_to(CONFIGS)))
@@ -54,6 +54,16 @@ def test_unknown_objective_error_lists_the_known_ones(value, capsys):
     err = capsys.readouterr().err
     assert value in err and "Known objectives:" in err
     assert all(cls.__name__ in err for cls in OBJECTIVES.values())
+
+
+def test_the_vllm_overlay_picks_the_vllm_engine_and_a_model_with_head_size_32():
+    """Parsed only (vLLM need not be installed): the engine by class path, and by class name on the command line."""
+    config = parse(QUICKSTART, CONFIGS / "engines/vllm.yaml")
+    assert config.model.engine.class_path.endswith(".VLLMEngine")
+    model_config = config.model.model_config
+    assert model_config["hidden_size"] // model_config["num_attention_heads"] == 32
+    by_name = parse(QUICKSTART, extra=("--model.engine", "VLLMEngine"))
+    assert by_name.model.engine.class_path.rsplit(".", 1)[-1] == "VLLMEngine"
 
 
 def test_objective_by_class_name_still_parses():

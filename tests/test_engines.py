@@ -87,3 +87,17 @@ def test_generation_is_group_major_and_masks_after_eos(model):
     assert torch.equal(prompts[0], prompts[2]) and torch.equal(prompts[3], prompts[5])
     completions = rollout.input_ids[:, rollout.prompt_length:]
     assert (completions[~rollout.completion_mask] == PAD).all()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(dtype="fp8"), r"dtype must be one of \('auto', 'float32', 'bfloat16', 'float16'\), got 'fp8'"),
+    (dict(max_model_len=1), r"max_model_len must be >= 2 .*got 1"),
+    (dict(kv_cache_gb=0), r"kv_cache_gb must be > 0, got 0"),
+    (dict(num_threads=0), r"num_threads must be >= 1 or null, got 0"),
+])
+def test_bad_vllm_engine_settings_are_refused_naming_the_value(kwargs, message):
+    """Checked before vLLM is looked for: the same error with or without it installed."""
+    from lit_gspo.rl.engines import VLLMEngine
+
+    with pytest.raises(ValueError, match=message):
+        VLLMEngine(**kwargs)

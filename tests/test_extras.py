@@ -32,7 +32,7 @@ def test_every_extra_named_by_the_helper_is_in_pyproject_with_its_package():
     optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for package, extra in extras.EXTRAS.items():
         assert any(req.startswith(package) for req in optional[extra]), (package, extra)
-        assert any(req.startswith(package) for req in optional["test"]) or extra == "bench"
+        assert any(req.startswith(package) for req in optional["test"]) or extra in ("bench", "vllm")  # own envs
     core = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert not any(req.startswith(tuple(extras.EXTRAS)) for req in core)
 
@@ -127,3 +127,11 @@ def test_optional_packages_are_imported_through_the_helper_only():
                 if top in extras.EXTRAS and (rel, top) not in allowed and not rel.startswith("benchmarks/gpu_check"):
                     offenders.append(f"{rel}: import {name}")
     assert offenders == []
+
+
+def test_the_vllm_engine_without_vllm_names_the_vllm_extra(missing):
+    from lit_gspo.rl.engines import VLLMEngine
+
+    missing("vllm")
+    with pytest.raises(ImportError, match=r"VLLMEngine needs the optional package `vllm`.*pip install 'lit-gspo\[vllm\]'"):
+        VLLMEngine()

@@ -153,8 +153,11 @@ class RLModule(LightningModule):
         start = time.perf_counter()
         self.collector.trainer_state = self._reward_trainer_state()
         self.collector.engine.sync_weights(self.policy)
+        sync_s = self.collector.engine.last_sync_s  # an engine with its own copy of the weights (VLLMEngine)
         rollout, stats = self.collector.collect(self.policy, rows, self._refill_rows, synced_gpus=self._synced_gpus())
         stats["time/rollout_s"] = time.perf_counter() - start
+        if sync_s is not None:
+            stats["time/weight_sync_s"] = sync_s
         if not self._anything_to_learn(rollout):
             rollout = None  # every sample of every rank failed: no rank updates, all count a skipped step alike
         if rollout is not None:

