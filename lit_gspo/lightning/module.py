@@ -407,7 +407,9 @@ class RLModule(LightningModule):
         if due(self.rl_step, self.validation.log_completions_every_n_steps) and self.trainer.is_global_zero:
             log_completions(self.loggers, self.rl_step, *self._val_shown)
             if self.validation.print_completions and self._val_shown[0]:
-                print(terminal_table(self.rl_step, split, *self._val_shown, self._val_shown_scores), flush=True)
+                bar = self.trainer.progress_bar_callback  # prints above its bars, not into them
+                (bar.print if bar is not None else print)(terminal_table(self.rl_step, split, *self._val_shown,
+                                                                         self._val_shown_scores))
         rank_zero_info(f"step {self.rl_step}: {split}/reward = {metrics[f'{split}/reward']:.4f} "
                        f"({time.perf_counter() - self._val_start:.1f} s)")
 
