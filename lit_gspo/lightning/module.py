@@ -403,7 +403,8 @@ class RLModule(LightningModule):
             return
         # fp64 tensors: Lightning keeps their dtype (a float would be stored as fp32); the same value on every rank
         self.log_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}, sync_dist=True)
-        self.log_dict({"step": float(self.rl_step), "time/val_s": time.perf_counter() - self._val_start})
+        # sync_dist: the same step on every rank, the mean validation time (Lightning warns about epoch-level logs without it)
+        self.log_dict({"step": float(self.rl_step), "time/val_s": time.perf_counter() - self._val_start}, sync_dist=True)
         if due(self.rl_step, self.validation.log_completions_every_n_steps) and self.trainer.is_global_zero:
             log_completions(self.loggers, self.rl_step, *self._val_shown)
             if self.validation.print_completions and self._val_shown[0]:
