@@ -156,3 +156,30 @@ def test_ddp_with_a_rank_hung_in_its_reward_fails_after_the_process_group_timeou
     assert proc.returncode != 0
     assert "a collective timed out: another rank is stuck or died" in err, err[-3000:]
     assert _group_ends(proc.pid, within=10), "rank 1 outlived rank 0"
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_while_validating_stops_at_once_not_after_the_batch(tmp_path, signum, code):
+    """``lit-gspo validate``/``test`` and the validation a fit runs before its first update have nothing to save: a
+    stop signal ends them at once with 128 + the signal. Before, SIGTERM waited for the validation batch to end (minutes
+    on SmolLM2). Here the reward of the first scoring sleeps for 120 s."""
+    marker = tmp_path / "scoring"
+    (tmp_path / "slow_reward.py").write_text(
+        "import time\nfrom pathlib import Path\n\n\n"
+        f"def slow(completions, **kwargs):\n    Path({str(marker)!r}).touch()\n    time.sleep(120)\n"
+        "    return [0.0] * len(completions)\n")
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), ENV["PYTHONPATH"]])}
+    proc = subprocess.Popen(cli(tmp_path / "run", "--model.rewards", "[slow_reward.slow]"), cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(marker.exists, proc)
+        start = time.monotonic()
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, err[-3000:]
+    assert time.monotonic() - start < 30
+    assert f"{signal.Signals(signum).name} received while validating: stopped" in err
+    assert not (tmp_path / "run" / "hf_model").exists()

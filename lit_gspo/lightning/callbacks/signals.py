@@ -99,7 +99,10 @@ class _SecondSignalWatchdog:
 
 class SaveOnSignal(Callback):
     """SIGINT/SIGTERM while training: finish the RL step, save a checkpoint of it, exit with 128 + the signal (every
-    rank after the same step); a second signal exits at once without saving (see the module docstring)."""
+    rank after the same step); a second signal exits at once without saving (see the module docstring). While
+    validating or testing outside a fit's training (``lit-gspo validate``/``test``, and the validation ``fit`` runs
+    before its first update) there is nothing to save: the signal stops at once, not after the batch (minutes on a
+    real model)."""
 
     def __init__(self) -> None:
         self._received = 0  # the first stop signal received while training (0: none)
@@ -131,6 +134,29 @@ class SaveOnSignal(Callback):
             print(f"\n{name} received: finishing this RL step, then saving a checkpoint and exiting with code "
                   f"{128 + signum} (send it again to stop at once, without saving)", file=sys.stderr, flush=True)
 
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if trainer.state.fn != "fit":
+            self._stop_at_once(trainer)
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._stop_at_once(trainer)
+
+    def _stop_at_once(self, trainer) -> None:
+        self._run_trainer = trainer
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in STOP_SIGNALS:
+            self._previous.setdefault(signum, signal.getsignal(signum))
+            signal.signal(signum, self._on_signal_evaluating)
+
+    def _on_signal_evaluating(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        message = (f"{name} received while validating: stopped (nothing was trained, nothing to save); exit code "
+                   f"{128 + signum}")
+        if self._run_trainer is None or self._run_trainer.is_global_zero:
+            print(f"\n{message}", file=sys.stderr, flush=True)
+        raise RunInterrupted(128 + signum, message)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         # Every rank agrees on the step. With validation on, Lightning's own stop: its loop validates this step (a
         # resume would skip that validation), and the checkpoint is saved at the validation's end, where a resume
@@ -145,6 +171,11 @@ class SaveOnSignal(Callback):
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
             self._stop_if_asked(trainer, pl_module)
+        elif trainer.state.fn != "fit":
+            self._end()
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        self._end()
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._stop_if_asked(trainer, pl_module)  # received after the last step's validation: before the export
@@ -173,15 +204,15 @@ class SaveOnSignal(Callback):
             raise RunInterrupted(128 + signum, message)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        if stage == "fit":
-            self._end()
+        self._end()
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self._end()
 
     def _end(self) -> None:
         for signum, handler in self._previous.items():  # unless Lightning's teardown already restored its own
-            if threading.current_thread() is threading.main_thread() and signal.getsignal(signum) == self._on_signal:
+            if threading.current_thread() is threading.main_thread() and signal.getsignal(signum) in (
+                    self._on_signal, self._on_signal_evaluating):
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self._previous.clear()
         if self._watchdog is not None:
