@@ -26,6 +26,7 @@ from lit_gspo.rl.advantages import get_advantage
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.objectives import GSPO, OBJECTIVES, Objective
 from lit_gspo.runtime import extras, user_errors
+from lit_gspo.runtime.collectives import end_process_group
 from lit_gspo.runtime.imports import import_path
 
 DEFAULT_VAL_EVERY_N_STEPS = 10
@@ -415,7 +416,10 @@ def add_progress_bar(config: dict, callbacks: list) -> None:
 def cli_main(args: list[str] | None = None, run: bool = True,
              other_subcommands: dict[str, ArgumentParser] | None = None) -> RLCLI:
     """``args`` None: LightningCLI reads ``sys.argv``."""
-    return RLCLI(RLModule, PromptDataModule, seed_everything_default=0, trainer_defaults=TRAINER_DEFAULTS,
-                 save_config_callback=run_dir.RunConfigCallback,  # also <root>/run_config.yaml, and in each checkpoint
-                 save_config_kwargs={"overwrite": True}, args=args, run=run, other_subcommands=other_subcommands)
+    cli = RLCLI(RLModule, PromptDataModule, seed_everything_default=0, trainer_defaults=TRAINER_DEFAULTS,
+                save_config_callback=run_dir.RunConfigCallback,  # also <root>/run_config.yaml, and in each checkpoint
+                save_config_kwargs={"overwrite": True}, args=args, run=run, other_subcommands=other_subcommands)
+    if run and cli.trainer.world_size > 1:  # finished on this rank (a failure raised above): ranks are done together
+        end_process_group()
+    return cli
 

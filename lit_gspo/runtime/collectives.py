@@ -21,6 +21,17 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def end_process_group() -> None:
+    """Destroy the default process group of a run that finished on every rank (Lightning leaves it alive).
+
+    A process that exits with it alive can abort at interpreter shutdown ("terminate called without an active
+    exception", exit -6): gloo's worker threads still hold work whose tensors need the interpreter being torn down
+    (pytorch/pytorch#190489). Only after success: a rank destroying its group while another waits in a collective
+    can hang the other."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 
 def all_reduce_sum(tensor: Tensor) -> Tensor:
     """``tensor`` summed over ranks (unchanged in one process), on its own device.
