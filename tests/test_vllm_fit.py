@@ -7,6 +7,7 @@ import csv
 from pathlib import Path
 
 import pytest
+from lightning.pytorch import Callback
 
 pytest.importorskip("vllm", reason="needs vLLM: pip install 'lit-gspo[vllm]' (its own environment, see .ci/run)")
 
@@ -37,13 +38,29 @@ def column(rows, key):
 
 def fit(argv):
     cli = cli_main(argv, run=False)
-    try:
-        cli.fit(cli.model, datamodule=cli.datamodule)
-    finally:
-        engine = cli.model.collector.engine
-        if isinstance(engine, VLLMEngine):
-            engine.close()  # the next test builds its own
+    cli.fit(cli.model, datamodule=cli.datamodule)  # its end frees the engine: the next test builds its own
     return cli
+
+
+class FailsAtTheFirstStep(Callback):
+    def on_train_batch_end(self, *args) -> None:
+        raise RuntimeError("a fit that fails")
+
+
+def test_fits_one_after_another_in_one_process_each_build_their_vllm(tmp_path):
+    """`lit-gspo ablate` runs its arms in one process, a notebook fits twice: a fit's end, or its failure, frees its
+    vLLM (one per process), so the next fit builds its own instead of failing at its first rollout."""
+    quick = ("--trainer.max_steps", "1", "--model.validation.every_n_steps", "0")
+    first = fit(args(tmp_path / "first", "VLLMEngine", *quick))
+    assert isinstance(first.model.collector.engine, VLLMEngine) and first.model.collector.engine.llm is None
+    failing = cli_main(args(tmp_path / "failing", "VLLMEngine", *quick), run=False)
+    failing.trainer.callbacks.append(FailsAtTheFirstStep())
+    with pytest.raises(RuntimeError, match="a fit that fails"):
+        failing.fit(failing.model, datamodule=failing.datamodule)
+    assert failing.model.collector.engine.llm is None
+    third = fit(args(tmp_path / "third", "VLLMEngine", *quick))
+    assert len(column(metrics(tmp_path / "third"), "train/reward")) == 1
+    assert third.model.collector.engine.llm is None
 
 
 @pytest.mark.parametrize("engine", ["HFGenerate", "VLLMEngine"])

@@ -39,6 +39,10 @@ class RolloutEngine:
     def sync_weights(self, policy: nn.Module) -> None:
         """Make the engine sample from ``policy``'s current weights (nothing to do for the built-ins)."""
 
+    def close(self) -> None:
+        """Free what the engine holds beyond the policy (a server, a KV cache); the next rollout starts it again.
+        Called when a fit ends or fails; nothing to do for the built-ins."""
+
     def generate(self, policy: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, num_generations: int,
                  max_new_tokens: int, pad_id: int, eos_id: int | list[int], sampling: dict, synced_gpus: bool,
                  return_logprobs: bool) -> tuple[Tensor, Tensor | None]:
