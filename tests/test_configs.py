@@ -86,6 +86,16 @@ def value_at(config, dotted: str):
     return node
 
 
+def assert_given(config, key: str, value, arm: str) -> None:
+    """The parsed ``config`` holds ``value`` at ``key``; a mapping (``model.mismatch: {...}``, a class with its
+    ``init_args``) field by field."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            assert_given(config, f"{key}.{k}", v, arm)
+    else:
+        assert value_at(config, key) == value, (arm, key)
+
+
 @pytest.mark.parametrize("path", sorted((CONFIGS / "ablate").glob("*.yaml")), ids=lambda p: p.stem)
 def test_ablation_config_loads_and_its_arms_parse(path, tmp_path, monkeypatch):
     monkeypatch.chdir(CONFIGS.parent)  # an ablation's base path is relative to the repository
@@ -99,13 +109,11 @@ def test_ablation_config_loads_and_its_arms_parse(path, tmp_path, monkeypatch):
         for arm in ablation.arms:
             args = fit_args(ablation, arm, seed, tmp_path / arm.name, base)
             config = ParseOnlyCLI(RLModule, PromptDataModule, args=args, run=False).config
-            objective = arm.objective or base_objective
+            objective = (arm.objective or arm.overrides.get("model.objective", {}).get("class_path")
+                         or base_objective)
             assert config.model.objective.class_path.rsplit(".", 1)[-1] == objective.rsplit(".", 1)[-1], (arm, seed)
             for key, value in {**ablation.overrides, **arm.overrides}.items():
-                if isinstance(value, dict):  # a group set by a mapping (model.mismatch: {...}): each given field
-                    assert all(value_at(config, f"{key}.{k}") == v for k, v in value.items()), (arm.name, key)
-                else:
-                    assert value_at(config, key) == value, (arm.name, key)
+                assert_given(config, key, value, arm.name)
             assert all(value_at(config, key) == seed for key in ablation.seed_keys)
 
 
