@@ -56,7 +56,10 @@ def test_toy_ablation_writes_summary_and_report(toy_run):
     report = (toy_run / "a" / "report.md").read_text()
     assert "| GRPO |" in report and "| GSPO-wide |" in report and "val_reward.png" in report
     assert (toy_run / "a" / "val_reward.png").stat().st_size > 1000
-    assert (toy_run / "a" / "curves.csv").exists()
+    with open(toy_run / "a" / "curves.csv") as f:
+        curves = list(csv.DictReader(f))
+    for arm in ("GRPO", "GSPO-wide"):  # validated before the first update, as `lit-gspo fit` does, then every step
+        assert [int(r["step"]) for r in curves if r["arm"] == arm and r["val/reward"]] == [0, 1, 2], arm
 
 
 @pytest.mark.slow

@@ -135,12 +135,12 @@ def fit_args(ab: Ablation, arm: Arm, seed: int, run_dir: Path, base_path: Path) 
 
 
 def run_one(args: list[str]) -> None:
-    """One fit, in this process."""
+    """One fit, in this process, as ``lit-gspo fit`` runs it."""
     # sys.argv holds `lit-gspo ablate ...`, which this process consumed: passing `args` is no mistake here. Not
     # in a catch_warnings block: that would also undo the filters RLModule installs for the fit below.
     warnings.filterwarnings("ignore", message=CLI_ARGS_WARNING)
     cli = cli_main(args, run=False)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    cli.fit(cli.model, datamodule=cli.datamodule)  # as `lit-gspo fit`: val/reward before the first update, then the fit
 
 
 def run_dir_of(ab: Ablation, arm: Arm, seed: int) -> Path:
