@@ -22,8 +22,6 @@ import argparse
 import gc
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -31,20 +29,14 @@ from pathlib import Path
 
 import torch
 
+from lit_gspo.runtime.hardware import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {"config": (16, 8, 16), "long": (2, 4, 512)}  # prompts, G, max new tokens
 #: the long shape's prompts (chat): replies that run to hundreds of tokens, where batching and paged attention matter
 LONG_PROMPTS = ["Write a long story about a lighthouse keeper and a storm.",
                 "Explain in detail how a bicycle works, part by part."]
 ENGINES = ("HFGenerate", "LeanSampler", "VLLMEngine")
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def make_engine(name: str, dtype: str):

@@ -15,8 +15,6 @@ import argparse
 import csv
 import glob
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from lit_gspo.runtime.hardware import cpu_model  # noqa: E402
 
 #: the quickstart, shortened; the tests use a tinier one (tests/test_lightning_habits.py)
 QUICKSTART = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.validation.every_n_steps", "5",
@@ -249,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", default=None, help="habit names containing these words")
     args = parser.parse_args(argv)
     habits = [h for h in HABITS if not args.only or any(w in h.name for w in args.only)]
-    cpu = subprocess.run("lscpu | grep 'Model name' | cut -d: -f2", shell=True, capture_output=True, text=True).stdout.strip()
+    cpu = cpu_model()
     lines = ["| habit (`lit-gspo fit --config configs/quickstart.yaml ...`) | outcome | s |", "|---|---|---|"]
     ok = 0
     for habit in habits:
@@ -262,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{time.perf_counter() - start:.0f} |")
         print(lines[-1], flush=True)
     print(f"\n{ok}/{len(habits)} as expected; {args.steps} RL steps each, the quickstart with validation.every_n_steps 5, "
-          f"on {cpu or platform.processor()} ({os.cpu_count()} cores).\n"
+          f"on {cpu} ({os.cpu_count()} cores).\n"
           f"Reproduce: python benchmarks/lightning_habits.py --steps {args.steps}\n")
     print("\n".join(lines))
     return 0 if ok == len(habits) else 1

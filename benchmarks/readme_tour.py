@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shlex
 import subprocess
@@ -28,6 +27,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from lit_gspo.runtime.hardware import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,13 +94,7 @@ def run(argv: list[str], workdir: Path, timeout: float = 600) -> tuple[int, floa
 
 
 def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        found = re.search(r"Model name:\s*(.+)", out)
-        cores = re.search(r"^CPU\(s\):\s*(\d+)", out, flags=re.M)
-        return f"{found.group(1).strip() if found else platform.processor()}, {cores.group(1) if cores else '?'} CPUs"
-    except OSError:
-        return platform.processor() or "unknown CPU"
+    return f"{cpu_model()}, {os.cpu_count()} CPUs"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,21 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import sys
 from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
 
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
+from lit_gspo.runtime.hardware import cpu_model
 
 
 def autocast(on: bool):

@@ -8,12 +8,23 @@ a CPU costs time instead of saving it.
 
 from __future__ import annotations
 
+import platform
+import subprocess
 from collections.abc import Iterable
 
 import torch
 
 #: The CPU flags (named as in /proc/cpuinfo) of the instructions oneDNN's fast bf16 matmuls use.
 NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+
+
+def cpu_model() -> str:
+    """The CPU's model name as ``lscpu`` prints it (benchmarks name the CPU beside every timing)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
 
 
 def deterministic_on_cpu(device_type: str) -> None:
