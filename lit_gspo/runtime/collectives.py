@@ -32,7 +32,6 @@ def end_process_group() -> None:
         dist.destroy_process_group()
 
 
-
 def all_reduce_sum(tensor: Tensor) -> Tensor:
     """``tensor`` summed over ranks (unchanged in one process), on its own device.
 
