@@ -121,6 +121,34 @@ def test_fsdp2_two_processes_match_one_process_and_save_a_loadable_hf_model(tmp_
 
 
 @pytest.mark.distributed
+def test_fsdp2_with_lora_exports_the_merged_model_and_the_adapter_one_process_exports(tmp_path):
+    """A sharded policy cannot be copied to merge its adapters (FSDP2 refuses ``deepcopy``: the export failed after
+    training); its merged model is written from the gathered weights, and equals the one process's merged copy."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    lora = ("--model.lora", "{r: 4, alpha: 8}")
+    one, two = tmp_path / "one", tmp_path / "two"
+    launch(one, run_args(one, *lora))
+    sharded = launch(two, run_args(two, *lora, *FSDP2, prompts=2, devices=2))
+    merged_one = AutoModelForCausalLM.from_pretrained(one / "hf_model").state_dict()
+    merged_two = AutoModelForCausalLM.from_pretrained(two / "hf_model")
+    assert type(merged_two).__name__ == "LlamaForCausalLM"
+    merged_two = merged_two.state_dict()
+    assert merged_one.keys() == merged_two.keys()
+    for name in merged_one:
+        torch.testing.assert_close(merged_two[name], merged_one[name], atol=1e-5, rtol=0, msg=name)
+    base = sharded["weights"]["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"]
+    assert (merged_two["model.layers.0.self_attn.q_proj.weight"] - base).abs().max() > 1e-4  # the adapter moved it
+    torch.testing.assert_close(merged_two["model.layers.0.mlp.up_proj.weight"],
+                               sharded["weights"]["base_model.model.model.layers.0.mlp.up_proj.weight"], atol=0, rtol=0)
+    adapters = [load_file(root / "hf_adapter" / "adapter_model.safetensors") for root in (one, two)]
+    assert adapters[0].keys() == adapters[1].keys() and len(adapters[0]) == 2 * 4 * 2  # A, B × 4 modules × 2 layers
+    for name in adapters[0]:
+        torch.testing.assert_close(adapters[1][name], adapters[0][name], atol=1e-5, rtol=0, msg=name)
+
+
+@pytest.mark.distributed
 def test_fsdp2_cpu_config_alone_shards_over_both_processes(tmp_path, single):
     """configs/scale/fsdp2_cpu.yaml (a class path, no mesh sizes) is FSDP2 over 2 processes (issue 19, finding 7)."""
     args = run_args(tmp_path, prompts=2, devices=2)

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 pytest.importorskip("vllm", reason="needs vLLM: pip install 'lit-gspo[vllm]' (its own environment, see .ci/run)")
 
 from lit_gspo.rl.engines import HFGenerate, VLLMEngine  # noqa: E402
-from lit_gspo.rl.engines.vllm_weights import hf_weights  # noqa: E402
+from lit_gspo.models.hf_weights import hf_weights  # noqa: E402
 from lit_gspo.rl.rollout import position_ids_of, token_logprobs  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -221,12 +221,13 @@ def test_a_policy_of_another_shape_is_refused_naming_both(engine):
         greedy(engine, other)
 
 
-def test_several_trainer_processes_are_refused_before_vllm_is_built(model, monkeypatch):
-    """Under DDP/FSDP2 vLLM would have to join the trainer's process group (its external_launcher): not done yet."""
+def test_under_several_trainer_processes_an_engine_split_over_ranks_is_refused_naming_the_setting(model, monkeypatch):
+    """Each trainer rank samples its own prompts with a whole engine (tests/test_vllm_distributed.py); a tensor-parallel
+    engine would need its ranks to sample the same ones."""
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
-    engine = VLLMEngine(kv_cache_gb=0.05)
-    with pytest.raises(NotImplementedError, match=r"single process for now; this run has 2 processes"):
+    engine = VLLMEngine(kv_cache_gb=0.05, llm_kwargs={"tensor_parallel_size": 2})
+    with pytest.raises(ValueError, match=r"one whole engine per trainer rank; llm_kwargs \{'tensor_parallel_size': 2\}"):
         greedy(engine, model)
     assert engine.llm is None
 

@@ -4,14 +4,15 @@ and the rollouts ``lit-gspo compare`` replays (``rollouts/step_K.pt``, ``lit_gsp
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torch import nn
+from torch import Tensor, nn
 
 from lit_gspo.lightning.run_dir import save_export_config
+from lit_gspo.models.hf_weights import hf_weights
 from lit_gspo.models.lora import is_lora, merged_for_saving
 from lit_gspo.rl.rollout_io import policy_dir, rollout_path, save_optimizer_state
 from lit_gspo.rl.rollout_io import save_rollout as write_rollout
@@ -25,12 +26,35 @@ def adapter_path(path: Path) -> Path:
     return Path(path).parent / "hf_adapter"
 
 
-def save_hf_model(module, path: Path, state_dict: dict | None = None) -> None:
-    """``module``'s policy in Hugging Face format at ``path``; ``state_dict``: the full weights of an FSDP2-sharded
-    policy. Under LoRA: the merged model at ``path`` and the adapter alone beside it (:func:`adapter_path`)."""
+@dataclass
+class Gathered:
+    """An FSDP2-sharded policy's weights as rank 0 saves them: its full state dict and, under LoRA, the merged model's
+    weights (a sharded policy cannot be copied to merge one)."""
+
+    state_dict: dict[str, Tensor]
+    merged: dict[str, Tensor] | None = None
+
+
+def gather_for_saving(module) -> Gathered | None:
+    """What :func:`save_hf_model` needs of a sharded policy, gathered (collective under FSDP2: every rank calls it);
+    None for a policy each process holds whole."""
+    if not is_sharded(module.policy):
+        return None
+    merged = dict(hf_weights(module.policy)) if module.lora is not None else None
+    return Gathered(full_state_dict(module.policy), merged)
+
+
+def save_hf_model(module, path: Path, gathered: Gathered | None = None) -> None:
+    """``module``'s policy in Hugging Face format at ``path``; ``gathered``: the weights of an FSDP2-sharded policy
+    (:func:`gather_for_saving`). Under LoRA: the merged model at ``path`` and the adapter alone beside it
+    (:func:`adapter_path`)."""
+    state_dict = gathered.state_dict if gathered else None
     if module.lora is None:
         return save_pretrained(module, module.policy, path, state_dict)
-    save_pretrained(module, merged_for_saving(module.policy), path, state_dict)
+    if gathered is None:
+        save_pretrained(module, merged_for_saving(module.policy), path, None)
+    else:  # the base model under the adapters, saved with the merged weights in place of its own
+        save_pretrained(module, module.policy.get_base_model(), path, gathered.merged)
     save_pretrained(module, module.policy, adapter_path(path), state_dict, "the LoRA adapter")  # a PeftModel saves that only
 
 
@@ -59,10 +83,10 @@ def save_rollout(module, rollout) -> None:
     opt = opt.optimizer if hasattr(opt, "optimizer") else opt
     with_policy = module.rollout_dumps.with_policy
     if with_policy:
-        state_dict = full_state_dict(module.policy) if is_sharded(module.policy) else None
+        gathered = gather_for_saving(module)
         if trainer.is_global_zero:
-            module.save_hf_model(policy_dir(path), state_dict)
-            if state_dict is None and module.lora is None and module.value_head is None:  # its state fits the HF policy
+            module.save_hf_model(policy_dir(path), gathered)
+            if gathered is None and module.lora is None and module.value_head is None:  # its state fits the HF policy
                 save_optimizer_state(policy_dir(path), opt.state_dict())
     if not trainer.is_global_zero:
         return

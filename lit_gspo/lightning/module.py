@@ -44,12 +44,12 @@ from lit_gspo.rl.learn.mismatch import Mismatch
 from lit_gspo.rl.objectives import GSPO, Objective
 from lit_gspo.rl.rewards import ExactMatch, RewardSet, TrainerState
 from lit_gspo.rl.warm_start import warm_start
-from lit_gspo.runtime.collectives import all_reduce_sum, gather_objects, reduce_step_stats, sum_over_ranks
+from lit_gspo.runtime.collectives import all_reduce_sum, any_rank, gather_objects, reduce_step_stats
 from lit_gspo.runtime.files import export_is_complete
 from lit_gspo.runtime.hardware import SlowPrecisionWarning, bf16_on_cpu_warning, deterministic_on_cpu
 from lit_gspo.runtime.optim import shard_aware
 from lit_gspo.runtime.rng import local_rng_state, restore_local_rng_state, restore_rng_states, rng_states
-from lit_gspo.runtime.sharding import apply_fsdp2, full_state_dict, is_sharded
+from lit_gspo.runtime.sharding import apply_fsdp2
 
 
 def default_optimizer(params) -> torch.optim.Optimizer:
@@ -193,8 +193,7 @@ class RLModule(LightningModule):
     def _anything_to_learn(self, rollout) -> bool:
         """Whether any rank kept a sample (collective under several processes: every rank decides the same; a rank
         whose samples all failed still takes part in the update of the others, with a zero mask)."""
-        mine = rollout is not None and bool(rollout.completion_mask.any())
-        return sum_over_ranks(float(mine)) > 0 if self.trainer.world_size > 1 else mine
+        return any_rank(rollout is not None and bool(rollout.completion_mask.any()))
 
     def _check_progress(self, updated: bool, stats: dict) -> None:
         """A skipped step makes no optimiser step, so ``max_steps`` alone would never end a run that keeps skipping.
@@ -334,9 +333,9 @@ class RLModule(LightningModule):
         return Path(self.trainer.default_root_dir) / "hf_model"
 
     def _export(self) -> None:
-        state_dict = full_state_dict(self.policy) if is_sharded(self.policy) else None  # collective under FSDP2
+        gathered = export.gather_for_saving(self)  # collective under FSDP2
         if self.trainer.is_global_zero:
-            self.save_hf_model(self._export_path(), state_dict)
+            self.save_hf_model(self._export_path(), gathered)
 
     # ------------------------------------------------------------------ validation (Lightning's loop)
     def _warm_start_once(self) -> None:
@@ -444,10 +443,10 @@ class RLModule(LightningModule):
         """``<root>/rollouts/step_K.pt`` with the trainer's old log-probs (and the sampling policy): ``lit_gspo.lightning.export``."""
         export.save_rollout(self, rollout)
 
-    def save_hf_model(self, path: Path, state_dict: dict | None = None) -> None:
-        """Save in Hugging Face format, written aside and swapped in (``lit_gspo.lightning.export``); ``state_dict``: the
-        full weights of an FSDP2-sharded policy. Under LoRA: the merged model at ``path`` and the adapter beside it."""
-        export.save_hf_model(self, path, state_dict)
+    def save_hf_model(self, path: Path, gathered: export.Gathered | None = None) -> None:
+        """Save in Hugging Face format, written aside and swapped in (``lit_gspo.lightning.export``); ``gathered``: the
+        weights of an FSDP2-sharded policy. Under LoRA: the merged model at ``path`` and the adapter beside it."""
+        export.save_hf_model(self, path, gathered)
 
 
 def check_stages_fit(objective: Objective, advantage: AdvantageEstimator, generation: Generation) -> None:

@@ -51,6 +51,11 @@ def sum_over_ranks(value: float) -> float:
     return float(all_reduce_sum(torch.tensor([value], dtype=torch.float64))) if world_size() > 1 else value
 
 
+def any_rank(flag: bool) -> bool:
+    """True on every rank when ``flag`` is True on any (collective: all ranks must call it)."""
+    return sum_over_ranks(float(flag)) > 0 if world_size() > 1 else flag
+
+
 def gather_objects(obj: Any) -> list[Any]:
     """``[obj of rank 0, obj of rank 1, ...]`` (just ``[obj]`` in one process)."""
     if world_size() == 1:

@@ -24,7 +24,14 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 def is_sharded(module: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
-    return isinstance(module, FSDPModule)
+    return isinstance(module, FSDPModule) or isinstance(forward_root(module), FSDPModule)
+
+
+def forward_root(model: nn.Module) -> nn.Module:
+    """The module every pass enters by: under LoRA peft's wrapped model, whose forward ``generate`` calls directly
+    (not the wrapper's). FSDP2 gathers the root's own parameters (embeddings, LM head, final norm) before the root's
+    forward only, and needs the first forward to enter there."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def shard_model(model: nn.Module, mesh) -> None:
@@ -37,7 +44,7 @@ def shard_model(model: nn.Module, mesh) -> None:
 
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    fully_shard(forward_root(model), mesh=mesh)
 
 
 def apply_fsdp2(module: nn.Module, mesh) -> None:
@@ -81,8 +88,9 @@ def _data_parallel_mesh(mesh):
     return mesh
 
 
-def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """The full (unsharded) state dict on CPU; collective under FSDP2 (every rank must call it)."""
+def full_state_dict(model: nn.Module, cpu_offload: bool = True) -> dict[str, Tensor]:
+    """The full (unsharded) state dict; collective under FSDP2 (every rank must call it). ``cpu_offload``: on CPU,
+    and on rank 0 only (the others get an empty dict); else on the parameters' device, on every rank."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload))

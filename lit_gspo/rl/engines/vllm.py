@@ -8,6 +8,10 @@
              samples the same completions again; log-probs of the sampled tokens after temperature,
              top-k and top-p (``logprobs_mode="processed_logprobs"``), as the other engines give them
 
+Under DDP or FSDP2 every rank builds its own engine on the trainer's process group (vLLM's
+``external_launcher``, tensor parallel 1: each rank samples its own prompts), decides collectively whether to push,
+and pushes full tensors (FSDP2's shards gathered, on every rank); freeing the engine leaves the trainer's group.
+
 In-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) the tensors reach the model runner as they are; across
 processes they would arrive as lists. vLLM's CPU worker, built in this process, reseeds the global RNGs
 and replaces ``torch.set_num_threads`` with a no-op: both are put back after the build, and sampling runs
@@ -31,9 +35,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lit_gspo.models.hf_weights import hf_weights
 from lit_gspo.rl.engines.base import RolloutEngine
-from lit_gspo.rl.engines.vllm_weights import hf_weights, weights_version
+from lit_gspo.rl.engines.vllm_weights import weights_version
+from lit_gspo.runtime.collectives import any_rank, world_size
 from lit_gspo.runtime.extras import require, require_installed
+from lit_gspo.runtime.sharding import is_sharded
 
 #: a weak reference to the engine whose vLLM is built in this process (vLLM's parallel state is global: one at a time)
 _LIVE: list[weakref.ref] = []
@@ -88,11 +95,16 @@ class VLLMEngine(RolloutEngine):
             return
         start = time.perf_counter()
         version = weights_version(policy)
-        if version == self._pushed:
+        if not any_rank(version != self._pushed):  # every rank pushes, or none: FSDP2's gathers are collectives
             return
+        dtype = getattr(torch, self.resolved_dtype)  # cast here, as vLLM would (it warns on a narrowing cast)
+        weights = ((name, t.to(dtype) if t.is_floating_point() else t) for name, t in hf_weights(policy))
+        if is_sharded(policy):
+            # every shard gathered before vLLM reads any (a rank failing in vLLM's reload then leaves no other rank
+            # waiting in a gather), outside inference mode, which FSDP2's state-dict hooks refuse
+            with torch.inference_mode(False), torch.no_grad():
+                weights = list(weights)
         with torch.inference_mode():  # as the build: vLLM's tensors may be inference tensors (built in validation)
-            dtype = getattr(torch, self.resolved_dtype)  # cast here, as vLLM would (it warns on a narrowing cast)
-            weights = ((name, t.to(dtype) if t.is_floating_point() else t) for name, t in hf_weights(policy))
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
         self._pushed = version
@@ -145,11 +157,8 @@ class VLLMEngine(RolloutEngine):
             raise ValueError(f"vLLM's CPU attention supports head sizes {CPU_HEAD_SIZES}; the policy's is {head_dim} "
                              f"(hidden_size {config.hidden_size} / {config.num_attention_heads} heads): set head_dim "
                              "or num_attention_heads in model_config, or sample with another engine")
-        if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            raise NotImplementedError(
-                f"VLLMEngine runs in a single process for now; this run has {torch.distributed.get_world_size()} "
-                "processes (DDP/FSDP2 would need vLLM's external_launcher over the trainer's process group): use "
-                "devices 1, or HFGenerate/LeanSampler")
+        if world_size() > 1:
+            _check_one_engine_per_rank(self.llm_kwargs)
         live = _LIVE[0]() if _LIVE else None
         if live is not None and live is not self and live.llm is not None:
             raise RuntimeError("another VLLMEngine holds a vLLM in this process; vLLM keeps global state, and freeing "
@@ -163,11 +172,13 @@ class VLLMEngine(RolloutEngine):
             # prefill prompts whole, never in chunks
             llm_kwargs.setdefault("enable_chunked_prefill", False)
             llm_kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 4096))
+        if world_size() > 1:
+            llm_kwargs["distributed_executor_backend"] = "external_launcher"
         start = time.perf_counter()
         # inference mode whatever the caller's (Lightning validates under it, trains without): vLLM's tensors are then
         # inference tensors, which only inference mode may update in place (sync_weights pushes under it too)
         with (tempfile.TemporaryDirectory(prefix="lit_gspo_vllm_") as directory, _kept_process_state(),
-              torch.inference_mode()):
+              _launcher_ranks(device), torch.inference_mode()):
             config.save_pretrained(directory)
             self.llm = vllm.LLM(model=directory, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
                                 max_model_len=max_model_len, enforce_eager=self.enforce_eager,
@@ -181,8 +192,9 @@ class VLLMEngine(RolloutEngine):
     def close(self) -> None:
         """Free the vLLM engine (another can be built afterwards); the next rollout builds a new one."""
         if self.llm is not None:
-            self.llm = None
-            gc.collect()  # vLLM's engine tears its global state down when collected
+            with _trainer_process_group_kept():  # vLLM's engine tears its global state down when freed
+                self.llm = None
+                gc.collect()
 
 
 #: vLLM's warnings that are expected here, by logger: in-process its CPU worker's no-op ``torch.set_num_threads``
@@ -269,6 +281,64 @@ def _kept_process_state() -> Iterator[None]:
         random.setstate(rng[2])
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
+
+
+def _check_one_engine_per_rank(llm_kwargs: dict) -> None:
+    """Under several trainer processes each rank's engine is a whole model (vLLM's "external data parallel"): a
+    tensor- or pipeline-parallel engine would need its ranks to sample the same prompts, which the trainer's ranks
+    do not."""
+    split = {k: llm_kwargs[k] for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+             if llm_kwargs.get(k, 1) != 1}
+    if split:
+        raise ValueError(f"VLLMEngine under DDP/FSDP2 runs one whole engine per trainer rank; llm_kwargs {split} "
+                         "would split one engine over ranks that sample different prompts: leave them at 1")
+
+
+@contextlib.contextmanager
+def _launcher_ranks(device: torch.device) -> Iterator[None]:
+    """``RANK`` and ``LOCAL_RANK`` as vLLM's ``external_launcher`` reads them (torchrun's variables), for the build:
+    the trainer's global rank, and its device's index (CUDA; else the launcher's ``LOCAL_RANK``, else the rank).
+    Lightning's spawn launchers set neither. One process: nothing to set."""
+    if world_size() == 1:
+        yield
+        return
+    rank = torch.distributed.get_rank()
+    local = device.index if device.type == "cuda" and device.index is not None else os.environ.get("LOCAL_RANK", rank)
+    previous = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK")}
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(local))
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def _trainer_process_group_kept() -> Iterator[None]:
+    """While vLLM's engine is freed: its shutdown (``cleanup_dist_env_and_memory``) ends with
+    ``destroy_distributed_environment``, which destroys torch's default process group as well as vLLM's own groups.
+    In one process that group is vLLM's (its build made it); under DDP/FSDP2 it is the trainer's, which Lightning
+    still uses after the fit: then vLLM destroys only its own groups."""
+    if world_size() == 1:
+        yield
+        return
+    parallel_state = require("vllm.distributed.parallel_state", "VLLMEngine")
+    destroy_all = parallel_state.destroy_distributed_environment
+
+    def destroy_vllms_groups_only() -> None:
+        world = parallel_state._WORLD  # vLLM's world coordinator: groups of its own, built over the trainer's ranks
+        if world is not None:
+            world.destroy()
+        parallel_state._WORLD = parallel_state._NODE_COUNT = None
+
+    parallel_state.destroy_distributed_environment = destroy_vllms_groups_only
+    try:
+        yield
+    finally:
+        parallel_state.destroy_distributed_environment = destroy_all
 
 
 @contextlib.contextmanager
