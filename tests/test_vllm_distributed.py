@@ -19,20 +19,20 @@ FSDP2 = ("--config", str(ROOT / "configs/scale/fsdp2_cpu.yaml"))
 DDP = ("--config", str(ROOT / "configs/scale/ddp_cpu.yaml"))
 
 
-def fit_two_processes(root: Path, *extra: str) -> list[dict]:
+def fit_two_processes(root: Path, *extra: str, steps: int = 4) -> list[dict]:
     """4 RL steps of the quickstart with the vLLM overlay on 2 processes (4 prompts × 4 each), lr 0.05 so that every
     update moves the weights visibly; returns the training rows of metrics.csv."""
     with socket.socket() as s:  # a fresh rendezvous port per run
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = ["--config", str(ROOT / "configs/quickstart.yaml"), "--config", str(ROOT / "configs/engines/vllm.yaml"),
-            *extra, "--trainer.default_root_dir", str(root), "--trainer.max_steps", "4",
+            *extra, "--trainer.default_root_dir", str(root), "--trainer.max_steps", str(steps),
             "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "0", "--data.num_train", "64",
             "--data.num_val", "8", "--data.prompts_per_step", "4", "--model.generation.num_generations", "4",
             "--model.generation.max_new_tokens", "4", "--model.optimizer.lr", "0.05", "--model.mismatch", "{}",
             "--model.validation.every_n_steps", "2"]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port)}
+           "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT / "tests")}  # tests/rank_turns.py
     proc = subprocess.run([sys.executable, "-m", "lit_gspo", "fit", *argv], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=400)
     assert proc.returncode == 0, f"fit failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
@@ -62,3 +62,13 @@ def test_lora_under_fsdp2_pushes_the_merged_gathered_weights(tmp_path):
     k3 = [float(r["train/mismatch/k3"]) for r in rows]
     assert len(k3) == 4 and max(k3) < 1e-9, k3
     assert (tmp_path / "hf_model" / "model.safetensors").exists() and (tmp_path / "hf_adapter").is_dir()
+
+
+def test_ranks_whose_episodes_take_different_numbers_of_turns_do_not_wait_on_each_other(tmp_path):
+    """Multi-turn: one engine call per turn, rank 0's episodes end after 1 reply and rank 1's after 2. Pushes happen
+    only where the trainer calls for them, on every rank at once, never inside a turn: a collective there would leave
+    rank 1's second turn waiting for a rank 0 that has moved on (the fit hung)."""
+    env = "{class_path: rank_turns.TurnsByRank, init_args: {max_turns: 3}}"
+    rows = fit_two_processes(tmp_path, *DDP, "--model.environment", env, steps=2)
+    assert len(rows) == 2 and float(rows[0]["train/turns"]) == 1.5  # the mean over both ranks' episodes: 1 and 2
+    assert max(float(r["train/mismatch/k3"]) for r in rows) < 1e-9

@@ -120,7 +120,11 @@ class VLLMEngine(RolloutEngine):
         if _shape(_base_config(policy)) != self._shape:
             raise ValueError(f"VLLMEngine was built for a {self._shape} model, this policy is {_shape(_base_config(policy))}: "
                              "one engine per architecture (close() it to build another)")
-        self.sync_weights(policy)  # a no-op after the trainer's own call; keeps direct users (eval, tests) fresh
+        if self._pushed is None or world_size() == 1:
+            # the build's push, and in one process a no-op after the trainer's own call that keeps direct users (eval,
+            # tests) fresh. Under several processes only the trainer's calls push (every rank at once): a multi-turn
+            # rollout calls this once per turn, and the ranks' episodes may take different numbers of turns
+            self.sync_weights(policy)
         eos = eos_id if isinstance(eos_id, list) else [eos_id]
         prompts = [vllm.TokensPrompt(prompt_token_ids=ids[mask.bool()].tolist())
                    for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())]
