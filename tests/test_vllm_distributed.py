@@ -19,9 +19,10 @@ FSDP2 = ("--config", str(ROOT / "configs/scale/fsdp2_cpu.yaml"))
 DDP = ("--config", str(ROOT / "configs/scale/ddp_cpu.yaml"))
 
 
-def fit_two_processes(root: Path, *extra: str, steps: int = 4) -> list[dict]:
-    """4 RL steps of the quickstart with the vLLM overlay on 2 processes (4 prompts × 4 each), lr 0.05 so that every
-    update moves the weights visibly; returns the training rows of metrics.csv."""
+def run_two_processes(root: Path, subcommand: str, *extra: str, steps: int = 4) -> list[dict]:
+    """``lit-gspo <subcommand>`` of the quickstart with the vLLM overlay on 2 processes (4 prompts × 4 each; lr 0.05,
+    so that every update moves the weights visibly); it must end cleanly, with no traceback even at exit. Returns
+    the rows of metrics.csv."""
     with socket.socket() as s:  # a fresh rendezvous port per run
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -33,12 +34,18 @@ def fit_two_processes(root: Path, *extra: str, steps: int = 4) -> list[dict]:
             "--model.validation.every_n_steps", "2"]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT / "tests")}  # tests/rank_turns.py
-    proc = subprocess.run([sys.executable, "-m", "lit_gspo", "fit", *argv], cwd=ROOT, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "lit_gspo", subcommand, *argv], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=400)
-    assert proc.returncode == 0, f"fit failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, f"{subcommand} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-6000:]
     (path,) = root.glob("**/metrics.csv")
     with open(path) as f:
-        return [r for r in csv.DictReader(f) if r.get("train/reward")]
+        return list(csv.DictReader(f))
+
+
+def fit_two_processes(root: Path, *extra: str, steps: int = 4) -> list[dict]:
+    """The training rows of :func:`run_two_processes`'s ``fit``."""
+    return [r for r in run_two_processes(root, "fit", *extra, steps=steps) if r.get("train/reward")]
 
 
 @pytest.mark.parametrize("strategy", [DDP, FSDP2], ids=["ddp", "fsdp2"])
@@ -72,3 +79,10 @@ def test_ranks_whose_episodes_take_different_numbers_of_turns_do_not_wait_on_eac
     rows = fit_two_processes(tmp_path, *DDP, "--model.environment", env, steps=2)
     assert len(rows) == 2 and float(rows[0]["train/turns"]) == 1.5  # the mean over both ranks' episodes: 1 and 2
     assert max(float(r["train/mismatch/k3"]) for r in rows) < 1e-9
+
+
+def test_validate_on_two_processes_frees_vllm_before_the_process_group_ends(tmp_path):
+    """``lit-gspo validate`` keeps its engine after Lightning's loop; freed only at the process's exit, vLLM tore its
+    groups down after the trainer's group had ended (``ValueError: Invalid process group specified`` at exit)."""
+    rows = run_two_processes(tmp_path, "validate", *DDP)
+    assert [r["val/reward"] for r in rows if r.get("val/reward")] != []

@@ -419,7 +419,11 @@ def cli_main(args: list[str] | None = None, run: bool = True,
     cli = RLCLI(RLModule, PromptDataModule, seed_everything_default=0, trainer_defaults=TRAINER_DEFAULTS,
                 save_config_callback=run_dir.RunConfigCallback,  # also <root>/run_config.yaml, and in each checkpoint
                 save_config_kwargs={"overwrite": True}, args=args, run=run, other_subcommands=other_subcommands)
-    if run and cli.trainer.world_size > 1:  # finished on this rank (a failure raised above): ranks are done together
-        end_process_group()
+    if run:  # finished on this rank (a failure raised above): ranks are done together
+        # the engine (a vLLM) freed while the trainer's process group lives: `validate`/`test` keep it after their
+        # loop, and vLLM's own teardown at exit would find its groups gone with the trainer's
+        cli.model.collector.engine.close()
+        if cli.trainer.world_size > 1:
+            end_process_group()
     return cli
 
