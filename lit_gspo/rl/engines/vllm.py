@@ -330,6 +330,9 @@ def _trainer_process_group_kept() -> Iterator[None]:
         yield
         return
     parallel_state = require("vllm.distributed.parallel_state", "VLLMEngine")
+    if not all(hasattr(parallel_state, name) for name in ("destroy_distributed_environment", "_WORLD", "_NODE_COUNT")):
+        raise RuntimeError(f"this vLLM ({require('vllm', 'VLLMEngine').__version__}) tears down its process groups "
+                           "otherwise than 0.32 does: freeing its engine could end the trainer's process group")
     destroy_all = parallel_state.destroy_distributed_environment
 
     def destroy_vllms_groups_only() -> None:
