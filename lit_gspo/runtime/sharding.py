@@ -22,9 +22,10 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def is_sharded(module: nn.Module) -> bool:
+    """Whether :func:`shard_model` (or ``fully_shard``) sharded ``module``: its forward root is an FSDP2 module."""
     from torch.distributed.fsdp import FSDPModule
 
-    return isinstance(module, FSDPModule) or isinstance(forward_root(module), FSDPModule)
+    return isinstance(forward_root(module), FSDPModule)
 
 
 def forward_root(model: nn.Module) -> nn.Module:
