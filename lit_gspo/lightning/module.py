@@ -376,7 +376,11 @@ class RLModule(LightningModule):
         rows = rows[self.global_rank::self.trainer.world_size]
         if not rows:  # every rank runs every step: FSDP2's sharded forward needs all of them
             return
-        batch, replies, stats = self.collector.sample(self.policy, rows, greedy=True, synced_gpus=self._synced_gpus())
+        # Lightning validates under inference mode; FSDP2 on one device makes its unsharded parameters at their first
+        # forward and keeps them: as inference tensors they could not be written in training ("Inference tensors do not
+        # track version counter"). no_grad is what sampling needs.
+        with torch.inference_mode(False), torch.no_grad():
+            batch, replies, stats = self.collector.sample(self.policy, rows, greedy=True, synced_gpus=self._synced_gpus())
         self._val.add(rows, batch, stats)
         room = max(self.validation.num_logged_completions - len(self._val_shown[0]), 0)
         for part, new in zip(self._val_shown, (rows, replies, batch.rewards.tolist())):

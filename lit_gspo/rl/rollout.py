@@ -51,6 +51,17 @@ class RolloutBatch:
             out[f.name] = value
         return replace(self, **out)
 
+    def to(self, device: torch.device | str) -> "RolloutBatch":
+        """Every tensor (and the routing record) on ``device``; ``self`` when all already are."""
+        device = torch.device(device)
+        moved = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            tensors = [value] if isinstance(value, Tensor) else value.indices if f.name == "routing" and value else []
+            if any(t.device != device for t in tensors):
+                moved[f.name] = value.to(device)
+        return replace(self, **moved) if moved else self
+
     def trimmed(self) -> "RolloutBatch":
         """Drop prompt columns that are padding in every row and completion columns no row uses."""
         P = self.prompt_length
@@ -173,6 +184,7 @@ def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float 
     backward instead of keeping its (B, c, V) logits alive. ``share_prompts``: rows with the same
     prompt share one forward of it (:func:`completion_states_shared_prompts`).
     """
+    batch = batch.to(model.get_input_embeddings().weight.device)  # the caller's tensors may be elsewhere (CPU)
     P, T = batch.prompt_length, batch.completion_mask.shape[1]
     hidden = completion_states_shared_prompts(model, batch) if share_prompts else None
     if hidden is None:

@@ -31,11 +31,12 @@ def warm_start(policy: nn.Module, tokenizer, rows: list[dict], encode: Callable[
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr)
     generator = torch.Generator().manual_seed(seed)
     policy.train()
+    device = next(p for p in policy.parameters()).device
     loss = torch.zeros(())
     for _ in range(cfg.steps):
         pick = torch.randint(len(rows), (cfg.batch_size,), generator=generator)
         chosen = [rows[int(i)] for i in pick]
-        batch = demonstration_batch(environment, tokenizer, chosen, encode(chosen))
+        batch = demonstration_batch(environment, tokenizer, chosen, encode(chosen)).to(device)
         logp = token_logprobs(policy, batch).logprobs
         loss = -(logp * batch.completion_mask).sum() / batch.completion_mask.sum()
         opt.zero_grad()
