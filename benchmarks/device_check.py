@@ -1,0 +1,142 @@
+"""The device check: everything issue 36 asks of one GPU, in one call of ≤ 8 minutes, one table at the end.
+
+    python benchmarks/device_check.py --out $OUT                # on the GPU machine (below: the whole call)
+    python benchmarks/device_check.py --dry-run --out runs/dc   # here, on CPU: tiny shapes, the same code paths
+
+Parts, each a subprocess with its own time limit (a crash or a time-out is one row, the next part still runs):
+
+1. ``cuda tests``: ``pytest -m cuda`` (tests/test_cuda.py and every other test marked ``cuda``); on the dry run the
+   same tests on the CPU (``LIT_GSPO_CUDA_TESTS_ON=cpu``).
+2. ``correctness``: ``benchmarks/gpu_check.py`` on Qwen3-0.6B's shape: bf16, fp32, FSDP2 on one
+   GPU (with AdamW and AdamW8bit), each checked against its RL step replayed on CPU in fp32; and the quickstart in
+   fp32 and bf16 on the device (val/reward before → after).
+3. ``sampler``: ``benchmarks/sampler_speed.py``: completion tokens/s of each engine at 8 prompts × 8 × 256 new
+   tokens, Qwen3-0.6B's shape, bf16 (target ≥ 20,000 for the CUDA default engine).
+4. ``vs TRL``: ``benchmarks/vs_trl.py`` at 8 × 8 × 256 a rollout (4 prompts per update), Qwen3-0.6B's shape: seconds
+   per update, update-phase MFU, peak GPU memory and host RSS on both sides.
+
+On the workplace's GPU machine (no network): here, ``scripts/device_wheels.sh --trl``, then one ``run`` with
+``carry [".whl"]`` and ``timeout_s 600``:
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+      && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && python3 benchmarks/device_check.py --out $OUT
+
+Writes ``device_check.json`` and each part's log under ``--out``; docs/gpu.md holds the latest table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN3_SHAPE = ROOT / "benchmarks/shapes/qwen3-0.6b.config.json"
+
+
+def parts(dry_run: bool, out: Path) -> list[dict]:
+    """Each part: name, command, time limit (s), and how to read its result from its output."""
+    py = sys.executable
+    if dry_run:
+        return [
+            dict(name="cuda tests", limit=300, env={"LIT_GSPO_CUDA_TESTS_ON": "cpu"},
+                 cmd=[py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"]),
+            dict(name="correctness", limit=600,
+                 cmd=[py, "benchmarks/gpu_check.py", "--device", "cpu", "--models", "tiny-qwen3", "--cases",
+                      "fp32,bf16-fsdp2", "--more-cases", "", "--out", str(out / "gpu_check.json")]),
+            dict(name="sampler", limit=300,
+                 cmd=[py, "benchmarks/sampler_speed.py", "--device", "cpu", "--dry-run", "--repeats", "1",
+                      "--json", str(out / "sampler_speed.json")]),
+        ]
+    return [
+        dict(name="cuda tests", limit=70, cmd=[py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"]),
+        dict(name="correctness", limit=240,  # the quickstart's cases come with gpu_check's default --quickstart
+             cmd=[py, "benchmarks/gpu_check.py", "--device", "cuda", "--models", "qwen3-0.6b", "--cases",
+                  "bf16,fp32,bf16-fsdp2,bf16-fsdp2-8bit", "--more-cases", "", "--budget-s", "230",
+                  "--out", str(out / "gpu_check.json")]),
+        dict(name="sampler", limit=50,
+             cmd=[py, "benchmarks/sampler_speed.py", "--device", "cuda", "--repeats", "2",
+                  "--json", str(out / "sampler_speed.json")]),
+        dict(name="vs TRL 8x8x256", limit=110,
+             cmd=[py, "benchmarks/vs_trl.py", "--device", "cuda", "--precision", "bf16", "--checkpointing", "off",
+                  "--skip-zero-advantage", "off", "--model-dir", ".whl/smollm2-135m-shape", "--model-config",
+                  str(QWEN3_SHAPE), "--prompts-per-update", "4", "--max-new-tokens", "256", "--rounds", "1",
+                  "--cycles", "3"]),
+    ]
+
+
+def case_verdict(case: dict) -> str:
+    """gpu_check's row of one case: FAILED, its check against the CPU fp32 replay, the quickstart's val/reward."""
+    if case.get("error"):
+        return "FAILED " + case["error"].strip().splitlines()[-1][:80]
+    s = case.get("summary") or {}
+    if case["case"].startswith("quickstart") and s.get("val_after") is not None:
+        return f"val/reward {s['val_before']:.2f} → {s['val_after']:.2f}"
+    check = case.get("check")
+    if check:
+        return f"{'ok' if check['ok'] else 'OUT OF TOLERANCE'} (|Δloss| {check['max_loss_diff']:.1e}, Δθ rel {check['param_rel_err']:.3f})"
+    return case.get("check_error") or "ran, not checked"
+
+
+def summary(name: str, output: str, out: Path) -> str:
+    """One line of what the part measured, read from its output."""
+    if name == "cuda tests":
+        found = re.findall(r"^=*\s*(\d+ (?:passed|failed).*?) in [\d.]+s", output, re.M)
+        return found[-1] if found else "no pytest summary"
+    if name == "correctness" and (out / "gpu_check.json").exists():
+        cases = json.loads((out / "gpu_check.json").read_text()).get("cases", [])
+        return "; ".join(f"{c['case']}: {case_verdict(c)}" for c in cases) or "no case ran"
+    if name == "sampler" and (out / "sampler_speed.json").exists():
+        engines = json.loads((out / "sampler_speed.json").read_text())["engines"]
+        return "; ".join(f"{n}: {r['tok_s']:.0f} tok/s" if "tok_s" in r else f"{n}: {r['error'][:60]}"
+                         for n, r in engines.items())
+    if name.startswith("vs TRL"):
+        ratio = re.findall(r"^ratio trl/lit: .*$", output, re.M)
+        return ratio[-1] if ratio else "no ratio"
+    return ""
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "runs/device_check")))
+    p.add_argument("--dry-run", action="store_true", help="on CPU: tiny shapes, the same code paths")
+    p.add_argument("--only", help="comma-separated part names to run (default: all)")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for part in parts(args.dry_run, args.out):
+        if args.only and part["name"] not in args.only.split(","):
+            continue
+        start = time.perf_counter()
+        log = args.out / (part["name"].split()[0] + ".log")
+        env = dict(os.environ, **part.get("env", {}), PYTHONPATH=os.pathsep.join(
+            filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])))
+        try:
+            proc = subprocess.run(part["cmd"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=part["limit"])
+            output, rc = proc.stdout + proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as expired:
+            output = (expired.stdout or b"").decode(errors="replace") + (expired.stderr or b"").decode(errors="replace")
+            rc = f"time-out {part['limit']} s"
+        log.write_text(output)
+        row = dict(part=part["name"], rc=rc, seconds=round(time.perf_counter() - start, 1),
+                   result=summary(part["name"], output, args.out), log=str(log))
+        rows.append(row)
+        print(f"{row['part']}: rc {rc}, {row['seconds']} s: {row['result']}", flush=True)
+    import torch
+
+    where = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.dry_run else "CPU (dry run)"
+    print(f"\ndevice check on {where}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
+    print(f"| part | rc | s | result |\n|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['part']} | {row['rc']} | {row['seconds']} | {row['result']} |")
+    (args.out / "device_check.json").write_text(json.dumps(dict(device=where, torch=torch.__version__, rows=rows), indent=1))
+    return 0 if all(row["rc"] == 0 for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

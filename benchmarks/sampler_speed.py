@@ -1,0 +1,115 @@
+"""Completion tokens per second of each rollout engine at one shape: issue 36's sampler target.
+
+    python benchmarks/sampler_speed.py --device cuda                      # Qwen3-0.6B's shape, bf16, 8 prompts × 8 × 256
+    python benchmarks/sampler_speed.py --device cpu --dry-run             # a 2-layer Qwen3, fp32, 2 × 4 × 16: the code path
+
+The policy has random weights of ``--model-config``'s shape (default ``benchmarks/shapes/qwen3-0.6b.config.json``):
+no download. Prompts are random token ids of ``--prompt-length``; no token is an EOS, so every row decodes
+``--max-new-tokens`` tokens (the EOS id is one past the vocabulary) and the rate is that of the full shape (the target: ≥ 20,000 completion tokens/s on an
+H100 for 64 rows × 256 new tokens in bf16). Each engine samples once untimed (warm-up: CUDA graphs, compilation),
+then ``--repeats`` times; the median is reported. Engines run one after another in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the GPU machine runs the working tree, lit_gspo not installed
+    sys.path.insert(0, str(ROOT))
+
+DRY_RUN_CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16)
+
+
+def build_policy(config_path: Path, device: str, dtype, dry_run: bool):
+    import torch
+    from transformers import AutoConfig, Qwen3Config
+
+    from lit_gspo.models import build_from_config
+
+    config = Qwen3Config(**DRY_RUN_CONFIG) if dry_run else AutoConfig.from_pretrained(config_path)
+    return build_from_config(config, seed=0).to(device=device, dtype=dtype).eval(), config.vocab_size
+
+
+def measure(engine, policy, prompts, *, G: int, T: int, repeats: int, device: str, never: int) -> dict:
+    import torch
+
+    def once() -> float:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        batch = engine.sample(policy, prompts, num_generations=G, max_new_tokens=T, pad_id=0, eos_id=never, temperature=1.0)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        once.tokens = int(batch.completion_mask.sum())
+        return elapsed
+
+    warmup = once()
+    times = [once() for _ in range(repeats)]
+    median = statistics.median(times)
+    return dict(warmup_s=warmup, median_s=median, tokens=once.tokens, tok_s=once.tokens / median)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--dry-run", action="store_true", help="tiny shapes (a 2-layer Qwen3, 2 prompts × 4 × 16 tokens)")
+    p.add_argument("--model-config", type=Path, default=ROOT / "benchmarks/shapes/qwen3-0.6b.config.json")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--prompts", type=int, help="default 8 (dry run 2)")
+    p.add_argument("--G", type=int, help="completions per prompt (default 8, dry run 4)")
+    p.add_argument("--max-new-tokens", type=int, help="default 256 (dry run 16)")
+    p.add_argument("--prompt-length", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--engines", default="StaticCacheSampler,LeanSampler,HFGenerate",
+                   help="class names in lit_gspo.rl.engines; one missing there is reported as such")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    import torch
+
+    import lit_gspo.rl.engines as engines
+
+    small = args.dry_run
+    prompts_n, G, T = args.prompts or (2 if small else 8), args.G or (4 if small else 8), args.max_new_tokens or (16 if small else 256)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
+    policy, vocab = build_policy(args.model_config, args.device, dtype, small)
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.randint(3, vocab, (prompts_n, args.prompt_length), generator=generator).tolist()
+    where = torch.cuda.get_device_name(0) if args.device == "cuda" else args.device
+    shape = f"{prompts_n} prompts × {G} × {T} new tokens, prompt {args.prompt_length}, {dtype}"
+    print(f"sampler speed on {where}: {'dry run' if small else args.model_config.name}, {shape}", flush=True)
+    results = {}
+    for name in args.engines.split(","):
+        cls = getattr(engines, name, None)
+        if cls is None:
+            results[name] = dict(error="not in lit_gspo.rl.engines")
+            continue
+        torch.manual_seed(0)
+        try:
+            results[name] = measure(cls(), policy, prompts, G=G, T=T, repeats=args.repeats, device=args.device,
+                                    never=vocab)  # an id past the vocabulary: no row ends early
+        except Exception as error:  # a crash is one row of the table
+            results[name] = dict(error=f"{type(error).__name__}: {error}"[:300])
+    print(f"{'engine':<20} {'tok/s':>10} {'median s':>9} {'warm-up s':>10} {'tokens':>7}")
+    for name, r in results.items():
+        if "error" in r:
+            print(f"{name:<20} FAILED: {r['error']}")
+        else:
+            print(f"{name:<20} {r['tok_s']:10.0f} {r['median_s']:9.3f} {r['warmup_s']:10.2f} {r['tokens']:7d}")
+    command = "python benchmarks/sampler_speed.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"reproduce: {command}")
+    out = dict(device=where, shape=shape, engines=results, command=command)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()
