@@ -121,6 +121,13 @@ def test_the_default_engine_is_the_static_cache_sampler_on_cuda_only():
     assert type(default_engine("cpu")) is HFGenerate  # the CPU default, unchanged
 
 
+def test_the_modules_default_engine_on_cpu_stays_hf_generate():
+    from lit_gspo.lightning.module import RLModule
+
+    assert type(RLModule(kl_to_ref=False).collector.engine) is HFGenerate
+    assert type(RLModule(engine=StaticCacheSampler(), kl_to_ref=False).collector.engine) is StaticCacheSampler
+
+
 def test_a_quickstart_fit_samples_with_it(tmp_path):
     from lit_gspo.tools.main import cli_main
 
