@@ -119,6 +119,7 @@ def test_seeded_sampling_is_reproducible(qwen3):
 def test_the_default_engine_is_the_static_cache_sampler_on_cuda_only():
     assert type(default_engine(torch.device("cuda", 0))) is StaticCacheSampler
     assert type(default_engine("cpu")) is HFGenerate  # the CPU default, unchanged
+    assert type(default_engine("cuda", sharded=True)) is HFGenerate  # FSDP2: generate's synced loop, as before
 
 
 def test_the_modules_default_engine_on_cpu_stays_hf_generate():

@@ -268,7 +268,7 @@ class RLModule(LightningModule):
             rank_zero_info(f"train/* metrics every {self.trainer.log_every_n_steps} RL steps (log_every_n_steps; 1: every "
                            "step, as `lit-gspo fit` does)")
         if self._engine_is_default:  # the default engine depends on the device, known now
-            engine = default_engine(self.trainer.strategy.root_device)
+            engine = default_engine(self.trainer.strategy.root_device, sharded=self._synced_gpus())
             if type(engine) is not type(self.collector.engine):
                 self.collector.engine = engine
         deterministic_on_cpu(self.trainer.strategy.root_device.type)  # before the warm start's first backward

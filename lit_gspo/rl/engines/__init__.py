@@ -12,6 +12,7 @@ from lit_gspo.rl.engines.vllm import VLLMEngine
 __all__ = ["HFGenerate", "LeanSampler", "RolloutEngine", "StaticCacheSampler", "VLLMEngine", "default_engine"]
 
 
-def default_engine(device: torch.device | str) -> RolloutEngine:
-    """The engine when none is given: :class:`StaticCacheSampler` for a policy on CUDA, :class:`HFGenerate` elsewhere."""
-    return StaticCacheSampler() if torch.device(device).type == "cuda" else HFGenerate()
+def default_engine(device: torch.device | str, sharded: bool = False) -> RolloutEngine:
+    """The engine when none is given: :class:`StaticCacheSampler` for a policy on CUDA, :class:`HFGenerate` elsewhere
+    and under sharded parameters (FSDP2 over several processes: ``generate``'s loop keeps the ranks in step)."""
+    return StaticCacheSampler() if torch.device(device).type == "cuda" and not sharded else HFGenerate()

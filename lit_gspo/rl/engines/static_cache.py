@@ -86,7 +86,13 @@ class StaticCacheSampler(RolloutEngine):
         if not (self.compile if self.compile is not None else device.type == "cuda"):
             return decode_logits
         if self._compiled_step is None:
-            self._compiled_step = torch.compile(decode_logits, mode="reduce-overhead", dynamic=False)
+            compiled = torch.compile(decode_logits, mode="reduce-overhead", dynamic=False)
+
+            def step(*args):
+                torch.compiler.cudagraph_mark_step_begin()  # the last step's logits are used up: its buffers are free
+                return compiled(*args)
+
+            self._compiled_step = step
         return self._compiled_step
 
     def _cache_for(self, policy: nn.Module, rows: int, length: int, like: Tensor, like_values: Tensor):
