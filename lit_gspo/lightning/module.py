@@ -36,7 +36,7 @@ from lit_gspo.rl.advantages import AdvantageEstimator, get_advantage
 from lit_gspo.rl.collect import Collector
 from lit_gspo.rl.config import (Generation, LoRA, RolloutDumps, Routing, Sampling, Update, Validation, WarmStart,
                                 resolve_seed)
-from lit_gspo.rl.engines import HFGenerate, RolloutEngine
+from lit_gspo.rl.engines import RolloutEngine, default_engine
 from lit_gspo.rl.envs import Environment, SingleTurn
 from lit_gspo.rl.evaluate import GreedyTally
 from lit_gspo.rl.learn.learner import Learner
@@ -68,7 +68,8 @@ class RLModule(LightningModule):
         reward_weights: one weight per reward function (default 1 each).
         environment: what the policy talks to (default :class:`~lit_gspo.rl.envs.SingleTurn`: the row's
             prompt, one reply); it also holds ``system_prompt`` and ``chat_template``.
-        engine: what samples (default :class:`~lit_gspo.rl.engines.HFGenerate`; ``LeanSampler`` is faster on CPU).
+        engine: what samples (default: :class:`~lit_gspo.rl.engines.StaticCacheSampler` on CUDA, else
+            :class:`~lit_gspo.rl.engines.HFGenerate`, chosen in ``setup``; ``LeanSampler`` is faster on CPU).
         advantage: the advantage estimator (``GroupNormalized``, ``GroupMean``, ``BatchNormalized``,
             ``RLOO``, ``GAE``); None: the objective's paper's (``Objective.paper_advantage``).
         generation, update, sampling, validation, routing, rollout_dumps, warm_start, lora: the settings groups
@@ -135,7 +136,8 @@ class RLModule(LightningModule):
         self.ref_policy = models.reference if isinstance(models.reference, nn.Module) else None  # saved with the run
 
         dynamic = self.objective.paper_dynamic_sampling if self.sampling.dynamic is None else self.sampling.dynamic
-        self.collector = Collector(environment or SingleTurn(), engine or HFGenerate(),
+        self._engine_is_default = engine is None  # resolved for the device in setup
+        self.collector = Collector(environment or SingleTurn(), engine or default_engine("cpu"),
                                    RewardSet(list(rewards) if rewards else [ExactMatch()], reward_weights),
                                    self.tokenizer, self.generation, dynamic_sampling=dynamic,
                                    max_sampling_rounds=self.sampling.max_rounds, engine_logprobs=mismatch is not None)
@@ -265,6 +267,10 @@ class RLModule(LightningModule):
         if stage == "fit" and self.trainer.log_every_n_steps > 1:
             rank_zero_info(f"train/* metrics every {self.trainer.log_every_n_steps} RL steps (log_every_n_steps; 1: every "
                            "step, as `lit-gspo fit` does)")
+        if self._engine_is_default:  # the default engine depends on the device, known now
+            engine = default_engine(self.trainer.strategy.root_device, sharded=self._synced_gpus())
+            if type(engine) is not type(self.collector.engine):
+                self.collector.engine = engine
         deterministic_on_cpu(self.trainer.strategy.root_device.type)  # before the warm start's first backward
         advice = bf16_on_cpu_warning(self.trainer.precision, self.trainer.strategy.root_device.type)
         if advice and not self._warned_precision:  # bf16 emulated on this CPU: slower than fp32 (once: validate, then fit)

@@ -1,0 +1,194 @@
+"""Sampling at GPU speed: a static KV cache and a compiled (CUDA-graph) one-token decoding step.
+
+On a GPU, decoding a small model is bound by kernel launches and Python, not by arithmetic: each token runs
+hundreds of small kernels. A static cache gives every decoding step the same shapes at the same addresses, so
+``torch.compile(mode="reduce-overhead")`` records the step once as a CUDA graph and replays it, one launch per
+token. To keep replaying the same graphs across RL steps:
+
+- the batch is padded to a **row bucket** (a power of two, at least 8), and each row bucket has **one cache**, as
+  long as the longest prompt + ``max_new_tokens`` seen so far rounded up to a multiple of 64 (or ``max_cache_len``):
+  a shorter prompt reuses it, the slots it does not use are masked;
+- **finished rows stay in the batch** (their tokens forced to ``pad_id`` after EOS) instead of leaving it, and
+  whether every row has finished is read every ``finished_check_every`` steps, not every token (a host sync);
+- the prompt's **prefill runs once per prompt** (eager, dynamic shapes) and its keys and values are copied G
+  times into the static cache.
+
+Sampling is :func:`~lit_gspo.rl.engines.fast_generate.filter_logits` and
+:func:`~lit_gspo.rl.engines.fast_generate.sample_tokens` in fp32, as in the lean sampler; the log-probs are those of
+the distribution sampled from. ``compile=None`` compiles on CUDA only: on CPU the same static-cache loop runs
+eagerly (testable; greedy tokens equal the lean sampler's).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor, nn
+
+from lit_gspo.rl.engines.base import RolloutEngine
+from lit_gspo.rl.engines.fast_generate import fast_generate, filter_logits, sample_tokens
+from lit_gspo.rl.engines.hf import generate_with_hf
+
+CACHE_LENGTH_MULTIPLE = 64
+MIN_ROW_BUCKET = 8
+
+
+def row_bucket(rows: int) -> int:
+    """The batch size the cache and the graph are built for: the next power of two, at least 8."""
+    return max(MIN_ROW_BUCKET, 1 << (rows - 1).bit_length())
+
+
+def round_up(length: int, multiple: int) -> int:
+    return -(-length // multiple) * multiple
+
+
+def decode_logits(model: nn.Module, cache, tokens: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
+    """One decoding step on the static cache: fp32 logits (R, V) of the next token."""
+    out = model(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+                logits_to_keep=1)
+    return out.logits[:, -1].float()
+
+
+class StaticCacheSampler(RolloutEngine):
+    """Decoding on a static KV cache with a compiled one-token step (CUDA graphs on CUDA; the default engine there).
+
+    Args:
+        attn_implementation: the attention kernel while sampling (see :class:`RolloutEngine`).
+        compile: compile the decoding step (``torch.compile(mode="reduce-overhead")``); None: on CUDA only.
+        max_cache_len: the cache length (prompt + completion tokens) of every cache, so one graph per row bucket
+            for the whole run; a longer prompt + ``max_new_tokens`` is refused. None: grown as needed (multiples of 64).
+        finished_check_every: decoding steps between two checks whether every row has emitted EOS.
+
+    Under sharded parameters (``synced_gpus``) it samples with ``generate``, as :class:`LeanSampler` does; a model
+    with sliding-window or other non-full-attention cache layers samples with the lean sampler's loop.
+    """
+
+    def __init__(self, attn_implementation: str | None = None, compile: bool | None = None,
+                 max_cache_len: int | None = None, finished_check_every: int = 8):
+        super().__init__(attn_implementation)
+        if finished_check_every < 1:
+            raise ValueError(f"finished_check_every must be ≥ 1, got {finished_check_every}")
+        self.compile, self.max_cache_len, self.finished_check_every = compile, max_cache_len, finished_check_every
+        self.caches: dict[int, object] = {}  # row bucket -> its StaticCache
+        self.caches_built = 0
+        self._compiled_step = None
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(attn_implementation={self.attn_implementation!r}, compile={self.compile!r}, "
+                f"max_cache_len={self.max_cache_len!r})")
+
+    def close(self) -> None:
+        self.caches.clear()
+        self._compiled_step = None
+
+    def _decode_step(self, device: torch.device):
+        if not (self.compile if self.compile is not None else device.type == "cuda"):
+            return decode_logits
+        if self._compiled_step is None:
+            compiled = torch.compile(decode_logits, mode="reduce-overhead", dynamic=False)
+
+            def step(*args):
+                torch.compiler.cudagraph_mark_step_begin()  # the last step's logits are used up: its buffers are free
+                return compiled(*args)
+
+            self._compiled_step = step
+        return self._compiled_step
+
+    def _cache_for(self, policy: nn.Module, rows: int, length: int, like: Tensor, like_values: Tensor):
+        """The row bucket's static cache, built (again) when it is shorter than ``length`` or of another dtype/device."""
+        from transformers import StaticCache
+
+        cache = self.caches.get(rows)
+        layer = cache.layers[0] if cache is not None else None
+        if (layer is None or layer.max_cache_len < length or layer.keys.dtype != like.dtype
+                or layer.keys.device != like.device):
+            self.caches.pop(rows, None)  # free the old one before allocating
+            # normal tensors, not inference ones: validation (inference mode) and training rollouts share the cache
+            with torch.inference_mode(False):
+                cache = StaticCache(config=policy.config, max_cache_len=length)
+                for layer in cache.layers:
+                    layer.lazy_initialization(like.new_empty(rows, *like.shape[1:]),
+                                              like_values.new_empty(rows, *like_values.shape[1:]))
+            self.caches[rows] = cache
+            self.caches_built += 1
+        return cache
+
+    def generate(self, policy: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, num_generations: int,
+                 max_new_tokens: int, pad_id: int, eos_id: int | list[int], sampling: dict, synced_gpus: bool,
+                 return_logprobs: bool) -> tuple[Tensor, Tensor | None]:
+        if synced_gpus:
+            warnings.warn("StaticCacheSampler samples with transformers' generate under sharded parameters (synced_gpus)",
+                          stacklevel=2)
+            return generate_with_hf(policy, input_ids, attention_mask, num_generations=num_generations,
+                                    max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id, sampling=sampling,
+                                    synced_gpus=True, return_logprobs=return_logprobs)
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        device = input_ids.device
+        n, P = input_ids.shape
+        G, rows = num_generations, input_ids.shape[0] * num_generations
+        needed = P + max_new_tokens
+        if self.max_cache_len is not None and needed > self.max_cache_len:
+            raise ValueError(f"max_cache_len={self.max_cache_len} is shorter than the prompt ({P} tokens) + "
+                             f"max_new_tokens ({max_new_tokens})")
+
+        positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+        prefill = DynamicCache(config=policy.config)
+        out = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, past_key_values=prefill,
+                     use_cache=True, logits_to_keep=1)
+        if not all(type(layer) is DynamicLayer for layer in prefill.layers):  # sliding window, linear attention, ...
+            warnings.warn("StaticCacheSampler samples with the lean sampler's loop: the model's cache has layers other "
+                          "than full attention", stacklevel=2)
+            out = fast_generate(policy, input_ids, attention_mask, num_generations=G, max_new_tokens=max_new_tokens,
+                                eos_id=eos_id, pad_id=pad_id, do_sample=bool(sampling), return_logprobs=return_logprobs,
+                                **sampling)
+            return out if return_logprobs else (out, None)
+        logits = out.logits[:, -1].float().repeat_interleave(G, 0)  # (rows, V)
+
+        bucket = row_bucket(rows)
+        length = self.max_cache_len or round_up(needed, CACHE_LENGTH_MULTIPLE)
+        first = prefill.layers[0]
+        cache = self._cache_for(policy, bucket, length, first.keys, first.values)
+        for static, dynamic in zip(cache.layers, prefill.layers):  # each prompt's keys and values, G times
+            static.keys[:rows, :, :P].copy_(dynamic.keys.repeat_interleave(G, 0))
+            static.values[:rows, :, :P].copy_(dynamic.values.repeat_interleave(G, 0))
+            static.cumulative_length.fill_(P)  # where the first new token goes
+        del prefill, out
+
+        # every row sees its prompt's real tokens and every slot from P on (the causal mask hides the future ones)
+        cache_len = cache.layers[0].max_cache_len
+        mask = torch.ones(bucket, cache_len, dtype=torch.bool, device=device)
+        mask[:rows, :P] = attention_mask.bool().repeat_interleave(G, 0)
+        next_positions = torch.zeros(bucket, 1, dtype=torch.long, device=device)
+        next_positions[:rows] = positions[:, -1:].repeat_interleave(G, 0) + 1
+        step_tokens = torch.full((bucket, 1), pad_id, dtype=torch.long, device=device)
+        decode = self._decode_step(device)
+
+        eos = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], device=device)
+        tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((rows, max_new_tokens), device=device) if return_logprobs else None
+        finished = torch.zeros(rows, dtype=torch.bool, device=device)
+        used = 0
+        for step in range(max_new_tokens):
+            if sampling:
+                logits = filter_logits(logits, **sampling)
+                chosen = sample_tokens(logits.softmax(-1))
+            else:
+                chosen = logits.argmax(-1)
+            chosen = chosen.masked_fill(finished, pad_id)
+            tokens[:, step] = chosen
+            if logprobs is not None:
+                picked = logits.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(1)
+                logprobs[:, step] = picked.masked_fill(finished, 0.0)
+            finished |= torch.isin(chosen, eos)
+            used = step + 1
+            if used == max_new_tokens or used % self.finished_check_every == 0 and bool(finished.all()):
+                break
+            step_tokens[:rows, 0] = chosen
+            logits = decode(policy, cache, step_tokens, next_positions, mask)[:rows]
+            next_positions += 1
+        prompts = input_ids.repeat_interleave(G, 0)
+        sequences = torch.cat([prompts, tokens[:, :used]], 1)
+        return sequences, (logprobs[:, :used] if logprobs is not None else None)

@@ -1,0 +1,165 @@
+"""StaticCacheSampler on CPU (eager, the same static cache as on CUDA): the lean sampler's greedy tokens, the trainer's
+log-probs, caches reused across calls of one bucket, seeded draws, a CLI fit with it, the default engine per device."""
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from lit_gspo.rl.engines import HFGenerate, LeanSampler, StaticCacheSampler, default_engine
+from lit_gspo.rl.rollout import token_logprobs
+
+PAD, EOS = 0, 1  # conftest.py's tiny model
+PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12]]  # left padding differs per row
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=23, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=128,
+                         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=2)
+    return Qwen3ForCausalLM(config).eval()
+
+
+@pytest.fixture(params=["llama", "qwen3"])
+def any_model(request, model, qwen3):
+    return {"llama": model, "qwen3": qwen3}[request.param]
+
+
+def sample(engine, model, prompts=PROMPTS, seed=0, max_new_tokens=12, eos_id=EOS, **kwargs):
+    torch.manual_seed(seed)
+    return engine.sample(model, prompts, num_generations=3, max_new_tokens=max_new_tokens, pad_id=PAD, eos_id=eos_id,
+                         **kwargs)
+
+
+def eos_that_ends_some_rows_early(model) -> int:
+    """A token the greedy completions emit in some rows but not all, so that rows end by EOS and by the limit alike."""
+    free = sample(LeanSampler(), model, greedy=True, eos_id=-1)  # no EOS: every row runs to the limit
+    completions = free.input_ids[:, free.prompt_length:]
+    for token in range(3, model.config.vocab_size):
+        ends = (completions == token).any(1)
+        if ends.any() and not ends.all():
+            return token
+    raise AssertionError("no token ends some rows but not all")
+
+
+def test_greedy_tokens_and_logprobs_are_the_lean_samplers_and_generates(any_model):
+    eos = eos_that_ends_some_rows_early(any_model)
+    ours = sample(StaticCacheSampler(), any_model, greedy=True, return_logprobs=True, eos_id=eos)
+    lengths = ours.completion_mask.sum(1)
+    assert lengths.max() == 12 and lengths.min() < 12  # the limit and an early EOS both happen
+    assert ours.input_ids[:, :ours.prompt_length].eq(PAD).any()  # left padding
+    for other in (LeanSampler(), HFGenerate()):
+        theirs = sample(other, any_model, greedy=True, return_logprobs=True, eos_id=eos)
+        assert torch.equal(ours.input_ids, theirs.input_ids) and torch.equal(ours.completion_mask, theirs.completion_mask)
+        torch.testing.assert_close(ours.engine_logprobs, theirs.engine_logprobs, atol=2e-5, rtol=0)
+
+
+def test_sampled_logprobs_are_the_trainers_in_fp32(any_model):
+    batch = sample(StaticCacheSampler(), any_model, temperature=0.7, return_logprobs=True)
+    mask = batch.completion_mask
+    assert batch.engine_logprobs.dtype == torch.float32 and batch.engine_logprobs.shape == mask.shape
+    assert batch.engine_logprobs[~mask].eq(0).all() and (batch.engine_logprobs[mask] < 0).all()
+    with torch.no_grad():
+        trainer = token_logprobs(any_model, batch, temperature=0.7).logprobs
+    torch.testing.assert_close(batch.engine_logprobs[mask], trainer[mask], atol=2e-5, rtol=0)
+
+
+def test_with_top_k_the_logprobs_are_of_the_renormalised_distribution(model):
+    batch = sample(StaticCacheSampler(), model, top_k=3, return_logprobs=True)
+    mask = batch.completion_mask
+    with torch.no_grad():
+        trainer = token_logprobs(model, batch).logprobs
+    assert ((batch.engine_logprobs - trainer)[mask] > 1e-4).all()  # the 3 kept tokens' mass is < 1 under the full softmax
+
+
+def test_calls_within_one_bucket_reuse_the_cache_and_a_longer_or_wider_call_builds_another(model):
+    engine = StaticCacheSampler()
+    sample(engine, model)  # 9 rows -> bucket 16; 5 + 12 tokens -> cache of 64
+    (cache,) = engine.caches.values()
+    sample(engine, model, prompts=[[3, 4], [5, 6, 7], [8], [9, 10]], max_new_tokens=20)  # 12 rows, 3 + 20 tokens
+    assert engine.caches_built == 1 and engine.caches[16] is cache
+    sample(engine, model, prompts=PROMPTS * 2)  # 18 rows -> bucket 32
+    assert engine.caches_built == 2 and set(engine.caches) == {16, 32}
+    sample(engine, model, max_new_tokens=70)  # 5 + 70 tokens: the 16-row cache grows to 128
+    assert engine.caches_built == 3 and engine.caches[16].layers[0].max_cache_len == 128
+
+
+def test_a_fixed_cache_length_is_kept_and_a_prompt_too_long_for_it_refused(model):
+    engine = StaticCacheSampler(max_cache_len=40)
+    sample(engine, model)
+    sample(engine, model, max_new_tokens=30)
+    assert engine.caches_built == 1 and engine.caches[16].layers[0].max_cache_len == 40
+    with pytest.raises(ValueError, match="max_cache_len=40"):
+        sample(engine, model, max_new_tokens=36)
+
+
+def test_finished_rows_decode_pads_and_the_loop_stops_at_the_next_check(model):
+    ids = torch.tensor([[10, 11, 12]])  # its greedy completion ends by EOS after 3 tokens (see the test above)
+    args = dict(num_generations=2, max_new_tokens=12, pad_id=PAD, eos_id=EOS, sampling={}, synced_gpus=False,
+                return_logprobs=True)
+    every_step, logprobs = StaticCacheSampler(finished_check_every=1).generate(model, ids, torch.ones_like(ids), **args)
+    assert every_step[:, 3:].tolist() == [[5, 10, EOS]] * 2 and (logprobs < 0).all()
+    every_4, logprobs = StaticCacheSampler(finished_check_every=4).generate(model, ids, torch.ones_like(ids), **args)
+    assert every_4[:, 3:].tolist() == [[5, 10, EOS, PAD]] * 2 and logprobs[:, 3].eq(0).all()
+
+
+def test_seeded_sampling_is_reproducible(qwen3):
+    engine = StaticCacheSampler()
+    first, again = (sample(engine, qwen3, seed=7, return_logprobs=True) for _ in range(2))
+    other = sample(engine, qwen3, seed=8)
+    assert torch.equal(first.input_ids, again.input_ids) and torch.equal(first.engine_logprobs, again.engine_logprobs)
+    assert not torch.equal(first.input_ids, other.input_ids)
+
+
+def test_the_default_engine_is_the_static_cache_sampler_on_cuda_only():
+    assert type(default_engine(torch.device("cuda", 0))) is StaticCacheSampler
+    assert type(default_engine("cpu")) is HFGenerate  # the CPU default, unchanged
+    assert type(default_engine("cuda", sharded=True)) is HFGenerate  # FSDP2: generate's synced loop, as before
+
+
+def test_the_modules_default_engine_on_cpu_stays_hf_generate():
+    from lit_gspo.lightning.module import RLModule
+
+    assert type(RLModule(kl_to_ref=False).collector.engine) is HFGenerate
+    assert type(RLModule(engine=StaticCacheSampler(), kl_to_ref=False).collector.engine) is StaticCacheSampler
+
+
+def test_a_quickstart_fit_samples_with_it(tmp_path):
+    from lit_gspo.tools.main import cli_main
+
+    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
+            "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "0",
+            "--model.validation.every_n_steps", "0", "--data.num_train", "16", "--data.num_val", "4",
+            "--data.prompts_per_step", "4", "--model.generation.num_generations", "4",
+            "--model.engine", "StaticCacheSampler", "--model.engine.finished_check_every", "4"]
+    cli = cli_main(args, run=False)
+    cli.fit(cli.model, datamodule=cli.datamodule)
+    engine = cli.model.collector.engine
+    assert type(engine) is StaticCacheSampler and engine.finished_check_every == 4  # not replaced by the default
+    assert engine.caches_built >= 1
+    (path,) = tmp_path.rglob("metrics.csv")
+    rewards = [float(r["train/reward"]) for r in csv.DictReader(open(path)) if r.get("train/reward")]
+    assert len(rewards) == 2
+
+
+@pytest.mark.slow
+def test_compiled_decoding_gives_the_eager_tokens(model):
+    """torch.compile of the decoding step on CPU (inductor, no CUDA graphs): about a minute on 2 cores."""
+    compiled = sample(StaticCacheSampler(compile=True), model, greedy=True, return_logprobs=True)
+    eager = sample(StaticCacheSampler(compile=False), model, greedy=True, return_logprobs=True)
+    assert torch.equal(compiled.input_ids, eager.input_ids)
+    torch.testing.assert_close(compiled.engine_logprobs, eager.engine_logprobs, atol=1e-5, rtol=0)
+
+
+def test_a_cache_built_under_inference_mode_serves_a_later_no_grad_call(model):
+    """Validation samples under inference mode, training rollouts under no_grad: both use one cache."""
+    engine = StaticCacheSampler()
+    with torch.inference_mode():
+        first = sample(engine, model, greedy=True)
+    again = sample(engine, model, greedy=True)
+    assert engine.caches_built == 1 and torch.equal(first.input_ids, again.input_ids)
