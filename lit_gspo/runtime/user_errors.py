@@ -142,7 +142,7 @@ def option_value(value) -> str:
             plain = False
         return value if plain else "'" + value.replace("'", "''") + "'"
     if isinstance(value, (list, tuple, dict)):
-        return yaml.safe_dump(_plain(value), default_flow_style=True, width=10**9).strip()
+        return yaml.safe_dump(_plain(value), default_flow_style=True, width=10**9, sort_keys=False).strip()
     return str(value)
 
 
