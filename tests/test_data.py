@@ -57,11 +57,11 @@ def test_task_errors_name_values():
         make_task("nope", 3)
     with pytest.raises(TypeError, match=r"unknown options \['digit'\].*'digits'"):
         make_task("arithmetic", 3, digit=2)
-    with pytest.raises(ValueError, match="only 155 distinct prompts.*n=300"):
+    with pytest.raises(ValueError, match="only 155 distinct prompts.*--data.num_train 300"):
         task_splits("arithmetic", 300, 10, digits=1)
     with pytest.raises(ValueError, match="two or more of keep, reverse, rotate.*got 'keep,flip'"):
         make_task("hidden_rule", 3, rules="keep,flip")
-    with pytest.raises(ValueError, match="found only .* validation prompts of n=100"):
+    with pytest.raises(ValueError, match="found only .* validation prompts for the --data.num_val 100 asked for"):
         task_splits("arithmetic", 10, 100, digits=1)
 
 
@@ -169,12 +169,12 @@ def test_encode_without_chat_template():
     ids = encode_prompts(tok, ["rev 123=", "ab"], max_prompt_length=8, system_prompt=None)
     assert [tok.decode(x) for x in ids] == ["rev 123=", "ab"] and len(ids[0]) == 8
     assert tok.decode(encode_prompts(tok, ["ab"], max_prompt_length=8, system_prompt="s")[0]) == "s\nab"
-    with pytest.raises(ValueError, match="has no chat_template"):
+    with pytest.raises(ValueError, match=r"--model.environment.init_args.chat_template true, but .* has no chat template"):
         encode_prompts(tok, ["ab"], chat_template=True, max_prompt_length=8)
 
 
 def test_too_long_prompt_raises():
-    with pytest.raises(ValueError, match="prompt 1 is 9 tokens, longer than max_prompt_length=8"):
+    with pytest.raises(ValueError, match="prompt 1 is 9 tokens, longer than --model.generation.max_prompt_length 8"):
         encode_prompts(char_tokenizer(), ["ab", "rev 1234="], max_prompt_length=8)
 
 
@@ -243,14 +243,14 @@ def test_datamodule_explicit_limits_still_cut(tmp_path, info_log):
     dm = PromptDataModule(path, num_train=1000)
     dm.setup()
     assert len(dm.train_rows) == 1000 and len(dm.val_rows) == 64
-    assert f"train: 1000 of 4936 rows (num_train=1000) from {path}" in info_log.text
+    assert f"train: 1000 of 4936 rows (--data.num_train 1000) from {path}" in info_log.text
     val = write_rows(tmp_path / "val.jsonl", 300)
     dm = PromptDataModule(path, val_source=val, num_train=200, num_val=10)
     dm.setup()
     assert len(dm.train_rows) == 200 and len(dm.val_rows) == 10
     assert dm.train_rows == load_prompt_rows(path, n=200)  # the same seeded subset load_prompt_rows takes
-    assert f"val: 10 of 300 rows (num_val=10) from {val}" in info_log.text
-    with pytest.raises(ValueError, match="num_val must be >= 0 or None.*got -1"):
+    assert f"val: 10 of 300 rows (--data.num_val 10) from {val}" in info_log.text
+    with pytest.raises(ValueError, match="--data.num_val -1: must be >= 0, or null"):
         PromptDataModule(path, num_val=-1)
 
 
@@ -276,7 +276,7 @@ def test_sampler_resume_and_ranks():
     fresh = datamodule().train_dataloader()
     list(fresh)
     assert prompts(fresh) == prompts(head + tail)  # epoch 1 order is a function of (seed, epoch)
-    with pytest.raises(ValueError, match="seed=0, num_rows=20.*seed=1"):
+    with pytest.raises(ValueError, match="training data had 20 rows shuffled with seed 0, this run.s has 20 rows and seed 1 .--data.seed"):
         datamodule(seed=1).train_dataloader().load_state_dict(state)
     samplers = [ResumableSampler(10, seed=1, rank=r, world_size=3) for r in range(3)]
     shards = [list(s) for s in samplers]

@@ -76,7 +76,7 @@ def test_an_over_long_prompt_is_named_by_its_file_row_before_training(tmp_path):
                     "--trainer.max_steps", "2", "--model.warm_start.steps", "0", "--trainer.enable_progress_bar", "false",
                     "--data.train_source", str(data), "--data.num_val", "2", "--data.prompts_per_step", "4",
                     "--model.generation.max_prompt_length", "64"], run=False)
-    with pytest.raises(ValueError, match=rf"{data} row 5: the prompt is \d+ tokens, longer than max_prompt_length=64"):
+    with pytest.raises(ValueError, match=rf"{data} row 5: the prompt is \d+ tokens, longer than --model.generation.max_prompt_length 64"):
         cli.fit(cli.model, datamodule=cli.datamodule)
     assert not list((tmp_path / "run").glob("**/metrics.csv")) or "train/reward" not in \
         next((tmp_path / "run").glob("**/metrics.csv")).read_text()

@@ -114,20 +114,20 @@ def test_answer_column_keeps_the_original_column_reachable(tmp_path):
 
 def test_a_column_setting_that_would_hide_a_data_column_is_refused(tmp_path):
     path = jsonl(tmp_path / "x.jsonl", [{"prompt": "p", "answer": "1", "solution": "one"}])
-    with pytest.raises(ValueError, match=r"answer_column='solution' would hide .*'answer' column.*columns are "
+    with pytest.raises(ValueError, match=r"--data.answer_column solution would hide .*'answer' column.*columns are "
                                          r"\['prompt', 'answer', 'solution'\]"):
         load_prompt_rows(str(path), answer_column="solution")
 
 
 def test_holding_out_too_many_rows_for_prompts_per_step_is_refused_with_the_numbers(tmp_path):
     path = jsonl(tmp_path / "x.jsonl", [{"prompt": f"q{i}", "answer": str(i)} for i in range(10)])
-    with pytest.raises(ValueError, match=r"has 10 rows; 3 are held out for validation \(val_fraction=0.3, at most 64\), "
-                                         r"which leaves 7 for training, fewer than prompts_per_step=8"):
+    with pytest.raises(ValueError, match=r"has 10 rows; 3 are held out for validation \(--data.val_fraction 0.3, at most 64\), "
+                                         r"which leaves 7 for training, fewer than --data.prompts_per_step 8"):
         PromptDataModule(str(path), prompts_per_step=8, val_fraction=0.3).setup()
-    with pytest.raises(ValueError, match=r"num_train=2 keeps 2 training prompts, fewer than prompts_per_step=4"):
+    with pytest.raises(ValueError, match=r"--data.num_train 2 keeps 2 training prompts, fewer than --data.prompts_per_step 4"):
         PromptDataModule(str(path), prompts_per_step=4, num_train=2).setup()
     val = jsonl(tmp_path / "val.jsonl", [{"prompt": "v", "answer": "0"}])
-    with pytest.raises(ValueError, match=r"gave 10 training prompts \(10 rows from .*\), fewer than prompts_per_step=16"):
+    with pytest.raises(ValueError, match=r"gave 10 training prompts \(10 rows from .*\), fewer than --data.prompts_per_step 16"):
         PromptDataModule(str(path), val_source=str(val), prompts_per_step=16).setup()
 
 

@@ -114,7 +114,7 @@ def test_reward_set_weights_and_names():
     # explicit weights override the functions' own
     rs = RewardSet([ExactMatch(weight=2.0), always_one], weights=[1.0, -1.0])
     assert rs.score(["p"], ["12"], {"answer": ["12"]}).total.tolist() == [0.0]
-    with pytest.raises(ValueError, match="2 weights for 1 functions"):
+    with pytest.raises(ValueError, match=r"--model.reward_weights \[1.0, 2.0\] gives 2 weights for the 1 reward function of --model.rewards"):
         RewardSet([always_one], weights=[1.0, 2.0])
 
 

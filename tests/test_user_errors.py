@@ -59,8 +59,8 @@ def test_debug_shows_the_traceback_and_the_usage(tmp_path):
 
 @pytest.mark.parametrize("extra, expected", [
     (["--data.train_source", "no_such_file.jsonl"], "error: 'no_such_file.jsonl' is neither a built-in task"),
-    (["--data.num_val", "-1"], "error: num_val must be >= 0 or None"),
-    (["--data.train_source", "{tmp}/rows.jsonl"], "error: '{tmp}/rows.jsonl' has no column 'prompt'; its columns are"),
+    (["--data.num_val", "-1"], "error: --data.num_val -1: must be >= 0, or null"),
+    (["--data.train_source", "{tmp}/rows.jsonl"], "error: '{tmp}/rows.jsonl' has no column 'prompt' (--data.prompt_column prompt); its columns are"),
 ])
 def test_settings_paths_and_columns_checked_at_start_are_one_error(tmp_path, capsys, monkeypatch, extra, expected):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

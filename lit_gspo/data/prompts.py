@@ -12,6 +12,7 @@ from pathlib import Path
 
 from lit_gspo.data.synthetic import TASKS, make_split
 from lit_gspo.runtime.hub import hub_offline, hub_unreachable, offline_hint
+from lit_gspo.runtime.user_errors import option
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 #: split names a user may give for a directory's split → the name ``datasets`` files it under (``val.jsonl`` → "validation")
@@ -92,6 +93,9 @@ def directory_splits(path: Path) -> dict[str, list[Path]]:
     """
     from datasets.data_files import DataFilesDict, get_data_patterns
 
+    saved = saved_splits(path)
+    if saved is not None:
+        return {name: [path / folder] if folder else [path] for name, folder in saved.items()}
     try:
         files = DataFilesDict.from_patterns(get_data_patterns(str(path)), base_path=str(path))
     except FileNotFoundError:  # datasets' EmptyDatasetError and DataFilesNotFoundError: no data file in it
@@ -99,9 +103,44 @@ def directory_splits(path: Path) -> dict[str, list[Path]]:
     return {str(split): [Path(f) for f in found] for split, found in files.items() if found}
 
 
+#: the files ``datasets``' ``save_to_disk`` writes: a ``DatasetDict``'s list of splits, a ``Dataset``'s state
+SAVED_DICT, SAVED_DATASET = "dataset_dict.json", "state.json"
+
+
+def saved_splits(path: Path) -> dict[str, str] | None:
+    """The splits of a directory written by ``datasets``' ``save_to_disk``, named as ``directory_splits`` names them
+    (``val`` → "validation") → the split's folder in it (``""``: a ``Dataset`` saved alone, one "train" split);
+    None for any other directory."""
+    if (path / SAVED_DICT).is_file():
+        try:
+            names = json.loads((path / SAVED_DICT).read_text())["splits"]
+        except (ValueError, KeyError, TypeError):
+            names = sorted(p.name for p in path.iterdir() if (p / SAVED_DATASET).is_file())
+        return {SPLIT_ALIASES.get(str(name), str(name)): str(name) for name in names}
+    if (path / SAVED_DATASET).is_file() and any(path.glob("*.arrow")):
+        return {"train": ""}
+    return None
+
+
+def _load_saved(path: Path, folders: dict[str, str], split: str) -> Table:
+    """One split of a ``save_to_disk`` directory, read with ``datasets.load_from_disk``."""
+    from datasets import load_from_disk
+
+    folder = folders.get(SPLIT_ALIASES.get(split, split))
+    if folder is None:
+        raise ValueError(f"{str(path)!r} (a dataset saved with save_to_disk) has no split {split!r}; its splits are "
+                         f"{sorted(folders)}: choose one with {option('data.train_split')} / {option('data.val_split')}")
+    dataset = load_from_disk(str(path / folder) if folder else str(path))
+    return dataset, list(dataset.column_names)
+
+
 def _load_directory_split(path: Path, split: str) -> Table:
     """One split of a local directory: its .json/.jsonl/.csv/.parquet files read as ``read_data_file`` reads them
-    (the formats may differ between splits: ``train.csv`` + ``validation.jsonl``); other files via ``datasets``."""
+    (the formats may differ between splits: ``train.csv`` + ``validation.jsonl``); other files via ``datasets``; a
+    directory written by ``save_to_disk`` (a ``Dataset``, or a ``DatasetDict`` and its splits) via ``load_from_disk``."""
+    saved = saved_splits(path)
+    if saved is not None:
+        return _load_saved(path, saved, split)
     splits = directory_splits(path)
     if not splits:
         raise ValueError(f"directory {str(path)!r} holds no data file: give it e.g. train.jsonl (and validation.jsonl), "
@@ -229,16 +268,14 @@ def load_prompt_rows(source: str, split: str = "train", prompt_column: str = "pr
     table, columns = _load_dataset(source, split)
     if len(table) == 0:
         raise ValueError(f"{source!r} holds no rows{'' if Path(source).is_file() else f' in split {split!r}'}: give data with at least one row")
-    wanted = [c for c in (prompt_column, answer_column) if c is not None]
-    missing = [c for c in wanted if c not in columns]
-    if missing:
-        raise ValueError(f"{source!r} has no column {missing[0]!r}; its columns are {columns}. "
-                         "Set prompt_column / answer_column (answer_column=None for data without answers).")
+    for setting, column in (("prompt_column", prompt_column), ("answer_column", answer_column)):
+        if column is not None and column not in columns:
+            raise ValueError(missing_column_message(source, setting, column, columns))
     for setting, column, alias in (("prompt_column", prompt_column, "prompt"), ("answer_column", answer_column, "answer")):
         if column not in (None, alias) and alias in columns:
-            raise ValueError(f"{setting}={column!r} would hide {source!r}'s own {alias!r} column (the rewards get "
-                             f"{column!r} as {alias!r}); its columns are {columns}. Rename one of the two columns, "
-                             f"or set {setting}={alias!r}")
+            raise ValueError(f"{option('data.' + setting, column)} would hide {source!r}'s own {alias!r} column (the "
+                             f"rewards get {column!r} as {alias!r}); its columns are {columns}. Rename one of the two "
+                             f"columns, or give {option('data.' + setting, alias)}")
     indices = list(range(len(table)))
     if n is not None and n < len(table):
         indices = subset_indices(len(table), n, seed)
@@ -256,6 +293,40 @@ def load_prompt_rows(source: str, split: str = "train", prompt_column: str = "pr
             row["answer"] = row[answer_column]
         rows.append(row)
     return rows
+
+
+#: columns that usually hold a dataset's prompts / reference answers (TRL's and common Hub datasets' names), in order
+COLUMN_CANDIDATES = {
+    "prompt_column": ("prompt", "question", "problem", "query", "instruction", "input", "messages", "text"),
+    "answer_column": ("answer", "ground_truth", "solution", "label", "labels", "target", "reference", "gold",
+                      "final_answer", "answers", "output", "completion", "response"),
+}
+
+
+def suggest_column(setting: str, columns: list[str]) -> str | None:
+    """The column of ``columns`` that most likely is the one ``setting`` (``prompt_column``/``answer_column``) names:
+    a known name (``ground_truth``, ``solution``, ``label``, ...), compared without case; None when none is."""
+    lower = {c.lower(): c for c in reversed(columns)}
+    taken = COLUMN_CANDIDATES["prompt_column" if setting == "answer_column" else "answer_column"][:1]
+    for name in COLUMN_CANDIDATES.get(setting, ()):
+        if name in lower and name not in taken:
+            return lower[name]
+    return None
+
+
+def missing_column_message(source: str, setting: str, column: str, columns: list[str]) -> str:
+    """``'x.jsonl' has no column 'answer' (--data.answer_column answer); its columns are [...]. Its answers look
+    like column 'ground_truth': --data.answer_column ground_truth``, and for answers the option to go without."""
+    text = f"{source!r} has no column {column!r} ({option('data.' + setting, column)}); its columns are {columns}. "
+    found = suggest_column(setting, columns)
+    kind = "prompts" if setting == "prompt_column" else "reference answers"
+    if found is not None:
+        text += f"Its {kind} look like column {found!r}: {option('data.' + setting, found)}"
+    else:
+        text += f"Name the column holding the {kind}: {option('data.' + setting)} COLUMN"
+    if setting == "answer_column":
+        text += f" ({option('data.answer_column', None)} for data without answers)"
+    return text
 
 
 def prompt_problem(prompt) -> str | None:
@@ -299,8 +370,10 @@ def encode_prompts(tokenizer, prompts: list, *, chat_template: bool | None = Non
     has_template = bool(getattr(tokenizer, "chat_template", None))
     use_template = has_template if chat_template is None else chat_template
     if use_template and not has_template:
-        raise ValueError(f"chat_template=True but tokenizer {type(tokenizer).__name__} has no chat_template; "
-                         "set chat_template to None/False or give the tokenizer one")
+        raise ValueError(f"{option(CHAT_TEMPLATE, chat_template)}, but {_tokenizer_name(tokenizer)} has no chat template: "
+                         f"give {option(CHAT_TEMPLATE, None)} (use it when there is one) or "
+                         f"{option(CHAT_TEMPLATE, False)} (prompts as plain text), or a {option('model.model')} whose "
+                         "tokenizer has one")
     encoded = []
     for i, prompt in enumerate(prompts):
         if use_template:
@@ -312,12 +385,65 @@ def encode_prompts(tokenizer, prompts: list, *, chat_template: bool | None = Non
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         else:
             if not isinstance(prompt, str):
-                raise ValueError(f"prompt {i} is a list of chat messages but chat templating is off "
-                                 f"(chat_template={chat_template!r}, tokenizer has one: {has_template})")
+                why = (f"{_tokenizer_name(tokenizer)} has no chat template to render them with; give a "
+                       f"{option('model.model')} whose tokenizer has one, or prompts as text (a text column as "
+                       f"{option('data.prompt_column')})") if not has_template else (
+                       f"chat templating is off ({option(CHAT_TEMPLATE, chat_template)}); give "
+                       f"{option(CHAT_TEMPLATE, None)} to render them with the tokenizer's template")
+                raise ValueError(f"prompt {i} is a list of chat messages, but {why}")
             text = prompt if system_prompt is None else f"{system_prompt}\n{prompt}"
             ids = tokenizer(text, add_special_tokens=True)["input_ids"]
         if len(ids) > max_prompt_length:
-            raise ValueError(f"prompt {i} is {len(ids)} tokens, longer than max_prompt_length={max_prompt_length}; "
-                             "raise max_prompt_length or shorten the prompt (prompts are never truncated)")
+            raise ValueError(f"prompt {i} is {len(ids)} tokens, longer than " + _limit_text(max_prompt_length)
+                             + " (prompts are never truncated)")
         encoded.append(list(ids))
     return encoded
+
+
+#: where a prompt's chat templating is set: on the environment (``model.environment``'s ``chat_template``)
+CHAT_TEMPLATE = "model.environment.init_args.chat_template"
+MAX_PROMPT_LENGTH = "model.generation.max_prompt_length"
+
+
+def _tokenizer_name(tokenizer) -> str:
+    name = getattr(tokenizer, "name_or_path", None)
+    return f"the tokenizer of {name!r}" if name else f"tokenizer {type(tokenizer).__name__}"
+
+
+class PromptLengthLimit(int):
+    """The longest prompt sampling takes, in tokens (an ``int``), and why: the user's ``max_prompt_length``, or less
+    when the model's context minus the completion's budget leaves less (:func:`prompt_length_limit`); an error about a
+    long prompt then names the setting with the value the user gave, and the arithmetic."""
+
+    setting: int
+    context: int | None
+    new_tokens: int
+    new_tokens_setting: str
+
+    def __new__(cls, value: int, setting: int, context: int | None = None, new_tokens: int = 0,
+                new_tokens_setting: str = "model.generation.max_new_tokens"):
+        limit = super().__new__(cls, value)
+        limit.setting, limit.context, limit.new_tokens, limit.new_tokens_setting = setting, context, new_tokens, new_tokens_setting
+        return limit
+
+
+def prompt_length_limit(generation, context: int) -> PromptLengthLimit:
+    """``min(max_prompt_length, context − new tokens)`` for ``generation`` (a ``Generation``) and a model whose context
+    is ``context`` tokens; the new tokens are the longer of ``max_new_tokens`` and ``val_max_new_tokens``."""
+    longer_val = (generation.val_max_new_tokens or 0) > generation.max_new_tokens
+    new_tokens = generation.val_max_new_tokens if longer_val else generation.max_new_tokens
+    setting = "model.generation.val_max_new_tokens" if longer_val else "model.generation.max_new_tokens"
+    return PromptLengthLimit(min(generation.max_prompt_length, context - new_tokens), generation.max_prompt_length,
+                             context, new_tokens, setting)
+
+
+def _limit_text(limit: int) -> str:
+    """What a too-long prompt is longer than, naming the setting with the user's value."""
+    setting = getattr(limit, "setting", int(limit))
+    context, new_tokens = getattr(limit, "context", None), getattr(limit, "new_tokens", 0)
+    if context is None or context - new_tokens > setting:
+        return f"{option(MAX_PROMPT_LENGTH, setting)}: raise it or shorten the prompt"
+    return (f"the {int(limit)} tokens a prompt can have: {option(MAX_PROMPT_LENGTH, setting)}, but the model's context "
+            f"of {limit.context} tokens less {option(limit.new_tokens_setting, limit.new_tokens)} for the completion "
+            f"leaves {int(limit)}; shorten the prompt, lower {option(limit.new_tokens_setting)}, or use a model with a "
+            "longer context")

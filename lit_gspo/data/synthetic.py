@@ -33,25 +33,30 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from lit_gspo.runtime.user_errors import option
+
 HOLDOUT_FRACTION = 0.2
 SPLITS = {"train": "train", "validation": "validation", "val": "validation", "test": "validation"}
 
 
 def _check_alphabet(alphabet: str) -> None:
     if not alphabet or len(set(alphabet)) != len(alphabet):
-        raise ValueError(f"alphabet must be non-empty with distinct characters, got {alphabet!r}")
+        raise ValueError(f"{option('data.task_kwargs', {'alphabet': alphabet})}: the alphabet must be non-empty "
+                         "with distinct characters")
 
 
 def _check_lengths(min_length: int, max_length: int) -> None:
     if not 1 <= min_length <= max_length:
-        raise ValueError(f"need 1 <= min_length <= max_length, got min_length={min_length}, max_length={max_length}")
+        raise ValueError(f"{option('data.task_kwargs', {'min_length': min_length, 'max_length': max_length})}: "
+                         "need 1 <= min_length <= max_length")
 
 
 def arithmetic(rng: random.Random, digits: int = 2, ops: str = "+-", negative: bool = False,
                template: str = "{a}{op}{b}=") -> dict:
     """One ``a op b`` problem with operands of up to ``digits`` digits; the answer is the exact result."""
     if digits < 1 or not ops or set(ops) - set("+-*"):
-        raise ValueError(f"arithmetic needs digits >= 1 and ops drawn from '+-*', got digits={digits}, ops={ops!r}")
+        raise ValueError(f"{option('data.task_kwargs', {'digits': digits, 'ops': ops})}: arithmetic needs digits >= 1 "
+                         "and ops drawn from '+-*'")
     a, b, op = rng.randrange(10**digits), rng.randrange(10**digits), rng.choice(ops)
     if op == "-" and not negative and a < b:
         a, b = b, a
@@ -163,6 +168,15 @@ def is_held_out(prompt: str) -> bool:
     return int.from_bytes(digest, "big") / 2**64 < HOLDOUT_FRACTION
 
 
+def _options(kwargs: dict) -> str:
+    return f" ({option('data.task_kwargs', kwargs)})" if kwargs else ""
+
+
+def _count_setting(split: str) -> str:
+    """The data module's setting that asks for ``n`` rows of ``split``."""
+    return "data.num_val" if SPLITS.get(split) == "validation" else "data.num_train"
+
+
 def make_split(name: str, split: str, n: int, seed: int = 0, **kwargs) -> list[dict]:
     """Draw ``n`` distinct prompts of task ``name`` from ``split`` (``"train"`` or ``"validation"``/``"val"``/``"test"``).
 
@@ -174,24 +188,26 @@ def make_split(name: str, split: str, n: int, seed: int = 0, **kwargs) -> list[d
         raise ValueError(f"unknown split {split!r} for synthetic task {name!r}; use one of {sorted(SPLITS)}")
     unknown = set(kwargs) - set(task.options())
     if unknown:
-        raise TypeError(f"synthetic task {name!r} got unknown options {sorted(unknown)}; it accepts {task.options()}")
+        raise TypeError(f"synthetic task {name!r} got unknown options {sorted(unknown)} ({option('data.task_kwargs', kwargs)}); "
+                        f"it accepts {task.options()}")
     if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+        raise ValueError(f"{option(_count_setting(split), n)}: must be >= 0")
     held_out = SPLITS[split] == "validation"
     space = task.size(**kwargs)
     share = HOLDOUT_FRACTION if held_out else 1 - HOLDOUT_FRACTION
     if n > space:
-        raise ValueError(f"task {name!r} {kwargs or ''} has only {space} distinct prompts (~{int(space * share)} in its "
-                         f"{SPLITS[split]} split); cannot draw n={n}. Ask for fewer or widen the task (e.g. more digits/length).")
+        raise ValueError(f"task {name!r}{_options(kwargs)} has only {space} distinct prompts (~{int(space * share)} in its "
+                         f"{SPLITS[split]} split); cannot draw {option(_count_setting(split), n)}. Ask for fewer or widen "
+                         f"the task ({option('data.task_kwargs')}, e.g. more digits/length).")
     rng = random.Random(f"{name}:{SPLITS[split]}:{seed}")
     rows, seen = [], set()
     attempts, max_attempts = 0, 50 * n + 20 * min(space, 200_000)
     while len(rows) < n:
         attempts += 1
         if attempts > max_attempts:
-            raise ValueError(f"task {name!r} {kwargs or ''}: found only {len(rows)} distinct {SPLITS[split]} prompts of "
-                             f"n={n} requested (the task has {space} prompts, ~{int(space * share)} in this split). "
-                             "Ask for fewer or widen the task.")
+            raise ValueError(f"task {name!r}{_options(kwargs)}: found only {len(rows)} distinct {SPLITS[split]} prompts for "
+                             f"the {option(_count_setting(split), n)} asked for (the task has {space} prompts, ~{int(space * share)} in "
+                             f"this split). Ask for fewer or widen the task ({option('data.task_kwargs')}).")
         row = task.sample(rng, **kwargs)
         if row["prompt"] not in seen and is_held_out(row["prompt"]) == held_out:
             seen.add(row["prompt"])

@@ -18,7 +18,6 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lit_gspo.lightning import moved_settings, run_dir
 from lit_gspo.lightning.datamodule import PromptDataModule
-from lit_gspo.lightning.metrics_file import RunCSVLogger
 from lit_gspo.lightning.module import RLModule, validation_schedule
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
 from lit_gspo.rl import advantages, engines, envs  # noqa: F401
@@ -282,8 +281,8 @@ class RLCLI(LightningCLI):
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
         if config.get("logger") in (None, True):
-            config["logger"] = RunCSVLogger(save_dir=config.get("default_root_dir") or os.getcwd(),
-                                            resume=bool(cfg.get("ckpt_path")) and self.subcommand in (None, "fit"))
+            config["logger"] = run_dir.default_logger(self.subcommand, config.get("default_root_dir") or os.getcwd(),
+                                                      cfg.get("ckpt_path"))  # validate/test: never a fit's version_N
         if self.subcommand in (None, "fit"):  # None: cli_main(run=False), which builds a fit
             configure_checkpointing(config, callbacks, cfg.get("checkpoint_every_n_steps", 50))
         add_progress_bar(config, callbacks)

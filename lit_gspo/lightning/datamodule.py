@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lit_gspo.rl.config import resolve_seed
+from lit_gspo.runtime.user_errors import option
 from lit_gspo.data.prompts import SPLIT_ALIASES, directory_splits, load_prompt_rows, subset_indices
 from lit_gspo.data.synthetic import TASKS
 
@@ -88,8 +89,9 @@ class ResumableSampler(DistributedSampler):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if (state["seed"], state["num_rows"]) != (self.seed, self.num_rows):
-            raise ValueError(f"cannot resume: the checkpoint's loader had seed={state['seed']}, num_rows={state['num_rows']}, "
-                             f"this one has seed={self.seed}, num_rows={self.num_rows}")
+            raise ValueError(f"cannot resume: the checkpoint's training data had {state['num_rows']} rows shuffled with "
+                             f"seed {state['seed']}, this run's has {self.num_rows} rows and seed {self.seed} "
+                             f"({option('data.seed')}, {option('data.num_train')} and the data must be the run's)")
         self.epoch, self.position = state["epoch"], state["position"]
 
 
@@ -174,12 +176,15 @@ class PromptDataModule(LightningDataModule):
                  train_split: str = "train", val_split: str = "validation", val_fraction: float = 0.1) -> None:
         super().__init__()
         if prompts_per_step < 1 or val_batch_size < 1:
-            raise ValueError(f"prompts_per_step and val_batch_size must be >= 1, got {prompts_per_step} and {val_batch_size}")
+            bad = "prompts_per_step" if prompts_per_step < 1 else "val_batch_size"
+            raise ValueError(f"{option('data.' + bad, {'prompts_per_step': prompts_per_step, 'val_batch_size': val_batch_size}[bad])}: must be >= 1 (prompts per batch)")
         if not 0 < val_fraction < 1:
-            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+            raise ValueError(f"{option('data.val_fraction', val_fraction)}: must be in (0, 1) (the share of a file "
+                             "held out for validation when there is no val_source)")
         for name, n in (("num_train", num_train), ("num_val", num_val)):
             if n is not None and n < 0:
-                raise ValueError(f"{name} must be >= 0 or None (every row of a file; a task's default size), got {n}")
+                raise ValueError(f"{option('data.' + name, n)}: must be >= 0, or null (every row of a file; a "
+                             "task's default size)")
         self.save_hyperparameters()
         self.train_source, self.val_source = train_source, val_source
         self.prompt_column, self.answer_column = prompt_column, answer_column
@@ -203,7 +208,7 @@ class PromptDataModule(LightningDataModule):
         rows = load_prompt_rows(source, split, self.prompt_column, self.answer_column, seed=self.seed)
         indices = subset_indices(len(rows), n, self.seed)
         kept = [rows[i] for i in indices]
-        return kept, _count(kept, rows, f"{limit}={n}") + f" from {_name(source, split)}", (_name(source, split), indices)
+        return kept, _count(kept, rows, option(f"data.{limit}", n)) + f" from {_name(source, split)}", (_name(source, split), indices)
 
     def _directory_val_split(self) -> str | None:
         """The split of a ``train_source`` directory that serves as validation when ``val_source`` is None: ``val_split``
@@ -228,7 +233,8 @@ class PromptDataModule(LightningDataModule):
                 val_text += f" ({files}: the directory's own {own_split} split, so no training row is held out)"
             if len(train) < self.prompts_per_step:
                 raise ValueError(f"{self.train_source!r} gave {len(train)} training prompts ({train_text}), fewer than "
-                                 f"prompts_per_step={self.prompts_per_step}: give more rows or a smaller prompts_per_step")
+                                 f"{option('data.prompts_per_step', self.prompts_per_step)}: give more rows or a smaller "
+                                 f"{option('data.prompts_per_step')}")
         else:
             rows = load_prompt_rows(self.train_source, self.train_split, self.prompt_column, self.answer_column, seed=self.seed)
             order = list(range(len(rows)))
@@ -238,19 +244,20 @@ class PromptDataModule(LightningDataModule):
             if len(rows) - n_val < self.prompts_per_step:
                 raise ValueError(
                     f"{_name(self.train_source, self.train_split)} has {len(rows)} rows; {n_val} are held out for validation "
-                    f"(val_fraction={self.val_fraction}, at most {cap}), which leaves {len(rows) - n_val} for training, fewer "
-                    f"than prompts_per_step={self.prompts_per_step}. Give more rows, a smaller prompts_per_step or "
-                    "val_fraction, or the validation rows as val_source")
+                    f"({option('data.val_fraction', self.val_fraction)}, at most {cap}), which leaves {len(rows) - n_val} "
+                    f"for training, fewer than {option('data.prompts_per_step', self.prompts_per_step)}. Give more rows, "
+                    f"a smaller {option('data.prompts_per_step')} or {option('data.val_fraction')}, or the validation "
+                    f"rows as {option('data.val_source')} FILE")
             val = [rows[i] for i in sorted(order[:n_val])]
             rest = [rows[i] for i in sorted(order[n_val:])]
             train = rest[: self.num_train]
             name = _name(self.train_source, self.train_split)
             train_origin, val_origin = (name, sorted(order[n_val:])[: len(train)]), (name, sorted(order[:n_val]))
-            train_text = _count(train, rest, f"num_train={self.num_train}") + f" from {_name(self.train_source, self.train_split)}"
-            val_text = f"{len(val)} rows held out of it (val_fraction={self.val_fraction}, at most {cap})"
+            train_text = _count(train, rest, option("data.num_train", self.num_train)) + f" from {_name(self.train_source, self.train_split)}"
+            val_text = f"{len(val)} rows held out of it ({option('data.val_fraction', self.val_fraction)}, at most {cap})"
             if len(train) < self.prompts_per_step:
-                raise ValueError(f"num_train={self.num_train} keeps {len(train)} training prompts, fewer than "
-                                 f"prompts_per_step={self.prompts_per_step}")
+                raise ValueError(f"{option('data.num_train', self.num_train)} keeps {len(train)} training prompts, "
+                                 f"fewer than {option('data.prompts_per_step', self.prompts_per_step)}")
         rank_zero_info(f"train: {train_text}, val: {val_text}")
         self.train_rows, self.val_rows = train, val
         self._origin = {"train": train_origin, "val": val_origin}
@@ -272,8 +279,8 @@ class PromptDataModule(LightningDataModule):
         self.setup()
         rank, world_size = self._rank()
         if len(self.train_rows) // world_size < self.prompts_per_step:
-            raise ValueError(f"{len(self.train_rows)} training prompts over {world_size} processes cannot fill one batch of "
-                             f"prompts_per_step={self.prompts_per_step}")
+            raise ValueError(f"{len(self.train_rows)} training prompts over {world_size} processes cannot fill one batch "
+                             f"of {option('data.prompts_per_step', self.prompts_per_step)} on each")
         sampler = ResumableSampler(len(self.train_rows), seed=self.seed, rank=rank, world_size=world_size)
         return PromptLoader(self.train_rows, self.prompts_per_step, sampler)
 

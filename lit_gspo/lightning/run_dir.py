@@ -51,6 +51,9 @@ from lit_gspo.runtime.user_errors import RunDirError
 
 RUN_CONFIG = "run_config.yaml"
 CHECKPOINT_KEY = "lit_gspo_config"
+#: the run's log folder (``version_N`` of ``<root>/lightning_logs``), stored in each checkpoint: a resume continues it
+LOG_VERSION_KEY = "lit_gspo_log_version"
+LOGS = "lightning_logs"
 EXPORT_CONFIG = "lit_gspo_config.yaml"
 EXPORTS = ("hf_model", "hf_adapter")
 
@@ -260,10 +263,44 @@ def place_fit(cli) -> None:
     if isinstance(defaults.get("model"), dict):  # a group left null runs with its dataclass's defaults
         defaults["model"].update(group_defaults(type(cli.model) if hasattr(cli, "model") else None))
     placement = place(root, bool(given), current, cfg.get("ckpt_path"), defaults)
+    if _is_rank_zero():  # the run lock, before anything is built: warm start and step-0 validation run under it
+        from lit_gspo.lightning.cli import device_count
+
+        trainer = cfg.get("trainer")
+        processes = (trainer.get("num_nodes") or 1) * device_count(trainer.get("devices"), trainer.get("accelerator"))
+        placement = lock_placement(placement, root, bool(given), cfg.get("ckpt_path"), processes > 1)
     if placement.root != root:
         cfg["trainer.default_root_dir"] = str(placement.root)
     if placement.note and _is_rank_zero():
         print(f"fit: {placement.note}", flush=True)
+
+
+def lock_placement(placement: Placement, root: Path, given: bool, ckpt_path: str | None, several: bool) -> Placement:
+    """Take the run lock of ``placement.root`` (``lit_gspo.lightning.callbacks.run_lock``) for this fit, before it
+    builds or writes anything. A fresh fit whose directory another live fit holds (one that has no checkpoint yet)
+    goes to the next free sibling, as it would beside a finished run, and says so; a resume, or a fit of several
+    processes (whose other ranks place themselves without the lock), is refused at once with the holder's command.
+    A refused fit leaves nothing in the directory it was refused."""
+    from lit_gspo.lightning.callbacks.run_lock import RunLock, RunLockedError
+
+    try:
+        RunLock(placement.root).acquire()
+        return placement
+    except RunLockedError as err:
+        if ckpt_path or several:
+            raise
+        busy, first_error = placement.root, err
+    for candidate in siblings(root, given):
+        if candidate == busy or holds_run(candidate):
+            continue
+        try:
+            RunLock(candidate).acquire()
+        except RunLockedError:
+            continue
+        holder = str(first_error).split(" is in use by another run (", 1)[-1].split("). Two runs", 1)[0]
+        return Placement(candidate, f"{busy} is in use by another fit ({holder}); this run writes to {candidate} "
+                                    "(--trainer.default_root_dir chooses the directory)")
+    raise first_error
 
 
 def _is_rank_zero() -> bool:
@@ -328,6 +365,9 @@ class RunConfigCallback(SaveRunConfig):
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint[CHECKPOINT_KEY] = self.text()
+        version = log_version_of(trainer)
+        if version is not None:
+            checkpoint[LOG_VERSION_KEY] = version
 
 
 def save_export_config(trainer, directory: str | Path) -> Path | None:
@@ -375,11 +415,87 @@ def config_for(model: str) -> FoundConfig | None:
 
 def _checkpoint_config(path: Path) -> str | None:
     """The config stored in a checkpoint, read without loading its tensors (memory-mapped)."""
+    text = _checkpoint_entry(path, CHECKPOINT_KEY)
+    return text if isinstance(text, str) else None
+
+
+def _checkpoint_entry(path: Path, key: str):
+    """One top-level entry of a checkpoint, read without loading its tensors (memory-mapped); None when absent."""
     import torch
 
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # an old-format or unreadable file: the run directory's config, and the loader reports the rest
         return None
-    text = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
-    return text if isinstance(text, str) else None
+    return checkpoint.get(key) if isinstance(checkpoint, dict) else None
+
+
+
+# ---------------------------------------------------------------------------------------------------- metrics
+def log_version_of(trainer) -> str | None:
+    """The folder name (``version_N``) of the fit's default CSV logger, None with another logger."""
+    from lit_gspo.lightning.metrics_file import RunCSVLogger
+
+    logger = trainer.logger
+    if not isinstance(logger, RunCSVLogger) or logger.name != LOGS:
+        return None
+    version = logger.version
+    return version if isinstance(version, str) else f"version_{version}"
+
+
+def checkpoint_to_resume(root: Path, ckpt_path: str | None) -> Path | None:
+    """The checkpoint a fit with ``ckpt_path`` starts from when it is one of ``root``'s run (``last``: its
+    ``checkpoints/last.ckpt``, else the newest ``*.ckpt`` there); None for a fresh fit or another run's file."""
+    if not ckpt_path or ckpt_path in ("hpc", "best"):
+        return None
+    if ckpt_path == "last":
+        folder = root / "checkpoints"
+        if (folder / "last.ckpt").is_file():
+            return folder / "last.ckpt"
+        found = list(folder.glob("*.ckpt")) if folder.is_dir() else []
+        return max(found, key=lambda p: p.stat().st_mtime) if found else None
+    path = Path(ckpt_path)
+    if path.is_file() and run_of_checkpoint(path).resolve() == root.resolve():
+        return path
+    return None
+
+
+def resumed_log_version(root: Path, ckpt_path: str | None) -> str | None:
+    """The ``version_N`` of ``<root>/lightning_logs`` a resume continues: the one its checkpoint names; for a
+    checkpoint written before checkpoints named it, the newest folder holding a fit's rows (a ``train/`` column: not
+    one a ``validate``, or a refused fit, created since). None: a new folder (a fresh fit, or nothing to continue)."""
+    checkpoint = checkpoint_to_resume(root, ckpt_path)
+    if checkpoint is None:
+        return None
+    logs = root / LOGS
+    version = _checkpoint_entry(checkpoint, LOG_VERSION_KEY)
+    if isinstance(version, str) and (logs / version).is_dir():
+        return version
+    fits = [d for d in logs.glob("version_*") if d.is_dir() and _has_training_rows(d / "metrics.csv")]
+    if fits:
+        return max(fits, key=lambda d: int(d.name.split("_", 1)[1]) if d.name.split("_", 1)[1].isdigit() else -1).name
+    return None
+
+
+def _has_training_rows(path: Path) -> bool:
+    try:
+        with open(path, newline="") as f:
+            header = f.readline()
+    except OSError:
+        return False
+    return any(column.strip().startswith("train/") for column in header.split(","))
+
+
+def default_logger(subcommand: str | None, root: str, ckpt_path: str | None):
+    """The CLI's logger when none is configured (``RunCSVLogger``), writing where the README says:
+
+    * ``fit``: ``<root>/lightning_logs/version_N/metrics.csv``, a new ``version_N`` for a fresh run; a resume
+      continues its run's own folder (:func:`resumed_log_version`), whatever ran in between;
+    * ``validate`` / ``test``: ``<root>/lightning_logs/validate/`` / ``test/``, one ``metrics.csv`` continued by each
+      call, never a ``version_N`` (which a resume of the run would take for its own)."""
+    from lit_gspo.lightning.metrics_file import RunCSVLogger
+
+    if subcommand in ("validate", "test"):
+        return RunCSVLogger(save_dir=root, name=LOGS, version=subcommand)
+    version = resumed_log_version(Path(root), ckpt_path)
+    return RunCSVLogger(save_dir=root, name=LOGS, version=version)

@@ -111,3 +111,44 @@ def parser_error(message: str) -> None:
     hinted = "\n  " in message  # the CLI parser's hints: close options, valid fields, known objectives, the extra to install
     print(f"error: {message}" + ("" if hinted else " (--help lists every option)"), file=sys.stderr, flush=True)
     raise SystemExit(EXIT_CODE)
+
+
+
+def option(setting: str, value=...) -> str:
+    """How a setting is typed on ``lit-gspo``'s command line, with its value as a user writes it:
+    ``option("data.answer_column", "ground_truth")`` → ``--data.answer_column ground_truth``; ``None`` → ``null``,
+    booleans ``true``/``false``, lists and dicts in YAML's flow style (``[1.0, 2.0]``), a string that YAML would
+    read as something else quoted. Without ``value``, the option alone (``--data.answer_column``). Library code that
+    refuses a user's setting names it this way (the path of the setting in the CLI and in a YAML config), not as a
+    Python keyword (``answer_column=None``)."""
+    name = f"--{setting}"
+    return name if value is ... else f"{name} {option_value(value)}"
+
+
+def option_value(value) -> str:
+    """A value as it is typed after an option (YAML): ``null``, ``true``, ``0.5``, ``ground_truth``, ``[1, 2]``."""
+    import yaml
+
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, str):
+        try:
+            plain = yaml.safe_load(value) == value and value.strip() == value and " " not in value
+        except yaml.YAMLError:
+            plain = False
+        return value if plain else "'" + value.replace("'", "''") + "'"
+    if isinstance(value, (list, tuple, dict)):
+        return yaml.safe_dump(_plain(value), default_flow_style=True, width=10**9, sort_keys=False).strip()
+    return str(value)
+
+
+def _plain(value):
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)

@@ -138,6 +138,8 @@ def load(argv: list[str]) -> EvalCLI:
         raise SettingsError(f"--ckpt {ckpt}: no such file (a run's checkpoints are <run>/checkpoints/*.ckpt; its "
                             "exported model is <run>/hf_model)")
     found = run_dir.config_for(ckpt) if ckpt else None
+    if found is None and given is None:
+        _check_named_without_run(argv, ckpt)
     if found is not None and given is None:
         print(f"eval: reading the run's config: {found.origin}; --config to use another", flush=True)
         argv = ["--config", str(found.path) if found.path else found.text] + argv
@@ -156,6 +158,29 @@ def load(argv: list[str]) -> EvalCLI:
     cli.model.policy.to(device)
     _cast(cli.model.policy, cfg.get("trainer.precision"))
     return cli
+
+
+#: what a model without a run's saved settings is scored with: each group needs one of its options on the command line
+WITHOUT_RUN = {
+    "the prompts": ("data", "data.train_source", "data.val_source"),
+    "the rewards": ("model.rewards", "model.environment"),
+}
+
+
+def _check_named_without_run(argv: list[str], ckpt: str | None) -> None:
+    """A model that no run saved its settings with (an ``hf_model/`` written from Python, a hub id, a ``.gguf``) is
+    scored only with the prompts and rewards the command line names (or ``--config``): the defaults (the arithmetic
+    task, ``ExactMatch``) would score a model trained on anything else as 0, silently."""
+    options = {a[2:].split("=", 1)[0].removesuffix("+") for a in argv if a.startswith("--")}
+    missing = [what for what, names in WITHOUT_RUN.items() if not options & set(names)]
+    if not missing:
+        return
+    source = f"--ckpt {ckpt}" if ckpt else "model.model"
+    raise SettingsError(
+        f"{source} has no saved run settings (no lit_gspo_config.yaml beside it, no run_config.yaml in its run), so "
+        f"{' and '.join(missing)} to score it with are unknown: give --config <the fit's config>, or "
+        + " and ".join({"the prompts": "--data.train_source TASK_OR_FILE (or --data.val_source FILE)",
+                        "the rewards": "--model.rewards '[REWARD, ...]' (e.g. '[lit_gspo.rl.rewards.ExactMatch]')"}[m] for m in missing))
 
 
 def _check_against_run(cli: EvalCLI, found: run_dir.FoundConfig, argv: list[str], given: str | None) -> None:

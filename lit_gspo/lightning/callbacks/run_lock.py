@@ -5,6 +5,7 @@ same directory is refused with :class:`RunLockedError` naming the first; a lock 
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
@@ -31,6 +32,19 @@ class RunLockedError(UserError, RuntimeError):
 
 
 _HELD: dict[str, RunLock] = {}
+
+
+def held_lock(root: str | Path) -> RunLock | None:
+    """The lock of ``root`` this process holds (taken by ``lit-gspo fit`` before it builds anything), or None."""
+    lock = _HELD.get(str((Path(root) / LOCK_NAME).resolve()))
+    return lock if lock is not None and lock._fd is not None else None
+
+
+@atexit.register
+def _release_all() -> None:
+    """At exit, the locks still held (a fit that failed before its Trainer ran) are released and their files removed."""
+    for lock in list(_HELD.values()):
+        lock.release()
 
 
 class RunLock:
@@ -133,16 +147,22 @@ def _alive(holder: dict) -> bool:
 
 class OneRunPerDirectory(Callback):
     """At the start of a fit, the run lock of ``default_root_dir`` (:class:`RunLock`), refused on every rank when
-    another live run holds it; released when the fit ends or fails."""
+    another live run holds it; released when the fit ends or fails.
+
+    ``lit-gspo fit`` takes the lock before anything is built (``lit_gspo.lightning.run_dir.place_fit``: before the warm
+    start and the step-0 validation, which run in ``trainer.validate`` before ``trainer.fit``); this callback then adopts
+    it, from the first stage that runs, and releases it when the fit ends or any stage fails."""
 
     def __init__(self) -> None:
         self._lock: RunLock | None = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        if stage != "fit":
+        if self._lock is None and trainer.is_global_zero:
+            self._lock = held_lock(trainer.default_root_dir)  # taken by the CLI before the Trainer was built
+        if stage != "fit" or self._lock is not None and trainer.world_size == 1:
             return
         error = None
-        if trainer.is_global_zero:
+        if trainer.is_global_zero and self._lock is None:
             try:
                 self._lock = RunLock(trainer.default_root_dir).acquire()
             except RunLockedError as err:

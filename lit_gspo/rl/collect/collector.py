@@ -18,7 +18,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from lit_gspo.data.prompts import prompt_length_limit
 from lit_gspo.rl.config import Generation
+from lit_gspo.runtime.user_errors import option
 from lit_gspo.rl.engines import RolloutEngine
 from lit_gspo.rl.envs import Environment
 from lit_gspo.rl.collect.episodes import Episode, assemble, episode_stats, replies_of, step_all
@@ -57,9 +59,10 @@ class Collector:
         new_tokens = max(g.max_new_tokens, g.val_max_new_tokens or 0)
         context = _context_length(policy, g)
         if context - new_tokens < 1:
-            raise ValueError(f"generation.max_new_tokens={new_tokens} leaves no room for a prompt in the "
+            limit = prompt_length_limit(g, context)
+            raise ValueError(f"{option(limit.new_tokens_setting, new_tokens)} leaves no room for a prompt in the "
                              f"model's context of {context} tokens")
-        return self.environment.encode(self.tokenizer, rows, max_prompt_length=min(g.max_prompt_length, context - new_tokens))
+        return self.environment.encode(self.tokenizer, rows, max_prompt_length=prompt_length_limit(g, context))
 
     def sample(self, policy: nn.Module, rows: list[dict], *, greedy: bool = False, synced_gpus: bool = False
                ) -> tuple[RolloutBatch, list[str], dict[str, float]]:

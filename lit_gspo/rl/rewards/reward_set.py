@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from lit_gspo.runtime.user_errors import option, option_value
 from lit_gspo.rl.rewards.calling import CALL_INPUTS, TRAINER_COLUMNS, TRL_ONLY, TrainerState, convention
 
 
@@ -168,12 +169,18 @@ class RewardSet:
         if weights is None:
             weights = [float(getattr(fn, "weight", 1.0)) for fn in functions]
         elif len(weights) != len(functions):
-            raise ValueError(f"RewardSet got {len(weights)} weights for {len(functions)} functions; give one per function or None")
+            names = ", ".join(function_name(fn) for fn in functions)
+            raise ValueError(f"{option('model.reward_weights', list(weights))} gives {len(weights)} weight"
+                             f"{'s' * (len(weights) != 1)} for the {len(functions)} reward function"
+                             f"{'s' * (len(functions) != 1)} of {option('model.rewards')} ({names}): give one weight "
+                             f"per function, in their order, or {option('model.reward_weights', None)} (each "
+                             "function's own weight, 1 by default)")
         for fn in functions:
             timeout_s = getattr(fn, "timeout_s", None)
             if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-                raise ValueError(f"reward function {function_name(fn)!r} has timeout_s={timeout_s!r}; give seconds > 0, "
-                                 "or None for no limit")
+                raise ValueError(f"reward function {function_name(fn)!r} of {option('model.rewards')} has timeout_s "
+                                 f"{option_value(timeout_s)}: give seconds > 0 (init_args: {{timeout_s: 30}}), or null "
+                                 "for no limit")
         self.functions = functions
         self.weights = [float(w) for w in weights]
         self.names = self._unique_names(functions)
