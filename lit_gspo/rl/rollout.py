@@ -176,17 +176,20 @@ def position_ids_of(attention_mask: Tensor) -> Tensor:
 
 def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float = 1.0, with_entropy: bool = False,
                    value_head: nn.Module | None = None, max_chunk_elements: int = 2**26,
-                   share_prompts: bool = False) -> TokenForward:
+                   share_prompts: bool = False, pack: bool = False) -> TokenForward:
     """log π(y_t | y_<t) of every completion token, gathering chunk by chunk in fp32.
 
     The backbone runs once; the LM head and log-softmax run over chunks of positions so that at
     most ``max_chunk_elements`` logits exist at a time, and (with grad) each chunk is recomputed in
     backward instead of keeping its (B, c, V) logits alive. ``share_prompts``: rows with the same
-    prompt share one forward of it (:func:`completion_states_shared_prompts`).
+    prompt share one forward of it (:func:`completion_states_shared_prompts`); ``pack``: the rows run as one sequence
+    without padding (:func:`completion_states_packed`).
     """
     batch = batch.to(model.get_input_embeddings().weight.device)  # the caller's tensors may be elsewhere (CPU)
     P, T = batch.prompt_length, batch.completion_mask.shape[1]
-    hidden = completion_states_shared_prompts(model, batch) if share_prompts else None
+    hidden = completion_states_packed(model, batch) if pack else None
+    if hidden is None and share_prompts:
+        hidden = completion_states_shared_prompts(model, batch)
     if hidden is None:
         hidden = _decoder_output_through_root(model, batch.input_ids, batch.attention_mask)
         hidden = hidden[:, P - 1:P - 1 + T]  # the state that predicts completion token t
@@ -212,6 +215,24 @@ def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float 
     return TokenForward(logprobs=torch.cat(logps, 1) if logps else empty,
                         entropy=(torch.cat(ents, 1) if ents else empty) if with_entropy else None,
                         values=values)
+
+
+def completion_states_packed(model: nn.Module, batch: RolloutBatch) -> Tensor:
+    """The decoder states that predict each completion token, (N, T, H), with every row's real tokens packed into one
+    sequence: no padding runs through the backbone.
+
+    The packed row's positions restart at 0 for each row and no attention mask is given, from which transformers
+    builds the block-diagonal causal mask (``find_packed_sequence_indices``): each token sees its own row only, so the
+    states are the padded forward's. It pays where attention skips the other rows' blocks (``flash_attention_2``,
+    ``flex_attention``); ``sdpa`` and ``eager`` get a dense (S, S) mask over the S packed tokens.
+    """
+    P, T = batch.prompt_length, batch.completion_mask.shape[1]
+    real = batch.attention_mask.bool()
+    ids, positions = batch.input_ids[real][None], position_ids_of(batch.attention_mask)[real][None]  # (1, S)
+    hidden = _decoder_output_through_root(model, ids, None, position_ids=positions)[0]  # (S, H)
+    where = torch.zeros(real.shape, dtype=torch.long, device=real.device)  # (N, P + T): each real token's place in S
+    where[real] = torch.arange(ids.shape[1], device=real.device)
+    return hidden[where[:, P - 1:P - 1 + T]]  # padding positions read token 0's state: masked out of every loss
 
 
 def completion_states_shared_prompts(model: nn.Module, batch: RolloutBatch) -> Tensor | None:
@@ -245,7 +266,7 @@ def completion_states_shared_prompts(model: nn.Module, batch: RolloutBatch) -> T
     return states
 
 
-def _decoder_output_through_root(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *,
+def _decoder_output_through_root(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, *,
                                  position_ids: Tensor | None = None, past_key_values: Any = None) -> Tensor:
     """The decoder's last hidden state, running the *root* module's forward.
 
