@@ -16,7 +16,7 @@ from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_gspo.lightning import moved_settings, run_dir
+from lit_gspo.lightning import moved_settings, run_dir, trainer_flags
 from lit_gspo.lightning.datamodule import PromptDataModule
 from lit_gspo.lightning.metrics_file import RunCSVLogger
 from lit_gspo.lightning.module import RLModule, validation_schedule
@@ -28,6 +28,7 @@ from lit_gspo.rl.objectives import GSPO, OBJECTIVES, Objective
 from lit_gspo.runtime import extras, user_errors
 from lit_gspo.runtime.collectives import end_process_group
 from lit_gspo.runtime.imports import import_path
+from lit_gspo.runtime.user_errors import SettingsError
 
 DEFAULT_VAL_EVERY_N_STEPS = 10
 
@@ -227,8 +228,11 @@ class RLCLI(LightningCLI):
             self.parser.error(f"`{self.subcommand}` must come first: lit-gspo {self.subcommand} --help")
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         user_errors.mark_starting()
+        trainer_flags.refuse_unsupported(cfg.trainer)
+        map_top_level_optimisation(cfg)
         schedule_validation(cfg.model, cfg.trainer)
         map_trainer_flags(cfg.model, cfg.trainer)
+        check_rows_per_step(cfg.model, cfg.get("data"))
         atomic_strategy(cfg.trainer)
         rl_step_progress_bars(cfg.trainer)
         if self.subcommand == "fit":  # one run per directory: compare with the run there (lit_gspo/lightning/run_dir.py)
@@ -310,6 +314,10 @@ def schedule_validation(model, trainer) -> None:
                          "give one (both count RL steps)")
     if n is None and isinstance(interval, float):
         return  # a fraction of a data epoch: Lightning's own meaning, with check_val_every_n_epoch
+    every_epochs = trainer.get("check_val_every_n_epoch")
+    if every_epochs not in (None, 1):
+        raise SettingsError(f"--trainer.check_val_every_n_epoch {every_epochs}: validation counts RL steps here (one "
+                            "Lightning batch is one RL step): use --model.validation.every_n_steps N")
     if n is None:
         n = DEFAULT_VAL_EVERY_N_STEPS if interval is None else interval
     validation["every_n_steps"] = n
@@ -335,11 +343,57 @@ def map_trainer_flags(model, trainer) -> None:
                              "give one (both clip the gradient norm of each optimiser step)")
         update["max_grad_norm"] = float(clip) if clip > 0 else None  # Lightning's 0: no clipping
         trainer["gradient_clip_val"], trainer["gradient_clip_algorithm"] = None, None
-    accumulate = trainer.get("accumulate_grad_batches")
-    if accumulate not in (None, 1):
-        raise ValueError(f"--trainer.accumulate_grad_batches {accumulate}: one Lightning batch is one RL step, and its "
-                         "update is K epochs × M minibatches (--model.update.epochs, --model.update.num_minibatches); "
-                         "a minibatch too large for memory is accumulated over --model.update.micro_batch_size rows")
+    # accumulate_grad_batches: refused in one line by trainer_flags.refuse_unsupported
+
+
+def _class_name(value) -> str:
+    """A parsed optimiser/scheduler setting as a user would type it (``torch.optim.SGD``)."""
+    if isinstance(value, Namespace):
+        return str(value.get("class_path"))
+    return getattr(value, "__qualname__", None) or type(value).__name__
+
+
+def map_top_level_optimisation(cfg) -> None:
+    """LightningCLI's top-level ``--optimizer X`` / ``--lr_scheduler X`` (``optimizer:``/``lr_scheduler:`` in YAML) are
+    read as ``model.optimizer`` / ``model.lr_scheduler``, which RLModule steps by hand (a top-level one would be
+    LightningCLI's own ``configure_optimizers``, which it skips or replaces silently). The config then records them under
+    ``model.`` (``run_config.yaml``). Given both ways: refused in one line."""
+    model = cfg.model
+    for key in ("optimizer", "lr_scheduler"):
+        given = cfg.get(key)
+        if given is None:
+            continue
+        own = model.get(key)
+        if isinstance(own, Namespace):  # given in the config or on the command line (the defaults are callables / None)
+            raise SettingsError(f"--{key} {_class_name(given)} and --model.{key} {_class_name(own)} both given: give one, "
+                                f"as --model.{key} (RLModule optimises by hand; the top-level --{key} is read as "
+                                f"--model.{key})")
+        model[key] = given
+        cfg[key] = None
+        rank_zero_info(f"note: --{key} {_class_name(given)} read as --model.{key} (recorded there in the run's config)")
+
+
+def _group_value(model, name: str, key: str):
+    """``model.<name>.<key>`` as parsed, None when not given (the group left as it is)."""
+    group = model.get(name)
+    group = group.get("init_args", group) if isinstance(group, Namespace) else None
+    return group.get(key) if isinstance(group, Namespace) else None
+
+
+def check_rows_per_step(model, data) -> None:
+    """``model.update.num_minibatches`` M cuts each RL step's rows (prompts_per_step × num_generations per process) in M
+    minibatches: more minibatches than rows is refused in one line."""
+    from lit_gspo.rl.config import Generation
+
+    if data is None:
+        return
+    minibatches = _group_value(model, "update", "num_minibatches") or 1
+    generations = _group_value(model, "generation", "num_generations") or Generation().num_generations
+    prompts = data.get("prompts_per_step")
+    if isinstance(prompts, int) and minibatches > prompts * generations:
+        raise SettingsError(f"--model.update.num_minibatches {minibatches}: more minibatches than the {prompts * generations} "
+                            f"rows of an RL step (--data.prompts_per_step {prompts} × --model.generation.num_generations "
+                            f"{generations}); use at most {prompts * generations}, or more prompts per step")
 
 
 def rl_step_progress_bars(trainer) -> None:
