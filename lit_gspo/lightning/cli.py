@@ -233,6 +233,7 @@ class RLCLI(LightningCLI):
         schedule_validation(cfg.model, cfg.trainer)
         map_trainer_flags(cfg.model, cfg.trainer)
         check_rows_per_step(cfg.model, cfg.get("data"))
+        check_plateau(cfg.model)
         atomic_strategy(cfg.trainer)
         rl_step_progress_bars(cfg.trainer)
         if self.subcommand == "fit":  # one run per directory: compare with the run there (lit_gspo/lightning/run_dir.py)
@@ -371,6 +372,20 @@ def map_top_level_optimisation(cfg) -> None:
         model[key] = given
         cfg[key] = None
         rank_zero_info(f"note: --{key} {_class_name(given)} read as --model.{key} (recorded there in the run's config)")
+
+
+def check_plateau(model) -> None:
+    """A ReduceLROnPlateau: torch's (no monitor) or a monitor that is neither ``val/*`` nor ``train/*`` is refused in
+    one line at start (``lit_gspo.lightning.module.plateau_monitor`` checks the ``val/*`` names when the module is set
+    up, ``RLModule._step_plateau`` a ``train/*`` name at the first step)."""
+    import torch
+
+    from lit_gspo.lightning.module import check_plateau_monitor
+
+    scheduler = model.get("lr_scheduler")
+    cls = _class_of(scheduler)
+    if isinstance(cls, type) and issubclass(cls, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        check_plateau_monitor((scheduler.get("init_args") or Namespace()).get("monitor"), None)
 
 
 def _group_value(model, name: str, key: str):
