@@ -12,6 +12,7 @@ import os
 import re
 import sys
 
+import yaml
 from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
@@ -210,6 +211,15 @@ class RLCLI(LightningCLI):
                     sys.argv[1:] = upgraded
                 else:
                     kwargs["args"] = upgraded
+        given = kwargs.get("args")
+        if given is None or isinstance(given, (list, tuple)):  # --trainer.precision auto: resolved for this machine
+            resolved, note = resolve_auto_precision_args(sys.argv[1:] if given is None else list(given))
+            if note:
+                rank_zero_info(note)
+                if given is None:
+                    sys.argv[1:] = resolved
+                else:
+                    kwargs["args"] = resolved
         super().__init__(*args, parser_class=parser_class, **kwargs)
 
     @staticmethod
@@ -294,6 +304,73 @@ class RLCLI(LightningCLI):
         add_progress_bar(config, callbacks)
         config["callbacks"] = callbacks
         return super().instantiate_trainer(**config)
+
+
+def _config_tree(value: str) -> dict:
+    """A ``--config`` value (a file or YAML text) parsed, ``{}`` when it is neither."""
+    try:
+        tree = yaml.safe_load(open(value).read() if os.path.isfile(value) else value)
+    except (OSError, yaml.YAMLError):
+        return {}
+    return tree if isinstance(tree, dict) else {}
+
+
+def _trainer_key(tree: dict, key: str):
+    """``trainer.<key>`` of a parsed config (also under a subcommand), None when absent."""
+    for scope in [tree] + [v for k, v in tree.items() if k in ("fit", "validate", "test") and isinstance(v, dict)]:
+        trainer = scope.get("trainer")
+        if isinstance(trainer, dict) and key in trainer:
+            return trainer[key]
+    return None
+
+
+def _device_type(accelerator) -> str:
+    """The device ``trainer.accelerator`` means here (``auto``: CUDA when there is one, else the CPU)."""
+    import torch
+
+    name = str(accelerator).lower() if isinstance(accelerator, str) else "auto"
+    if name in ("gpu", "cuda"):
+        return "cuda"
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def resolve_auto_precision_args(args: list[str]) -> tuple[list[str], str | None]:
+    """``args`` with ``precision: auto`` (``--trainer.precision auto``, or in a ``--config``) resolved for the
+    accelerator the same ``args`` ask for (``lit_gspo.runtime.hardware.resolve_auto_precision``: bf16-mixed where bf16
+    is native, 32-true elsewhere), and the one line that says so (None when nothing was ``auto``). A config's ``auto``
+    is overridden right after that ``--config``, so later settings keep their precedence."""
+    from lit_gspo.runtime.hardware import AUTO, resolve_auto_precision
+
+    accelerator, autos, i = None, [], 0
+    while i < len(args):  # the accelerator asked for (the last one given wins), and where `auto` is
+        arg = args[i]
+        value = args[i + 1] if "=" not in arg and i + 1 < len(args) else arg.partition("=")[2]
+        name = arg.partition("=")[0]
+        if name in ("--config", "-c"):
+            tree = _config_tree(value)
+            accelerator = _trainer_key(tree, "accelerator") or accelerator
+            if _trainer_key(tree, "precision") == AUTO:
+                autos.append((i, "config"))
+        elif name == "--trainer.accelerator":
+            accelerator = value
+        elif name == "--trainer.precision" and value == AUTO:
+            autos.append((i, "=" if "=" in arg else "flag"))
+        i += 2 if "=" not in arg and name in ("--config", "-c", "--trainer.accelerator", "--trainer.precision") else 1
+    if not autos:
+        return args, None
+    precision, note = resolve_auto_precision(_device_type(accelerator))
+    out = list(args)
+    for i, how in reversed(autos):
+        if how == "config":  # right after `--config X` / `--config=X`
+            at = i + (1 if "=" in out[i] else 2)
+            out[at:at] = ["--trainer.precision", precision]
+        elif how == "=":
+            out[i] = f"--trainer.precision={precision}"
+        else:
+            out[i + 1] = precision
+    return out, note
 
 
 def settings_group(model, name: str):
