@@ -48,9 +48,9 @@ def test_a_flag_a_config_file_and_yaml_text_are_resolved_in_place(no_bf16_cpu):
     assert "32-true" in note
     args, _ = resolve_auto_precision_args(["--config", "trainer: {precision: auto, accelerator: cpu}", "--trainer.precision",
                                            "bf16-true"])
-    # the config's auto is resolved right after it, so the later explicit choice still wins
-    assert args == ["--config", "trainer: {precision: auto, accelerator: cpu}", "--trainer.precision", "32-true",
-                    "--trainer.precision", "bf16-true"]
+    # the config's auto is resolved in its text, so the later explicit choice still wins
+    assert [yaml.safe_load(args[1]), args[2:]] == [{"trainer": {"precision": "32-true", "accelerator": "cpu"}},
+                                                   ["--trainer.precision", "bf16-true"]]
     assert resolve_auto_precision_args(["--trainer.precision=auto", "--trainer.accelerator=cpu"])[0][0] == \
         "--trainer.precision=32-true"
 
@@ -84,4 +84,4 @@ def test_smollm2_configs_default_to_auto(path):
     assert yaml.safe_load(path.read_text())["trainer"]["precision"] == "auto"
     sys_args = ["--config", str(path)]
     args, note = resolve_auto_precision_args(sys_args)
-    assert args[2:] == ["--trainer.precision", resolve_auto_precision("cpu")[0]] and note
+    assert yaml.safe_load(args[1])["trainer"]["precision"] == resolve_auto_precision("cpu")[0] and note

@@ -339,8 +339,8 @@ def _device_type(accelerator) -> str:
 def resolve_auto_precision_args(args: list[str]) -> tuple[list[str], str | None]:
     """``args`` with ``precision: auto`` (``--trainer.precision auto``, or in a ``--config``) resolved for the
     accelerator the same ``args`` ask for (``lit_gspo.runtime.hardware.resolve_auto_precision``: bf16-mixed where bf16
-    is native, 32-true elsewhere), and the one line that says so (None when nothing was ``auto``). A config's ``auto``
-    is overridden right after that ``--config``, so later settings keep their precedence."""
+    is native, 32-true elsewhere), and the one line that says so (None when nothing was ``auto``). A config file whose
+    precision is ``auto`` is passed on as its YAML text with the value resolved (as ``moved_settings`` does)."""
     from lit_gspo.runtime.hardware import AUTO, resolve_auto_precision
 
     accelerator, autos, i = None, [], 0
@@ -363,9 +363,14 @@ def resolve_auto_precision_args(args: list[str]) -> tuple[list[str], str | None]
     precision, note = resolve_auto_precision(_device_type(accelerator))
     out = list(args)
     for i, how in reversed(autos):
-        if how == "config":  # right after `--config X` / `--config=X`
-            at = i + (1 if "=" in out[i] else 2)
-            out[at:at] = ["--trainer.precision", precision]
+        if how == "config":  # the config as YAML text with the value resolved (jsonargparse checks each config it loads)
+            at = i if "=" in out[i] else i + 1
+            tree = _config_tree(out[at].partition("=")[2] if at == i else out[at])
+            for scope in [tree] + [v for k, v in tree.items() if k in ("fit", "validate", "test") and isinstance(v, dict)]:
+                if isinstance(scope.get("trainer"), dict) and scope["trainer"].get("precision") == AUTO:
+                    scope["trainer"]["precision"] = precision
+            text = yaml.safe_dump(tree, sort_keys=False)
+            out[at] = f"{out[i].partition('=')[0]}={text}" if at == i else text
         elif how == "=":
             out[i] = f"--trainer.precision={precision}"
         else:
