@@ -467,7 +467,10 @@ def check_plateau(model) -> None:
     scheduler = model.get("lr_scheduler")
     cls = _class_of(scheduler)
     if isinstance(cls, type) and issubclass(cls, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        check_plateau_monitor((scheduler.get("init_args") or Namespace()).get("monitor"), None)
+        # a single-turn run validates reward and length; a multi-turn environment's names are checked at set-up
+        single_turn = model.get("environment") is None
+        check_plateau_monitor((scheduler.get("init_args") or Namespace()).get("monitor"),
+                              ["val/reward", "val/response_length"] if single_turn else None)
 
 
 def _group_value(model, name: str, key: str):
