@@ -267,3 +267,16 @@ def test_honoured_run_flags(tmp_path):
          "--trainer.sync_batchnorm", "true", "--trainer.enable_autolog_hparams", "false")
     assert [int(r["step"]) for r in _rows(tmp_path) if r.get("train/reward")] == [0, 1]
     assert not glob.glob(str(tmp_path / "**/hparams.yaml"), recursive=True)
+
+
+@pytest.mark.parametrize("args, start", [
+    (["--model.generation.num_generations", "0"], "--model.generation: num_generations"),
+    (["--model.update.epochs", "0"], "--model.update: epochs"),
+    (["--trainer.limit_train_batches", "-1"], "You have passed invalid value -1 for limit_train_batches"),
+    (["--data.prompts_per_step", "0"], "--data.prompts_per_step 0: must be >= 1"),
+])
+def test_an_invalid_value_is_one_line_not_a_traceback(args, start, tmp_path):
+    """A settings group's own check, and a Trainer flag Lightning refuses, are one SettingsError at start."""
+    with pytest.raises(SettingsError) as err:
+        cli_main([*QUICKSTART, "--trainer.default_root_dir", str(tmp_path), *args], run=False)
+    assert str(err.value).startswith(start) and "\n" not in str(err.value), str(err.value)

@@ -249,6 +249,22 @@ class RLCLI(LightningCLI):
         if self.subcommand == "fit":  # one run per directory: compare with the run there (lit_gspo/lightning/run_dir.py)
             run_dir.place_fit(self)
 
+    def instantiate_classes(self) -> None:
+        """A settings group whose own check fails (``--model.generation.num_generations 0``): one line naming the group,
+        not jsonargparse's dump of the parsed namespace."""
+        try:
+            super().instantiate_classes()
+        except ValueError as exc:
+            inner = exc.__cause__ or exc.__context__
+            while inner is not None and not user_errors.is_user_error(inner):
+                inner = inner.__cause__ or inner.__context__
+            if inner is None or user_errors.is_user_error(exc):
+                raise
+            found = re.search(r"<class 'lit_gspo\.[\w.]+\.(\w+)'>", str(exc))
+            group = next((f"--model.{name}: " for name, p in inspect.signature(RLModule.__init__).parameters.items()
+                          if found and re.search(rf"\b{found.group(1)}\b", str(p.annotation))), "")
+            raise SettingsError(f"{group}{inner}".strip()) from exc
+
     def before_fit(self) -> None:
         repo_id = self.config.fit.get("push_to_hub")
         if repo_id:
@@ -303,7 +319,12 @@ class RLCLI(LightningCLI):
             configure_checkpointing(config, callbacks, cfg.get("checkpoint_every_n_steps", 50))
         add_progress_bar(config, callbacks)
         config["callbacks"] = callbacks
-        return super().instantiate_trainer(**config)
+        from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+        try:
+            return super().instantiate_trainer(**config)
+        except MisconfigurationException as exc:  # a Trainer flag's value Lightning refuses: its message, one line
+            raise SettingsError(" ".join(str(exc).split())) from exc
 
 
 def _config_tree(value: str) -> dict:
@@ -490,6 +511,8 @@ def check_rows_per_step(model, data) -> None:
     minibatches = _group_value(model, "update", "num_minibatches") or 1
     generations = _group_value(model, "generation", "num_generations") or Generation().num_generations
     prompts = data.get("prompts_per_step")
+    if isinstance(prompts, int) and prompts < 1:
+        raise SettingsError(f"--data.prompts_per_step {prompts}: must be >= 1 (prompts sampled per RL step)")
     if isinstance(prompts, int) and minibatches > prompts * generations:
         raise SettingsError(f"--model.update.num_minibatches {minibatches}: more minibatches than the {prompts * generations} "
                             f"rows of an RL step (--data.prompts_per_step {prompts} × --model.generation.num_generations "
