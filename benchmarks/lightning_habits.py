@@ -175,6 +175,15 @@ def check_max_time(o: Outcome, steps: int) -> str:
     return f"stopped by the clock after RL step {done}, then validated"
 
 
+def check_top_level_scheduler(o: Outcome, steps: int) -> str:
+    lrs = [float(r["train/lr"]) for r in o.rows() if r.get("train/lr")]
+    want = [o.cli.config["fit"]["model"]["optimizer"]["init_args"]["lr"] * 0.5 ** (k + 1) for k in range(len(lrs))]
+    assert lrs and all(abs(a - b) <= 1e-6 * b for a, b in zip(lrs, want)), (lrs, want)
+    saved = (o.root / "run_config.yaml").read_text()
+    assert "torch.optim.lr_scheduler.StepLR" in saved and "\nlr_scheduler: null" in saved
+    return "read as model.lr_scheduler: train/lr halves every RL step; run_config.yaml records it there"
+
+
 def refused(o: Outcome, steps: int) -> str:
     assert o.error is not None and not o.rows(), "it ran"
     return str(o.error).splitlines()[0]
@@ -215,6 +224,13 @@ HABITS = [
     Habit("deterministic true", ["--trainer.deterministic", "true"], check_ran("trained with deterministic algorithms")),
     Habit("log_every_n_steps 2", ["--trainer.log_every_n_steps", "2"], check_log_every),
     Habit("enable_checkpointing false", ["--trainer.enable_checkpointing", "false"], check_no_checkpoints),
+    Habit("lr_scheduler at the top level", ["--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "1",
+                                            "--lr_scheduler.gamma", "0.5"], check_top_level_scheduler),
+    Habit("lr_scheduler: block at the top of a YAML",
+          ["--config", "lr_scheduler: {class_path: torch.optim.lr_scheduler.StepLR, init_args: {step_size: 1, gamma: 0.5}}"],
+          check_top_level_scheduler),
+    Habit("optimizer at the top level (the config has model.optimizer)", ["--optimizer", "SGD"], refused, refused=True),
+    Habit("overfit_batches 1", ["--trainer.overfit_batches", "1"], refused, refused=True),
 ]
 
 

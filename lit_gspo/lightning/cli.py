@@ -12,11 +12,12 @@ import os
 import re
 import sys
 
+import yaml
 from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_gspo.lightning import moved_settings, run_dir
+from lit_gspo.lightning import moved_settings, run_dir, trainer_flags
 from lit_gspo.lightning.datamodule import PromptDataModule
 from lit_gspo.lightning.module import RLModule, validation_schedule
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
@@ -27,6 +28,7 @@ from lit_gspo.rl.objectives import GSPO, OBJECTIVES, Objective
 from lit_gspo.runtime import extras, user_errors
 from lit_gspo.runtime.collectives import end_process_group
 from lit_gspo.runtime.imports import import_path
+from lit_gspo.runtime.user_errors import SettingsError
 
 DEFAULT_VAL_EVERY_N_STEPS = 10
 
@@ -208,6 +210,15 @@ class RLCLI(LightningCLI):
                     sys.argv[1:] = upgraded
                 else:
                     kwargs["args"] = upgraded
+        given = kwargs.get("args")
+        if given is None or isinstance(given, (list, tuple)):  # --trainer.precision auto: resolved for this machine
+            resolved, note = resolve_auto_precision_args(sys.argv[1:] if given is None else list(given))
+            if note:
+                rank_zero_info(note)
+                if given is None:
+                    sys.argv[1:] = resolved
+                else:
+                    kwargs["args"] = resolved
         super().__init__(*args, parser_class=parser_class, **kwargs)
 
     @staticmethod
@@ -226,12 +237,32 @@ class RLCLI(LightningCLI):
             self.parser.error(f"`{self.subcommand}` must come first: lit-gspo {self.subcommand} --help")
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         user_errors.mark_starting()
+        trainer_flags.refuse_unsupported(cfg.trainer)
+        map_top_level_optimisation(cfg)
         schedule_validation(cfg.model, cfg.trainer)
         map_trainer_flags(cfg.model, cfg.trainer)
+        check_rows_per_step(cfg.model, cfg.get("data"))
+        check_plateau(cfg.model)
         atomic_strategy(cfg.trainer)
         rl_step_progress_bars(cfg.trainer)
         if self.subcommand == "fit":  # one run per directory: compare with the run there (lit_gspo/lightning/run_dir.py)
             run_dir.place_fit(self)
+
+    def instantiate_classes(self) -> None:
+        """A settings group whose own check fails (``--model.generation.num_generations 0``): one line naming the group,
+        not jsonargparse's dump of the parsed namespace."""
+        try:
+            super().instantiate_classes()
+        except ValueError as exc:
+            inner = exc.__cause__ or exc.__context__
+            while inner is not None and not user_errors.is_user_error(inner):
+                inner = inner.__cause__ or inner.__context__
+            if inner is None or user_errors.is_user_error(exc):
+                raise
+            found = re.search(r"<class 'lit_gspo\.[\w.]+\.(\w+)'>", str(exc))
+            group = next((f"--model.{name}: " for name, p in inspect.signature(RLModule.__init__).parameters.items()
+                          if found and re.search(rf"\b{found.group(1)}\b", str(p.annotation))), "")
+            raise SettingsError(f"{group}{inner}".strip()) from exc
 
     def before_fit(self) -> None:
         repo_id = self.config.fit.get("push_to_hub")
@@ -287,7 +318,84 @@ class RLCLI(LightningCLI):
             configure_checkpointing(config, callbacks, cfg.get("checkpoint_every_n_steps", 50))
         add_progress_bar(config, callbacks)
         config["callbacks"] = callbacks
-        return super().instantiate_trainer(**config)
+        from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+        try:
+            return super().instantiate_trainer(**config)
+        except MisconfigurationException as exc:  # a Trainer flag's value Lightning refuses: its message, one line
+            raise SettingsError(" ".join(str(exc).split())) from exc
+
+
+def _config_tree(value: str) -> dict:
+    """A ``--config`` value (a file or YAML text) parsed, ``{}`` when it is neither."""
+    try:
+        tree = yaml.safe_load(open(value).read() if os.path.isfile(value) else value)
+    except (OSError, yaml.YAMLError):
+        return {}
+    return tree if isinstance(tree, dict) else {}
+
+
+def _trainer_key(tree: dict, key: str):
+    """``trainer.<key>`` of a parsed config (also under a subcommand), None when absent."""
+    for scope in [tree] + [v for k, v in tree.items() if k in ("fit", "validate", "test") and isinstance(v, dict)]:
+        trainer = scope.get("trainer")
+        if isinstance(trainer, dict) and key in trainer:
+            return trainer[key]
+    return None
+
+
+def _device_type(accelerator) -> str:
+    """The device ``trainer.accelerator`` means here (``auto``: CUDA when there is one, else the CPU)."""
+    import torch
+
+    name = str(accelerator).lower() if isinstance(accelerator, str) else "auto"
+    if name in ("gpu", "cuda"):
+        return "cuda"
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def resolve_auto_precision_args(args: list[str]) -> tuple[list[str], str | None]:
+    """``args`` with ``precision: auto`` (``--trainer.precision auto``, or in a ``--config``) resolved for the
+    accelerator the same ``args`` ask for (``lit_gspo.runtime.hardware.resolve_auto_precision``: bf16-mixed where bf16
+    is native, 32-true elsewhere), and the one line that says so (None when nothing was ``auto``). A config file whose
+    precision is ``auto`` is passed on as its YAML text with the value resolved (as ``moved_settings`` does)."""
+    from lit_gspo.runtime.hardware import AUTO, resolve_auto_precision
+
+    accelerator, autos, i = None, [], 0
+    while i < len(args):  # the accelerator asked for (the last one given wins), and where `auto` is
+        arg = args[i]
+        value = args[i + 1] if "=" not in arg and i + 1 < len(args) else arg.partition("=")[2]
+        name = arg.partition("=")[0]
+        if name in ("--config", "-c"):
+            tree = _config_tree(value)
+            accelerator = _trainer_key(tree, "accelerator") or accelerator
+            if _trainer_key(tree, "precision") == AUTO:
+                autos.append((i, "config"))
+        elif name == "--trainer.accelerator":
+            accelerator = value
+        elif name == "--trainer.precision" and value == AUTO:
+            autos.append((i, "=" if "=" in arg else "flag"))
+        i += 2 if "=" not in arg and name in ("--config", "-c", "--trainer.accelerator", "--trainer.precision") else 1
+    if not autos:
+        return args, None
+    precision, note = resolve_auto_precision(_device_type(accelerator))
+    out = list(args)
+    for i, how in reversed(autos):
+        if how == "config":  # the config as YAML text with the value resolved (jsonargparse checks each config it loads)
+            at = i if "=" in out[i] else i + 1
+            tree = _config_tree(out[at].partition("=")[2] if at == i else out[at])
+            for scope in [tree] + [v for k, v in tree.items() if k in ("fit", "validate", "test") and isinstance(v, dict)]:
+                if isinstance(scope.get("trainer"), dict) and scope["trainer"].get("precision") == AUTO:
+                    scope["trainer"]["precision"] = precision
+            text = yaml.safe_dump(tree, sort_keys=False)
+            out[at] = f"{out[i].partition('=')[0]}={text}" if at == i else text
+        elif how == "=":
+            out[i] = f"--trainer.precision={precision}"
+        else:
+            out[i + 1] = precision
+    return out, note
 
 
 def settings_group(model, name: str):
@@ -309,6 +417,10 @@ def schedule_validation(model, trainer) -> None:
                          "give one (both count RL steps)")
     if n is None and isinstance(interval, float):
         return  # a fraction of a data epoch: Lightning's own meaning, with check_val_every_n_epoch
+    every_epochs = trainer.get("check_val_every_n_epoch")
+    if every_epochs not in (None, 1):
+        raise SettingsError(f"--trainer.check_val_every_n_epoch {every_epochs}: validation counts RL steps here (one "
+                            "Lightning batch is one RL step): use --model.validation.every_n_steps N")
     if n is None:
         n = DEFAULT_VAL_EVERY_N_STEPS if interval is None else interval
     validation["every_n_steps"] = n
@@ -334,11 +446,76 @@ def map_trainer_flags(model, trainer) -> None:
                              "give one (both clip the gradient norm of each optimiser step)")
         update["max_grad_norm"] = float(clip) if clip > 0 else None  # Lightning's 0: no clipping
         trainer["gradient_clip_val"], trainer["gradient_clip_algorithm"] = None, None
-    accumulate = trainer.get("accumulate_grad_batches")
-    if accumulate not in (None, 1):
-        raise ValueError(f"--trainer.accumulate_grad_batches {accumulate}: one Lightning batch is one RL step, and its "
-                         "update is K epochs × M minibatches (--model.update.epochs, --model.update.num_minibatches); "
-                         "a minibatch too large for memory is accumulated over --model.update.micro_batch_size rows")
+    # accumulate_grad_batches: refused in one line by trainer_flags.refuse_unsupported
+
+
+def _class_name(value) -> str:
+    """A parsed optimiser/scheduler setting as a user would type it (``torch.optim.SGD``)."""
+    if isinstance(value, Namespace):
+        return str(value.get("class_path"))
+    return getattr(value, "__qualname__", None) or type(value).__name__
+
+
+def map_top_level_optimisation(cfg) -> None:
+    """LightningCLI's top-level ``--optimizer X`` / ``--lr_scheduler X`` (``optimizer:``/``lr_scheduler:`` in YAML) are
+    read as ``model.optimizer`` / ``model.lr_scheduler``, which RLModule steps by hand (a top-level one would be
+    LightningCLI's own ``configure_optimizers``, which it skips or replaces silently). The config then records them under
+    ``model.`` (``run_config.yaml``). Given both ways: refused in one line."""
+    model = cfg.model
+    for key in ("optimizer", "lr_scheduler"):
+        given = cfg.get(key)
+        if given is None:
+            continue
+        own = model.get(key)
+        if isinstance(own, Namespace):  # given in the config or on the command line (the defaults are callables / None)
+            raise SettingsError(f"--{key} {_class_name(given)} and --model.{key} {_class_name(own)} both given: give one, "
+                                f"as --model.{key} (RLModule optimises by hand; the top-level --{key} is read as "
+                                f"--model.{key})")
+        model[key] = given
+        cfg[key] = None
+        rank_zero_info(f"note: --{key} {_class_name(given)} read as --model.{key} (recorded there in the run's config)")
+
+
+def check_plateau(model) -> None:
+    """A ReduceLROnPlateau: torch's (no monitor) or a monitor that is neither ``val/*`` nor ``train/*`` is refused in
+    one line at start (``lit_gspo.lightning.module.plateau_monitor`` checks the ``val/*`` names when the module is set
+    up, ``RLModule._step_plateau`` a ``train/*`` name at the first step)."""
+    import torch
+
+    from lit_gspo.lightning.module import check_plateau_monitor
+
+    scheduler = model.get("lr_scheduler")
+    cls = _class_of(scheduler)
+    if isinstance(cls, type) and issubclass(cls, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        # a single-turn run validates reward and length; a multi-turn environment's names are checked at set-up
+        single_turn = model.get("environment") is None
+        check_plateau_monitor((scheduler.get("init_args") or Namespace()).get("monitor"),
+                              ["val/reward", "val/response_length"] if single_turn else None)
+
+
+def _group_value(model, name: str, key: str):
+    """``model.<name>.<key>`` as parsed, None when not given (the group left as it is)."""
+    group = model.get(name)
+    group = group.get("init_args", group) if isinstance(group, Namespace) else None
+    return group.get(key) if isinstance(group, Namespace) else None
+
+
+def check_rows_per_step(model, data) -> None:
+    """``model.update.num_minibatches`` M cuts each RL step's rows (prompts_per_step × num_generations per process) in M
+    minibatches: more minibatches than rows is refused in one line."""
+    from lit_gspo.rl.config import Generation
+
+    if data is None:
+        return
+    minibatches = _group_value(model, "update", "num_minibatches") or 1
+    generations = _group_value(model, "generation", "num_generations") or Generation().num_generations
+    prompts = data.get("prompts_per_step")
+    if isinstance(prompts, int) and prompts < 1:
+        raise SettingsError(f"--data.prompts_per_step {prompts}: must be >= 1 (prompts sampled per RL step)")
+    if isinstance(prompts, int) and minibatches > prompts * generations:
+        raise SettingsError(f"--model.update.num_minibatches {minibatches}: more minibatches than the {prompts * generations} "
+                            f"rows of an RL step (--data.prompts_per_step {prompts} × --model.generation.num_generations "
+                            f"{generations}); use at most {prompts * generations}, or more prompts per step")
 
 
 def rl_step_progress_bars(trainer) -> None:

@@ -50,6 +50,7 @@ from lit_gspo.runtime.hardware import SlowPrecisionWarning, bf16_on_cpu_warning,
 from lit_gspo.runtime.optim import shard_aware
 from lit_gspo.runtime.rng import local_rng_state, restore_local_rng_state, restore_rng_states, rng_states
 from lit_gspo.runtime.sharding import apply_fsdp2
+from lit_gspo.runtime.user_errors import SettingsError
 
 
 def default_optimizer(params) -> torch.optim.Optimizer:
@@ -169,7 +170,7 @@ class RLModule(LightningModule):
             every = self.rollout_dumps.every_n_steps
             if every and self.rl_step and self.rl_step % every == 0:
                 self.save_rollout(rollout)
-            stats.update(self.learner.learn(rollout, self.optimizers(), self.lr_schedulers(),
+            stats.update(self.learner.learn(rollout, self.optimizers(), self._scheduler_per_step(),
                                             backward=self.manual_backward, world_size=self.trainer.world_size))
             stats["time/update_s"] = time.perf_counter() - start
         self._check_progress(rollout is not None, stats)
@@ -228,6 +229,7 @@ class RLModule(LightningModule):
                 logger.log_metrics({**values, "epoch": self.current_epoch}, step=self.rl_step)
                 logger.save()
         self.log_dict(values, on_step=True, on_epoch=False, batch_size=batch_size, logger=False)
+        self._step_plateau(values, "train")
         self.log_dict({"reward": float(stats["reward"]), "clip": float(stats.get("clip_frac", 0.0))},
                       prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=batch_size)
 
@@ -256,7 +258,28 @@ class RLModule(LightningModule):
         opt = shard_aware(self.optimizer_factory(params))  # bitsandbytes on FSDP2 shards: update local shards
         if self.scheduler_factory is None:
             return opt
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
+        scheduler = self.scheduler_factory(opt)
+        self._plateau_monitor = plateau_monitor(scheduler, ["val/reward", "val/response_length"] + [
+            f"val/{k}" for k in self._episode_metric_keys()])
+        # the learner steps a schedule after each optimiser step; a ReduceLROnPlateau is stepped by _step_plateau
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _scheduler_per_step(self):
+        """The schedule the learner steps after each optimiser step (None: none, or a ReduceLROnPlateau)."""
+        return None if getattr(self, "_plateau_monitor", None) else self.lr_schedulers()
+
+    def _step_plateau(self, values: dict, split: str) -> None:
+        """Step a ReduceLROnPlateau with its monitored metric when ``split``'s metrics (``train``/``val``) are logged during
+        fit; a ``train/*`` monitor the step did not log is refused in one line."""
+        monitor = getattr(self, "_plateau_monitor", None)
+        if not monitor or not monitor.startswith(f"{split}/") or self.trainer.state.fn != "fit":
+            return
+        if monitor not in values:
+            raise SettingsError(f"--model.lr_scheduler.monitor {monitor}: not logged; the {split}/* metrics are "
+                                + ", ".join(sorted(k for k in values if k.startswith(f"{split}/"))))
+        value = float(values[monitor])
+        if value == value:  # NaN (a step that logged nothing for it): not a measurement
+            self.lr_schedulers().step(value)
 
     def setup(self, stage: str) -> None:
         every = self.validation.every_n_steps
@@ -414,6 +437,7 @@ class RLModule(LightningModule):
         self.log_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}, sync_dist=True)
         # sync_dist: the same step on every rank, the mean validation time (Lightning warns about epoch-level logs without it)
         self.log_dict({"step": float(self.rl_step), "time/val_s": time.perf_counter() - self._val_start}, sync_dist=True)
+        self._step_plateau(metrics, split)
         if due(self.rl_step, self.validation.log_completions_every_n_steps) and self.trainer.is_global_zero:
             log_completions(self.loggers, self.rl_step, *self._val_shown)
             if self.validation.print_completions and self._val_shown[0]:
@@ -471,6 +495,28 @@ def check_stages_fit(objective: Objective, advantage: AdvantageEstimator, genera
             f"generation.num_generations={generation.num_generations}, but {type(advantage).__name__} compares "
             "the completions of a prompt with each other (Â = 0 for a group of 1, nothing is learned): use "
             "num_generations >= 2, or an estimator without groups (GAE with PPO)")
+
+
+def plateau_monitor(scheduler, val_metrics: list[str] | None) -> str | None:
+    """The metric a ReduceLROnPlateau follows (Lightning's ``lightning.pytorch.cli.ReduceLROnPlateau`` carries it as
+    ``monitor``), None for another schedule; :func:`check_plateau_monitor` refuses what cannot work."""
+    if not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        return None
+    return check_plateau_monitor(getattr(scheduler, "monitor", None), val_metrics)
+
+
+def check_plateau_monitor(monitor: str | None, val_metrics: list[str] | None) -> str:
+    """Refused in one line: no monitor (torch's ReduceLROnPlateau), a monitor that is neither ``train/*`` nor one of
+    ``val_metrics`` (None: any ``val/*``)."""
+    if monitor is None:
+        raise SettingsError("--model.lr_scheduler torch.optim.lr_scheduler.ReduceLROnPlateau has no monitor: use "
+                            "lightning.pytorch.cli.ReduceLROnPlateau with --model.lr_scheduler.monitor val/reward "
+                            "--model.lr_scheduler.mode max")
+    if not (monitor.startswith("train/") or (monitor in val_metrics if val_metrics else monitor.startswith("val/"))):
+        names = ", ".join(val_metrics or ["val/reward", "val/response_length"])
+        raise SettingsError(f"--model.lr_scheduler.monitor {monitor}: never logged; monitor one of {names} (after each "
+                            "validation) or a train/* metric (each RL step)")
+    return monitor
 
 
 #: ``val_check_interval`` of a run that validates only before and after training (``validation.every_n_steps=0``)

@@ -71,6 +71,33 @@ def bf16_on_cpu_warning(precision, device_type: str, flags: Iterable[str] | None
             "`--trainer.precision 32-true` for speed; log-probs and ratios are fp32 either way.")
 
 
+#: ``--trainer.precision auto``: resolved at start by :func:`resolve_auto_precision`.
+AUTO = "auto"
+
+
+def resolve_auto_precision(device_type: str, flags: Iterable[str] | None = None,
+                           cuda_bf16: bool | None = None) -> tuple[str, str]:
+    """What ``precision: auto`` means on ``device_type`` ("cuda", "cpu", ...): ``bf16-mixed`` where bf16 matmuls are
+    native (a CUDA GPU that supports bf16, a CPU with AMX-BF16 or AVX512-BF16), ``32-true`` elsewhere (bf16 emulated
+    on a CPU is slower than fp32: about 3x on an AVX-512 Ice Lake). Returns (precision, the one line that says why).
+
+    ``flags``: the CPU's flags as in /proc/cpuinfo (default: this CPU's); ``cuda_bf16``: whether the GPU supports bf16
+    (default: ``torch.cuda.is_bf16_supported()``).
+    """
+    if device_type == "cuda":
+        native = torch.cuda.is_bf16_supported() if cuda_bf16 is None else cuda_bf16
+        why = "this GPU supports bf16" if native else "this GPU has no bf16"
+    elif device_type == "cpu":
+        found = sorted(NATIVE_BF16_FLAGS & set(cpu_flags() if flags is None else flags))
+        native = bool(found)
+        why = (f"this CPU has {'/'.join(found)}" if native else
+               "this CPU has no native bf16 (no AMX, no AVX512-BF16): bf16 would be emulated, slower than fp32")
+    else:
+        native, why = False, f"bf16 is not known to be native on {device_type}"
+    precision = "bf16-mixed" if native else "32-true"
+    return precision, f"precision auto → {precision} ({why})"
+
+
 def cuda_matmul_flops(dtype=None) -> float:
     """FLOP/s of an 8192³ matmul on the current GPU (bf16 by default): the mean of 10 after 3 warm-ups.
     The peak the benchmarks' MFU figures divide by."""
