@@ -51,6 +51,15 @@ class RolloutBatch:
             out[f.name] = value
         return replace(self, **out)
 
+    def to(self, device: torch.device | str) -> "RolloutBatch":
+        """Every tensor on ``device`` (the routing record stays where it is); ``self`` when all are there already, as
+        :meth:`torch.Tensor.to` returns itself."""
+        device = torch.device(device)
+        tensors = {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
+        if all(t.device == device for t in tensors.values()):
+            return self
+        return replace(self, **{name: t.to(device) for name, t in tensors.items()})
+
     def trimmed(self) -> "RolloutBatch":
         """Drop prompt columns that are padding in every row and completion columns no row uses."""
         P = self.prompt_length
