@@ -106,11 +106,16 @@ class Learner:
         self.is_moe = bool(moe_routers(policy))
         self.old_policy = old_policy or old_policy_for(update, mismatch, self.old_logprobs)
         self.guard = FiniteGuard(update.max_nonfinite_steps)
-        self.hooks = Hooks([MismatchCorrection(mismatch)] * (mismatch is not None)
-                           + [RoutingReplay(policy)] * routing_replay
-                           + [RatioDiagnostics(max_len)] * self.old_policy.ratios_move
-                           + [RoutingVolatility(self.measure_routing)] * self.records_routing
-                           + [self.guard, *hooks])
+        built_in: list[UpdateHook] = []
+        if mismatch is not None:
+            built_in.append(MismatchCorrection(mismatch))
+        if routing_replay:
+            built_in.append(RoutingReplay(policy))
+        if self.old_policy.ratios_move:  # NaN where undefined, the same keys every step
+            built_in.append(RatioDiagnostics(max_len))
+        if self.records_routing:
+            built_in.append(RoutingVolatility(self.measure_routing))
+        self.hooks = Hooks([*built_in, self.guard, *hooks])
 
     @property
     def device(self) -> torch.device:
