@@ -47,18 +47,11 @@ from lit_gspo.tools.compare_replay import (PolicyGradient, Replay, ReplayLearner
 from lit_gspo.rl.learn.diagnostics import sequence_log_ratio
 from lit_gspo.runtime.extras import pyplot
 from lit_gspo.rl.learn.learner import Learner
+from lit_gspo.rl.learn.old_policy import GivenOldLogprobs
 from lit_gspo.rl.objectives import Objective
 
 ON_POLICY = "on-policy at θk"  # the first objective with ratios 1 at θk: GRPO's and GSPO's (seq-mean-token-mean) alike
 DEFAULT_OBJECTIVES = ["grpo", "gspo", "grpo:clip_low=inf,clip_high=inf", "gspo:clip_low=inf,clip_high=inf"]
-
-
-class OffPolicyGradient(ReplayLearner):
-    """A ReplayLearner whose first step reads the rollout's old log-probs (θ0's) instead of taking its own forward
-    as the old policy: the gradient of one minibatch at the current weights, ratios against θ0."""
-
-    def micro_step(self, micro, counts, with_entropy, ratio_stats=None, current_is_old=False):
-        return super().micro_step(micro, counts, False, None, current_is_old=False)
 
 
 def minibatch_gradient(replay: Replay, objective: Objective, rows: Tensor, old_logprobs: Tensor) -> Tensor:
@@ -66,8 +59,9 @@ def minibatch_gradient(replay: Replay, objective: Objective, rows: Tensor, old_l
     objective's normalisers over those rows, ratios against ``old_logprobs`` (N, T); the weights do not change."""
     sub = replay.batch.select(rows)
     sub.old_logprobs = old_logprobs[rows].clone()
-    learner = OffPolicyGradient(replay.policy, objective, update_of(replay.meta, epochs=1, num_minibatches=1),
-                                orders=[torch.arange(len(rows))], **replay.learner_kwargs)
+    # π_old = the rollout's old log-probs (θ0's), not the first step's own forward: ratios against θ0
+    learner = ReplayLearner(replay.policy, objective, update_of(replay.meta, epochs=1, num_minibatches=1),
+                            orders=[torch.arange(len(rows))], old_policy=GivenOldLogprobs(), **replay.learner_kwargs)
     learner.learn(sub, _Optimizer(replay.policy))
     return learner.steps[0]["grad"]
 

@@ -118,8 +118,8 @@ PRIVATE_LIGHTNING = re.compile(
     r"trainer\._[a-z]|\._logger_connector|_instantiate_trainer|_check_log_dir_exists|epoch_loop\.|batch_progress|"
     r"launcher\.procs|\bself\._trainer\b|\._fs\b|_get_next_version|_(?:tensor|data)_parallel_size\b|"
     r"_save_distributed_checkpoint|\._device_mesh|\bcli\._[a-z]|__class__\s*=(?!=)")
-#: the one ``__class__`` assignment left is a torch optimizer's (``optim.shard_aware``), not a Lightning object's
-ALLOWED = {("optim.py", "optimizer.__class__ = _CLASSES[cls]")}
+#: exemptions, as (file name, line of code); none left (``optim.shard_aware`` builds its subclass instead)
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def private_lightning_uses(package: Path) -> list[str]:

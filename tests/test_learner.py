@@ -12,7 +12,10 @@ from lit_gspo.rl.collect import Collector
 from lit_gspo.rl.config import Generation, Update
 from lit_gspo.rl.engines import HFGenerate
 from lit_gspo.rl.envs import SingleTurn
+from lit_gspo.rl.learn.hooks import UpdateHook
 from lit_gspo.rl.learn.learner import Learner
+from lit_gspo.rl.learn.old_policy import RecomputedBeforeFirstStep
+from lit_gspo.rl.learn.optimizer_step import clip_then_step
 from lit_gspo.models import enable_gradient_checkpointing, load_policy
 from lit_gspo.rl.objectives import GSPO
 from lit_gspo.rl.rewards import CharAccuracy, RewardSet
@@ -235,32 +238,32 @@ def test_sharing_prompt_forwards_changes_the_work_not_the_update():
     assert any(not torch.equal(p, q) for p, q in zip(base.policy.parameters(), shared.policy.parameters()))
 
 
-class FreshForwardLearner(Learner):
+class FreshForward(UpdateHook):
     """Records, for every micro-batch, a fresh forward of the weights as they are now next to the update's own."""
 
-    seen: list
+    def __init__(self):
+        self.learner, self.seen = None, []
 
-    def micro_step(self, micro, *args, **kwargs):
+    def before_loss(self, update, step):
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
-            fresh = self.completion_logprobs(self.policy, micro).logprobs
-        out = super().micro_step(micro, *args, **kwargs)
-        self.seen.append((fresh, out[2]))
-        return out
+            fresh = self.learner.completion_logprobs(self.learner.policy, step.batch).logprobs
+        self.seen.append((fresh, step.logprobs.detach()))
 
 
 def test_later_minibatches_see_the_stepped_weights_under_an_autocast_that_caches_casts():
     """torch.autocast caches each weight's bf16 copy until the outermost autocast exits; an in-place optimiser
     step inside it must not leave the next minibatch on the pre-step copy."""
     policy, _ = load_policy("tiny-llama", seed=0)
-    learner = FreshForwardLearner(policy, GSPO(clip_low=0.02, clip_high=0.02),
-                                  Update(num_minibatches=2, skip_zero_advantage_rows=False), max_len=MAX_NEW, group_size=G)
-    learner.seen = []
+    fresh = FreshForward()
+    learner = Learner(policy, GSPO(clip_low=0.02, clip_high=0.02), Update(num_minibatches=2, skip_zero_advantage_rows=False),
+                      max_len=MAX_NEW, group_size=G, hooks=[fresh])
+    fresh.learner = learner
     batch = with_rewards(learner, sample_rollout(policy), [0.0, 1.0, 3.0] * 4)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # cache_enabled=True, as a user's own autocast would be
         learn(learner, batch)  # AdamW, lr 1e-2: a step moves the weights far beyond bf16 rounding
-    assert len(learner.seen) == 2
-    for fresh, used in learner.seen:
-        torch.testing.assert_close(used, fresh, rtol=0, atol=1e-6)
+    assert len(fresh.seen) == 2
+    for now, used in fresh.seen:
+        torch.testing.assert_close(used, now, rtol=0, atol=1e-6)
 
 
 def test_minibatches_take_whole_groups_or_shuffled_rows():
@@ -351,64 +354,58 @@ def test_snapshot_keeps_rollout_row_order_when_a_token_budget_sorts_rows_by_leng
     torch.testing.assert_close(batches[1].ref_logprobs[mask], batches[0].ref_logprobs[mask], rtol=0, atol=1e-6)
 
 
-class HookOrder(Learner):
-    """Records the hooks ``learn`` calls, in order (``calls`` set by the test)."""
+class HookOrder(UpdateHook):
+    """Records the steps of ``learn``, through its hooks and an optimiser step that notes each call."""
 
-    calls: list
+    def __init__(self):
+        self.calls = []
 
-    def begin(self, rollout):
+    def before_update(self, update):
         self.calls.append("begin")
-        return super().begin(rollout)
 
-    def minibatch_order(self, n):
-        self.calls.append("order")
-        return super().minibatch_order(n)
-
-    def fill_old_logprobs(self, update, order):
-        self.calls.append("old" if update.rollout.old_logprobs is None and not self.cfg.on_policy else "old (have)")
-        return super().fill_old_logprobs(update, order)
-
-    def minibatches(self, update, order, epoch):
-        for minibatch in super().minibatches(update, order, epoch):
-            self.calls.append(f"minibatch {epoch}.{minibatch.index}")
-            yield minibatch
-
-    def micro_loss(self, update, minibatch, micro_rows, micro):
-        self.calls.append(f"micro {len(micro_rows)}")
-        return super().micro_loss(update, minibatch, micro_rows, micro)
+    def before_loss(self, update, step):
+        self.calls.append(f"micro {len(step.batch)}" + (" (own forward is old)" if step.old_is_current else ""))
 
     def after_backward(self, update, minibatch):
-        self.calls.append("backward done")
+        self.calls.append(f"backward done {minibatch.epoch}.{minibatch.index}")
 
-    def optimizer_step(self, update, minibatch, optimizer, scheduler):
-        steps = update.steps_done
-        super().optimizer_step(update, minibatch, optimizer, scheduler)
-        self.calls.append(f"step {update.steps_done - steps}")
+    def may_step(self, update, minibatch, loss, grad_norm):
+        self.calls.append("may step")
+        return True
 
-    def metrics(self, update, optimizer):
+    def metrics(self, update):
         self.calls.append("metrics")
-        return super().metrics(update, optimizer)
+        return {}
+
+    def step(self, optimizer, clip, may_step):
+        self.calls.append("clip")
+        norm = clip_then_step(optimizer, clip, may_step)
+        self.calls.append("step")
+        return norm
 
 
-def test_learn_calls_its_hooks_in_the_order_of_the_algorithm():
-    """``learn`` is the loop epochs × minibatches → micro-batches → backward → clip → step, each concern a hook; the
-    replay of ``lit-gspo compare`` (``ReplayLearner``) relies on this order through the public hooks only."""
+def test_learn_runs_the_algorithm_in_order_through_its_hooks():
+    """``learn`` is the loop epochs × minibatches → micro-batches → backward → clip → step; the replay of
+    ``lit-gspo compare`` (``MinibatchGradients``) relies on this order through the hooks only."""
     policy, _ = load_policy("tiny-llama", seed=0)
-    learner = HookOrder(policy, GSPO(clip_low=0.02, clip_high=0.02),
-                        Update(epochs=2, num_minibatches=2, micro_batch_size=4, skip_zero_advantage_rows=False),
-                        max_len=MAX_NEW, group_size=G)
-    learner.calls = []
+    hook = HookOrder()
+    learner = Learner(policy, GSPO(clip_low=0.02, clip_high=0.02),
+                      Update(epochs=2, num_minibatches=2, micro_batch_size=4, skip_zero_advantage_rows=False),
+                      max_len=MAX_NEW, group_size=G, hooks=[hook])
+    assert isinstance(learner.old_policy, RecomputedBeforeFirstStep)
     batch = with_rewards(learner, sample_rollout(policy), [0.0, 1.0, 3.0] * 4)  # 12 rows: minibatches of 6 = 4 + 2
-    learn(learner, batch)
-    minibatch = ["micro 4", "micro 2", "backward done", "step 1"]
-    assert learner.calls == (["begin", "order", "old", "minibatch 0.0", *minibatch, "minibatch 0.1", *minibatch,
-                              "order", "old (have)", "minibatch 1.0", *minibatch, "minibatch 1.1", *minibatch, "metrics"])
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    torch.manual_seed(1)
+    learner.learn(batch, opt, step=hook.step)
+    step = ["clip", "may step", "step"]
+    first = ["micro 4 (own forward is old)", "micro 2 (own forward is old)", "backward done 0.0", *step]
+    later = [[f"micro 4", "micro 2", f"backward done {e}.{m}", *step] for e, m in ((0, 1), (1, 0), (1, 1))]
+    assert hook.calls == ["begin", *first, *[c for minibatch in later for c in minibatch], "metrics"]
 
 
 def test_compare_replays_through_the_learners_public_hooks_only():
-    from lit_gspo.tools.compare_replay import ReplayLearner
+    from lit_gspo.tools.compare_replay import MinibatchGradients, ReplayLearner
 
-    hooks = {"begin", "minibatch_order", "fill_old_logprobs", "minibatches", "micro_loss", "after_backward",
-             "optimizer_step", "metrics", "micro_step", "global_counts", "clip_and_norm"}
     overridden = {name for name, value in vars(ReplayLearner).items() if callable(value) and name != "__init__"}
-    assert overridden <= hooks and not any(name.startswith("_") for name in overridden)
+    assert overridden <= {"minibatch_order"}
+    assert {name for name, value in vars(MinibatchGradients).items() if callable(value)} <= {"__init__", "after_backward"}

@@ -13,7 +13,8 @@ from lit_gspo.rl.config import Update
 from lit_gspo.rl.learn.mismatch import MIS, OPSM, TIS, Mismatch, SequenceMIS, mismatch_metrics
 from lit_gspo.rl.objectives import CISPO, DAPO, GMPO, GRPO, GSPO, SAPO, GSPOToken
 from lit_gspo.rl.rollout import RolloutBatch
-from test_learner import G, learn, make_learner, sample_rollout, with_rewards
+from lit_gspo.rl.learn.learner import Learner
+from test_learner import G, MAX_NEW, learn, make_learner, sample_rollout, with_rewards
 
 ROOT = Path(__file__).resolve().parents[1]
 REWARDS = [0.0, 1.0, 3.0] * 4  # every group has a signal
@@ -92,15 +93,15 @@ def test_corrections_combine_weights_and_masks():
 
 # ------------------------------------------------------------------ in the learner
 def learner_with(update: Update, objective, mismatch):
-    learner = make_learner(update, objective)
-    learner.mismatch, learner.sampler_is_old = mismatch, mismatch is not None and mismatch.sampler_is_old
-    return learner
+    policy = make_learner(update, objective).policy
+    return Learner(policy, objective or GSPO(clip_low=0.02, clip_high=0.02), update, max_len=MAX_NEW, group_size=G,
+                   mismatch=mismatch)
 
 
 def trainer_logprobs(learner, rollout):
     """The trainer's old-policy log-probs of ``rollout`` exactly as ``snapshot`` computes them."""
-    probe = copy.deepcopy(learner)
-    probe.mismatch, probe.reference = Mismatch(), None
+    probe = Learner(learner.policy, learner.objective, learner.cfg, temperature=learner.temperature,
+                    max_len=learner.max_len, group_size=learner.group_size, mismatch=Mismatch())  # every row's π_old
     batch = copy.deepcopy(rollout)
     probe.snapshot(batch)
     return batch.old_logprobs.masked_fill(~batch.completion_mask, 0.0)

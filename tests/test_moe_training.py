@@ -8,6 +8,7 @@ import torch
 
 from lit_gspo.rl.config import Generation, Routing, Update
 from lit_gspo.models.routing import moe_routers, record_routing
+from lit_gspo.rl.learn.hooks import RoutingReplay
 from lit_gspo.lightning.module import RLModule
 from lit_gspo.rl.objectives import GRPO
 from lit_gspo.rl.rewards import CharAccuracy
@@ -79,7 +80,7 @@ def test_replay_uses_the_recorded_experts_and_reproduces_old_logprobs(replay):
     rows = torch.tensor([0, 6, 7, 8])  # prompts 0 and 2 are the shortest: trimming drops prompt padding
     micro = rollout.select(rows).trimmed()
     assert micro.prompt_length < rollout.prompt_length
-    with torch.no_grad(), ExpertInputs(module.policy) as experts, module.learner.replayed_routing(micro):
+    with torch.no_grad(), ExpertInputs(module.policy) as experts, RoutingReplay(module.policy).around_micro(micro):
         logp = token_logprobs(module.policy, micro, temperature=module.generation.temperature).logprobs
     for layer, used in enumerate(experts.seen):
         assert torch.equal(used, micro.routing.indices[layer].reshape(used.shape))
@@ -96,7 +97,7 @@ def test_replay_pins_the_experts_after_the_router_moved():
     micro = rollout.select(torch.arange(len(rollout))).trimmed()
     with torch.no_grad(), ExpertInputs(module.policy) as free:
         token_logprobs(module.policy, micro)
-    with torch.no_grad(), ExpertInputs(module.policy) as pinned, module.learner.replayed_routing(micro):
+    with torch.no_grad(), ExpertInputs(module.policy) as pinned, RoutingReplay(module.policy).around_micro(micro):
         token_logprobs(module.policy, micro)
     recorded = [t.reshape(-1, t.shape[-1]) for t in micro.routing.indices]
     assert any(not torch.equal(a, b) for a, b in zip(free.seen, recorded))
@@ -104,8 +105,7 @@ def test_replay_pins_the_experts_after_the_router_moved():
 
 
 def test_volatility_is_zero_before_an_update_and_positive_after_the_router_moved():
-    module = moe_module()  # no replay: volatility tracking alone records the old pass, even on-policy
-    module.learner.cfg = Update()
+    module = moe_module(update=Update())  # no replay: volatility tracking alone records the old pass, even on-policy
     rollout = snapshot_rollout(module)
     assert rollout.routing is not None and rollout.old_logprobs is None
     assert module.learner.measure_routing(rollout)["routing_volatility"] == 0.0

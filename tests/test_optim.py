@@ -130,3 +130,16 @@ def test_on_fsdp2_parameters_the_update_runs_on_local_shards_and_the_state_round
     _steps(restored, restored_opt, 2, seed=2)
     for key, value in _full(sharded).items():
         torch.testing.assert_close(_full(restored)[key], value, atol=0, rtol=0)
+
+
+def test_shard_aware_builds_its_subclass_with_the_optimizers_own_settings(one_process_group):
+    sharded = _model(one_process_group)
+    weight, bias = sharded[0].weight, sharded[0].bias
+    opt = bnb.optim.AdamW8bit([{"params": [weight], "lr": 3e-3}, {"params": [bias]}], lr=1e-2, betas=(0.8, 0.9),
+                              min_8bit_size=100, is_paged=True)
+    aware = shard_aware(opt)
+    assert type(aware).__name__ == "ShardAwareAdamW8bit" and isinstance(aware, bnb.optim.AdamW8bit)
+    assert aware is not opt and type(opt) is bnb.optim.AdamW8bit  # built, not converted
+    assert [g["lr"] for g in aware.param_groups] == [3e-3, 1e-2] and aware.defaults["betas"] == (0.8, 0.9)
+    assert vars(aware.args) == vars(opt.args) and aware.args.min_8bit_size == 100 and aware.is_paged
+    assert aware.param_groups[0]["params"][0] is weight

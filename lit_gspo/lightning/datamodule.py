@@ -20,7 +20,7 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from lit_gspo.rl.config import resolve_seed
+from lit_gspo.lightning.seed import resolve_seed
 from lit_gspo.runtime.user_errors import option
 from lit_gspo.data.prompts import SPLIT_ALIASES, directory_splits, load_prompt_rows, subset_indices
 from lit_gspo.data.synthetic import TASKS

@@ -34,8 +34,9 @@ from lit_gspo.lightning.strategy import check_strategy
 from lit_gspo.models.policies import build_policies
 from lit_gspo.rl.advantages import AdvantageEstimator, get_advantage
 from lit_gspo.rl.collect import Collector
-from lit_gspo.rl.config import (Generation, LoRA, RolloutDumps, Routing, Sampling, Update, Validation, WarmStart,
-                                resolve_seed)
+from lit_gspo.lightning.fp16 import GradScalerStep
+from lit_gspo.lightning.seed import resolve_seed
+from lit_gspo.rl.config import Generation, LoRA, RolloutDumps, Routing, Sampling, Update, Validation, WarmStart
 from lit_gspo.rl.engines import RolloutEngine, default_engine
 from lit_gspo.rl.envs import Environment, SingleTurn
 from lit_gspo.rl.evaluate import GreedyTally
@@ -150,6 +151,7 @@ class RLModule(LightningModule):
             record_routing=models.is_moe and self.routing.track_volatility,
             gradient_checkpointing=gradient_checkpointing, mismatch=mismatch)
         self._refill_generator = torch.Generator().manual_seed(self.seed)
+        self._scaled_step: GradScalerStep | None = None  # fp16: set in setup from Lightning's precision plugin
 
     # ------------------------------------------------------------------ one RL step
     def training_step(self, rows: list[dict], batch_idx: int) -> None:
@@ -171,7 +173,8 @@ class RLModule(LightningModule):
             if every and self.rl_step and self.rl_step % every == 0:
                 self.save_rollout(rollout)
             stats.update(self.learner.learn(rollout, self.optimizers(), self._scheduler_per_step(),
-                                            backward=self.manual_backward, world_size=self.trainer.world_size))
+                                            backward=self.manual_backward, step=self._scaled_step,
+                                            world_size=self.trainer.world_size))
             stats["time/update_s"] = time.perf_counter() - start
         self._check_progress(rollout is not None, stats)
         self.log_step(stats, rollout, batch_size=len(rows))
@@ -286,7 +289,8 @@ class RLModule(LightningModule):
         if stage == "fit" and every is not None and not self.trainer.fast_dev_run:
             check_validation_schedule(self.trainer, every)
         # fp16's GradScaler (Lightning's MixedPrecision plugin; public attributes of both)
-        self.learner.grad_scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        self._scaled_step = GradScalerStep(scaler) if scaler is not None else None
         if stage == "fit" and self.trainer.log_every_n_steps > 1:
             rank_zero_info(f"train/* metrics every {self.trainer.log_every_n_steps} RL steps (log_every_n_steps; 1: every "
                            "step, as `lit-gspo fit` does)")
@@ -301,9 +305,9 @@ class RLModule(LightningModule):
             rank_zero_warn(advice, category=SlowPrecisionWarning)
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """fp16: Lightning's GradScaler has just unscaled the gradients; clip them now (``Learner.clip_unscaled``)."""
-        if self.learner.grad_scaler is not None:
-            self.learner.clip_unscaled()
+        """fp16: Lightning's GradScaler has just unscaled the gradients; clip them now (``GradScalerStep``)."""
+        if self._scaled_step is not None:
+            self._scaled_step.clip_unscaled()
 
     def configure_model(self) -> None:
         """FSDP2 (``ModelParallelStrategy``): ``fully_shard`` each decoder layer, then the root; FSDP1 is refused."""

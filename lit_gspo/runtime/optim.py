@@ -2,7 +2,7 @@
 
 bitsandbytes' fused update ops (``optimizer_update_8bit_blockwise``, ``optimizer_update_32bit``) have no
 DTensor sharding rule, so they cannot run on FSDP2's sharded parameters directly. :func:`shard_aware`
-turns an optimizer instance into one that, for every DTensor parameter, runs the update on the rank's
+builds, from an optimizer instance, one of a subclass that, for every DTensor parameter, runs the update on the rank's
 local shard (``p._local_tensor`` and ``p.grad._local_tensor``): Adam-style updates are element-wise, so
 updating each shard on its own is the same update as on the full tensor (bitsandbytes' block-wise
 quantisation blocks are then cut per shard, which is a different — equally valid — blocking).
@@ -18,6 +18,7 @@ checkpointing saves every rank's shard and loads it back on the same world size.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -172,20 +173,42 @@ _CLASSES: dict[type, type] = {}
 
 
 def shard_aware(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Make ``optimizer`` update DTensor parameters shard by shard (in place; returns it).
+    """A fresh ``optimizer`` that updates DTensor parameters shard by shard (``ShardAware<Class>``), or ``optimizer``.
 
     Only bitsandbytes optimizers over DTensor (FSDP2) parameters are changed; torch's own optimizers
-    handle DTensors natively, and unsharded parameters need nothing.
+    handle DTensors natively, and unsharded parameters need nothing. The user's factory builds the optimizer, so
+    the subclass is built here from the same settings, read back from it: its parameter groups (each with its own
+    options), its defaults and bitsandbytes' ``args`` and ``is_paged``, as far as the constructor takes them.
     """
     if not needs_local_updates(optimizer) or isinstance(optimizer, LocalShardUpdates):
         return optimizer
     if not any(_is_dtensor(p) for g in optimizer.param_groups for p in g["params"]):
         return optimizer
     cls = type(optimizer)
+    if optimizer.state:
+        raise ValueError(f"shard_aware takes a {cls.__name__} that has not stepped yet (its state would be lost)")
     if cls not in _CLASSES:
         _CLASSES[cls] = type(f"ShardAware{cls.__name__}", (LocalShardUpdates, cls), {"__module__": __name__})
-    optimizer.__class__ = _CLASSES[cls]
-    return optimizer
+    return _rebuild(_CLASSES[cls], optimizer)
+
+
+def _rebuild(subclass: type, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """``subclass`` built with ``optimizer``'s parameter groups and defaults; the bitsandbytes settings kept in its
+    ``args`` are passed where the rebuilt one's differ (AdamW8bit's constructor refuses its own ``optim_bits=8``)."""
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    groups = [dict(g) for g in optimizer.param_groups]
+    settings = {k: v for k, v in optimizer.defaults.items() if k in accepted and k != "params"}
+    if "is_paged" in accepted:
+        settings["is_paged"] = optimizer.is_paged
+    aware = subclass(groups, **settings)
+    wanted = vars(getattr(optimizer, "args", object()))
+    differing = {k: v for k, v in wanted.items() if getattr(aware.args, k, None) != v}
+    if not differing:
+        return aware
+    if not differing.keys() <= accepted.keys():
+        raise ValueError(f"shard_aware cannot rebuild {type(optimizer).__name__} with its {sorted(differing)}: its "
+                         "constructor does not take them all")
+    return subclass(groups, **settings, **differing)
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:

@@ -16,6 +16,7 @@ from torch import Tensor
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.learn.diagnostics import sequence_log_ratio
 from lit_gspo.runtime.hardware import deterministic_on_cpu
+from lit_gspo.rl.learn.hooks import UpdateHook
 from lit_gspo.rl.learn.learner import Learner, Minibatch, UpdateState
 from lit_gspo.rl.objectives import OBJECTIVES, Counts, LossOutput, Objective, aggregate, get_objective
 from lit_gspo.rl.rollout import RolloutBatch
@@ -66,17 +67,12 @@ class _RecordingObjective:
         return out
 
 
-class ReplayLearner(Learner):
-    """The Learner with given minibatch orders (:meth:`Learner.minibatch_order`), recording each minibatch's gradient
-    before clipping (:meth:`Learner.after_backward`): public hooks only, so ``learn`` runs exactly as in ``fit``."""
+class MinibatchGradients(UpdateHook):
+    """Each minibatch's gradient before clipping, its clip fraction and its share of tokens with a gradient, appended
+    to ``steps`` (``objective``: the recording wrapper the learner's loss goes through)."""
 
-    def __init__(self, *args, orders: list[Tensor], **kwargs):
-        super().__init__(*args, **kwargs)
-        self.objective = _RecordingObjective(self.objective)
-        self.orders, self.steps = list(orders), []
-
-    def minibatch_order(self, n: int) -> Tensor:
-        return self.orders.pop(0)
+    def __init__(self, policy: torch.nn.Module, objective: _RecordingObjective, steps: list[dict]):
+        self.policy, self.objective, self.steps = policy, objective, steps
 
     def after_backward(self, update: UpdateState, minibatch: Minibatch) -> None:
         grad = flat_grad(self.policy)
@@ -85,6 +81,19 @@ class ReplayLearner(Learner):
         with_grad = sum(float((lp.grad.ne(0) & m).sum()) for lp, m, _, _ in calls if lp.grad is not None)
         self.steps.append({"grad": grad, "grad_norm": float(grad.double().norm()),
                            "clip_frac": sum(cf * n for _, _, cf, n in calls) / tokens, "grad_token_share": with_grad / tokens})
+
+
+class ReplayLearner(Learner):
+    """The Learner with given minibatch orders (:meth:`Learner.minibatch_order`), recording each minibatch's gradient
+    before clipping (the :class:`MinibatchGradients` hook), so ``learn`` runs exactly as in ``fit``."""
+
+    def __init__(self, policy: torch.nn.Module, objective: Objective, update: Update, *, orders: list[Tensor], **kwargs):
+        self.orders, self.steps = list(orders), []
+        recording = _RecordingObjective(objective)
+        super().__init__(policy, recording, update, hooks=[MinibatchGradients(policy, recording, self.steps)], **kwargs)
+
+    def minibatch_order(self, n: int) -> Tensor:
+        return self.orders.pop(0)
 
 
 class _Optimizer:

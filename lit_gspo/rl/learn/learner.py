@@ -1,34 +1,23 @@
 """learn: the old-policy snapshot and K epochs × M minibatches × micro-batches of optimiser steps.
 
     snapshot(rollout):  reference log-probs; old values and MoE routes when a critic or routing needs the
-                        old-policy pass (old log-probs otherwise wait for learn: see below)
+                        old-policy pass; old log-probs of every row when π_old's strategy asks for them
     learn(rollout):     for epoch in 1..K:
-                            π_old of minibatches 2..M                             fill_old_logprobs
-                            for minibatch in 1..M:                                minibatches
+                            for minibatch in 1..M:
                                 counts = tokens and sequences of the whole minibatch, over every rank
                                 for micro-batch: loss = objective(logp, old_logp, Â, mask, counts); backward
-                                                                                  micro_loss
-                                (a hook for subclasses)                           after_backward
-                                clip, optimiser step, scheduler step              optimizer_step
-                                (no step when the loss or gradient norm is NaN/inf: counted, warned, and
-                                ``update.max_nonfinite_steps`` of them in a row raise)
+                                clip, optimiser step, scheduler step
 
-:meth:`Learner.learn` is that loop and nothing else; each concern lives in the hook named beside it, and the state
-one update carries from minibatch to minibatch is an :class:`UpdateState`.
-
-Old log-probs: the first minibatch's equal its own detached log-probs (no optimiser step yet), so an
-old-policy pass runs only for minibatches 2..M, and not at all on-policy (one epoch, one minibatch).
-With ``mismatch`` (lit_gspo.rl.learn.mismatch) the pass runs over every row in ``snapshot`` (its corrections compare
-it with the sampler's log-probs before the update), or never (``old_logprobs: sampler``: π_old = π_sampler).
-Rows whose advantage is 0 everywhere are left out of forward and backward when the objective's
-gradient vanishes there; they still count in the normalisers. No Lightning here: the trainer hands in
-the optimiser, the scheduler and its backward.
+Where π_old comes from is one object chosen at construction (``old_policy.py``); the mismatch correction, MoE routing
+replay and volatility, the ratio diagnostics and the finite guard are hooks (``hooks.py``); the optimiser step is
+a callable the trainer may replace (``optimizer_step.py``: fp16's GradScaler). Rows whose advantage is 0 everywhere
+are left out of forward and backward when the objective's gradient vanishes there; they still count in the
+normalisers. No Lightning here: the trainer hands in the optimiser, the scheduler, its backward and its step.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -36,17 +25,19 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from lit_gspo.rl.config import Update
-from lit_gspo.rl.learn.diagnostics import RatioStats
-from lit_gspo.runtime.collectives import all_reduce_sum, reduce_weighted_means, sum_over_ranks
-from lit_gspo.runtime.sharding import is_sharded
-from lit_gspo.rl.learn.mismatch import Mismatch, mismatch_metrics
 from lit_gspo.models import checkpointing_active
 from lit_gspo.models.lora import reference_mode
-from lit_gspo.models.routing import (RoutingRecord, moe_routers, record_routing, replay_routing, rerouted_tokens,
-                                     routing_volatility)
+from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, rerouted_tokens, routing_volatility
+from lit_gspo.rl.config import Update
+from lit_gspo.rl.learn.hooks import (FiniteGuard, Hooks, MicroStep, MismatchCorrection, RatioDiagnostics, RoutingReplay,
+                                     RoutingVolatility, UpdateHook)
+from lit_gspo.rl.learn.mismatch import Mismatch
+from lit_gspo.rl.learn.old_policy import OldPolicy, old_policy_for
+from lit_gspo.rl.learn.optimizer_step import clip_then_step
 from lit_gspo.rl.objectives import Counts, Objective
 from lit_gspo.rl.rollout import RolloutBatch, TokenForward, micro_batch_rows, token_logprobs
+from lit_gspo.runtime.collectives import all_reduce_sum, reduce_weighted_means, sum_over_ranks
+from lit_gspo.runtime.sharding import is_sharded
 
 
 @dataclass
@@ -55,14 +46,13 @@ class UpdateState:
 
     rollout: RolloutBatch  # what is learned from (a mismatch-corrected copy under ``mismatch``)
     emptied: Tensor  # (N,) bool: sequences the mismatch masks emptied, out of the sequence count
-    active: Tensor  # (N,) bool: rows whose loss can have a gradient (:meth:`Learner.rows_with_gradient`)
-    records: list[tuple[dict, float]]  # (metrics, tokens) of each micro-batch, token-weighted at the end
     size: int  # rows per minibatch, ⌈N / M⌉
-    ratio_stats: RatioStats = field(default_factory=RatioStats)  # ratios seen after ≥1 step (before it they are 1)
+    active: Tensor | None = None  # (N,) bool: rows whose loss can have a gradient (:meth:`Learner.rows_with_gradient`)
+    records: list[tuple[dict, float]] = field(default_factory=list)  # (metrics, tokens), token-weighted at the end
     steps_done: int = 0  # optimiser steps taken
     losses: list[float] = field(default_factory=list)  # of the steps taken (global: summed over ranks)
     grad_norms: list[float] = field(default_factory=list)
-    nonfinite: int = 0  # minibatches skipped as non-finite
+    nonfinite: int = 0  # minibatches whose step was skipped
 
 
 @dataclass
@@ -96,41 +86,52 @@ class Learner:
         record_routing: MoE: record the old pass's experts (for replay, or to measure volatility).
         gradient_checkpointing: the policy recomputes its layers in backward (no shared prompt forward).
         mismatch: correct and measure the sampler–trainer mismatch (``lit_gspo.rl.learn.mismatch``); None: off.
+        old_policy: where π_old comes from (``old_policy.py``); None: the one ``update`` and ``mismatch`` imply.
+        hooks: more :class:`~lit_gspo.rl.learn.hooks.UpdateHook`\\ s, called after the built-in ones.
     """
 
     def __init__(self, policy: nn.Module, objective: Objective, update: Update, *, value_head: nn.Module | None = None,
                  reference: nn.Module | str | None = None, temperature: float = 1.0, max_len: int = 1,
                  group_size: int = 1, routing_replay: bool = False, record_routing: bool = False,
-                 gradient_checkpointing: bool = False, mismatch: Mismatch | None = None):
+                 gradient_checkpointing: bool = False, mismatch: Mismatch | None = None,
+                 old_policy: OldPolicy | None = None, hooks: list[UpdateHook] = ()):
         if reference is not None and not isinstance(reference, nn.Module) and reference != "adapters_off":
             raise ValueError(f"reference must be a model, 'adapters_off' or None, got {reference!r}")
         if (routing_replay or record_routing) and not moe_routers(policy):
             raise ValueError("routing_replay/record_routing need an MoE policy with top-k routers; this one has none")
         self.policy, self.objective, self.cfg, self.value_head = policy, objective, update, value_head
         self.reference, self.temperature, self.max_len, self.group_size = reference, temperature, max_len, group_size
-        self.routing_replay, self.records_routing = routing_replay, record_routing or routing_replay
+        self.records_routing = record_routing or routing_replay
         self.gradient_checkpointing, self.mismatch = gradient_checkpointing, mismatch
-        self.sampler_is_old = mismatch is not None and mismatch.sampler_is_old
         self.is_moe = bool(moe_routers(policy))
-        self.updates = 0  # minibatch updates attempted, across rollouts (named in non-finite warnings)
-        self.nonfinite_in_a_row = 0
-        # fp16 (16-mixed): Lightning's GradScaler, set by the module. Its plugin unscales inside ``opt.step()`` and then
-        # calls ``on_before_optimizer_step``, where the module clips (:meth:`clip_unscaled`); an overflow step is skipped
-        # by the scaler, which lowers its scale: expected in fp16, so not counted as a non-finite step.
-        self.grad_scaler = None
-        self.unscaled_norm = float("nan")
+        self.old_policy = old_policy or old_policy_for(update, mismatch, self.old_logprobs)
+        self.guard = FiniteGuard(update.max_nonfinite_steps)
+        built_in: list[UpdateHook] = []
+        if mismatch is not None:
+            built_in.append(MismatchCorrection(mismatch))
+        if routing_replay:
+            built_in.append(RoutingReplay(policy))
+        if self.old_policy.ratios_move:  # NaN where undefined, the same keys every step
+            built_in.append(RatioDiagnostics(max_len))
+        if self.records_routing:
+            built_in.append(RoutingVolatility(self.measure_routing))
+        self.hooks = Hooks([*built_in, self.guard, *hooks])
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.policy.parameters()).device
 
     # ------------------------------------------------------------------ snapshot
     @torch.no_grad()
     def snapshot(self, rollout: RolloutBatch) -> None:
-        """Reference log-probs; old values, routes (and old log-probs, off-policy) when a critic or routing needs the pass;
-        old log-probs of every row when the mismatch corrections compare them with the sampler's."""
-        need_old = self.value_head is not None or self.records_routing
-        every_old = self.mismatch is not None and self.mismatch.needs_trainer_old  # π_old of every row, even on-policy
+        """Reference log-probs; old values and routes when a critic or routing needs the old-policy pass; old
+        log-probs when π_old's strategy asks for every row's, or keeps what that pass computed."""
+        old_pass = self.value_head is not None or self.records_routing or self.old_policy.snapshot_computes_old
+        keep_old = self.old_policy.snapshot_computes_old or self.old_policy.snapshot_keeps_old
         olds, refs, vals, routes, order = [], [], [], [], []
-        for micro_rows, micro in self.micro_batches(rollout, with_rows=True):
+        for micro_rows, micro in self.micro_batches(rollout.to(self.device), with_rows=True):
             order.append(micro_rows)
-            if need_old:
+            if old_pass:
                 with record_routing(self.policy) if self.records_routing else nullcontext() as recorder:
                     fwd = self.completion_logprobs(self.policy, micro, value_head=self.value_head)
                 if recorder is not None:
@@ -138,13 +139,11 @@ class Learner:
                 olds.append(fwd.logprobs)
                 if fwd.values is not None:
                     vals.append(fwd.values.float())
-            elif every_old:
-                olds.append(self.completion_logprobs(self.policy, micro).logprobs)
             if self.reference is not None:
                 refs.append(self.reference_logprobs(micro))
         # a token budget deals rows to micro-batches by length: put them back in rollout order
         inverse = torch.argsort(torch.cat(order)) if order else None
-        if need_old and not self.cfg.on_policy or every_old:  # on-policy the update still reads its own forward
+        if olds and keep_old:
             rollout.old_logprobs = torch.cat(olds)[inverse]
         if routes:
             rollout.routing = RoutingRecord.cat(routes)[inverse]  # (N, P + T, k) per MoE layer
@@ -161,50 +160,39 @@ class Learner:
 
     # ------------------------------------------------------------------ learn
     def learn(self, rollout: RolloutBatch, optimizer, scheduler=None, *, backward: Callable[[Tensor], None] | None = None,
-              world_size: int = 1) -> dict[str, float]:
+              step: Callable | None = None, world_size: int = 1) -> dict[str, float]:
         """K epochs × M minibatches of optimiser steps on ``rollout`` (advantages set); returns the step's metrics.
 
-        ``backward(loss)`` defaults to ``loss.backward()``; ``world_size``: each rank's loss is its share of the
+        ``backward(loss)`` defaults to ``loss.backward()``; ``step(optimizer, clip, may_step)`` to
+        :func:`~lit_gspo.rl.learn.optimizer_step.clip_then_step`; ``world_size``: each rank's loss is its share of the
         global minibatch, multiplied by the world size because DDP and FSDP2 average gradients over ranks.
         """
-        backward = backward or Tensor.backward
+        backward, step = backward or Tensor.backward, step or clip_then_step
         with checkpointing_active(self.policy):  # a no-op unless gradient checkpointing is on
-            update = self.begin(rollout)
+            update = self.begin(rollout.to(self.device))
             for epoch in range(self.cfg.epochs):
                 order = self.minibatch_order(len(rollout))
-                self.fill_old_logprobs(update, order)
+                self.old_policy.before_epoch(update, order)
                 for minibatch in self.minibatches(update, order, epoch):
                     optimizer.zero_grad()
                     for micro_rows, micro in self.micro_batches(update.rollout.select(minibatch.rows), with_rows=True):
                         micro = micro.trimmed()
-                        with self.replayed_routing(micro):  # around backward too: checkpointed layers route again
-                            loss = self.micro_loss(update, minibatch, micro_rows, micro)
+                        with self.hooks.around_micro(micro):
+                            loss = self.micro_loss(update, minibatch, minibatch.rows[micro_rows], micro)
                             backward(loss * world_size)  # DDP/FSDP2 average gradients over ranks
-                    self.after_backward(update, minibatch)
-                    self.optimizer_step(update, minibatch, optimizer, scheduler)
+                    self.hooks.after_backward(update, minibatch)
+                    self.optimizer_step(update, minibatch, optimizer, scheduler, step)
             return self.metrics(update, optimizer)
 
-    # ------------------------------------------------------------------ the hooks of learn, in the order it calls them
+    # ------------------------------------------------------------------ the steps of learn, in the order it takes them
     def begin(self, rollout: RolloutBatch) -> UpdateState:
-        """The state of one ``learn``: the rollout to learn from (a mismatch-corrected copy when ``mismatch`` is set: the
-        caller's keeps its mask and advantages), the rows with a gradient, the metric records."""
+        """The state of one ``learn`` (the hooks may replace its rollout) and the rows with a gradient."""
         n = len(rollout)
-        records: list[tuple[dict, float]] = []
-        emptied = torch.zeros(n, dtype=torch.bool)  # sequences the mismatch masks emptied: out of the sequence count
-        if self.mismatch is not None:
-            rollout, emptied, records = self.mismatch.before_update(rollout)
-            emptied = emptied.cpu()
-        return UpdateState(rollout=rollout, emptied=emptied, active=self.rows_with_gradient(rollout), records=records,
-                           size=math.ceil(n / self.cfg.num_minibatches))
-
-    def fill_old_logprobs(self, update: UpdateState, order: Tensor) -> None:
-        """Off-policy, before the first epoch: π_old of the rows of minibatches 2..M (those of the first minibatch come
-        from its own forward, before any optimiser step: :meth:`micro_loss`)."""
-        rollout = update.rollout
-        if self.cfg.on_policy or rollout.old_logprobs is not None:
-            return
-        later = order[update.size:]
-        rollout.old_logprobs = self.old_logprobs(rollout, later[update.active[later]])
+        update = UpdateState(rollout=rollout, emptied=torch.zeros(n, dtype=torch.bool),
+                             size=math.ceil(n / self.cfg.num_minibatches))
+        self.hooks.before_update(update)
+        update.active = self.rows_with_gradient(update.rollout)
+        return update
 
     def minibatches(self, update: UpdateState, order: Tensor, epoch: int):
         """The minibatches of one epoch, ``order`` cut in M: each with the global counts of all its rows, and the rows
@@ -220,50 +208,36 @@ class Learner:
             yield Minibatch(rows=rows[kept], counts=counts, epoch=epoch, index=start // size, placeholder=placeholder,
                             skipped_tokens=float(rollout.completion_mask[rows[~kept]].sum()), first_record=len(update.records))
 
-    def micro_loss(self, update: UpdateState, minibatch: Minibatch, micro_rows: Tensor, micro: RolloutBatch) -> Tensor:
-        """The loss of one (trimmed) micro-batch, normalised by its minibatch's global counts; records its metrics and,
-        before the first optimiser step, its log-probs as π_old (or their mismatch with the sampler's)."""
-        rollout, first_step = update.rollout, update.steps_done == 0
-        measured = (update.steps_done or self.sampler_is_old) and not minibatch.placeholder  # ratios not 1 by construction
-        out, tokens, logprobs = self.micro_step(
-            micro, minibatch.counts, with_entropy=minibatch.epoch == 0, ratio_stats=update.ratio_stats if measured else None,
-            current_is_old=(first_step or minibatch.placeholder) and not self.sampler_is_old)
-        if first_step and self.sampler_is_old and not minibatch.placeholder:  # π_old (the sampler) vs the trainer
-            update.records.append(({k: float(v) for k, v in mismatch_metrics(logprobs, micro.old_logprobs,
-                                                                            micro.completion_mask).items()}, tokens))
-        elif first_step and rollout.old_logprobs is not None:  # later epochs reuse these rows
-            rollout.old_logprobs[minibatch.rows[micro_rows], :logprobs.shape[1]] = logprobs
-        metrics = {k: float(v) for k, v in out.metrics.items()}
+    def micro_loss(self, update: UpdateState, minibatch: Minibatch, rows: Tensor, micro: RolloutBatch) -> Tensor:
+        """The loss of one (trimmed) micro-batch, rows ``rows`` of the update's rollout, normalised by its minibatch's
+        global counts; records its metrics."""
+        fwd = self.completion_logprobs(self.policy, micro, with_entropy=minibatch.epoch == 0, value_head=self.value_head)
+        old, old_is_current = self.old_policy.old_logprobs(update, minibatch, rows, micro, fwd.logprobs.detach())
+        step = MicroStep(micro, minibatch.placeholder, fwd.logprobs, old, old_is_current, advantages=micro.advantages)
+        self.hooks.before_loss(update, step)
+        critic = dict(values=fwd.values, old_values=micro.old_values, returns=micro.returns) if self.value_head is not None else {}
+        mask = micro.completion_mask
+        out = self.objective(fwd.logprobs, old, step.advantages, mask, counts=minibatch.counts,
+                             ref_logprobs=micro.ref_logprobs, **critic)
+        metrics = {**out.metrics, **step.metrics}
+        if fwd.entropy is not None and mask.any():
+            metrics["entropy"] = fwd.entropy[mask].mean()
+        metrics = {k: float(v) for k, v in metrics.items()}
         if minibatch.placeholder:  # its ratio is 1 by construction: keep only what it measures for real
             metrics = {k: v for k, v in metrics.items() if k.startswith("clip_frac") or k in ("entropy", "kl")}
-        update.records.append((metrics, tokens))
+        update.records.append((metrics, float(mask.sum())))
         minibatch.loss += float(out.loss.detach())
         return out.loss
 
-    def after_backward(self, update: UpdateState, minibatch: Minibatch) -> None:
-        """The minibatch's gradient is complete (still scaled under fp16) and not yet clipped: nothing by default, a hook
-        for subclasses (``lit-gspo compare`` reads each step's gradient here)."""
-
-    def optimizer_step(self, update: UpdateState, minibatch: Minibatch, optimizer, scheduler) -> None:
-        """Clip and step, or skip a non-finite minibatch (its metrics dropped; ``update.max_nonfinite_steps`` in a row
-        raise). Under fp16 Lightning's GradScaler unscales and clips inside ``optimizer.step()`` (:meth:`clip_unscaled`)
-        and skips an overflow step itself."""
+    def optimizer_step(self, update: UpdateState, minibatch: Minibatch, optimizer, scheduler, step) -> None:
+        """Clip and step, or skip a minibatch the hooks refuse (a non-finite one; its metrics dropped) or that ``step``
+        skipped (fp16: an overflow)."""
         if minibatch.skipped_tokens:  # Â = 0: no clipping can zero a gradient there, so clip fractions stay over every token
             keys = update.records[-1][0]  # the last micro-batch's metrics
             update.records.append(({k: 0.0 for k in keys if k.startswith("clip_frac")}, minibatch.skipped_tokens))
-        if self.grad_scaler is not None:
-            loss = sum_over_ranks(minibatch.loss)  # the rank shares add up
-            self.updates += 1
-            stepped = self.step_is_finite(loss, 0.0, minibatch.epoch, minibatch.index) and self.scaled_step(optimizer)
-            norm = self.unscaled_norm
-        else:
-            norm, loss = self.clip_and_norm(), sum_over_ranks(minibatch.loss)
-            self.updates += 1
-            stepped = self.step_is_finite(loss, norm, minibatch.epoch, minibatch.index)
-            if stepped:
-                optimizer.step()
-                torch.clear_autocast_cache()  # an autocast with its cast cache on (not Lightning's) would keep old weights
-        if not stepped:  # NaN/inf gradients never reach the weights, the optimiser state or the schedule
+        loss = sum_over_ranks(minibatch.loss)  # the rank shares add up
+        norm = step(optimizer, self.clip_and_norm, lambda norm: self.hooks.may_step(update, minibatch, loss, norm))
+        if norm is None:  # NaN/inf gradients never reach the weights, the optimiser state or the schedule
             optimizer.zero_grad()
             del update.records[minibatch.first_record:]  # the metrics describe the steps taken
             update.nonfinite += 1
@@ -276,80 +250,17 @@ class Learner:
 
     def metrics(self, update: UpdateState, optimizer) -> dict[str, float]:
         """The step's metrics: token-weighted means over every rank's micro-batches, the loss and gradient norm over the
-        steps taken, the ratio diagnostics off-policy, the MoE routing measures."""
+        steps taken, then the hooks' (ratio diagnostics, MoE routing measures)."""
         metrics = reduce_weighted_means(update.records)
         nan = float("nan")  # (every minibatch skipped as non-finite)
         metrics["loss"] = sum(update.losses) / len(update.losses) if update.losses else nan
         metrics["grad_norm"] = sum(update.grad_norms) / len(update.grad_norms) if update.grad_norms else nan
         metrics["nonfinite_steps"] = float(update.nonfinite)  # minibatches whose optimiser step was skipped
         metrics["rows_with_gradient"] = float(update.active.float().mean())  # share of rows the update ran (this rank)
-        inner = getattr(optimizer, "optimizer", optimizer)  # Lightning's LightningOptimizer wraps the torch one
-        metrics["lr"] = inner.param_groups[0]["lr"]
-        if not self.cfg.on_policy or self.sampler_is_old:  # NaN where undefined, same keys every step
-            metrics.update({f"ratio/{k}": v for k, v in update.ratio_stats.compute(self.max_len).items()})
-        if self.records_routing and update.rollout.routing is not None:
-            metrics.update(self.measure_routing(update.rollout))
+        metrics["lr"] = optimizer.param_groups[0]["lr"]
+        metrics.update(self.hooks.metrics(update))
         return metrics
 
-    def micro_step(self, micro: RolloutBatch, counts: Counts, with_entropy: bool, ratio_stats: RatioStats | None = None,
-                   current_is_old: bool = False):
-        """Loss of one (trimmed) micro-batch; returns (loss output, completion tokens, detached log-probs).
-
-        ``current_is_old``: no optimiser step since the rollout, so the old log-probs are these very
-        log-probs (detached) and ``micro.old_logprobs`` is not read.
-        """
-        fwd = self.completion_logprobs(self.policy, micro, with_entropy=with_entropy, value_head=self.value_head)
-        old = fwd.logprobs.detach() if current_is_old or micro.old_logprobs is None else micro.old_logprobs
-        advantages, opsm_metrics = micro.advantages, {}
-        if self.mismatch is not None:  # OPSM: on π_θ of this step
-            advantages, opsm_metrics = self.mismatch.in_update(micro, fwd.logprobs.detach())
-        if ratio_stats is not None and micro.old_logprobs is not None:
-            ratio_stats.add(fwd.logprobs, old, micro.completion_mask)
-        extra = {}
-        if self.value_head is not None:
-            extra = dict(values=fwd.values, old_values=micro.old_values, returns=micro.returns)
-        out = self.objective(fwd.logprobs, old, advantages, micro.completion_mask, counts=counts,
-                             ref_logprobs=micro.ref_logprobs, **extra)
-        out.metrics.update(opsm_metrics)
-        mask = micro.completion_mask
-        if fwd.entropy is not None and mask.any():
-            out.metrics["entropy"] = fwd.entropy[mask].mean()
-        return out, float(mask.sum()), fwd.logprobs.detach()
-
-    def scaled_step(self, opt) -> bool:
-        """fp16 with a GradScaler: ``opt.step()`` unscales, clips through :meth:`clip_unscaled` (the module's
-        ``on_before_optimizer_step``) and steps unless the gradients overflowed; returns whether it stepped."""
-        self.unscaled_norm = float("nan")
-        scale = self.grad_scaler.get_scale()
-        opt.step()
-        torch.clear_autocast_cache()
-        return math.isfinite(self.unscaled_norm) and self.grad_scaler.get_scale() >= scale  # lowered: skipped
-
-    def clip_unscaled(self) -> None:
-        """Clip the unscaled gradients (called between the scaler's unscale and its step) and keep their norm."""
-        self.unscaled_norm = self.clip_and_norm()
-
-    def step_is_finite(self, loss: float, grad_norm: float, epoch: int, minibatch: int) -> bool:
-        """Whether this minibatch may step; warns on a non-finite loss or gradient norm and raises after
-        ``update.max_nonfinite_steps`` in a row. ``loss`` and ``grad_norm`` are global (summed over ranks), so
-        every rank decides alike and none steps, raises or waits alone."""
-        if math.isfinite(loss) and math.isfinite(grad_norm):
-            self.nonfinite_in_a_row = 0
-            return True
-        self.nonfinite_in_a_row += 1
-        limit = self.cfg.max_nonfinite_steps
-        where = (f"update {self.updates} (epoch {epoch + 1}, minibatch {minibatch + 1} of this rollout): "
-                 f"loss={loss}, grad_norm={grad_norm}")
-        warnings.warn(f"non-finite {where}; skipped the optimiser step ({self.nonfinite_in_a_row} in a row, "
-                      f"the run stops at max_nonfinite_steps={limit})", RuntimeWarning, stacklevel=3)
-        if self.nonfinite_in_a_row >= limit:
-            raise RuntimeError(
-                f"{self.nonfinite_in_a_row} optimiser steps in a row had a non-finite loss or gradient norm (last: {where}); "
-                "no weights were changed by them. Lower the learning rate, check the rewards and the objective for "
-                f"NaN/inf, or raise update.max_nonfinite_steps={limit}")
-        return False
-
-    # ------------------------------------------------------------------ pieces
     # ------------------------------------------------------------------ pieces
     def rows_with_gradient(self, rollout: RolloutBatch) -> Tensor:
         """(N,) bool: rows whose loss can have a gradient.
@@ -420,11 +331,6 @@ class Learner:
         """Micro-batches of ``batch`` (with their row indices into it when ``with_rows``); see ``micro_batch_rows``."""
         for rows in micro_batch_rows(batch, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens):
             yield (rows, batch.select(rows)) if with_rows else batch.select(rows)
-
-    def replayed_routing(self, micro: RolloutBatch):
-        if self.routing_replay and micro.routing is not None:
-            return replay_routing(self.policy, micro.routing)
-        return nullcontext()
 
     @torch.no_grad()
     def measure_routing(self, rollout: RolloutBatch) -> dict[str, float]:
