@@ -216,13 +216,3 @@ def test_the_fp16_step_clips_inside_the_optimiser_step_and_skips_an_overflow():
     assert step(opt, lambda: 0.75, lambda norm: False) is None and opt.steps == 0  # a non-finite loss: no step at all
 
 
-# ------------------------------------------------------------------ RolloutBatch.to
-def test_rollout_to_moves_every_tensor_and_is_itself_when_already_there():
-    rollout = batch([[-1.0, -2.0]], [1.0])
-    assert rollout.to("cpu") is rollout
-    rollout.routing = "routes"
-    moved = rollout.to("meta")
-    assert moved is not rollout and rollout.advantages.device.type == "cpu"
-    assert all(getattr(moved, k).device.type == "meta" for k in ("input_ids", "completion_mask", "advantages",
-                                                                   "engine_logprobs"))
-    assert moved.routing == "routes" and moved.old_logprobs is None and moved.prompt_length == 1

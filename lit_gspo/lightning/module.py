@@ -138,8 +138,8 @@ class RLModule(LightningModule):
         self.ref_policy = models.reference if isinstance(models.reference, nn.Module) else None  # saved with the run
 
         dynamic = self.objective.paper_dynamic_sampling if self.sampling.dynamic is None else self.sampling.dynamic
-        self._engine_is_default = engine is None  # resolved for the device in setup
-        self.collector = Collector(environment or SingleTurn(), engine or default_engine("cpu"),
+        self._default_engine = None if engine is not None else default_engine("cpu")  # resolved for the device in setup
+        self.collector = Collector(environment or SingleTurn(), engine or self._default_engine,
                                    RewardSet(list(rewards) if rewards else [ExactMatch()], reward_weights),
                                    self.tokenizer, self.generation, dynamic_sampling=dynamic,
                                    max_sampling_rounds=self.sampling.max_rounds, engine_logprobs=mismatch is not None)
@@ -294,10 +294,11 @@ class RLModule(LightningModule):
         if stage == "fit" and self.trainer.log_every_n_steps > 1:
             rank_zero_info(f"train/* metrics every {self.trainer.log_every_n_steps} RL steps (log_every_n_steps; 1: every "
                            "step, as `lit-gspo fit` does)")
-        if self._engine_is_default:  # the default engine depends on the device, known now
+        # the default engine depends on the device, known now; an engine given or set since is kept
+        if self.collector.engine is self._default_engine:
             engine = default_engine(self.trainer.strategy.root_device, sharded=self._synced_gpus())
-            if type(engine) is not type(self.collector.engine):
-                self.collector.engine = engine
+            if type(engine) is not type(self._default_engine):
+                self.collector.engine = self._default_engine = engine
         deterministic_on_cpu(self.trainer.strategy.root_device.type)  # before the warm start's first backward
         advice = bf16_on_cpu_warning(self.trainer.precision, self.trainer.strategy.root_device.type)
         if advice and not self._warned_precision:  # bf16 emulated on this CPU: slower than fp32 (once: validate, then fit)
