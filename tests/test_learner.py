@@ -238,6 +238,45 @@ def test_sharing_prompt_forwards_changes_the_work_not_the_update():
     assert any(not torch.equal(p, q) for p, q in zip(base.policy.parameters(), shared.policy.parameters()))
 
 
+def test_packing_changes_the_work_not_the_update():
+    """The rows of a micro-batch as one sequence without padding: fewer tokens through the policy, the same parameters."""
+    update = dict(epochs=2, num_minibatches=2, skip_zero_advantage_rows=False, share_prompt_forward=False)
+    base = make_learner(Update(**update))
+    rollout = sample_rollout(base.policy)
+    padded, packed = copy.deepcopy(base), copy.deepcopy(base)
+    packed.cfg = Update(**update, pack_sequences=True)
+    assert packed.packs and not padded.packs  # the tiny model's sdpa: packing only when asked
+    clip, tokens = [], []
+    for learner in (padded, packed):
+        with RowsForwarded(learner.policy) as counter:
+            clip.append(learn(learner, with_rewards(learner, rollout, [0.0, 1.0, 3.0] * 4), momentum_sgd=True)["clip_frac"])
+        tokens.append(counter.tokens)
+    assert tokens[1] < tokens[0]
+    assert clip[0] > 0 and clip[1] == pytest.approx(clip[0], abs=1e-7)
+    for p, q in zip(padded.policy.parameters(), packed.policy.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+
+
+def test_packing_by_default_only_where_the_attention_kernel_skips_other_rows():
+    learner = make_learner(Update())
+    assert not learner.packs
+    learner.policy.config._attn_implementation = "flex_attention"
+    assert learner.packs
+    assert not make_learner(Update(pack_sequences=False)).packs
+
+
+def test_the_automatic_token_budget_is_the_gpus_free_memory_and_none_on_the_cpu(monkeypatch):
+    from lit_gspo.runtime.token_budget import activation_bytes_per_token
+
+    learner = make_learner(Update())
+    assert learner.cfg.micro_batch_tokens == "auto" and learner.micro_batch_tokens() is None  # CPU: as configured
+    monkeypatch.setattr(Learner, "device", property(lambda self: torch.device("cuda")))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**30, 2**31))
+    per_token = activation_bytes_per_token(learner.policy.config, 4)  # the tiny model's fp32 weights, no autocast
+    assert learner.micro_batch_tokens() == max(256, 2**29 // per_token)
+    assert make_learner(Update(micro_batch_tokens=64)).micro_batch_tokens() == 64
+
+
 class FreshForward(UpdateHook):
     """Records, for every micro-batch, a fresh forward of the weights as they are now next to the update's own."""
 

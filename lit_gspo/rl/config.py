@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass
@@ -47,7 +48,13 @@ class Update:
     token (clipping never zeroes a gradient where Â = 0); entropy, KL and ratio statistics are then
     over the rows that carry a signal (one row when none does; no ratio statistics then).
     ``micro_batch_tokens``: a budget of padded tokens per micro-batch; rows are then grouped by length
-    (``rollout.micro_batch_rows``) so that short completions are not padded to the longest one.
+    (``rollout.micro_batch_rows``) so that short completions are not padded to the longest one. ``"auto"`` (the
+    default): on a GPU, sized at each update from the memory free then (``runtime/token_budget.py``), so a batch that
+    fits TRL's settings fits ours; on the CPU no budget (as null).
+    ``pack_sequences``: the rows of a micro-batch run as one sequence without padding (``rollout.completion_states_packed``:
+    the same log-probs and gradients). None: where the attention kernel skips the other rows' blocks
+    (``flash_attention_2``/``_3``, ``flex_attention``); with ``sdpa``/``eager`` the packed mask is dense (S × S).
+    Off for MoE routing records (they hold positions of the padded layout).
     ``share_prompt_forward``: rows of a micro-batch with the same prompt run it once and continue from
     its KV cache (P + G·T tokens per group instead of G·(P + T)); the same log-probs and gradients
     (``rollout.completion_states_shared_prompts``). Off by itself for MoE, gradient checkpointing, FSDP2.
@@ -63,7 +70,8 @@ class Update:
     epochs: int = 1
     num_minibatches: int = 1
     micro_batch_size: int | None = None
-    micro_batch_tokens: int | None = None
+    micro_batch_tokens: int | Literal["auto"] | None = "auto"
+    pack_sequences: bool | None = None
     max_grad_norm: float | None = 1.0
     skip_zero_advantage_rows: bool = True
     share_prompt_forward: bool = True
@@ -75,8 +83,9 @@ class Update:
             raise ValueError(f"epochs and num_minibatches must be >= 1, got {self.epochs} and {self.num_minibatches}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or null, got {self.micro_batch_size}")
-        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
-            raise ValueError(f"micro_batch_tokens must be >= 1 or null, got {self.micro_batch_tokens}")
+        if self.micro_batch_tokens not in (None, "auto") and not (isinstance(self.micro_batch_tokens, int)
+                                                                  and self.micro_batch_tokens >= 1):
+            raise ValueError(f"micro_batch_tokens must be >= 1, 'auto' or null, got {self.micro_batch_tokens!r}")
         if self.shuffle not in ("groups", "rows"):
             raise ValueError(f"shuffle must be 'groups' or 'rows', got {self.shuffle!r}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:  # a negative norm would turn descent into ascent

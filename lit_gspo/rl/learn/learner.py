@@ -36,6 +36,10 @@ from lit_gspo.rl.learn.old_policy import OldPolicy, old_policy_for
 from lit_gspo.rl.learn.optimizer_step import clip_then_step
 from lit_gspo.rl.objectives import Counts, Objective
 from lit_gspo.rl.rollout import RolloutBatch, TokenForward, micro_batch_rows, token_logprobs
+from lit_gspo.runtime.token_budget import token_budget
+
+#: attention kernels that skip the other rows' blocks of a packed sequence (varlen / block-sparse)
+PACKING_KERNELS = ("flash_attention_2", "flash_attention_3", "flex_attention")
 from lit_gspo.runtime.collectives import all_reduce_sum, reduce_weighted_means, sum_over_ranks
 from lit_gspo.runtime.sharding import is_sharded
 
@@ -298,9 +302,21 @@ class Learner:
         return (self.cfg.share_prompt_forward and not self.is_moe and not self.gradient_checkpointing
                 and not is_sharded(self.policy))
 
+    @property
+    def packs(self) -> bool:
+        """Whether a micro-batch's rows run as one sequence without padding (``update.pack_sequences``; None: where the
+        attention kernel skips the other rows' blocks). Never with MoE routing records, which hold padded positions."""
+        if self.records_routing:
+            return False
+        if self.cfg.pack_sequences is not None:
+            return self.cfg.pack_sequences
+        return getattr(getattr(self.policy, "config", None), "_attn_implementation", None) in PACKING_KERNELS
+
     def completion_logprobs(self, model: nn.Module, micro: RolloutBatch, **kwargs) -> TokenForward:
-        """:func:`token_logprobs` at the sampling temperature, sharing prompts where :attr:`shares_prompts`."""
-        return token_logprobs(model, micro, temperature=self.temperature, share_prompts=self.shares_prompts, **kwargs)
+        """:func:`token_logprobs` at the sampling temperature, packed where :attr:`packs`, else sharing prompts where
+        :attr:`shares_prompts`."""
+        return token_logprobs(model, micro, temperature=self.temperature, share_prompts=self.shares_prompts,
+                              pack=self.packs, **kwargs)
 
     @torch.no_grad()
     def old_logprobs(self, rollout: RolloutBatch, rows: Tensor) -> Tensor:
@@ -327,9 +343,20 @@ class Learner:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else float("inf"))
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
+    def micro_batch_tokens(self) -> int | None:
+        """``update.micro_batch_tokens``, with ``"auto"`` sized from the GPU memory free now (None on the CPU)."""
+        if self.cfg.micro_batch_tokens != "auto":
+            return self.cfg.micro_batch_tokens
+        device = self.device
+        if device.type != "cuda":
+            return None
+        dtype = (torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
+                 else next(self.policy.parameters()).dtype)
+        return token_budget(self.policy.config, device, dtype, checkpointing=self.gradient_checkpointing)
+
     def micro_batches(self, batch: RolloutBatch, with_rows: bool = False):
         """Micro-batches of ``batch`` (with their row indices into it when ``with_rows``); see ``micro_batch_rows``."""
-        for rows in micro_batch_rows(batch, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens):
+        for rows in micro_batch_rows(batch, self.cfg.micro_batch_size, self.micro_batch_tokens()):
             yield (rows, batch.select(rows)) if with_rows else batch.select(rows)
 
     @torch.no_grad()
