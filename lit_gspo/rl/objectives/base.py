@@ -148,6 +148,15 @@ class Objective(Registered, register=False):
         ``model.sampling.dynamic`` is not set
     The settings themselves live on the stage that uses them: the loss's hyperparameters here, the
     advantage estimator on ``model.advantage``, dynamic sampling on ``model.sampling.dynamic``.
+
+    Args:
+        clip_low: ε_low: ratios below 1 − ε_low are clipped (each objective's default is its paper's).
+        clip_high: ε_high: ratios above 1 + ε_high are clipped (each objective's default is its paper's).
+        beta: β, the weight of the KL penalty to the reference policy (0: none).
+        kl_estimator: the per-token KL estimator of the penalty (Schulman's ``k1``, ``k2``, ``k3``).
+        aggregation: how per-token losses reduce to the step's loss (``token-mean``: over all tokens;
+            ``seq-mean-token-mean``: per sequence, then over sequences; ``seq-mean-token-sum``;
+            ``seq-mean-token-sum-norm``: Dr. GRPO's constant length).
     """
 
     registry, kind = OBJECTIVES, "objective"
@@ -165,16 +174,6 @@ class Objective(Registered, register=False):
         kl_estimator: KLEstimator = "k3",
         aggregation: Aggregation = "token-mean",
     ):
-        """
-        Args:
-            clip_low: ε_low: ratios below 1 − ε_low are clipped (the objective's paper's by default).
-            clip_high: ε_high: ratios above 1 + ε_high are clipped (the objective's paper's by default).
-            beta: β, the weight of the KL penalty to the reference policy (0: none).
-            kl_estimator: the per-token KL estimator of the penalty (Schulman's ``k1``, ``k2``, ``k3``).
-            aggregation: how per-token losses reduce to the step's loss (``token-mean``: over all tokens;
-                ``seq-mean-token-mean``: per sequence, then over sequences; ``seq-mean-token-sum``;
-                ``seq-mean-token-sum-norm``: Dr. GRPO's constant length).
-        """
         self.clip_low, self.clip_high = float(clip_low), float(clip_high)
         self.beta = float(beta)
         self.kl_estimator = kl_estimator
