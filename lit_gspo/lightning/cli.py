@@ -22,6 +22,7 @@ from lit_gspo.lightning.datamodule import PromptDataModule
 from lit_gspo.lightning.module import RLModule, validation_schedule
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
 from lit_gspo.rl import advantages, engines, envs  # noqa: F401
+from lit_gspo.rl.config import Update
 from lit_gspo.rl.objectives import OBJECTIVES
 from lit_gspo.runtime import extras, user_errors
 from lit_gspo.runtime.collectives import end_process_group
@@ -162,6 +163,7 @@ class RLCLI(LightningCLI):
         map_top_level_optimisation(cfg)
         schedule_validation(cfg.model, cfg.trainer)
         map_trainer_flags(cfg.model, cfg.trainer)
+        check_settings_groups(cfg.model)
         check_rows_per_step(cfg.model, cfg.get("data"))
         check_plateau(cfg.model)
         atomic_strategy(cfg.trainer)
@@ -349,11 +351,29 @@ def schedule_validation(model, trainer) -> None:
         trainer[key] = value
 
 
+def check_settings_groups(model) -> None:
+    """A settings group whose own check fails (``--model.generation.num_generations 0``): one line naming the group,
+    at start (``lit_gspo/rl/config.py``'s ``__post_init__`` checks, run on the parsed values)."""
+    import typing
+
+    hints = typing.get_type_hints(RLModule.__init__)
+    for name, hint in hints.items():
+        cls = next((c for c in typing.get_args(hint) or (hint,) if dataclasses.is_dataclass(c)), None)
+        group = model.get(name)
+        if cls is None or not isinstance(group, Namespace) or "class_path" in group:
+            continue
+        try:
+            cls(**group.as_dict())
+        except (TypeError, ValueError) as exc:
+            raise SettingsError(f"--model.{name}: {exc}") from exc
+
+
 def map_trainer_flags(model, trainer) -> None:
     """Lightning's optimisation flags, which assume automatic optimisation, mapped to lit_gspo's own settings or refused in
     one line naming them (RLModule optimises by hand: K epochs × M minibatches per RL step, ``lit_gspo.rl.learn.learner``).
 
-    ``gradient_clip_val`` → ``model.update.max_grad_norm`` (``gradient_clip_algorithm: norm`` only);
+    ``gradient_clip_val`` → ``model.update.max_grad_norm`` (``gradient_clip_algorithm: norm`` only; a max_grad_norm
+    other than its default and the clip value is refused);
     ``accumulate_grad_batches`` → refused: ``model.update.micro_batch_size`` accumulates within a minibatch."""
     clip, algorithm = trainer.get("gradient_clip_val"), trainer.get("gradient_clip_algorithm")
     if algorithm not in (None, "norm"):
@@ -362,7 +382,7 @@ def map_trainer_flags(model, trainer) -> None:
     if clip is not None:
         update = settings_group(model, "update")
         given = update.get("max_grad_norm")
-        if given is not None and float(given) != float(clip):
+        if given not in (None, Update.max_grad_norm) and float(given) != float(clip):
             raise ValueError(f"--trainer.gradient_clip_val {clip} and --model.update.max_grad_norm {given} disagree: "
                              "give one (both clip the gradient norm of each optimiser step)")
         update["max_grad_norm"] = float(clip) if clip > 0 else None  # Lightning's 0: no clipping
