@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import importlib
 
-from lit_gspo import moved
-
 __version__ = "0.1.0"
-moved.install()  # module paths from before the rl/ lightning/ tools/ layout keep importing (lit_gspo/moved.py)
 
 # public name → the module that defines it
 _EXPORTS = {

@@ -16,7 +16,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "lit_gspo"
 LIGHTNING_FREE = ("rl", "models", "data", "runtime")
 #: the package's top level: the public API, ``python -m lit_gspo`` and the old-path aliases; the rest is in folders
-TOP_LEVEL = {"__init__.py", "__main__.py", "moved.py"}
+TOP_LEVEL = {"__init__.py", "__main__.py"}
 
 
 def imports_of(path: Path) -> set[str]:

@@ -72,23 +72,100 @@ def print_config(capsys, *extra: str) -> str:
     return capsys.readouterr().out
 
 
-def test_print_config_says_what_null_settings_resolve_to(capsys, tmp_path):
-    """Before: ``clip_low: null``, with nothing saying the run uses GSPO's 3e-4 (issue 19, finding 9)."""
+def test_print_config_shows_the_objectives_defaults_as_values(capsys, tmp_path):
+    """Before: ``clip_low: null``, with nothing saying the run uses GSPO's 3e-4 (issue 19, finding 9); now the
+    objective's ``__init__`` holds its paper's values, and the printed config shows them."""
     text = print_config(capsys)
-    assert "clip_low: null  # resolves to 0.0003 (GSPO's paper)" in text
-    assert "clip_high: null  # resolves to 0.0004 (GSPO's paper)" in text
-    assert "aggregation: null  # resolves to seq-mean-token-mean (GSPO's paper)" in text
-    assert "advantage: null  # resolves to GroupNormalized (GSPO's paper)" in text
-    assert "sampling: null  # resolves to dynamic: false (GSPO's paper), the other Sampling defaults" in text
-    assert "update: null  # resolves to the Update defaults (epochs: 1," in text
-    assert "val_max_new_tokens: null  # resolves to 6 (max_new_tokens)" in text
-    # the values follow the objective, which is why they stay null: a printed config run with another objective
+    for line in ("clip_low: 0.0003", "clip_high: 0.0004", "aggregation: seq-mean-token-mean", "max_grad_norm: 1.0",
+                 "every_n_steps: 25", "num_generations: 8"):
+        assert f"  {line}\n" in text, line
+    # another objective: its own paper's values (the defaults of the config's GSPO do not carry over)
     dapo = print_config(capsys, "--model.objective", "DAPO")
-    assert "clip_high: null  # resolves to 0.28 (DAPO's paper)" in dapo
-    assert "sampling: null  # resolves to dynamic: true (DAPO's paper), the other Sampling defaults" in dapo
+    assert "class_path: lit_gspo.DAPO" in dapo and "  clip_low: 0.2\n" in dapo and "  clip_high: 0.28\n" in dapo
+    assert "aggregation: token-mean" in dapo
     # the printed config is a config: it parses back to itself
     printed = tmp_path / "printed.yaml"
     printed.write_text(text)
     with pytest.raises(SystemExit):
         main(["fit", "--config", str(printed), "--print_config"])
     assert capsys.readouterr().out == text
+
+
+def test_one_objective_setting_changes_that_one_and_keeps_the_papers_others():
+    cli = cli_main(["--config", str(PACKAGE.parent / "configs/quickstart.yaml"), "--model.objective", "GSPO",
+                    "--model.objective.clip_high", "5e-4", "--trainer.max_steps", "0"], run=False)
+    objective = cli.model.objective
+    assert (type(objective).__name__, objective.clip_low, objective.clip_high) == ("GSPO", 3e-4, 5e-4)
+    dapo = cli_main(["--config", str(PACKAGE.parent / "configs/quickstart.yaml"), "--config",
+                     str(PACKAGE.parent / "configs/objectives/dapo.yaml"), "--trainer.max_steps", "0"], run=False)
+    assert (type(dapo.model.objective).__name__, dapo.model.objective.clip_low, dapo.model.objective.clip_high) == (
+        "DAPO", 0.2, 0.28)
+
+
+def settings_docs() -> dict[type, dict[str, str]]:
+    """Each settings group of ``lit_gspo/rl/config.py`` → {field: its doc, the string literal after it}."""
+    import dataclasses
+
+    from lit_gspo.rl import config
+
+    tree = ast.parse(Path(config.__file__).read_text())
+    out = {}
+    for node in tree.body:
+        cls = getattr(config, getattr(node, "name", ""), None)
+        if not (isinstance(node, ast.ClassDef) and dataclasses.is_dataclass(cls)):
+            continue
+        docs = {}
+        for field, after in zip(node.body, node.body[1:] + [None]):
+            if isinstance(field, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                docs[field.target.id] = " ".join(after.value.value.split())
+        assert set(docs) == {f.name for f in dataclasses.fields(cls)}, f"{cls.__name__}: a field without a doc"
+        out[cls] = docs
+    return out
+
+
+def help_text(capsys, monkeypatch, *args: str) -> str:
+    monkeypatch.setenv("COLUMNS", "100000")  # one line per option: no word broken by the wrapping
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(PACKAGE.parent / "configs/quickstart.yaml"), *args])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0, out
+    return " ".join(out.split())
+
+
+def test_fit_help_shows_each_settings_doc_and_default(capsys, monkeypatch):
+    """Every field of every settings group has its doc where it is declared, and ``lit-gspo fit --help`` shows it with
+    its default; a group RLModule takes as optional (``lora``: None is no LoRA) shows them in its own ``.help``."""
+    import inspect
+    import typing
+
+    from lit_gspo.lightning.module import RLModule
+
+    params = inspect.signature(RLModule.__init__).parameters
+    hints, all_docs = typing.get_type_hints(RLModule.__init__), settings_docs()
+    groups = {}
+    for name in params:
+        args = typing.get_args(hints.get(name)) or (hints.get(name),)
+        groups.update({cls: name for cls in args if isinstance(cls, type) and cls in all_docs})
+    assert set(groups.values()) >= {"generation", "update", "sampling", "validation", "routing", "rollout_dumps",
+                                    "warm_start", "lora"}
+    assert set(groups) == set(all_docs)  # every group of config.py is a setting of RLModule
+    text = help_text(capsys, monkeypatch, "--help")
+    for cls, docs in all_docs.items():
+        name = groups[cls]
+        if params[name].default is None:  # optional group: its own help
+            shown = help_text(capsys, monkeypatch, f"--model.{name}.help", cls.__name__)
+        else:
+            shown = text
+        for field, doc in docs.items():
+            default = getattr(cls(), field)
+            assert f"--model.{name}.{field} " in shown and doc in shown, f"{name}.{field}"
+            if isinstance(default, (int, float)) and not isinstance(default, bool):
+                assert f"{doc} (type: " in shown and f"default: {default})" in shown.split(doc, 1)[1][:200], f"{name}.{field}"
+    assert "--model.generation.num_generations NUM_GENERATIONS G: completions sampled per prompt" in text
+
+
+def test_objective_help_shows_the_papers_defaults_as_numbers(capsys, monkeypatch):
+    text = help_text(capsys, monkeypatch, "--model.objective.help", "GSPO")
+    assert "--model.objective.clip_low CLIP_LOW ε_low: ratios below 1 − ε_low are clipped" in text
+    assert "(type: float, default: 0.0003)" in text and "(type: float, default: 0.0004)" in text
+    assert "default: seq-mean-token-mean)" in text and "default: null" not in text

@@ -10,7 +10,8 @@ from tokenizers import Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
-from lit_gspo.data import (TASKS, ResumableSampler, encode_prompts, is_held_out, load_prompt_rows, make_task, sft_examples, task_splits)
+from lit_gspo.data import TASKS, encode_prompts, is_held_out, load_prompt_rows, make_task, sft_examples, task_splits
+from lit_gspo.lightning.datamodule import ResumableSampler
 from lit_gspo.lightning.datamodule import PromptDataModule
 
 

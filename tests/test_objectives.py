@@ -8,7 +8,7 @@ import torch
 
 from lit_gspo.rl.objectives import (
     CISPO, DAPO, DPPO, GMPO, GRPO, GSPO, LUSPO, OBJECTIVES, PPO, SAPO, VESPO, ClipCov, Counts, DrGRPO, GSPOToken, KLCov,
-    Objective, get_objective, kl_penalty,
+    Aggregation, Objective, get_objective, kl_penalty,
 )
 
 ALL = ["ppo", "grpo", "dapo", "gspo", "gspo_token", "dr_grpo", "cispo", "gmpo", "sapo", "dppo", "clip_cov", "kl_cov",
@@ -189,6 +189,27 @@ def test_defaults_and_class_attributes():
     assert [name for name, cls in classes.items() if hasattr(cls(), "vf_coef")] == ["ppo"]
 
 
+@pytest.mark.parametrize("name", ALL)
+def test_each_objectives_signature_holds_its_papers_defaults(name):
+    """``--help`` shows the defaults of ``__init__``: they are the values an objective built without arguments uses (no
+    None resolved later), and ``get_objective(name, **hparams)`` overrides them one by one."""
+    cls = OBJECTIVES[name]
+    params = inspect.signature(cls.__init__).parameters
+    built = cls()
+    for key in ("clip_low", "clip_high", "beta", "kl_estimator", "aggregation"):
+        if key in params and not (cls is DPPO and key in ("clip_low", "clip_high")):  # DPPO's: its divergence's bound
+            assert params[key].default is not None and params[key].default == getattr(built, key), key
+    assert get_objective(name, beta=0.5).beta == 0.5
+
+
+def test_gspo_defaults_are_the_papers_and_one_can_be_changed():
+    assert (GSPO().clip_low, GSPO().clip_high, GSPO().aggregation) == (3e-4, 4e-4, "seq-mean-token-mean")
+    assert (DAPO().clip_low, DAPO().clip_high) == (0.2, 0.28)
+    changed = get_objective("GSPO", clip_high=5e-4)
+    assert (changed.clip_low, changed.clip_high) == (3e-4, 5e-4)
+    assert (DPPO().clip_low, DPPO(divergence="binary_kl").clip_high) == (0.15, 0.05)
+
+
 def test_ppo_signature_is_explicit_for_jsonargparse():
     params = inspect.signature(PPO.__init__).parameters
     for key in ("clip_low", "clip_high", "beta", "kl_estimator", "aggregation", "dual_clip", "value_clip", "vf_coef"):
@@ -356,7 +377,9 @@ def test_user_subclass_registers_and_is_found():
         """Plain off-policy REINFORCE: ℓ_t = −r_t Â_t (a user's new algorithm in a few lines)."""
 
         name = "test_reinforce"
-        default_aggregation = "seq-mean-token-sum"
+
+        def __init__(self, beta: float = 0.0, aggregation: Aggregation = "seq-mean-token-sum"):  # its defaults
+            super().__init__(beta=beta, aggregation=aggregation)
 
         def policy_loss(self, logprobs, old_logprobs, advantages, mask, counts, **extra):
             from lit_gspo.rl.objectives import LossOutput, aggregate, token_ratio_metrics

@@ -100,7 +100,7 @@ def test_a_second_fit_with_other_settings_gets_its_own_directory(first_run, caps
 def test_a_resume_with_other_settings_is_refused_naming_them_and_writes_nothing(first_run, capsys):
     before = {d: tree(d) for d in first_run.parent.iterdir()}
     err = refused(capsys, fit, first_run, "--ckpt_path", "last", "--model.objective.init_args.clip_high", "0.01")
-    assert err.startswith("error: --ckpt_path last: ") and "model.objective.init_args.clip_high: null → 0.01" in err
+    assert err.startswith("error: --ckpt_path last: ") and "model.objective.init_args.clip_high: 0.0004 → 0.01" in err
     err = refused(capsys, fit, first_run, "--ckpt_path", str(first_run / "checkpoints" / "last.ckpt"),
                   "--seed_everything", "5")
     assert "the run that wrote it had other settings than this fit's: seed_everything: 0 → 5" in err

@@ -13,22 +13,24 @@ import re
 import sys
 
 import yaml
-from jsonargparse import ArgumentParser, Namespace
+from jsonargparse import ArgumentParser, Namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_gspo.lightning import moved_settings, run_dir, trainer_flags
+from lit_gspo.lightning import run_dir, trainer_flags
 from lit_gspo.lightning.datamodule import PromptDataModule
 from lit_gspo.lightning.module import RLModule, validation_schedule
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
 from lit_gspo.rl import advantages, engines, envs  # noqa: F401
-from lit_gspo.rl.advantages import get_advantage
 from lit_gspo.rl.config import Update
-from lit_gspo.rl.objectives import GSPO, OBJECTIVES, Objective
+from lit_gspo.rl.objectives import OBJECTIVES
 from lit_gspo.runtime import extras, user_errors
 from lit_gspo.runtime.collectives import end_process_group
 from lit_gspo.runtime.imports import import_path
 from lit_gspo.runtime.user_errors import SettingsError
+
+# `--help` shows each setting's doc, the string literal after it (lit_gspo/rl/config.py)
+set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
 DEFAULT_VAL_EVERY_N_STEPS = 10
 
@@ -105,77 +107,6 @@ class RLArgumentParser(LightningArgumentParser):
         self.subcommands_action = super().add_subcommands(*args, **kwargs)
         return self.subcommands_action
 
-    def dump(self, cfg: Namespace, *args, **kwargs) -> str:
-        """``--print_config`` and the ``config.yaml`` saved with a run say what lit_gspo's null settings resolve to."""
-        return annotate_defaults(super().dump(cfg, *args, **kwargs), effective_defaults(cfg))
-
-
-def effective_defaults(cfg: Namespace) -> dict[str, str]:
-    """What the null lit_gspo settings of a fit config resolve to: dotted key → a note (``"0.0003 (GSPO's paper)"``).
-
-    The objective's ``clip_low``/``clip_high``/``aggregation`` take its paper's values (``Objective.default_*``),
-    ``advantage`` and ``sampling.dynamic`` the objective's paper's, ``update`` the ``Update`` defaults, ``seed`` the
-    run's ``seed_everything``, ``generation.val_max_new_tokens`` ``max_new_tokens``. They stay null in the printed
-    config, with the value as a comment: a null follows the objective, so a config printed for GSPO and run with
-    ``--model.objective DAPO`` gets DAPO's clipping, not GSPO's. Lightning's own nulls (``trainer.*``) are not annotated.
-    """
-    model = cfg.get("model") if isinstance(cfg, Namespace) else None
-    if not isinstance(model, Namespace) or "objective" not in model:
-        return {}
-    objective = model.get("objective")
-    cls = GSPO if objective is None else _class_of(objective)
-    if cls is None or not (isinstance(cls, type) and issubclass(cls, Objective)):
-        return {}
-    paper = f"{cls.__name__}'s paper"
-    notes = {}
-    init_args = objective.get("init_args") if isinstance(objective, Namespace) else None
-    for name in inspect.signature(cls.__init__).parameters:
-        default = getattr(cls, f"default_{name}", None)
-        if default is not None and (init_args is None or init_args.get(name, None) is None):
-            notes[f"model.objective.init_args.{name}"] = f"{_yaml(default)} ({paper})"
-    if model.get("advantage") is None:
-        notes["model.advantage"] = f"{type(get_advantage(cls.paper_advantage)).__name__} ({paper})"
-    sampling = model.get("sampling")
-    sampling = sampling.get("init_args", sampling) if isinstance(sampling, Namespace) else None
-    if sampling is None:
-        notes["model.sampling"] = f"dynamic: {_yaml(cls.paper_dynamic_sampling)} ({paper}), the other Sampling defaults"
-    elif sampling.get("dynamic") is None:
-        notes["model.sampling.dynamic"] = f"{_yaml(cls.paper_dynamic_sampling)} ({paper})"
-    if "update" in model and model["update"] is None:  # ["update"]: Namespace.update is a method
-        fields = ", ".join(f"{k}: {_yaml(v)}" for k, v in dataclasses.asdict(Update()).items())
-        notes["model.update"] = f"the Update defaults ({fields})"
-    if "seed" in model and model["seed"] is None and type(cfg.get("seed_everything")) is int:
-        notes["model.seed"] = f"{cfg.seed_everything} (seed_everything)"
-    generation = model.get("generation")
-    generation = generation.get("init_args", generation) if isinstance(generation, Namespace) else None
-    if isinstance(generation, Namespace) and generation.get("val_max_new_tokens", 0) is None:
-        notes["model.generation.val_max_new_tokens"] = f"{generation.get('max_new_tokens')} (max_new_tokens)"
-    return notes
-
-
-def _yaml(value) -> str:
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def annotate_defaults(text: str, notes: dict[str, str]) -> str:
-    """Append ``# resolves to <note>`` to each ``key: null`` line of a YAML dump whose dotted key has a note."""
-    if not notes:
-        return text
-    out, path = [], []  # path: (indent, key) of the enclosing mappings
-    for line in text.splitlines(keepends=True):
-        found = re.match(r"^(\s*)(- )?([\w.]+):( null)?\s*$|^(\s*)(- )?([\w.]+):", line)
-        if found:
-            indent = len(found.group(1) or found.group(5) or "") + 2 * bool(found.group(2) or found.group(6))
-            key = found.group(3) or found.group(7)
-            while path and path[-1][0] >= indent:
-                path.pop()
-            path.append((indent, key))
-            dotted = ".".join(k for _, k in path)
-            if found.group(4) and dotted in notes:
-                line = f"{line.rstrip()}  # resolves to {notes[dotted]}\n"
-        out.append(line)
-    return "".join(out)
-
 
 def _class_of(subclass_cfg) -> type | None:
     path = subclass_cfg.get("class_path") if isinstance(subclass_cfg, Namespace) else None
@@ -201,15 +132,6 @@ class RLCLI(LightningCLI):
     def __init__(self, *args, parser_class: type[LightningArgumentParser] = RLArgumentParser,
                  other_subcommands: dict[str, ArgumentParser] | None = None, **kwargs) -> None:
         self.other_subcommands = dict(other_subcommands or {})
-        given = kwargs.get("args")
-        if given is None or isinstance(given, (list, tuple)):  # settings under their old names: read as the new ones
-            upgraded, notes = moved_settings.upgrade_args(sys.argv[1:] if given is None else list(given))
-            if notes:
-                rank_zero_info(f"note: {moved_settings.describe(notes)}")
-                if given is None:
-                    sys.argv[1:] = upgraded
-                else:
-                    kwargs["args"] = upgraded
         given = kwargs.get("args")
         if given is None or isinstance(given, (list, tuple)):  # --trainer.precision auto: resolved for this machine
             resolved, note = resolve_auto_precision_args(sys.argv[1:] if given is None else list(given))
@@ -241,6 +163,7 @@ class RLCLI(LightningCLI):
         map_top_level_optimisation(cfg)
         schedule_validation(cfg.model, cfg.trainer)
         map_trainer_flags(cfg.model, cfg.trainer)
+        check_settings_groups(cfg.model)
         check_rows_per_step(cfg.model, cfg.get("data"))
         check_plateau(cfg.model)
         atomic_strategy(cfg.trainer)
@@ -360,7 +283,7 @@ def resolve_auto_precision_args(args: list[str]) -> tuple[list[str], str | None]
     """``args`` with ``precision: auto`` (``--trainer.precision auto``, or in a ``--config``) resolved for the
     accelerator the same ``args`` ask for (``lit_gspo.runtime.hardware.resolve_auto_precision``: bf16-mixed where bf16
     is native, 32-true elsewhere), and the one line that says so (None when nothing was ``auto``). A config file whose
-    precision is ``auto`` is passed on as its YAML text with the value resolved (as ``moved_settings`` does)."""
+    precision is ``auto`` is passed on as its YAML text with the value resolved."""
     from lit_gspo.runtime.hardware import AUTO, resolve_auto_precision
 
     accelerator, autos, i = None, [], 0
@@ -428,11 +351,29 @@ def schedule_validation(model, trainer) -> None:
         trainer[key] = value
 
 
+def check_settings_groups(model) -> None:
+    """A settings group whose own check fails (``--model.generation.num_generations 0``): one line naming the group,
+    at start (``lit_gspo/rl/config.py``'s ``__post_init__`` checks, run on the parsed values)."""
+    import typing
+
+    hints = typing.get_type_hints(RLModule.__init__)
+    for name, hint in hints.items():
+        cls = next((c for c in typing.get_args(hint) or (hint,) if dataclasses.is_dataclass(c)), None)
+        group = model.get(name)
+        if cls is None or not isinstance(group, Namespace) or "class_path" in group:
+            continue
+        try:
+            cls(**group.as_dict())
+        except (TypeError, ValueError) as exc:
+            raise SettingsError(f"--model.{name}: {exc}") from exc
+
+
 def map_trainer_flags(model, trainer) -> None:
     """Lightning's optimisation flags, which assume automatic optimisation, mapped to lit_gspo's own settings or refused in
     one line naming them (RLModule optimises by hand: K epochs × M minibatches per RL step, ``lit_gspo.rl.learn.learner``).
 
-    ``gradient_clip_val`` → ``model.update.max_grad_norm`` (``gradient_clip_algorithm: norm`` only);
+    ``gradient_clip_val`` → ``model.update.max_grad_norm`` (``gradient_clip_algorithm: norm`` only; a max_grad_norm
+    other than its default and the clip value is refused);
     ``accumulate_grad_batches`` → refused: ``model.update.micro_batch_size`` accumulates within a minibatch."""
     clip, algorithm = trainer.get("gradient_clip_val"), trainer.get("gradient_clip_algorithm")
     if algorithm not in (None, "norm"):
@@ -441,7 +382,7 @@ def map_trainer_flags(model, trainer) -> None:
     if clip is not None:
         update = settings_group(model, "update")
         given = update.get("max_grad_norm")
-        if given is not None and float(given) != float(clip):
+        if given not in (None, Update.max_grad_norm) and float(given) != float(clip):
             raise ValueError(f"--trainer.gradient_clip_val {clip} and --model.update.max_grad_norm {given} disagree: "
                              "give one (both clip the gradient norm of each optimiser step)")
         update["max_grad_norm"] = float(clip) if clip > 0 else None  # Lightning's 0: no clipping

@@ -74,8 +74,16 @@ class RLModule(LightningModule):
             :class:`~lit_gspo.rl.engines.HFGenerate`, chosen in ``setup``; ``LeanSampler`` is faster on CPU).
         advantage: the advantage estimator (``GroupNormalized``, ``GroupMean``, ``BatchNormalized``,
             ``RLOO``, ``GAE``); None: the objective's paper's (``Objective.paper_advantage``).
-        generation, update, sampling, validation, routing, rollout_dumps, warm_start, lora: the settings groups
-            (``lit_gspo/rl/config.py``; each a YAML section: ``--model.validation.every_n_steps 25``).
+        generation: what is sampled: G completions per prompt, their length, the sampling distribution. This
+            group and the next ones are ``lit_gspo/rl/config.py``'s, each a YAML section
+            (``--model.validation.every_n_steps 25``; each setting's doc is in ``--help``).
+        update: how each rollout batch updates the policy: K epochs × M minibatches, micro-batches, clipping.
+        sampling: which rollouts an RL step learns from (dynamic sampling).
+        validation: greedy completions of the held-out prompts, scored (``val/reward``), and their logging.
+        routing: Mixture-of-Experts routing (an MoE policy only).
+        rollout_dumps: rollouts on disk for ``lit-gspo compare``.
+        warm_start: supervised steps on the task's (prompt, answer) pairs before the first RL step.
+        lora: train low-rank adapters only (None: the full model; ``--model.lora.help LoRA`` lists its settings).
         kl_to_ref: keep a frozen reference policy to log ``train/kl`` even when β = 0.
         gradient_checkpointing: recompute each decoder layer's activations in backward (less memory,
             about a third more compute; TRL's GRPOTrainer turns it on by default).
@@ -97,13 +105,13 @@ class RLModule(LightningModule):
         environment: Environment | None = None,
         engine: RolloutEngine | None = None,
         advantage: AdvantageEstimator | None = None,
-        generation: Generation | None = None,
-        update: Update | None = None,
-        sampling: Sampling | None = None,
-        validation: Validation | None = None,
-        routing: Routing | None = None,
-        rollout_dumps: RolloutDumps | None = None,
-        warm_start: WarmStart | None = None,
+        generation: Generation = Generation(),
+        update: Update = Update(),
+        sampling: Sampling = Sampling(),
+        validation: Validation = Validation(),
+        routing: Routing = Routing(),
+        rollout_dumps: RolloutDumps = RolloutDumps(),
+        warm_start: WarmStart = WarmStart(),
         lora: LoRA | None = None,
         kl_to_ref: bool = True,
         gradient_checkpointing: bool = False,

@@ -46,7 +46,6 @@ from pathlib import Path
 import yaml
 from lightning.pytorch.cli import SaveConfigCallback
 
-from lit_gspo.lightning.moved_settings import upgrade_tree
 from lit_gspo.runtime.user_errors import RunDirError
 
 RUN_CONFIG = "run_config.yaml"
@@ -80,7 +79,6 @@ def settings_of_run(path: Path, defaults: dict) -> dict:
     """The flat settings a run saved in ``path``, and the ``defaults`` (flat) of settings it did not have: a run of an
     earlier lit_gspo ran as a setting added since behaves by default, so resuming it is not a change of settings."""
     tree = load_yaml(path)
-    upgrade_tree(tree)  # a run saved before settings moved into groups
     saved = flatten(tree)
     unknown = {key: value for key, value in defaults.items()
                if not any(s == key or s.startswith(key + ".") or key.startswith(s + ".") for s in saved)}

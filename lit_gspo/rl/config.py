@@ -1,4 +1,6 @@
-"""Small config groups of RLModule (each becomes a YAML section, e.g. ``model.generation.max_new_tokens``)."""
+"""Small config groups of RLModule (each becomes a YAML section, e.g. ``model.generation.max_new_tokens``).
+
+Each field's doc is the string literal right after it (an attribute docstring): ``lit-gspo fit --help`` shows it."""
 
 from __future__ import annotations
 
@@ -12,14 +14,20 @@ class Generation:
     the sampling distribution. Which engine samples, and its kernels, is ``model.engine``."""
 
     num_generations: int = 8
+    """G: completions sampled per prompt (one group; group-relative advantages compare them)."""
     max_new_tokens: int = 16
-    #: new-token limit of the greedy validation (None: ``max_new_tokens``), e.g. to score with a longer
-    #: budget than the rollouts are sampled with
+    """new-token limit of each sampled completion."""
     val_max_new_tokens: int | None = None
+    """new-token limit of the greedy validation; None resolves to ``max_new_tokens`` (set it to score with a longer
+    budget than the rollouts are sampled with)."""
     max_prompt_length: int = 256
+    """the longest prompt in tokens; a longer one is an error naming the prompt."""
     temperature: float = 1.0
+    """sampling temperature (> 0; validation decodes greedily)."""
     top_p: float = 1.0
+    """nucleus sampling: sample among the most probable tokens whose probabilities sum to top_p (1: no cut)."""
     top_k: int = 0
+    """sample among the k most probable tokens only (0: no top-k)."""
 
     def __post_init__(self):
         if self.val_max_new_tokens is not None and self.val_max_new_tokens < 1:
@@ -40,43 +48,41 @@ class Generation:
 @dataclass
 class Update:
     """K epochs × M minibatches of optimiser steps per rollout batch; micro-batches accumulate gradients.
-
-    One epoch and one minibatch is on-policy: the ratio is exactly 1 and no old-log-prob pass runs.
-    ``skip_zero_advantage_rows``: leave out of the forward/backward the rows whose advantage is 0
-    everywhere when the objective's gradient vanishes there (β = 0, no critic). The loss and gradient
-    are unchanged (those rows still count in the normalisers). ``clip_frac`` stays a fraction of every
-    token (clipping never zeroes a gradient where Â = 0); entropy, KL and ratio statistics are then
-    over the rows that carry a signal (one row when none does; no ratio statistics then).
-    ``micro_batch_tokens``: a budget of padded tokens per micro-batch; rows are then grouped by length
-    (``rollout.micro_batch_rows``) so that short completions are not padded to the longest one. ``"auto"`` (the
-    default): on a GPU, sized at each update from the memory free then (``runtime/token_budget.py``), so a batch that
-    fits TRL's settings fits ours; on the CPU no budget (as null).
-    ``pack_sequences``: the rows of a micro-batch run as one sequence without padding (``rollout.completion_states_packed``:
-    the same log-probs and gradients). None: where the attention kernel skips the other rows' blocks
-    (``flash_attention_2``/``_3``, ``flex_attention``); with ``sdpa``/``eager`` the packed mask is dense (S × S).
-    Off for MoE routing records (they hold positions of the padded layout).
-    ``share_prompt_forward``: rows of a micro-batch with the same prompt run it once and continue from
-    its KV cache (P + G·T tokens per group instead of G·(P + T)); the same log-probs and gradients
-    (``rollout.completion_states_shared_prompts``). Off by itself for MoE, gradient checkpointing, FSDP2.
-    ``shuffle``: how rows are dealt to minibatches each epoch: ``"rows"`` (rows in random order, as
-    TRL) or ``"groups"`` (whole groups in random order, as verl's consecutive minibatches: each
-    minibatch holds every row of its prompts, so its advantages sum to 0 per group and a shared prompt
-    forward covers all G rows).
-    ``max_grad_norm``: clip the gradient norm to this (> 0), or null for no clipping.
-    ``max_nonfinite_steps``: a minibatch whose loss or gradient norm is NaN/inf makes no optimiser step
-    (counted as ``nonfinite_steps``, with a warning); this many such minibatches in a row stop the run.
-    """
+    One epoch and one minibatch is on-policy: the ratio is exactly 1 and no old-log-prob pass runs."""
 
     epochs: int = 1
+    """K: passes over each rollout batch."""
     num_minibatches: int = 1
+    """M: optimiser steps per epoch, each on 1/M of the rollout's rows."""
     micro_batch_size: int | None = None
+    """rows per forward/backward; micro-batches accumulate into one minibatch's step (None: the whole minibatch)."""
     micro_batch_tokens: int | Literal["auto"] | None = "auto"
+    """a budget of padded tokens per micro-batch; rows are then grouped by length (``rollout.micro_batch_rows``) so
+    that short completions are not padded to the longest one. ``auto``: on a GPU, sized at each update from the memory
+    free then (``runtime/token_budget.py``: half of it over the activation bytes of a token), so a batch that fits TRL's
+    settings fits ours; on the CPU no budget. None: no budget."""
     pack_sequences: bool | None = None
+    """run a micro-batch's rows as one sequence without padding (``rollout.completion_states_packed``: the same
+    log-probs and gradients). None: where the attention kernel skips the other rows' blocks (``flash_attention_2``/``3``,
+    ``flex_attention``); with ``sdpa``/``eager`` the packed mask is dense (S × S). Never with MoE routing records."""
     max_grad_norm: float | None = 1.0
+    """clip the gradient norm of each optimiser step to this (> 0); None: no clipping."""
     skip_zero_advantage_rows: bool = True
+    """leave out of the forward/backward the rows whose advantage is 0 everywhere when the objective's gradient
+    vanishes there (β = 0, no critic). Loss and gradient are unchanged (those rows still count in the normalisers);
+    ``clip_frac`` stays a fraction of every token; entropy, KL and ratio statistics are then over the rows that carry a
+    signal (one row when none does; no ratio statistics then)."""
     share_prompt_forward: bool = True
+    """rows of a micro-batch with the same prompt run it once and continue from its KV cache (P + G·T tokens per
+    group instead of G·(P + T)); the same log-probs and gradients (``rollout.completion_states_shared_prompts``).
+    Off by itself for MoE, gradient checkpointing, FSDP2."""
     shuffle: str = "rows"
+    """how rows are dealt to minibatches each epoch: ``rows`` (rows in random order, as TRL) or ``groups`` (whole
+    groups in random order, as verl's consecutive minibatches: each minibatch holds every row of its prompts, so its
+    advantages sum to 0 per group and a shared prompt forward covers all G rows)."""
     max_nonfinite_steps: int = 3
+    """a minibatch whose loss or gradient norm is NaN/inf makes no optimiser step (counted as ``nonfinite_steps``,
+    with a warning); this many such minibatches in a row stop the run."""
 
     def __post_init__(self):
         if self.epochs < 1 or self.num_minibatches < 1:
@@ -103,8 +109,11 @@ class WarmStart:
     """Supervised steps on the task's (prompt, answer) pairs before the first RL step (synthetic tasks)."""
 
     steps: int = 0
+    """supervised steps before the first RL step (0: no warm start)."""
     lr: float = 1e-3
+    """learning rate of the warm start's AdamW."""
     batch_size: int = 32
+    """(prompt, answer) pairs per warm-start step."""
 
 
 @dataclass
@@ -112,25 +121,29 @@ class LoRA:
     """Train low-rank adapters only; the reference policy is the base model with adapters off."""
 
     r: int = 8
+    """rank of the adapters."""
     alpha: int = 16
+    """LoRA's scaling numerator: the adapters' update is scaled by alpha / r."""
     dropout: float = 0.0
+    """dropout on the adapters' input."""
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """module-name suffixes that get adapters (or ``all-linear``)."""
 
 
 @dataclass
 class Sampling:
-    """Which rollouts an RL step learns from.
-
-    ``dynamic``: drop the groups whose rewards are all equal (nothing to learn: Â = 0) and sample more prompts to
-    refill the batch, up to ``max_rounds`` generation rounds (DAPO's dynamic sampling); None: the objective's paper's
-    (on for DAPO). ``max_skipped_steps``: this many RL steps in a row with nothing to learn from (every group's rewards
-    equal, or every reward failed) stop the run with an error; skipped steps make no optimiser step, so they do not
-    count towards ``trainer.max_steps``.
-    """
+    """Which rollouts an RL step learns from."""
 
     dynamic: bool | None = None
+    """drop the groups whose rewards are all equal (nothing to learn: Â = 0) and sample more prompts to refill the
+    batch (DAPO's dynamic sampling); None resolves to the objective's paper's (``Objective.paper_dynamic_sampling``:
+    on for DAPO, off for the others)."""
     max_rounds: int = 4
+    """with ``dynamic``: at most this many generation rounds per RL step."""
     max_skipped_steps: int = 20
+    """this many RL steps in a row with nothing to learn from (every group's rewards equal, or every reward failed)
+    stop the run with an error; skipped steps make no optimiser step, so they do not count towards
+    ``trainer.max_steps``."""
 
     def __post_init__(self):
         if self.max_rounds < 1:
@@ -141,23 +154,22 @@ class Sampling:
 
 @dataclass
 class Validation:
-    """Greedy completions of the held-out prompts, scored: ``val/reward`` and what the loggers show.
-
-    ``every_n_steps``: the CLI's name for ``Trainer(val_check_interval=n, check_val_every_n_epoch=None)``: Lightning's
-    validation loop every n RL steps (one Lightning batch is one RL step) and after the last one; ``lit-gspo fit`` also
-    validates before the first update (``trainer.validate`` before ``trainer.fit``; do the same from Python). 0: only
-    before and after training. None: the Trainer's schedule as it is.
-    ``log_completions_every_n_steps``: log the greedy completions of the first ``num_logged_completions`` held-out
-    prompts (prompt, completion, reward) with the validations at steps that are multiples of n (None: every
-    validation; 0: never) through the configured loggers (``lit_gspo/lightning/completions_log.py``).
-    ``print_completions``: also print them on the terminal, as TRL's ``log_completions`` does: prompt, completion,
-    reward and each reward function's score.
-    """
+    """Greedy completions of the held-out prompts, scored: ``val/reward`` and what the loggers show."""
 
     every_n_steps: int | None = None
+    """validate every n RL steps and after the last one (``Trainer(val_check_interval=n,
+    check_val_every_n_epoch=None)``: one Lightning batch is one RL step); ``lit-gspo fit`` also validates before the
+    first update. 0: only before and after training. None: ``lit-gspo fit`` resolves it to
+    ``trainer.val_check_interval`` when that is given, else 10; from Python, the Trainer's schedule as it is."""
     log_completions_every_n_steps: int | None = None
+    """log the greedy completions of the first ``num_logged_completions`` held-out prompts (prompt, completion,
+    reward) through the configured loggers with the validations at steps that are multiples of n (None: every
+    validation; 0: never)."""
     num_logged_completions: int = 8
+    """how many held-out prompts' completions are logged (and printed)."""
     print_completions: bool = False
+    """also print the logged completions on the terminal, as TRL's ``log_completions`` does: prompt, completion,
+    reward and each reward function's score."""
 
     def __post_init__(self):
         if self.every_n_steps is not None and self.every_n_steps < 0:
@@ -170,46 +182,30 @@ class Validation:
 
 @dataclass
 class Routing:
-    """Mixture-of-Experts routing (an MoE policy only).
-
-    ``replay``: record each layer's top-k experts in the old-policy pass (which then runs even on-policy) and force
-    the update's forward to use them (Routing Replay, GSPO paper §5.3).
-    ``track_volatility``: log ``train/routing_volatility``, the share of (completion token, layer, top-k slot) choices
-    that differ between the old-policy pass and the policy after the step's updates, and ``train/routing/*``: the
-    share of tokens rerouted and their mean |log-ratio| against the others' (``Learner.measure_routing``; one extra
-    no-grad forward over the rollout; the old pass runs even on-policy).
-    """
+    """Mixture-of-Experts routing (an MoE policy only)."""
 
     replay: bool = False
+    """record each layer's top-k experts in the old-policy pass (which then runs even on-policy) and force the
+    update's forward to use them (Routing Replay, GSPO paper §5.3)."""
     track_volatility: bool = True
+    """log ``train/routing_volatility``, the share of (completion token, layer, top-k slot) choices that differ
+    between the old-policy pass and the policy after the step's updates, and ``train/routing/*``: the share of tokens
+    rerouted and their mean |log-ratio| against the others' (one extra no-grad forward over the rollout; the old pass
+    runs even on-policy)."""
 
 
 @dataclass
 class RolloutDumps:
-    """Rollouts on disk for ``lit-gspo compare`` (``lit_gspo/rl/rollout_io.py``); training is unchanged by them.
-
-    ``every_n_steps``: write the rollout of every RL step K that is a positive multiple of n, after its advantages and
-    before its update, to ``<default_root_dir>/rollouts/step_K.pt`` (0: never). ``with_policy``: with each, the policy
-    that sampled it (``rollouts/step_K_policy/``, Hugging Face format), so that ``compare`` replays it from the very
-    weights.
-    """
+    """Rollouts on disk for ``lit-gspo compare`` (``lit_gspo/rl/rollout_io.py``); training is unchanged by them."""
 
     every_n_steps: int = 0
+    """write the rollout of every RL step K that is a positive multiple of n, after its advantages and before its
+    update, to ``<default_root_dir>/rollouts/step_K.pt`` (0: never)."""
     with_policy: bool = True
+    """with each rollout, the policy that sampled it (``rollouts/step_K_policy/``, Hugging Face format), so that
+    ``compare`` replays it from the very weights."""
 
     def __post_init__(self):
         if self.every_n_steps < 0:
             raise ValueError(f"rollout_dumps.every_n_steps must be >= 0 (0: never), got {self.every_n_steps}")
 
-
-#: settings that moved into a group: old ``model.<key>`` → new ``model.<group>.<key>`` (``lit_gspo.tools.main`` reads
-#: the old names in a user's command line and config files as the new ones, saying so; saved runs are read alike)
-MOVED_SETTINGS = {
-    "dynamic_sampling": "sampling.dynamic", "max_sampling_rounds": "sampling.max_rounds",
-    "max_skipped_steps": "sampling.max_skipped_steps",
-    "val_every_n_steps": "validation.every_n_steps",
-    "log_completions_every_n_steps": "validation.log_completions_every_n_steps",
-    "num_logged_completions": "validation.num_logged_completions", "print_completions": "validation.print_completions",
-    "routing_replay": "routing.replay", "track_routing_volatility": "routing.track_volatility",
-    "save_rollouts_every_n_steps": "rollout_dumps.every_n_steps", "save_rollout_policy": "rollout_dumps.with_policy",
-}

@@ -132,10 +132,10 @@ def ratio_spread(logprobs: Tensor, start: Tensor, mask: Tensor) -> dict[str, flo
     keep = lengths > 0
     sums, lengths = sums[keep], lengths[keep]
     geo = sums / lengths
-    gspo, grpo = OBJECTIVES["gspo"], OBJECTIVES["grpo"]
-    outside = (geo.exp() < 1 - gspo.default_clip_low) | (geo.exp() > 1 + gspo.default_clip_high)
+    gspo, grpo = OBJECTIVES["gspo"](), OBJECTIVES["grpo"]()  # their papers' ε
+    outside = (geo.exp() < 1 - gspo.clip_low) | (geo.exp() > 1 + gspo.clip_high)
     token_ratio = (logprobs.double() - start.double())[mask.bool()].exp()
-    token_out = (token_ratio < 1 - grpo.default_clip_low) | (token_ratio > 1 + grpo.default_clip_high)
+    token_out = (token_ratio < 1 - grpo.clip_low) | (token_ratio > 1 + grpo.clip_high)
     std = (lambda x: float(x.std(unbiased=False)) if x.numel() >= 2 else float("nan"))
     return {"seq_logratio_std": std(sums), "seq_geo_logratio_std": std(geo),
             "seqs_outside_gspo_clip": float(outside.double().mean()) if len(geo) else float("nan"),
@@ -332,8 +332,8 @@ def run_compare(rollout: str, model: str | None = None, objectives: list[str] | 
                      "optimizer": opt_name, "optimizer_hparams": opt_hparams, "optimizer_state": saved_state is not None,
                      "seed": seed, "device": str(dev),
                      "max_grad_norm": base.cfg.max_grad_norm,
-                     "gspo_clip": [OBJECTIVES["gspo"].default_clip_low, OBJECTIVES["gspo"].default_clip_high],
-                     "grpo_clip": [OBJECTIVES["grpo"].default_clip_low, OBJECTIVES["grpo"].default_clip_high]},
+                     "gspo_clip": [OBJECTIVES["gspo"]().clip_low, OBJECTIVES["gspo"]().clip_high],
+                     "grpo_clip": [OBJECTIVES["grpo"]().clip_low, OBJECTIVES["grpo"]().clip_high]},
         "pg": {"grad_norm": pg["grad_norm"], "grad_token_share": pg["grad_token_share"]},
         "objectives": results,
         "cosine_on_policy": {"labels": names, "matrix": [[cosine(a, b) for b in grads] for a in grads]},

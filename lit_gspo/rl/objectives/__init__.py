@@ -7,6 +7,8 @@
 from lit_gspo.rl.objectives.base import (
     AGGREGATIONS,
     KL_ESTIMATORS,
+    Aggregation,
+    KLEstimator,
     OBJECTIVES,
     Counts,
     LossOutput,
@@ -37,7 +39,7 @@ from lit_gspo.rl.objectives.vespo import VESPO
 from lit_gspo.rl.objectives.luspo import LUSPO
 
 __all__ = [
-    "AGGREGATIONS", "KL_ESTIMATORS", "OBJECTIVES", "Counts", "LossOutput", "Objective", "aggregate",
+    "AGGREGATIONS", "KL_ESTIMATORS", "Aggregation", "KLEstimator", "OBJECTIVES", "Counts", "LossOutput", "Objective", "aggregate",
     "get_objective", "kl_penalty", "masked_mean", "masked_sum", "MAX_LOG_RATIO", "clipped_surrogate", "log_ratio",
     "sequence_ratio_metrics", "token_ratio_metrics",
     "PPO", "PPOClip", "GRPO", "DAPO", "GSPO", "GSPOToken", "DrGRPO", "CISPO", "GMPO", "SAPO",

@@ -132,7 +132,8 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor
 class Objective(Registered, register=False):
     """Base class of every policy objective.
 
-    A subclass sets its paper's defaults as class attributes and implements :meth:`policy_loss`.
+    A subclass gives its paper's hyperparameters as its ``__init__``'s defaults (``GSPO(clip_low=3e-4, ...)``;
+    without an ``__init__``, the ones below: ε 0.2/0.2, ``token-mean``) and implements :meth:`policy_loss`.
     Subclasses register themselves under ``name`` (default: the class name in snake_case), so a
     new algorithm is one class; ``get_objective(name)`` and LightningCLI (by class name or class
     path) both find it.
@@ -147,13 +148,19 @@ class Objective(Registered, register=False):
         ``model.sampling.dynamic`` is not set
     The settings themselves live on the stage that uses them: the loss's hyperparameters here, the
     advantage estimator on ``model.advantage``, dynamic sampling on ``model.sampling.dynamic``.
+
+    Args:
+        clip_low: ε_low: ratios below 1 − ε_low are clipped (each objective's default is its paper's).
+        clip_high: ε_high: ratios above 1 + ε_high are clipped (each objective's default is its paper's).
+        beta: β, the weight of the KL penalty to the reference policy (0: none).
+        kl_estimator: the per-token KL estimator of the penalty (Schulman's ``k1``, ``k2``, ``k3``).
+        aggregation: how per-token losses reduce to the step's loss (``token-mean``: over all tokens;
+            ``seq-mean-token-mean``: per sequence, then over sequences; ``seq-mean-token-sum``;
+            ``seq-mean-token-sum-norm``: Dr. GRPO's constant length).
     """
 
     registry, kind = OBJECTIVES, "objective"
     name: ClassVar[str] = "objective"
-    default_clip_low: ClassVar[float] = 0.2
-    default_clip_high: ClassVar[float] = 0.2
-    default_aggregation: ClassVar[str] = "token-mean"
     needs_critic: ClassVar[bool] = False
     zero_advantage_has_no_gradient: ClassVar[bool] = False
     paper_advantage: ClassVar[str] = "group"
@@ -161,17 +168,16 @@ class Objective(Registered, register=False):
 
     def __init__(
         self,
-        clip_low: float | None = None,
-        clip_high: float | None = None,
+        clip_low: float = 0.2,
+        clip_high: float = 0.2,
         beta: float = 0.0,
         kl_estimator: KLEstimator = "k3",
-        aggregation: Aggregation | None = None,
+        aggregation: Aggregation = "token-mean",
     ):
-        self.clip_low = self.default_clip_low if clip_low is None else float(clip_low)
-        self.clip_high = self.default_clip_high if clip_high is None else float(clip_high)
+        self.clip_low, self.clip_high = float(clip_low), float(clip_high)
         self.beta = float(beta)
         self.kl_estimator = kl_estimator
-        self.aggregation = self.default_aggregation if aggregation is None else aggregation
+        self.aggregation = aggregation
         if self.clip_low < 0 or self.clip_high < 0:
             raise ValueError(f"clip_low and clip_high must be >= 0, got {self.clip_low} and {self.clip_high}")
         if self.beta < 0:

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from lit_gspo.rl.objectives.base import (
-    Counts, LossOutput, Objective, aggregate, log_ratio, masked_mean, token_ratio_metrics,
+    Aggregation, Counts, KLEstimator, LossOutput, Objective, aggregate, log_ratio, masked_mean, token_ratio_metrics,
 )
 
 
@@ -27,9 +27,10 @@ class CISPO(Objective):
 
     name = "cispo"
     zero_advantage_has_no_gradient = True  # every policy-loss term is a multiple of Â
-    default_clip_low = 1.0
-    default_clip_high = 3.0
-    default_aggregation = "token-mean"
+
+    def __init__(self, clip_low: float = 1.0, clip_high: float = 3.0, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
+                 aggregation: Aggregation = "token-mean"):
+        super().__init__(clip_low, clip_high, beta, kl_estimator, aggregation)
 
     def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
                     counts: Counts, **extra) -> LossOutput:

@@ -48,14 +48,11 @@ class ClipCov(Objective):
     """
 
     name = "clip_cov"
-    default_clip_low = 0.2
-    default_clip_high = 0.2
-    default_aggregation = "token-mean"
     # ℓ vanishes with Â, but skipping Â = 0 rows would change the batch means and N the selection uses
 
-    def __init__(self, clip_low: float | None = None, clip_high: float | None = None, clip_cov_ratio: float = 2e-4,
+    def __init__(self, clip_low: float = 0.2, clip_high: float = 0.2, clip_cov_ratio: float = 2e-4,
                  clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
-                 aggregation: Aggregation | None = None):
+                 aggregation: Aggregation = "token-mean"):
         super().__init__(clip_low=clip_low, clip_high=clip_high, beta=beta, kl_estimator=kl_estimator,
                          aggregation=aggregation)
         if not 0 < clip_cov_ratio <= 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lit_gspo.rl.objectives.base import Aggregation, KLEstimator
 from lit_gspo.rl.objectives.ppo import PPOClip
 
 
@@ -17,7 +18,8 @@ class DAPO(PPOClip):
     """
 
     name = "dapo"
-    default_clip_low = 0.2
-    default_clip_high = 0.28
-    default_aggregation = "token-mean"
     paper_dynamic_sampling = True
+
+    def __init__(self, clip_low: float = 0.2, clip_high: float = 0.28, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
+                 aggregation: Aggregation = "token-mean", dual_clip: float | None = None):
+        super().__init__(clip_low, clip_high, beta, kl_estimator, aggregation, dual_clip)

@@ -54,14 +54,19 @@ class DPPO(Objective):
 
     name = "dppo"
     zero_advantage_has_no_gradient = True  # ℓ is a multiple of Â
-    default_clip_low = DEFAULT_BOUND["binary_tv"]
-    default_clip_high = DEFAULT_BOUND["binary_tv"]
-    default_aggregation = "seq-mean-token-sum-norm"
     paper_advantage = "group_mean"
 
     def __init__(self, divergence: Divergence = "binary_tv", clip_low: float | None = None,
                  clip_high: float | None = None, ratio_cap: float | None = None, beta: float = 0.0,
-                 kl_estimator: KLEstimator = "k3", aggregation: Aggregation | None = None):
+                 kl_estimator: KLEstimator = "k3", aggregation: Aggregation = "seq-mean-token-sum-norm"):
+        """
+        Args:
+            divergence: the divergence D the trust region bounds (``binary_tv`` or ``binary_kl``).
+            clip_low: δ_low, the bound on D for tokens whose probability fell (None: the divergence's: 0.15 for
+                ``binary_tv``, 0.05 for ``binary_kl``).
+            clip_high: δ_high, the bound on D for tokens whose probability rose (None: the divergence's, as ``clip_low``).
+            ratio_cap: C: the ratio is truncated at C, value and gradient (None: no cap).
+        """
         if divergence not in DIVERGENCES:
             raise ValueError(f"unknown divergence {divergence!r}; valid: {', '.join(DIVERGENCES)}")
         bound = DEFAULT_BOUND[divergence]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lit_gspo.rl.objectives.base import Aggregation, KLEstimator
 from lit_gspo.rl.objectives.ppo import PPOClip
 
 
@@ -16,7 +17,8 @@ class DrGRPO(PPOClip):
     """
 
     name = "dr_grpo"
-    default_clip_low = 0.2
-    default_clip_high = 0.2
-    default_aggregation = "seq-mean-token-sum-norm"
     paper_advantage = "group_mean"
+
+    def __init__(self, clip_low: float = 0.2, clip_high: float = 0.2, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
+                 aggregation: Aggregation = "seq-mean-token-sum-norm", dual_clip: float | None = None):
+        super().__init__(clip_low, clip_high, beta, kl_estimator, aggregation, dual_clip)

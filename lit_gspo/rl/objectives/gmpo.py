@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from lit_gspo.rl.objectives.base import (
-    MAX_LOG_RATIO, Counts, LossOutput, Objective, aggregate, log_ratio, masked_sum, sequence_ratio_metrics,
+    MAX_LOG_RATIO, Aggregation, Counts, KLEstimator, LossOutput, Objective, aggregate, log_ratio, masked_sum, sequence_ratio_metrics,
 )
 
 
@@ -26,9 +26,10 @@ class GMPO(Objective):
 
     name = "gmpo"
     zero_advantage_has_no_gradient = True  # every policy-loss term is a multiple of Â
-    default_clip_low = 0.4
-    default_clip_high = 0.4
-    default_aggregation = "seq-mean-token-mean"
+
+    def __init__(self, clip_low: float = 0.4, clip_high: float = 0.4, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
+                 aggregation: Aggregation = "seq-mean-token-mean"):
+        super().__init__(clip_low, clip_high, beta, kl_estimator, aggregation)
 
     def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
                     counts: Counts, **extra) -> LossOutput:

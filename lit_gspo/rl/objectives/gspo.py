@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from lit_gspo.rl.objectives.base import (
-    MAX_LOG_RATIO, Counts, LossOutput, Objective, aggregate, clipped_surrogate, masked_sum, sequence_ratio_metrics,
+    MAX_LOG_RATIO, Aggregation, Counts, KLEstimator, LossOutput, Objective, aggregate, clipped_surrogate, masked_sum, sequence_ratio_metrics,
 )
 
 
@@ -23,9 +23,10 @@ class GSPO(Objective):
 
     name = "gspo"
     zero_advantage_has_no_gradient = True  # every policy-loss term is a multiple of Â
-    default_clip_low = 3e-4
-    default_clip_high = 4e-4
-    default_aggregation = "seq-mean-token-mean"
+
+    def __init__(self, clip_low: float = 3e-4, clip_high: float = 4e-4, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
+                 aggregation: Aggregation = "seq-mean-token-mean"):
+        super().__init__(clip_low, clip_high, beta, kl_estimator, aggregation)
 
     def sequence_ratio(self, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
         lengths = mask.sum(1).clamp(min=1)  # (B,)

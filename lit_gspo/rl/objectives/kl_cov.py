@@ -30,13 +30,10 @@ class KLCov(Objective):
     """
 
     name = "kl_cov"
-    default_clip_low = 0.0  # no clipping: the covariance-selected KL penalty replaces it
-    default_clip_high = 0.0
-    default_aggregation = "token-mean"
 
     def __init__(self, kl_cov_ratio: float = 2e-3, kl_cov_coef: float = 1.0, beta: float = 0.0,
-                 kl_estimator: KLEstimator = "k3", aggregation: Aggregation | None = None):
-        super().__init__(beta=beta, kl_estimator=kl_estimator, aggregation=aggregation)
+                 kl_estimator: KLEstimator = "k3", aggregation: Aggregation = "token-mean"):
+        super().__init__(clip_low=0.0, clip_high=0.0, beta=beta, kl_estimator=kl_estimator, aggregation=aggregation)
         if not 0 < kl_cov_ratio <= 1:
             raise ValueError(f"kl_cov_ratio must be in (0, 1], got {kl_cov_ratio}")
         if kl_cov_coef < 0:

@@ -3,6 +3,7 @@ Response Length Variation in RLVR", arXiv:2602.05261)."""
 
 from __future__ import annotations
 
+from lit_gspo.rl.objectives.base import Aggregation, KLEstimator
 from lit_gspo.rl.objectives.gspo import GSPO
 
 
@@ -24,6 +25,7 @@ class LUSPO(GSPO):
     """
 
     name = "luspo"
-    default_clip_low = 2e-3
-    default_clip_high = 2.5e-3
-    default_aggregation = "seq-mean-token-sum"
+
+    def __init__(self, clip_low: float = 2e-3, clip_high: float = 2.5e-3, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
+                 aggregation: Aggregation = "seq-mean-token-sum"):
+        super().__init__(clip_low, clip_high, beta, kl_estimator, aggregation)

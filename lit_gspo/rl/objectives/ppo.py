@@ -22,12 +22,15 @@ class PPOClip(Objective, register=False):
     Dual-clipped tokens count in ``clip_frac`` and ``clip_frac_high`` (their r_t is above the band
     and their gradient is zero) and alone in ``dual_clip_frac``. GRPO, DAPO and Dr. GRPO are this
     loss with their papers' ε, aggregation and advantage estimator.
+
+    Args:
+        dual_clip: the dual-clip constant c > 1 that caps the loss of Â < 0 tokens at −c Â (None: no dual clip).
     """
 
     zero_advantage_has_no_gradient = True  # every policy-loss term is a multiple of Â
 
-    def __init__(self, clip_low: float | None = None, clip_high: float | None = None, beta: float = 0.0,
-                 kl_estimator: KLEstimator = "k3", aggregation: Aggregation | None = None, dual_clip: float | None = None):
+    def __init__(self, clip_low: float = 0.2, clip_high: float = 0.2, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
+                 aggregation: Aggregation = "token-mean", dual_clip: float | None = None):
         super().__init__(clip_low=clip_low, clip_high=clip_high, beta=beta, kl_estimator=kl_estimator,
                          aggregation=aggregation)
         if dual_clip is not None and dual_clip <= 1:
@@ -64,15 +67,17 @@ class PPO(PPOClip):
     """
 
     name = "ppo"
-    default_clip_low = 0.2
-    default_clip_high = 0.2
-    default_aggregation = "token-mean"
     paper_advantage = "gae"
     needs_critic = True
 
-    def __init__(self, clip_low: float | None = None, clip_high: float | None = None, beta: float = 0.0,
-                 kl_estimator: KLEstimator = "k3", aggregation: Aggregation | None = None, dual_clip: float | None = None,
+    def __init__(self, clip_low: float = 0.2, clip_high: float = 0.2, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
+                 aggregation: Aggregation = "token-mean", dual_clip: float | None = None,
                  value_clip: float | None = 0.2, vf_coef: float = 0.5):
+        """
+        Args:
+            value_clip: δ: the value loss clips V to V_old ± δ (None: no value clip).
+            vf_coef: weight of the value loss.
+        """
         super().__init__(clip_low=clip_low, clip_high=clip_high, beta=beta, kl_estimator=kl_estimator,
                          aggregation=aggregation, dual_clip=dual_clip)
         if value_clip is not None and value_clip < 0:

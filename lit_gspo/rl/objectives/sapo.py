@@ -30,13 +30,10 @@ class SAPO(Objective):
 
     name = "sapo"
     zero_advantage_has_no_gradient = True  # ℓ is a multiple of Â
-    default_clip_low = 0.0  # no clipping: the gate replaces it
-    default_clip_high = 0.0
-    default_aggregation = "seq-mean-token-mean"
 
     def __init__(self, tau_pos: float = 1.0, tau_neg: float = 1.05, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
-                 aggregation: Aggregation | None = None):
-        super().__init__(beta=beta, kl_estimator=kl_estimator, aggregation=aggregation)
+                 aggregation: Aggregation = "seq-mean-token-mean"):
+        super().__init__(clip_low=0.0, clip_high=0.0, beta=beta, kl_estimator=kl_estimator, aggregation=aggregation)
         if tau_pos <= 0 or tau_neg <= 0:
             raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos} and {tau_neg}")
         self.tau_pos, self.tau_neg = float(tau_pos), float(tau_neg)

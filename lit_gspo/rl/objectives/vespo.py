@@ -32,13 +32,10 @@ class VESPO(Objective):
 
     name = "vespo"
     zero_advantage_has_no_gradient = True  # ℓ is a multiple of Â
-    default_clip_low = 0.0  # no clipping: the kernel replaces it
-    default_clip_high = 0.0
-    default_aggregation = "token-mean"
 
     def __init__(self, k_pos: float = 2.0, lambda_pos: float = 3.0, k_neg: float = 3.0, lambda_neg: float = 2.0,
-                 beta: float = 0.0, kl_estimator: KLEstimator = "k3", aggregation: Aggregation | None = None):
-        super().__init__(beta=beta, kl_estimator=kl_estimator, aggregation=aggregation)
+                 beta: float = 0.0, kl_estimator: KLEstimator = "k3", aggregation: Aggregation = "token-mean"):
+        super().__init__(clip_low=0.0, clip_high=0.0, beta=beta, kl_estimator=kl_estimator, aggregation=aggregation)
         if min(k_pos, k_neg) < 0 or min(lambda_pos, lambda_neg) <= 0:
             raise ValueError(f"k_pos and k_neg must be >= 0 and lambda_pos and lambda_neg > 0, got "
                              f"{k_pos}, {k_neg}, {lambda_pos}, {lambda_neg}")
