@@ -14,6 +14,7 @@ validation, the RL-step counter in checkpoints, and saving the policy.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from collections.abc import Callable
 from pathlib import Path
 
@@ -126,9 +127,14 @@ class RLModule(LightningModule):
         self.objective = objective if objective is not None else GSPO()
         self.advantage = advantage if advantage is not None else get_advantage(self.objective.paper_advantage)
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
-        self.generation, self.warm_start_cfg = generation or Generation(), warm_start or WarmStart()
-        self.sampling, self.validation = sampling or Sampling(), validation or Validation()
-        self.routing, self.rollout_dumps, self.lora = routing or Routing(), rollout_dumps or RolloutDumps(), lora
+        # copies: the defaults above are one instance for every module (several fits run in one process: ablate)
+        generation, update, sampling, validation, routing, rollout_dumps, warm_start = (
+            replace(group) if group is not None else kind() for group, kind in (
+                (generation, Generation), (update, Update), (sampling, Sampling), (validation, Validation),
+                (routing, Routing), (rollout_dumps, RolloutDumps), (warm_start, WarmStart)))
+        self.generation, self.warm_start_cfg = generation, warm_start
+        self.sampling, self.validation = sampling, validation
+        self.routing, self.rollout_dumps, self.lora = routing, rollout_dumps, lora
         check_stages_fit(self.objective, self.advantage, self.generation)
         self.seed = resolve_seed(seed)
         self.rl_step = 0  # RL steps (rollout batches) done, across epochs and resumes: the ``step`` of the logs
@@ -152,7 +158,7 @@ class RLModule(LightningModule):
                                    self.tokenizer, self.generation, dynamic_sampling=dynamic,
                                    max_sampling_rounds=self.sampling.max_rounds, engine_logprobs=mismatch is not None)
         self.learner = Learner(
-            self.policy, self.objective, update or Update(), value_head=self.value_head, reference=models.reference,
+            self.policy, self.objective, update, value_head=self.value_head, reference=models.reference,
             temperature=self.generation.temperature,
             max_len=self.generation.max_new_tokens * self.collector.environment.max_turns,
             group_size=self.generation.num_generations, routing_replay=self.routing.replay,
