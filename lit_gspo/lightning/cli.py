@@ -17,7 +17,7 @@ from jsonargparse import ArgumentParser, Namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_gspo.lightning import run_dir, trainer_flags
+from lit_gspo.lightning import class_switch, run_dir, trainer_flags
 from lit_gspo.lightning.datamodule import PromptDataModule
 from lit_gspo.lightning.module import RLModule, validation_schedule
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
@@ -133,14 +133,16 @@ class RLCLI(LightningCLI):
                  other_subcommands: dict[str, ArgumentParser] | None = None, **kwargs) -> None:
         self.other_subcommands = dict(other_subcommands or {})
         given = kwargs.get("args")
-        if given is None or isinstance(given, (list, tuple)):  # --trainer.precision auto: resolved for this machine
-            resolved, note = resolve_auto_precision_args(sys.argv[1:] if given is None else list(given))
-            if note:
-                rank_zero_info(note)
-                if given is None:
-                    sys.argv[1:] = resolved
-                else:
-                    kwargs["args"] = resolved
+        if given is None or isinstance(given, (list, tuple)):  # rewritten before jsonargparse reads them
+            argv = sys.argv[1:] if given is None else list(given)
+            argv, note = resolve_auto_precision_args(argv)  # --trainer.precision auto: resolved for this machine
+            argv, notes = class_switch.drop_replaced_init_args(argv, _config_tree)  # a replaced class's settings
+            for line in ([note] if note else []) + notes:
+                rank_zero_info(line)
+            if given is None:
+                sys.argv[1:] = argv
+            else:
+                kwargs["args"] = argv
         super().__init__(*args, parser_class=parser_class, **kwargs)
 
     @staticmethod
