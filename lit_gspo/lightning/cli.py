@@ -362,7 +362,8 @@ def check_settings_groups(model) -> None:
     for name, hint in hints.items():
         cls = next((c for c in typing.get_args(hint) or (hint,) if dataclasses.is_dataclass(c)), None)
         group = model.get(name)
-        if cls is None or not isinstance(group, Namespace) or "class_path" in group:
+        # the plain-valued groups of rl/config.py (others, e.g. Mismatch, hold class specs that only instantiation builds)
+        if cls is None or cls.__module__ != "lit_gspo.rl.config" or not isinstance(group, Namespace) or "class_path" in group:
             continue
         try:
             cls(**group.as_dict())
