@@ -8,7 +8,7 @@ from pathlib import Path
 from lit_gspo.tools.ablate import run_one
 
 ROOT = Path(__file__).resolve().parents[1]
-SILENCED = ("You passed in a `val_dataloader` but have no `validation_step`", "in eval mode at the start of training",
+SILENCED = ("in eval mode at the start of training",
             "Using ModelCheckpoint with manual optimization", "LightningCLI's args parameter is intended",
             "litlogger", "`isinstance(treespec, LeafSpec)` is deprecated")
 

@@ -61,6 +61,12 @@ def test_debug_shows_the_traceback_and_the_usage(tmp_path):
     (["--data.train_source", "no_such_file.jsonl"], "error: 'no_such_file.jsonl' is neither a built-in task"),
     (["--data.num_val", "-1"], "error: --data.num_val -1: must be >= 0, or null"),
     (["--data.train_source", "{tmp}/rows.jsonl"], "error: '{tmp}/rows.jsonl' has no column 'prompt' (--data.prompt_column prompt); its columns are"),
+    # a value no type of the option accepts: jsonargparse's lines per subtype as one line naming the option and the value
+    (["--trainer.precision", "7"], "error: --trainer.precision 7: expected one of 64, 32, 16, 'transformer-engine'"),
+    (["--model.update.epochs", "abc"], "error: --model.update.epochs abc: expected an int"),
+    (["--model.lr_scheduler", "ReduceLROnPlateau"], "error: --model.lr_scheduler ReduceLROnPlateau: Multiple subclasses "
+                                                    "with name ReduceLROnPlateau. Give the full class path"),
+    (["--model.warm_start.steps", "-3"], "error: --model.warm_start: warm_start needs steps >= 0"),
 ])
 def test_settings_paths_and_columns_checked_at_start_are_one_error(tmp_path, capsys, monkeypatch, extra, expected):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

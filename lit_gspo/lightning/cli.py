@@ -89,6 +89,27 @@ def unknown_option_hint(message: str, options: list[str]) -> str:
     return f"\n  Did you mean: {', '.join(close)}?" if close else ""
 
 
+def one_line_value_error(message: str) -> str:
+    """jsonargparse's error for a value no type accepts (a key, the union's subtypes, one line per subtype, the value)
+    as one line: ``--trainer.precision 7: expected one of 64, 32, 16, 'bf16-mixed', ... or null``; an error that is not
+    "expected a <type>" (an ambiguous class name) is kept as it is."""
+    head = re.match(r'Parser key "([^"]+)":\n', message)
+    if not head:
+        return message
+    given = re.search(r"(?:Given value|Got value): (.*)", message)
+    errors = re.findall(r"^\s+- (.*)$", message, re.M) or re.findall(r"^\s+(Expected a .*?)\. Got value", message, re.M)
+    if not given or not errors:
+        return message
+    literals = [v.strip() for e in errors for inner in re.findall(r"typing\.Literal\[(.*)\]", e) for v in inner.split(",")]
+    types = [t for e in errors for t in re.findall(r"<class '(\w+)'>", e) if t != "NoneType"]
+    others = [e for e in errors if not e.startswith("Expected a ") and "Does not validate against" not in e]
+    valid = ([f"one of {', '.join(dict.fromkeys(literals))}"] if literals else []) + [
+        f"{'an' if t[0] in 'aeiou' else 'a'} {t}" for t in types]
+    nullable = " or null" if any("NoneType" in e for e in errors) else ""
+    what = "; ".join(others) if others else "expected " + " or ".join(valid) + nullable
+    return f"--{head.group(1)} {given.group(1).strip()}: {what}"
+
+
 class RLArgumentParser(LightningArgumentParser):
     """Parser errors about the objective list the objectives that exist, about a misspelled nested key the valid
     fields, about a class path of a missing optional package the extra to install, about an unknown option the
@@ -97,6 +118,7 @@ class RLArgumentParser(LightningArgumentParser):
     subcommands_action = None
 
     def error(self, message: str, ex: Exception | None = None):
+        message = one_line_value_error(message)
         hint = objective_hint(message) + nested_key_hint(message) + extras.hint_for(message) + unknown_option_hint(
             message, [o for o in getattr(self, "_option_string_actions", {}) if o.startswith("--")])
         if self.exit_on_error and not user_errors.debug_requested():

@@ -12,9 +12,6 @@ import logging
 import warnings
 
 WARNINGS = (
-    # RLModule validates itself (greedy completions on the held-out prompts, logged as val/reward at the
-    # RL steps it chooses); PromptDataModule's val_dataloader is what it reads, not a Lightning val loop.
-    r"You passed in a `val_dataloader` but have no `validation_step`",
     # The frozen reference policy is in eval mode by design, and the policy samples in eval mode.
     r"Found \d+ module\(s\) in eval mode at the start of training",
     # A checkpoint is the state after an RL step's updates (resuming continues with the next step); the

@@ -115,6 +115,11 @@ class WarmStart:
     batch_size: int = 32
     """(prompt, answer) pairs per warm-start step."""
 
+    def __post_init__(self):
+        if self.steps < 0 or self.batch_size < 1 or not self.lr > 0:
+            raise ValueError(f"warm_start needs steps >= 0 (0: none), batch_size >= 1 and lr > 0, got steps={self.steps}, "
+                             f"batch_size={self.batch_size}, lr={self.lr}")
+
 
 @dataclass
 class LoRA:
