@@ -148,6 +148,8 @@ class ThreadRolloutWorker(RolloutWorker):
 
     def publish(self, policy, version):
         with self._weights:
+            if version < self._staged_version:  # a late delivery never takes the worker back to older weights
+                return
             for name, p in trainable_parameters(policy).items():
                 self._staged[name].copy_(p.detach())
             self._staged_version = version
