@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from lit_gspo.lightning.async_rollouts import check_async
+from lit_gspo.lightning.async_rollouts import async_mismatch, check_async
 from lit_gspo.rl.collect.async_rollouts import (AsyncRollouts, Produced, RolloutWorker, ThreadRolloutWorker,
-                                                WorkerFailed, async_mismatch)
+                                                WorkerFailed)
 from lit_gspo.rl.config import Sampling
 from lit_gspo.rl.engines import HFGenerate
 from lit_gspo.rl.learn.mismatch import TIS, Mismatch

@@ -9,7 +9,26 @@ import torch
 from lightning.pytorch import Callback
 
 from lit_gspo.rl.collect.async_rollouts import AsyncRollouts, ThreadRolloutWorker, worker_threads
+from lit_gspo.rl.learn.mismatch import TIS, Mismatch
 from lit_gspo.runtime.user_errors import SettingsError
+
+
+def async_mismatch(sampling, mismatch: Mismatch | None) -> Mismatch | None:
+    """The mismatch layer a run with ``sampling.max_staleness`` K uses, chosen once (None: K = 0, unchanged).
+
+    ``sampler``: π_old = the engine's log-probs (``Mismatch(old_logprobs="sampler")``: the ratio is π_θ/π_behav);
+    ``proximal``: π_old = the trainer's pass before the update (decoupled PPO's π_prox), with TIS on π_prox/π_behav
+    (the behaviour-policy correction). A ``model.mismatch`` given is kept when it agrees, refused when it does not.
+    """
+    if not sampling.max_staleness:
+        return mismatch
+    want = "sampler" if sampling.async_old_logprobs == "sampler" else "trainer"
+    if mismatch is None:
+        return Mismatch(old_logprobs="sampler") if want == "sampler" else Mismatch(corrections=[TIS()])
+    if mismatch.old_logprobs != want:
+        raise SettingsError(f"--model.sampling.async_old_logprobs {sampling.async_old_logprobs} needs "
+                            f"--model.mismatch.old_logprobs {want}, got {mismatch.old_logprobs}: set one of them")
+    return mismatch
 
 
 def check_async(module) -> None:

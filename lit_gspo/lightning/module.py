@@ -26,7 +26,7 @@ from torch import nn
 
 from lit_gspo.data.prompts import check_prompt_lengths
 from lit_gspo.lightning import export
-from lit_gspo.lightning.async_rollouts import StopAsyncRollouts, build_async_rollouts, check_async
+from lit_gspo.lightning.async_rollouts import StopAsyncRollouts, async_mismatch, build_async_rollouts, check_async
 from lit_gspo.lightning.callbacks import run_callbacks
 from lit_gspo.lightning.completions_log import due, log_completions, terminal_table
 from lit_gspo.lightning.progress import optimizer_steps_per_rl_step, total_rl_steps
@@ -35,7 +35,7 @@ from lit_gspo.lightning.strategy import check_strategy
 from lit_gspo.models.policies import build_policies
 from lit_gspo.rl.advantages import AdvantageEstimator, get_advantage
 from lit_gspo.rl.collect import Collector
-from lit_gspo.rl.collect.async_rollouts import AsyncRollouts, async_mismatch, staleness_tagged
+from lit_gspo.rl.collect.async_rollouts import AsyncRollouts, staleness_tagged
 from lit_gspo.lightning.fp16 import GradScalerStep
 from lit_gspo.lightning.seed import resolve_seed
 from lit_gspo.rl.config import Generation, LoRA, RolloutDumps, Routing, Sampling, Update, Validation, WarmStart

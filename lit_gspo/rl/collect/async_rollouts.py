@@ -14,7 +14,8 @@ earlier, sampled under a version ≥ s − K. Weights change only between the wo
 The worker is behind :class:`RolloutWorker` (start, submit, get, publish, stop, paused); :class:`ThreadRolloutWorker` is
 the one built in: a daemon thread of the trainer's process with its own copy of the policy (torch kernels release the
 GIL; rewards, environments and tools are used as they are, unpickled). A process or a second device can replace it.
-Nothing here is in the objectives: π_old is chosen once by :func:`async_mismatch` through the mismatch layer.
+Nothing here is in the objectives: π_old is chosen once through the mismatch layer
+(``lit_gspo.lightning.async_rollouts.async_mismatch``).
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from lit_gspo.rl.learn.mismatch import TIS, Mismatch
-from lit_gspo.runtime.user_errors import SettingsError
 
 #: ``sampling.async_old_logprobs``: what the ratio's denominator π_old is under K ≥ 1
 ASYNC_OLD_LOGPROBS = ("sampler", "proximal")
@@ -286,24 +285,6 @@ def staleness_tagged(stats: dict, staleness: int) -> dict[str, float]:
         if key in stats:
             out[f"async/{name}_staleness{staleness}"] = stats[key]
     return out
-
-
-def async_mismatch(sampling, mismatch: Mismatch | None) -> Mismatch | None:
-    """The mismatch layer a run with ``sampling.max_staleness`` K uses, chosen once (None: K = 0, unchanged).
-
-    ``sampler``: π_old = the engine's log-probs (``Mismatch(old_logprobs="sampler")``: the ratio is π_θ/π_behav);
-    ``proximal``: π_old = the trainer's pass before the update (decoupled PPO's π_prox), with TIS on π_prox/π_behav
-    (the behaviour-policy correction). A ``model.mismatch`` given is kept when it agrees, refused when it does not.
-    """
-    if not sampling.max_staleness:
-        return mismatch
-    want = "sampler" if sampling.async_old_logprobs == "sampler" else "trainer"
-    if mismatch is None:
-        return Mismatch(old_logprobs="sampler") if want == "sampler" else Mismatch(corrections=[TIS()])
-    if mismatch.old_logprobs != want:
-        raise SettingsError(f"--model.sampling.async_old_logprobs {sampling.async_old_logprobs} needs "
-                            f"--model.mismatch.old_logprobs {want}, got {mismatch.old_logprobs}: set one of them")
-    return mismatch
 
 
 def worker_threads(num_threads: int | None) -> tuple[int, int]:
