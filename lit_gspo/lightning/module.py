@@ -27,6 +27,7 @@ from torch import nn
 
 from lit_gspo.data.prompts import check_prompt_lengths
 from lit_gspo.lightning import export
+from lit_gspo.lightning.async_rollouts import StopAsyncRollouts, async_mismatch, build_async_rollouts, check_async
 from lit_gspo.lightning.callbacks import run_callbacks
 from lit_gspo.lightning.completions_log import due, log_completions, terminal_table
 from lit_gspo.lightning.progress import optimizer_steps_per_rl_step, total_rl_steps
@@ -35,6 +36,7 @@ from lit_gspo.lightning.strategy import check_strategy
 from lit_gspo.models.policies import build_policies
 from lit_gspo.rl.advantages import AdvantageEstimator, get_advantage
 from lit_gspo.rl.collect import Collector
+from lit_gspo.rl.collect.async_rollouts import AsyncRollouts, staleness_tagged
 from lit_gspo.lightning.fp16 import GradScalerStep
 from lit_gspo.lightning.seed import resolve_seed
 from lit_gspo.rl.config import Generation, LoRA, RolloutDumps, Routing, Sampling, Update, Validation, WarmStart
@@ -152,6 +154,8 @@ class RLModule(LightningModule):
         self.ref_policy = models.reference if isinstance(models.reference, nn.Module) else None  # saved with the run
 
         dynamic = self.objective.paper_dynamic_sampling if self.sampling.dynamic is None else self.sampling.dynamic
+        mismatch = async_mismatch(self.sampling, mismatch)  # K >= 1: π_old chosen once (sampler, or proximal + TIS)
+        self._async: AsyncRollouts | None = None  # K >= 1: the rollout worker of this fit (docs/async.md)
         self._default_engine = None if engine is not None else default_engine("cpu")  # resolved for the device in setup
         self.collector = Collector(environment or SingleTurn(), engine or self._default_engine,
                                    RewardSet(list(rewards) if rewards else [ExactMatch()], reward_weights),
@@ -170,13 +174,16 @@ class RLModule(LightningModule):
     # ------------------------------------------------------------------ one RL step
     def training_step(self, rows: list[dict], batch_idx: int) -> None:
         start = time.perf_counter()
-        self.collector.trainer_state = self._reward_trainer_state()
-        self.collector.engine.sync_weights(self.policy)
-        sync_s = self.collector.engine.last_sync_s  # an engine with its own copy of the weights (VLLMEngine)
-        rollout, stats = self.collector.collect(self.policy, rows, self._refill_rows, synced_gpus=self._synced_gpus())
-        stats["time/rollout_s"] = time.perf_counter() - start
-        if sync_s is not None:
-            stats["time/weight_sync_s"] = sync_s
+        if self.sampling.max_staleness:  # the worker's rollout, at most K policy versions old
+            rollout, stats = self._async_rollout(rows)
+        else:
+            self.collector.trainer_state = self._reward_trainer_state()
+            self.collector.engine.sync_weights(self.policy)
+            sync_s = self.collector.engine.last_sync_s  # an engine with its own copy of the weights (VLLMEngine)
+            rollout, stats = self.collector.collect(self.policy, rows, self._refill_rows, synced_gpus=self._synced_gpus())
+            stats["time/rollout_s"] = time.perf_counter() - start
+            if sync_s is not None:
+                stats["time/weight_sync_s"] = sync_s
         if not self._anything_to_learn(rollout):
             rollout = None  # every sample of every rank failed: no rank updates, all count a skipped step alike
         if rollout is not None:
@@ -190,11 +197,30 @@ class RLModule(LightningModule):
                                             backward=self.manual_backward, step=self._scaled_step,
                                             world_size=self.trainer.world_size))
             stats["time/update_s"] = time.perf_counter() - start
+        if self._async is not None:  # the worker's next rollouts use the weights after this step
+            self._async.publish(self.policy, self.rl_step + 1)
+            stats.update(staleness_tagged(stats, int(stats["staleness"])))
         self._check_progress(rollout is not None, stats)
         self.log_step(stats, rollout, batch_size=len(rows))
         self.rl_step += 1
         if self._last_step():
             self.trainer.should_stop = True  # Lightning's loop then validates after this step (val/reward at the end)
+
+    def _async_rollout(self, rows: list[dict]):
+        """K >= 1: submit ``rows`` to the worker (started at the first step of a fit, or of a resume: in-flight rollouts
+        are never checkpointed) and take the oldest rollout no more than K versions old."""
+        if self._async is None:
+            self._async = build_async_rollouts(self)
+        produced, stats = self._async.next(rows, self.rl_step, self._reward_trainer_state())
+        stats.update(produced.stats)
+        stats["time/rollout_s"] = produced.seconds
+        return produced.rollout, stats
+
+    def stop_async_rollouts(self) -> None:
+        """End the rollout worker (the fit's end, an error, a signal); rollouts in flight are discarded."""
+        if self._async is not None:
+            self._async.stop()
+            self._async = None
 
     def _last_step(self) -> bool:
         """Whether the run ends after this RL step (``max_steps`` optimiser steps, or the last batch of the last epoch)."""
@@ -302,6 +328,8 @@ class RLModule(LightningModule):
         every = self.validation.every_n_steps
         if stage == "fit" and every is not None and not self.trainer.fast_dev_run:
             check_validation_schedule(self.trainer, every)
+        if stage == "fit" and self.sampling.max_staleness:
+            check_async(self)
         # fp16's GradScaler (Lightning's MixedPrecision plugin; public attributes of both)
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         self._scaled_step = GradScalerStep(scaler) if scaler is not None else None
@@ -375,7 +403,7 @@ class RLModule(LightningModule):
 
     def configure_callbacks(self) -> list:
         """Run lock, cleanup of killed writes, logs continued on resume, SIGINT/SIGTERM saved (``lit_gspo.lightning.callbacks``)."""
-        return run_callbacks()
+        return run_callbacks() + ([StopAsyncRollouts()] if self.sampling.max_staleness else [])
 
     def _export_path(self) -> Path:
         return Path(self.trainer.default_root_dir) / "hf_model"
@@ -409,6 +437,8 @@ class RLModule(LightningModule):
             self._check_data()
         self._warm_start_once()
         self._rng_before_validation = local_rng_state()
+        if self._async is not None:  # greedy validation on the trainer's policy; no rollout meanwhile
+            self._async.worker.pause()
         self.collector.trainer_state = self._reward_trainer_state()
         self.collector.engine.sync_weights(self.policy)
         self._val = GreedyTally(self._episode_metric_keys())
@@ -468,6 +498,8 @@ class RLModule(LightningModule):
 
     def on_validation_end(self) -> None:
         restore_local_rng_state(self._rng_before_validation)
+        if self._async is not None:
+            self._async.worker.resume()
 
     def on_test_end(self) -> None:
         self.on_validation_end()

@@ -149,12 +149,28 @@ class Sampling:
     """this many RL steps in a row with nothing to learn from (every group's rewards equal, or every reward failed)
     stop the run with an error; skipped steps make no optimiser step, so they do not count towards
     ``trainer.max_steps``."""
+    max_staleness: int = 0
+    """Asynchronous rollouts (docs/async.md): K >= 1 generates the next steps' rollouts while the current step
+    updates, in a worker with its own copy of the policy; no sample trained on is more than K policy versions (RL
+    steps) old, older ones are dropped (``train/async/dropped``). 0: the synchronous loop (sample, update, sample)."""
+    async_old_logprobs: str = "proximal"
+    """π_old, the ratio's denominator, when ``max_staleness`` >= 1: ``proximal`` (the trainer's log-probs before the
+    update, with TIS on π_prox/π_behav: decoupled PPO) or ``sampler`` (the worker's log-probs, ratio π_θ/π_behav)."""
+    async_worker_threads: int | None = None
+    """torch intra-op threads of the rollout worker's thread when ``max_staleness`` >= 1 (the trainer's thread keeps
+    the rest); None: half of torch's threads each."""
 
     def __post_init__(self):
         if self.max_rounds < 1:
             raise ValueError(f"sampling.max_rounds must be >= 1, got {self.max_rounds}")
         if self.max_skipped_steps < 1:
             raise ValueError(f"sampling.max_skipped_steps must be >= 1, got {self.max_skipped_steps}")
+        if self.max_staleness < 0:
+            raise ValueError(f"sampling.max_staleness must be >= 0 (0: synchronous), got {self.max_staleness}")
+        if self.async_old_logprobs not in ("sampler", "proximal"):
+            raise ValueError(f"sampling.async_old_logprobs must be 'sampler' or 'proximal', got {self.async_old_logprobs!r}")
+        if self.async_worker_threads is not None and self.async_worker_threads < 1:
+            raise ValueError(f"sampling.async_worker_threads must be >= 1 or null, got {self.async_worker_threads}")
 
 
 @dataclass

@@ -1,0 +1,335 @@
+"""Asynchronous rollouts (``sampling.max_staleness`` K, docs/async.md): K = 0 is the synchronous run bit for bit; no
+trained sample is more than K versions old; each rollout is sampled wholly under one version; a failing worker stops
+the fit in one line; no thread outlives a fit; π_old is the sampler's or the trainer's proximal pass; a K = 1
+quickstart learns."""
+
+from __future__ import annotations
+
+import csv
+import random
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from lit_gspo.lightning.async_rollouts import async_mismatch, check_async
+from lit_gspo.rl.collect.async_rollouts import (AsyncRollouts, Produced, RolloutWorker, ThreadRolloutWorker,
+                                                WorkerFailed)
+from lit_gspo.rl.config import Sampling
+from lit_gspo.rl.engines import HFGenerate
+from lit_gspo.rl.learn.mismatch import TIS, Mismatch
+from lit_gspo.rl.learn.old_policy import GivenOldLogprobs, TrainerPassOverEveryRow
+from lit_gspo.runtime.user_errors import SettingsError
+from lit_gspo.tools.main import cli_main
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = "lit-gspo-rollout-worker"
+
+
+def tiny_args(root, *extra):
+    """A seconds-long run: 2-layer model, 4 prompts × 4 completions, 4 new tokens, no warm start."""
+    return ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
+            "--trainer.max_steps", "3", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "2",
+            "--data.num_train", "64", "--data.num_val", "8", "--data.prompts_per_step", "4",
+            "--trainer.enable_progress_bar", "false",
+            "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4", *extra]
+
+
+def read_metrics(root: Path) -> list[dict]:
+    with open(sorted(root.glob("**/metrics.csv"))[-1]) as f:
+        return list(csv.DictReader(f))
+
+
+def column(rows, key):
+    return [float(r[key]) for r in rows if r.get(key) not in (None, "")]
+
+
+def workers_alive() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(WORKER) and t.is_alive()]
+
+
+# ---------------------------------------------------------------------- the pipeline on its own (a fake collector)
+class Rollout(list):
+    """A stand-in rollout: one entry per sample."""
+
+
+def versioned_policy() -> nn.Module:
+    policy = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        policy.weight.fill_(0.0)
+    return policy
+
+
+def set_version(policy: nn.Module, version: int) -> None:
+    with torch.no_grad():
+        policy.weight.fill_(float(version))
+
+
+def slow_sampler(delays: list[float]):
+    """A sampling function slowed by the drawn sleeps; it reads the weights (= the version) before and after."""
+    draws = iter(delays * 1000)
+
+    def sample(policy, rows, trainer_state):
+        before = float(policy.weight)
+        time.sleep(next(draws))
+        after = float(policy.weight)
+        return Rollout(rows), {"seen_before": before, "seen_after": after}
+
+    return sample
+
+
+class LateWeights(ThreadRolloutWorker):
+    """Weights that arrive late (as from another process): each publish lands after a drawn delay, so the worker
+    sometimes samples under older weights than the trainer's and the trainer must drop what is too stale."""
+
+    def __init__(self, *args, publish_delays: list[float], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.publish_delays = iter(publish_delays * 1000)
+        self.timers: list[threading.Timer] = []
+
+    def publish(self, policy, version):
+        frozen = versioned_policy()
+        set_version(frozen, version)
+        timer = threading.Timer(next(self.publish_delays), ThreadRolloutWorker.publish, (self, frozen, version))
+        timer.start()
+        self.timers.append(timer)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(K=st.integers(1, 3), steps=st.integers(3, 9),
+       sample_delays=st.lists(st.floats(0, 0.02), min_size=1, max_size=8),
+       update_delays=st.lists(st.floats(0, 0.02), min_size=1, max_size=8),
+       publish_delays=st.lists(st.floats(0, 0.04), min_size=1, max_size=8))
+def test_no_trained_sample_is_older_than_k_versions_and_each_is_sampled_under_one_version(
+        K, steps, sample_delays, update_delays, publish_delays):
+    policy = versioned_policy()
+    worker = LateWeights(slow_sampler(sample_delays), policy, publish_delays=publish_delays, poll_s=0.005)
+    worker.start()
+    pipeline = AsyncRollouts(worker, K, refill=lambda n: [("refill", i) for i in range(n)])
+    trained, dropped = [], 0
+    update = iter(update_delays * 1000)
+    try:
+        for step in range(steps):
+            produced, stats = pipeline.next([(step, i) for i in range(4)], version=step)
+            assert 0 <= step - produced.version <= K, (step, produced.version)
+            assert stats["staleness"] == step - produced.version
+            # the whole rollout saw the weights of the version it carries: no partial rollout
+            assert produced.stats["seen_before"] == produced.stats["seen_after"] == produced.version
+            trained.append(step - produced.version)
+            dropped += stats["async/dropped"]
+            time.sleep(next(update))  # the update
+            set_version(policy, step + 1)
+            pipeline.publish(policy, step + 1)
+        assert stats["async/dropped_total"] == dropped
+        assert sum(stats[f"async/staleness_hist_{k}"] for k in range(K + 1)) == pytest.approx(1.0)
+    finally:
+        pipeline.stop()
+        for timer in worker.timers:
+            timer.cancel()
+    assert not worker.alive
+
+
+class ScriptedWorker(RolloutWorker):
+    """Hands out rollouts of the scripted versions, in order; records what was submitted."""
+
+    def __init__(self, versions):
+        self.versions, self.submitted = list(versions), []
+
+    def submit(self, rows, trainer_state=None):
+        self.submitted.append(rows)
+
+    def get(self):
+        return Produced(rows=["r"] * 2, rollout=Rollout(["s"] * 8), stats={}, version=self.versions.pop(0))
+
+
+def test_too_stale_rollouts_are_dropped_counted_and_their_rows_replaced():
+    worker = ScriptedWorker([0, 3, 1, 4])
+    pipeline = AsyncRollouts(worker, max_staleness=1, refill=lambda n: ["new"] * n)
+    produced, stats = pipeline.next(["a", "b"], version=4)  # versions 0, 3 are 4 and 1 behind... 0 and 1 dropped
+    assert produced.version == 3 and stats["staleness"] == 1.0 and stats["async/dropped"] == 8.0
+    assert worker.submitted == [["a", "b"], ["new", "new"], ["new", "new"]]  # the first step primes K = 1 batch ahead
+    produced, stats = pipeline.next(["c", "d"], version=5)
+    assert produced.version == 4 and stats["async/dropped"] == 8.0 and stats["async/dropped_total"] == 16.0
+    assert stats["async/staleness_hist_1"] == 1.0
+
+
+def test_a_worker_error_reaches_the_trainer_in_one_line_and_the_thread_ends():
+    def sample(policy, rows, state):
+        raise ValueError("boom\nsecond line")
+
+    worker = ThreadRolloutWorker(sample, versioned_policy(), poll_s=0.01)
+    worker.start()
+    worker.submit([1])
+    with pytest.raises(WorkerFailed, match="rollout worker .* failed: ValueError: boom second line") as raised:
+        worker.get()
+    assert "\n" not in str(raised.value)
+    worker.stop()
+    assert not worker.alive
+
+
+def test_paused_worker_starts_no_rollout_until_resumed():
+    worker = ThreadRolloutWorker(lambda policy, rows, state: (Rollout(rows), {}), versioned_policy(), poll_s=0.01)
+    worker.start()
+    try:
+        worker.pause()
+        worker.submit([1])
+        time.sleep(0.2)
+        assert worker._outbox.empty()
+        worker.resume()
+        assert worker.get().rows == [1]
+    finally:
+        worker.stop()
+
+
+# ---------------------------------------------------------------------- settings
+def test_the_ratio_denominator_is_chosen_once_through_the_mismatch_layer():
+    assert async_mismatch(Sampling(), None) is None  # K = 0: untouched
+    sampler = async_mismatch(Sampling(max_staleness=1, async_old_logprobs="sampler"), None)
+    assert sampler.sampler_is_old and not sampler.corrections
+    proximal = async_mismatch(Sampling(max_staleness=2), None)
+    assert proximal.old_logprobs == "trainer" and [type(c) for c in proximal.corrections] == [TIS]
+    mine = Mismatch(corrections=[TIS(cap=5.0)])
+    assert async_mismatch(Sampling(max_staleness=1), mine) is mine
+    with pytest.raises(SettingsError, match="async_old_logprobs sampler needs --model.mismatch.old_logprobs sampler"):
+        async_mismatch(Sampling(max_staleness=1, async_old_logprobs="sampler"), mine)
+    with pytest.raises(ValueError, match="max_staleness must be >= 0"):
+        Sampling(max_staleness=-1)
+    with pytest.raises(ValueError, match="async_old_logprobs must be"):
+        Sampling(max_staleness=1, async_old_logprobs="behaviour")
+
+
+def test_what_k_ge_1_does_not_support_is_refused_in_one_line():
+    module = SimpleNamespace(sampling=Sampling(max_staleness=1), trainer=SimpleNamespace(world_size=2),
+                             rollout_dumps=SimpleNamespace(every_n_steps=0), collector=SimpleNamespace(engine=HFGenerate()))
+    with pytest.raises(SettingsError, match="max_staleness 1: asynchronous rollouts run in one process"):
+        check_async(module)
+    module.trainer.world_size, module.rollout_dumps.every_n_steps = 1, 5
+    with pytest.raises(SettingsError, match="rollout_dumps.every_n_steps 5"):
+        check_async(module)
+    module.rollout_dumps.every_n_steps = 0
+    module.collector.engine = SimpleNamespace(lock=threading.Lock())  # cannot be copied, as a server's client
+    with pytest.raises(SettingsError, match="its own copy of --model.engine"):
+        check_async(module)
+
+
+# ---------------------------------------------------------------------- fits
+def test_k0_is_the_synchronous_run_bit_for_bit(tmp_path):
+    """The settings present with K = 0 change nothing: the same metrics, the same weights, no worker."""
+    runs = []
+    for name, extra in (("absent", []), ("present", ["--model.sampling.max_staleness", "0",
+                                                     "--model.sampling.async_old_logprobs", "sampler",
+                                                     "--model.sampling.async_worker_threads", "1"])):
+        cli = cli_main(tiny_args(tmp_path / name, "--seed_everything", "3", *extra), run=False)
+        cli.fit(cli.model, datamodule=cli.datamodule)
+        assert cli.model._async is None and not workers_alive()
+        rows = [{k: v for k, v in r.items() if k.startswith(("train/", "val/")) and v != ""}
+                for r in read_metrics(tmp_path / name)]
+        runs.append((rows, {k: v.clone() for k, v in cli.model.policy.state_dict().items()}))
+    assert runs[0][0] == runs[1][0] and len(column(runs[0][0], "train/reward")) == 3
+    assert "train/staleness" not in {k for r in runs[0][0] for k in r}
+    for k, v in runs[0][1].items():
+        assert torch.equal(v, runs[1][1][k]), k
+
+
+@pytest.mark.parametrize("old", ["sampler", "proximal"])
+def test_k1_fit_logs_staleness_and_stops_its_worker(tmp_path, old):
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "4", "--model.sampling.max_staleness", "1",
+                             "--model.sampling.async_old_logprobs", old), run=False)
+    expected = GivenOldLogprobs if old == "sampler" else TrainerPassOverEveryRow
+    assert isinstance(cli.model.learner.old_policy, expected) and cli.model.collector.engine_logprobs
+    before = {k: v.clone() for k, v in cli.model.policy.state_dict().items()}
+    cli.fit(cli.model, datamodule=cli.datamodule)
+    assert not workers_alive() and cli.model._async is None
+    rows = read_metrics(tmp_path)
+    staleness = column(rows, "train/staleness")
+    assert staleness == [0.0, 1.0, 1.0, 1.0]  # step 0: rows_0 under version 0; then the batch sampled a step before
+    assert column(rows, "train/async/dropped") == [0.0] * 4
+    assert column(rows, "train/async/staleness_hist_1")[-1] == 0.75
+    for key in ("train/async/k3_staleness1", "train/async/clip_frac_staleness1"):  # NaN on a step without signal
+        assert any(v == v for v in column(rows, key)), key
+    assert column(rows, "train/async/clip_frac_staleness0")[0] == column(rows, "train/clip_frac")[0]
+    assert len(column(rows, "val/reward")) == 3  # before, step 2, the end: validation on the trainer's policy
+    assert any(not torch.equal(v, cli.model.policy.state_dict()[k]) for k, v in before.items())
+
+
+class FailingEngine(HFGenerate):
+    """Samples for validation (greedy), fails in the worker's second rollout."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def sample(self, policy, prompt_ids, **kwargs):
+        if not kwargs.get("greedy"):
+            self.calls += 1
+            if self.calls == 2:
+                raise RuntimeError("engine fell over")
+        return super().sample(policy, prompt_ids, **kwargs)
+
+
+def test_a_failing_worker_stops_the_fit_in_one_line_without_a_hang(tmp_path):
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "6", "--model.sampling.max_staleness", "1",
+                             "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "1"), run=False)
+    cli.model.collector.engine = FailingEngine()
+    start = time.perf_counter()
+    with pytest.raises(WorkerFailed, match="the rollout worker .* failed: RuntimeError: engine fell over") as raised:
+        cli.fit(cli.model, datamodule=cli.datamodule)
+    assert "\n" not in str(raised.value) and time.perf_counter() - start < 60
+    assert not workers_alive()
+    last = tmp_path / "checkpoints" / "last.ckpt"  # the step before the failure, intact
+    assert torch.load(last, weights_only=True)["global_step"] >= 1
+
+
+def test_a_resume_regenerates_the_rollouts_in_flight(tmp_path):
+    """In-flight rollouts are not checkpointed: the resumed fit primes its worker again (staleness 0 first)."""
+    extra = ["--model.sampling.max_staleness", "1", "--trainer.enable_checkpointing", "true",
+             "--checkpoint_every_n_steps", "1"]
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", *extra), run=False)
+    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "4", *extra), run=False)
+    cli.fit(cli.model, datamodule=cli.datamodule, ckpt_path="last")
+    assert cli.trainer.global_step == 4 and not workers_alive()
+    rows = [r for f in sorted(tmp_path.glob("**/metrics.csv")) for r in csv.DictReader(open(f))]
+    by_step = {int(r["step"]): float(r["train/staleness"]) for r in rows if r.get("train/staleness")}
+    assert by_step == {0: 0.0, 1: 1.0, 2: 0.0, 3: 1.0}
+
+
+@pytest.mark.parametrize("config", ["multiturn/reversal_retry.yaml"])
+def test_multi_turn_and_dynamic_sampling_run_in_the_worker(tmp_path, config):
+    cli = cli_main(["--config", str(ROOT / "configs" / config), "--trainer.max_steps", "3",
+                    "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
+                    "--model.warm_start.steps", "2", "--data.num_val", "8", "--data.num_train", "16",
+                    "--data.prompts_per_step", "4", "--model.sampling.max_staleness", "1",
+                    "--model.sampling.dynamic", "true", "--model.validation.every_n_steps", "0"], run=False)
+    cli.fit(cli.model, datamodule=cli.datamodule)
+    rows = [r for r in read_metrics(tmp_path) if r.get("train/staleness")]
+    assert rows and all(1 <= float(r["train/turns"]) <= 3 for r in rows if r.get("train/turns"))
+    assert all(float(r["train/sampling_rounds"]) >= 1 for r in rows) and not workers_alive()
+
+
+def test_lora_runs_with_k1_publishing_the_adapters(tmp_path):
+    cli = cli_main(tiny_args(tmp_path, "--model.lora", "{r: 4, alpha: 8}", "--model.optimizer.lr", "0.01",
+                             "--model.sampling.max_staleness", "1"), run=False)
+    base = {k: v.clone() for k, v in cli.model.policy.state_dict().items() if "lora_" not in k}
+    cli.fit(cli.model, datamodule=cli.datamodule)
+    after = cli.model.policy.state_dict()
+    assert all(torch.equal(base[k], after[k]) for k in base) and not workers_alive()
+    assert column(read_metrics(tmp_path), "train/staleness")[1:] == [1.0, 1.0]
+
+
+def test_a_k1_quickstart_learns(tmp_path):
+    """The quickstart (warm start included) with K = 1: val/reward after 20 RL steps above the one before."""
+    cli = cli_main(["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.max_steps", "20",
+                    "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
+                    "--model.validation.every_n_steps", "0", "--seed_everything", "0",
+                    "--model.sampling.max_staleness", "1"], run=False)
+    cli.trainer.validate(cli.model, datamodule=cli.datamodule)
+    cli.fit(cli.model, datamodule=cli.datamodule)
+    val = column(read_metrics(tmp_path), "val/reward")
+    assert len(val) >= 2 and val[-1] > val[0], val
