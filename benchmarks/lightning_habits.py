@@ -229,7 +229,7 @@ HABITS = [
     Habit("lr_scheduler: block at the top of a YAML",
           ["--config", "lr_scheduler: {class_path: torch.optim.lr_scheduler.StepLR, init_args: {step_size: 1, gamma: 0.5}}"],
           check_top_level_scheduler),
-    Habit("optimizer at the top level (the config has model.optimizer)", ["--optimizer", "SGD"], refused, refused=True),
+    Habit("optimizer at the top level (the config has model.optimizer)", ["--optimizer", "torch.optim.SGD"], refused, refused=True),
     Habit("overfit_batches 1", ["--trainer.overfit_batches", "1"], refused, refused=True),
 ]
 

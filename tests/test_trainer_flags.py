@@ -88,7 +88,7 @@ def test_a_refused_flag_stops_the_start_in_one_line(name):
     (["--trainer.gradient_clip_algorithm", "value"], ["--trainer.gradient_clip_algorithm", "--model.update.max_grad_norm"]),
     (["--trainer.check_val_every_n_epoch", "2"], ["--trainer.check_val_every_n_epoch", "--model.validation.every_n_steps"]),
     (["--trainer.val_check_interval", "3"], ["--trainer.val_check_interval", "--model.validation.every_n_steps"]),
-    (["--optimizer", "SGD", "--optimizer.lr", "0.1"], ["--optimizer torch.optim.SGD", "--model.optimizer"]),
+    (["--optimizer", "torch.optim.SGD", "--optimizer.lr", "0.1"], ["--optimizer torch.optim.SGD", "--model.optimizer"]),
     (["--model.lr_scheduler", "StepLR", "--model.lr_scheduler.step_size", "1", "--lr_scheduler", "ConstantLR"],
      ["--lr_scheduler torch.optim.lr_scheduler.ConstantLR", "--model.lr_scheduler"]),
     (["--model.update.num_minibatches", "129"], ["--model.update.num_minibatches 129", "--data.prompts_per_step 16",
@@ -122,7 +122,7 @@ def test_mapped_flags_land_on_lit_gspos_settings():
     cfg = parse("--model.validation.every_n_steps", "null", "--trainer.val_check_interval", "3")
     assert cfg.model.validation.every_n_steps == 3 and cfg.trainer.check_val_every_n_epoch is None
     # a config without model.optimizer (the quickstart has one: with it, --optimizer is refused above)
-    cfg = ParseOnlyCLI(RLModule, PromptDataModule, args=["--optimizer", "SGD", "--optimizer.lr", "0.1"], run=False).config
+    cfg = ParseOnlyCLI(RLModule, PromptDataModule, args=["--optimizer", "torch.optim.SGD", "--optimizer.lr", "0.1"], run=False).config
     assert cfg.model.optimizer.class_path == "torch.optim.SGD" and cfg.model.optimizer.init_args.lr == 0.1
     assert cfg.optimizer is None
     cfg = parse("--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "2")

@@ -101,11 +101,13 @@ def one_line_value_error(message: str) -> str:
     if not given or not errors:
         return message
     literals = [v.strip() for e in errors for inner in re.findall(r"typing\.Literal\[(.*)\]", e) for v in inner.split(",")]
-    types = [t for e in errors for t in re.findall(r"<class '(\w+)'>", e) if t != "NoneType"]
+    types = [t.rpartition(".")[2] for e in errors for t in re.findall(r"<class '([\w.]+)'>", e) if t != "NoneType"]
     others = [e for e in errors if not e.startswith("Expected a ") and "Does not validate against" not in e]
     valid = ([f"one of {', '.join(dict.fromkeys(literals))}"] if literals else []) + [
         f"{'an' if t[0] in 'aeiou' else 'a'} {t}" for t in types]
     nullable = " or null" if any("NoneType" in e for e in errors) else ""
+    if not others and not valid:
+        return message
     what = "; ".join(others) if others else "expected " + " or ".join(valid) + nullable
     return f"--{head.group(1)} {given.group(1).strip()}: {what}"
 
@@ -117,10 +119,16 @@ class RLArgumentParser(LightningArgumentParser):
 
     subcommands_action = None
 
+    def __init__(self, *args, **kwargs):
+        # no abbreviations: a misspelled key that happens to be a prefix of a field (num_generation) is an error too
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str, ex: Exception | None = None):
-        message = one_line_value_error(message)
         hint = objective_hint(message) + nested_key_hint(message) + extras.hint_for(message) + unknown_option_hint(
             message, [o for o in getattr(self, "_option_string_actions", {}) if o.startswith("--")])
+        if not hint:  # a hint reads the whole message; without one, the message as one line
+            message = one_line_value_error(message)
         if self.exit_on_error and not user_errors.debug_requested():
             user_errors.parser_error(message + hint)  # one error, not the usage dump (lit_gspo/runtime/user_errors.py)
         return super().error(message + hint, ex)
