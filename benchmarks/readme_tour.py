@@ -88,8 +88,8 @@ def run(argv: list[str], workdir: Path, timeout: float = 600) -> tuple[int, floa
                           text=True, timeout=timeout)
     seconds = time.perf_counter() - start
     if "--print_config" in argv and proc.returncode == 0:
-        notes = proc.stdout.count("# resolves to")
-        return proc.returncode, seconds, f"printed the config: {len(proc.stdout.splitlines())} lines, {notes} `# resolves to` notes"
+        nulls = sum(line.rstrip().endswith(": null") for line in proc.stdout.splitlines())
+        return proc.returncode, seconds, f"printed the config: {len(proc.stdout.splitlines())} lines, {nulls} null"
     return proc.returncode, seconds, summary(proc.stdout + "\n" + proc.stderr).replace(f"{workdir}/", "")
 
 
