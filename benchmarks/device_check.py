@@ -44,29 +44,112 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
     py = sys.executable
     if dry_run:
         return [
-            dict(name="cuda tests", limit=300, env={"LIT_GSPO_CUDA_TESTS_ON": "cpu"},
-                 cmd=[py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"]),
-            dict(name="correctness", limit=600,
-                 cmd=[py, "benchmarks/gpu_check.py", "--device", "cpu", "--models", "tiny-qwen3", "--cases",
-                      "fp32,bf16-fsdp2", "--more-cases", "", "--out", str(out / "gpu_check.json")]),
-            dict(name="sampler", limit=300,
-                 cmd=[py, "benchmarks/sampler_speed.py", "--device", "cpu", "--dry-run", "--repeats", "1",
-                      "--json", str(out / "sampler_speed.json")]),
+            dict(
+                name="cuda tests",
+                limit=300,
+                env={"LIT_GSPO_CUDA_TESTS_ON": "cpu"},
+                cmd=[py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
+            ),
+            dict(
+                name="correctness",
+                limit=600,
+                cmd=[
+                    py,
+                    "benchmarks/gpu_check.py",
+                    "--device",
+                    "cpu",
+                    "--models",
+                    "tiny-qwen3",
+                    "--cases",
+                    "fp32,bf16-fsdp2",
+                    "--more-cases",
+                    "",
+                    "--out",
+                    str(out / "gpu_check.json"),
+                ],
+            ),
+            dict(
+                name="sampler",
+                limit=300,
+                cmd=[
+                    py,
+                    "benchmarks/sampler_speed.py",
+                    "--device",
+                    "cpu",
+                    "--dry-run",
+                    "--repeats",
+                    "1",
+                    "--json",
+                    str(out / "sampler_speed.json"),
+                ],
+            ),
         ]
     return [
-        dict(name="cuda tests", limit=70, cmd=[py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"]),
-        dict(name="correctness", limit=240,  # the quickstart's cases come with gpu_check's default --quickstart
-             cmd=[py, "benchmarks/gpu_check.py", "--device", "cuda", "--models", "qwen3-0.6b", "--cases",
-                  "bf16,fp32,bf16-fsdp2,bf16-fsdp2-8bit", "--more-cases", "", "--budget-s", "230",
-                  "--out", str(out / "gpu_check.json")]),
-        dict(name="sampler", limit=50,
-             cmd=[py, "benchmarks/sampler_speed.py", "--device", "cuda", "--repeats", "2",
-                  "--json", str(out / "sampler_speed.json")]),
-        dict(name="vs TRL 8x8x256", limit=110,
-             cmd=[py, "benchmarks/vs_trl.py", "--device", "cuda", "--precision", "bf16", "--checkpointing", "off",
-                  "--skip-zero-advantage", "off", "--model-dir", ".whl/smollm2-135m-shape", "--model-config",
-                  str(QWEN3_SHAPE), "--prompts-per-update", "4", "--max-new-tokens", "256", "--rounds", "1",
-                  "--cycles", "3"]),
+        dict(
+            name="cuda tests", limit=70, cmd=[py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"]
+        ),
+        dict(
+            name="correctness",
+            limit=240,  # the quickstart's cases come with gpu_check's default --quickstart
+            cmd=[
+                py,
+                "benchmarks/gpu_check.py",
+                "--device",
+                "cuda",
+                "--models",
+                "qwen3-0.6b",
+                "--cases",
+                "bf16,fp32,bf16-fsdp2,bf16-fsdp2-8bit",
+                "--more-cases",
+                "",
+                "--budget-s",
+                "230",
+                "--out",
+                str(out / "gpu_check.json"),
+            ],
+        ),
+        dict(
+            name="sampler",
+            limit=50,
+            cmd=[
+                py,
+                "benchmarks/sampler_speed.py",
+                "--device",
+                "cuda",
+                "--repeats",
+                "2",
+                "--json",
+                str(out / "sampler_speed.json"),
+            ],
+        ),
+        dict(
+            name="vs TRL 8x8x256",
+            limit=110,
+            cmd=[
+                py,
+                "benchmarks/vs_trl.py",
+                "--device",
+                "cuda",
+                "--precision",
+                "bf16",
+                "--checkpointing",
+                "off",
+                "--skip-zero-advantage",
+                "off",
+                "--model-dir",
+                ".whl/smollm2-135m-shape",
+                "--model-config",
+                str(QWEN3_SHAPE),
+                "--prompts-per-update",
+                "4",
+                "--max-new-tokens",
+                "256",
+                "--rounds",
+                "1",
+                "--cycles",
+                "3",
+            ],
+        ),
     ]
 
 
@@ -93,8 +176,9 @@ def summary(name: str, output: str, out: Path) -> str:
         return "; ".join(f"{c['case']}: {case_verdict(c)}" for c in cases) or "no case ran"
     if name == "sampler" and (out / "sampler_speed.json").exists():
         engines = json.loads((out / "sampler_speed.json").read_text())["engines"]
-        return "; ".join(f"{n}: {r['tok_s']:.0f} tok/s" if "tok_s" in r else f"{n}: {r['error'][:60]}"
-                         for n, r in engines.items())
+        return "; ".join(
+            f"{n}: {r['tok_s']:.0f} tok/s" if "tok_s" in r else f"{n}: {r['error'][:60]}" for n, r in engines.items()
+        )
     if name.startswith("vs TRL"):
         ratio = re.findall(r"^ratio trl/lit: .*$", output, re.M)
         return ratio[-1] if ratio else "no ratio"
@@ -114,8 +198,11 @@ def main(argv=None) -> int:
             continue
         start = time.perf_counter()
         log = args.out / (part["name"].split()[0] + ".log")
-        env = dict(os.environ, **part.get("env", {}), PYTHONPATH=os.pathsep.join(
-            filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])))
+        env = dict(
+            os.environ,
+            **part.get("env", {}),
+            PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])),
+        )
         try:
             proc = subprocess.run(part["cmd"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=part["limit"])
             output, rc = proc.stdout + proc.stderr, proc.returncode
@@ -123,18 +210,25 @@ def main(argv=None) -> int:
             output = (expired.stdout or b"").decode(errors="replace") + (expired.stderr or b"").decode(errors="replace")
             rc = f"time-out {part['limit']} s"
         log.write_text(output)
-        row = dict(part=part["name"], rc=rc, seconds=round(time.perf_counter() - start, 1),
-                   result=summary(part["name"], output, args.out), log=str(log))
+        row = dict(
+            part=part["name"],
+            rc=rc,
+            seconds=round(time.perf_counter() - start, 1),
+            result=summary(part["name"], output, args.out),
+            log=str(log),
+        )
         rows.append(row)
         print(f"{row['part']}: rc {rc}, {row['seconds']} s: {row['result']}", flush=True)
     import torch
 
     where = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.dry_run else "CPU (dry run)"
     print(f"\ndevice check on {where}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
-    print(f"| part | rc | s | result |\n|---|---|---|---|")
+    print("| part | rc | s | result |\n|---|---|---|---|")
     for row in rows:
         print(f"| {row['part']} | {row['rc']} | {row['seconds']} | {row['result']} |")
-    (args.out / "device_check.json").write_text(json.dumps(dict(device=where, torch=torch.__version__, rows=rows), indent=1))
+    (args.out / "device_check.json").write_text(
+        json.dumps(dict(device=where, torch=torch.__version__, rows=rows), indent=1)
+    )
     return 0 if all(row["rc"] == 0 for row in rows) else 1
 
 

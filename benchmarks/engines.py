@@ -38,8 +38,10 @@ from lit_gspo.runtime.hardware import cpu_model
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {"config": (16, 8, 16), "long": (2, 4, 512), "rows64": (2, 32, 256)}  # prompts, G, max new tokens
 #: the long shape's prompts (chat): replies that run to hundreds of tokens, where batching and paged attention matter
-LONG_PROMPTS = ["Write a long story about a lighthouse keeper and a storm.",
-                "Explain in detail how a bicycle works, part by part."]
+LONG_PROMPTS = [
+    "Write a long story about a lighthouse keeper and a storm.",
+    "Explain in detail how a bicycle works, part by part.",
+]
 ENGINES = ("HFGenerate", "LeanSampler", "StaticCacheSampler", "VLLMEngine")
 
 
@@ -62,9 +64,16 @@ def rollout(engine, policy, tokenizer, prompt_ids, G, max_new, temperature, dtyp
     torch.manual_seed(seed)
     with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext():
         start = time.perf_counter()
-        batch = engine.sample(policy, prompt_ids, num_generations=G, max_new_tokens=max_new,
-                              pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, temperature=temperature,
-                              return_logprobs=True)
+        batch = engine.sample(
+            policy,
+            prompt_ids,
+            num_generations=G,
+            max_new_tokens=max_new,
+            pad_id=tokenizer.pad_token_id,
+            eos_id=tokenizer.eos_token_id,
+            temperature=temperature,
+            return_logprobs=True,
+        )
         if device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - start, batch
@@ -110,32 +119,74 @@ def main(argv: list[str] | None = None) -> dict:
 
     from lit_gspo.tools.main import cli_main
 
-    cli = cli_main(["--config", args.config, "--model.model", args.model, "--trainer.logger", "false",
-                    "--trainer.precision", "32-true"], run=False)
+    cli = cli_main(
+        [
+            "--config",
+            args.config,
+            "--model.model",
+            args.model,
+            "--trainer.logger",
+            "false",
+            "--trainer.precision",
+            "32-true",
+        ],
+        run=False,
+    )
     module, dm = cli.model, cli.datamodule
     dm.setup("fit")
     policy, tokenizer = module.policy.eval().to(args.device), module.tokenizer
-    record = {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
-              "threads": torch.get_num_threads(), "model": args.model, "temperature": args.temperature,
-              "argv": sys.argv[1:] if argv is None else argv, "load_before": os.getloadavg(), "runs": [], "vllm": {}}
+    record = {
+        "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "model": args.model,
+        "temperature": args.temperature,
+        "argv": sys.argv[1:] if argv is None else argv,
+        "load_before": os.getloadavg(),
+        "runs": [],
+        "vllm": {},
+    }
     for dtype in args.dtypes:
         engines = {name: make_engine(name, dtype) for name in args.engines}
         for shape in args.shapes:
             n, G, max_new = SHAPES[shape]
-            prompt_ids = (module.collector.encode(policy, dm.train_rows[:n]) if shape == "config" else
-                          [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                         tokenize=True, return_dict=False) for text in LONG_PROMPTS[:n]])
+            prompt_ids = (
+                module.collector.encode(policy, dm.train_rows[:n])
+                if shape == "config"
+                else [
+                    tokenizer.apply_chat_template(
+                        [{"role": "user", "content": text}],
+                        add_generation_prompt=True,
+                        tokenize=True,
+                        return_dict=False,
+                    )
+                    for text in LONG_PROMPTS[:n]
+                ]
+            )
             for repeat in range(args.repeats):
                 for name, engine in engines.items():
-                    seconds, batch = rollout(engine, policy, tokenizer, prompt_ids, G, max_new, args.temperature, dtype,
-                                             seed=repeat)
+                    seconds, batch = rollout(
+                        engine, policy, tokenizer, prompt_ids, G, max_new, args.temperature, dtype, seed=repeat
+                    )
                     # the first rollout built vLLM (first shape) or StaticCacheSampler's cache and compiled step (each shape)
-                    if repeat == 0 and (name == "VLLMEngine" and shape == args.shapes[0] or name == "StaticCacheSampler"):
-                        seconds, batch = rollout(engine, policy, tokenizer, prompt_ids, G, max_new, args.temperature,
-                                                 dtype, seed=repeat)  # time the second
+                    if repeat == 0 and (
+                        name == "VLLMEngine" and shape == args.shapes[0] or name == "StaticCacheSampler"
+                    ):
+                        seconds, batch = rollout(
+                            engine, policy, tokenizer, prompt_ids, G, max_new, args.temperature, dtype, seed=repeat
+                        )  # time the second
                     tokens = int(batch.completion_mask.sum())
-                    run = {"engine": name, "dtype": dtype, "shape": shape, "repeat": repeat, "seconds": seconds,
-                           "tokens": tokens, "tok_s": tokens / seconds, **mismatch(policy, batch, args.temperature)}
+                    run = {
+                        "engine": name,
+                        "dtype": dtype,
+                        "shape": shape,
+                        "repeat": repeat,
+                        "seconds": seconds,
+                        "tokens": tokens,
+                        "tok_s": tokens / seconds,
+                        **mismatch(policy, batch, args.temperature),
+                    }
                     record["runs"].append(run)
                     print(json.dumps(run), flush=True)
         vllm = engines.get("VLLMEngine")
@@ -154,19 +205,26 @@ def main(argv: list[str] | None = None) -> dict:
 
 def table(record: dict) -> str:
     """Markdown: one row per engine, dtype and shape; each run's tok/s and s/rollout, the mismatch of the first."""
-    lines = [f"CPU: {record['cpu']} ({record['cpu_capability']}), {record['threads']} threads, torch {record['torch']}, "
-             f"T = {record['temperature']}; load average (1, 5, 15 min) before {fmt_load(record['load_before'])}, "
-             f"after {fmt_load(record['load_after'])}", "",
-             "| engine | dtype | shape | completion tok/s (each run) | s per rollout | tokens | k3 vs fp32 trainer | max abs Δlog p |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"CPU: {record['cpu']} ({record['cpu_capability']}), {record['threads']} threads, torch {record['torch']}, "
+        f"T = {record['temperature']}; load average (1, 5, 15 min) before {fmt_load(record['load_before'])}, "
+        f"after {fmt_load(record['load_after'])}",
+        "",
+        "| engine | dtype | shape | completion tok/s (each run) | s per rollout | tokens | k3 vs fp32 trainer | max abs Δlog p |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     keys = list(dict.fromkeys((r["engine"], r["dtype"], r["shape"]) for r in record["runs"]))
     for engine, dtype, shape in sorted(keys, key=lambda k: (k[2], k[1], k[0])):
         runs = [r for r in record["runs"] if (r["engine"], r["dtype"], r["shape"]) == (engine, dtype, shape)]
-        lines.append(f"| {engine} | {dtype} | {shape} {SHAPES[shape]} | {joined(r['tok_s'] for r in runs)} | "
-                     f"{joined((r['seconds'] for r in runs), '.2f')} | {joined(r['tokens'] for r in runs)} | "
-                     f"{runs[0]['k3']:.2e} | {runs[0]['max_abs_dlogp']:.2e} |")
+        lines.append(
+            f"| {engine} | {dtype} | {shape} {SHAPES[shape]} | {joined(r['tok_s'] for r in runs)} | "
+            f"{joined((r['seconds'] for r in runs), '.2f')} | {joined(r['tokens'] for r in runs)} | "
+            f"{runs[0]['k3']:.2e} | {runs[0]['max_abs_dlogp']:.2e} |"
+        )
     for dtype, v in record["vllm"].items():
-        lines.append(f"\nvLLM {dtype}: start-up {v['startup_s']:.1f} s, full weight push {joined(v['push_s'], '.2f')} s")
+        lines.append(
+            f"\nvLLM {dtype}: start-up {v['startup_s']:.1f} s, full weight push {joined(v['push_s'], '.2f')} s"
+        )
     return "\n".join(lines)
 
 

@@ -43,8 +43,11 @@ AREAS = [
 #: or a failed subprocess; a signalled run that saves, exits 130/143 and is resumed (``ckpt_path``) is correct handling
 EXPECTS_ERROR = re.compile(r"pytest\.raises\((?!RunInterrupted|OSError|KeyboardInterrupt)|returncode != 0")
 #: tests whose expected exception is the fault they inject, not the outcome they check
-CORRECT_HANDLING = {"test_the_lock_is_released_when_a_fit_fails", "test_a_lock_file_of_a_dead_process_is_taken_over",
-                    "test_stale_temporaries_of_dead_writers_are_removed_at_start_live_ones_kept"}
+CORRECT_HANDLING = {
+    "test_the_lock_is_released_when_a_fit_fails",
+    "test_a_lock_file_of_a_dead_process_is_taken_over",
+    "test_stale_temporaries_of_dead_writers_are_removed_at_start_live_ones_kept",
+}
 
 
 def expects_error(path: Path) -> dict[str, bool]:
@@ -64,8 +67,12 @@ def run(files: list[str], selection: str | None, faults: bool, report: Path) -> 
         cmd += ["-k", selection]
     if faults:
         cmd += ["--faults"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]]
-                                                                       if os.environ.get("PYTHONPATH") else []))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+        ),
+    }
     subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -112,15 +119,18 @@ def table(rows: list[tuple[str, str, str, str]], seconds: float, faults: bool) -
         "resume exactly, or keep the last good state.",
         "",
         f"**{len(rows)} cases: {kinds['clear error']} clear errors, {kinds['correct handling']} correct handling; "
-        + ", ".join(f"{n} {r}" for r, n in sorted(by_result.items())) + ".**",
+        + ", ".join(f"{n} {r}" for r, n in sorted(by_result.items()))
+        + ".**",
         "",
         "| area | cases | clear error | correct handling | passed |",
         "|---|---:|---:|---:|---:|",
     ]
     lines += [f"| {area} | {n} | {e} | {h} | {p} |" for area, (n, e, h, p) in areas.items()]
     lines += ["", "| area | case | outcome checked | result | test |", "|---|---|---|---|---|"]
-    lines += [f"| {area} | {describe(test.split('::')[-1])} | {kind} | {result} | `{test.split('[')[0]}` |"
-              for area, test, kind, result in rows]
+    lines += [
+        f"| {area} | {describe(test.split('::')[-1])} | {kind} | {result} | `{test.split('[')[0]}` |"
+        for area, test, kind, result in rows
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -137,7 +147,7 @@ def main() -> None:
             print(f"running {file}{' -k ' + selection if selection else ''}", flush=True)
             run([file], selection, args.faults, report)
             errors = expects_error(ROOT / file)
-            for stem, name, result in results(report):
+            for _stem, name, result in results(report):
                 test = f"{file}::{name}"
                 if test in seen:
                     continue

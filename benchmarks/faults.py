@@ -80,21 +80,51 @@ def run_cli(argv: list[str]) -> None:
 
 # ---------------------------------------------------------------------- the driver
 def fit_args(root: Path, steps: int) -> list[str]:
-    return ["fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
-            "--trainer.max_steps", str(steps), "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "1",
-            "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "5", "--model.validation.every_n_steps", "2",
-            "--data.num_train", "128", "--data.num_val", "16", "--data.prompts_per_step", "8"]
+    return [
+        "fit",
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.enable_checkpointing",
+        "true",
+        "--checkpoint_every_n_steps",
+        "1",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--model.warm_start.steps",
+        "5",
+        "--model.validation.every_n_steps",
+        "2",
+        "--data.num_train",
+        "128",
+        "--data.num_val",
+        "16",
+        "--data.prompts_per_step",
+        "8",
+    ]
 
 
-def start(root: Path, steps: int, resume: bool, stall: str | None = None, marker: Path | None = None) -> subprocess.Popen:
+def start(
+    root: Path, steps: int, resume: bool, stall: str | None = None, marker: Path | None = None
+) -> subprocess.Popen:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.pop(STALL_ENV, None)
     if stall:
         env[STALL_ENV], env[MARKER_ENV] = stall, str(marker)
     argv = fit_args(root, steps) + (["--ckpt_path", "last"] if resume else [])
-    return subprocess.Popen([sys.executable, __file__, "--child", *argv], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, __file__, "--child", *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def kill(proc: subprocess.Popen) -> bool:
@@ -126,8 +156,12 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         return run_cli(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kills", type=int, default=5, help="SIGKILLs at random moments (plus one inside a "
-                                                                "checkpoint write and one inside the export)")
+    parser.add_argument(
+        "--kills",
+        type=int,
+        default=5,
+        help="SIGKILLs at random moments (plus one inside a checkpoint write and one inside the export)",
+    )
     parser.add_argument("--steps", type=int, default=12, help="RL steps of the run")
     parser.add_argument("--seed", type=int, default=0, help="seeds the kill times")
     parser.add_argument("--root", type=Path, default=None, help="where the runs go (default: a temporary directory)")
@@ -147,7 +181,9 @@ def main() -> None:
     duration = time.monotonic() - begin
     step_s = max(duration - startup, 0.1) / args.steps
     expected = logged(next(reference.glob("**/metrics.csv")))
-    print(f"reference: {args.steps} steps in {duration:.0f} s ({startup:.0f} s to its first row), {len(expected)} logged values")
+    print(
+        f"reference: {args.steps} steps in {duration:.0f} s ({startup:.0f} s to its first row), {len(expected)} logged values"
+    )
 
     # the plan: random kills, one inside a checkpoint write second, the export kill last
     plan = ["random"] * args.kills
@@ -171,16 +207,19 @@ def main() -> None:
                 time.sleep(rng.uniform(0, 0.5 * step_s))
         else:
             marker.unlink(missing_ok=True)
-            proc = start(faulty, args.steps, resume, stall="checkpoint:1" if what == "checkpoint" else "export",
-                         marker=marker)
+            proc = start(
+                faulty, args.steps, resume, stall="checkpoint:1" if what == "checkpoint" else "export", marker=marker
+            )
             while not marker.exists() and proc.poll() is None:
                 time.sleep(0.05)
         if kill(proc):
             done.append(what)
             print(f"kill {len(done)}: {what:10s} ({'resumed' if resume else 'from scratch'})")
         else:
-            print(f"(the {what} attempt ended before its kill: rc {proc.returncode}"
-                  f"{' ' + proc.stderr.read()[-500:] if proc.returncode else ''})")
+            print(
+                f"(the {what} attempt ended before its kill: rc {proc.returncode}"
+                f"{' ' + proc.stderr.read()[-500:] if proc.returncode else ''})"
+            )
     proc = start(faulty, args.steps, resume=(faulty / "checkpoints" / "last.ckpt").exists())
     _, err = proc.communicate()
     if proc.returncode != 0:
@@ -195,7 +234,9 @@ def main() -> None:
         union.update(values)
         wrong_attempts += bool(wrong)
         if wrong:
-            print(f"attempt {i} logged {len(wrong)} values that differ from the reference, e.g. {list(wrong.items())[:3]}")
+            print(
+                f"attempt {i} logged {len(wrong)} values that differ from the reference, e.g. {list(wrong.items())[:3]}"
+            )
     lost = sorted(set(expected) - set(union))
     if lost:
         print(f"lost: {lost[:10]}{' ...' if len(lost) > 10 else ''}")
@@ -204,13 +245,16 @@ def main() -> None:
     # every kill is followed by a restart; a restart is exact when it logged only the reference's values (and the
     # last one also ends on the reference's weights)
     exact = max(len(done) - wrong_attempts - (not same_weights), 0)
-    stale = [p.name for p in (faulty / "checkpoints").iterdir() if ".tmp-" in p.name] + \
-        [p.name for p in faulty.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+    stale = [p.name for p in (faulty / "checkpoints").iterdir() if ".tmp-" in p.name] + [
+        p.name for p in faulty.iterdir() if ".tmp-" in p.name or ".old-" in p.name
+    ]
     kinds = {k: done.count(k) for k in ("random", "checkpoint", "export")}
-    print(f"{len(done)} kills, {exact} exact resumes, {len(lost)} lost "
-          f"({kinds['random']} at random times, {kinds['checkpoint']} inside a checkpoint write, {kinds['export']} inside "
-          f"the export; final weights {'bitwise equal' if same_weights else 'DIFFER'}; "
-          f"{len(stale)} temporary files left)")
+    print(
+        f"{len(done)} kills, {exact} exact resumes, {len(lost)} lost "
+        f"({kinds['random']} at random times, {kinds['checkpoint']} inside a checkpoint write, {kinds['export']} inside "
+        f"the export; final weights {'bitwise equal' if same_weights else 'DIFFER'}; "
+        f"{len(stale)} temporary files left)"
+    )
     print(f"runs in {root}")
     if lost or exact != len(done) or len(done) != len(plan) or stale:
         sys.exit(1)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import sys
 import time
@@ -42,13 +41,22 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from lit_gspo.tools.compare_replay import (PolicyGradient, Replay, ReplayLearner, _Optimizer, fresh_optimizer, load_replay, parse_spec,
-                              replay_optimizer, update_of)
 from lit_gspo.rl.learn.diagnostics import sequence_log_ratio
-from lit_gspo.runtime.extras import pyplot
 from lit_gspo.rl.learn.learner import Learner
 from lit_gspo.rl.learn.old_policy import GivenOldLogprobs
 from lit_gspo.rl.objectives import Objective
+from lit_gspo.runtime.extras import pyplot
+from lit_gspo.tools.compare_replay import (
+    PolicyGradient,
+    Replay,
+    ReplayLearner,
+    _Optimizer,
+    fresh_optimizer,
+    load_replay,
+    parse_spec,
+    replay_optimizer,
+    update_of,
+)
 
 ON_POLICY = "on-policy at θk"  # the first objective with ratios 1 at θk: GRPO's and GSPO's (seq-mean-token-mean) alike
 DEFAULT_OBJECTIVES = ["grpo", "gspo", "grpo:clip_low=inf,clip_high=inf", "gspo:clip_low=inf,clip_high=inf"]
@@ -60,8 +68,14 @@ def minibatch_gradient(replay: Replay, objective: Objective, rows: Tensor, old_l
     sub = replay.batch.select(rows)
     sub.old_logprobs = old_logprobs[rows].clone()
     # π_old = the rollout's old log-probs (θ0's), not the first step's own forward: ratios against θ0
-    learner = ReplayLearner(replay.policy, objective, update_of(replay.meta, epochs=1, num_minibatches=1),
-                            orders=[torch.arange(len(rows))], old_policy=GivenOldLogprobs(), **replay.learner_kwargs)
+    learner = ReplayLearner(
+        replay.policy,
+        objective,
+        update_of(replay.meta, epochs=1, num_minibatches=1),
+        orders=[torch.arange(len(rows))],
+        old_policy=GivenOldLogprobs(),
+        **replay.learner_kwargs,
+    )
     learner.learn(sub, _Optimizer(replay.policy))
     return learner.steps[0]["grad"]
 
@@ -73,8 +87,14 @@ def gradient_noise(grads: list[Tensor], full: Tensor) -> dict[str, float]:
     trace_cov = float(((g - g.mean(0)) ** 2).sum(1).sum() / (len(g) - 1)) if len(g) > 1 else float("nan")
     msd = float(((g - full) ** 2).sum(1).mean())
     norm2 = float(full @ full)
-    rel = (lambda v: v / norm2 if norm2 > 0 else float("nan"))
-    return {"trace_cov": trace_cov, "msd": msd, "full_norm2": norm2, "rel_trace_cov": rel(trace_cov), "rel_msd": rel(msd)}
+    rel = lambda v: v / norm2 if norm2 > 0 else float("nan")
+    return {
+        "trace_cov": trace_cov,
+        "msd": msd,
+        "full_norm2": norm2,
+        "rel_trace_cov": rel(trace_cov),
+        "rel_msd": rel(msd),
+    }
 
 
 def length_buckets(lengths: Tensor, num_buckets: int) -> list[Tensor]:
@@ -97,14 +117,25 @@ def bucket_spread(logprobs: Tensor, start: Tensor, mask: Tensor, rows: Tensor) -
     mask = mask[rows].bool()
     token = (logprobs[rows].double() - start[rows].double())[mask]
     sums, lengths = sequence_log_ratio(logprobs[rows], start[rows], mask)
-    std = (lambda x: float(x.std(unbiased=False)) if x.numel() >= 2 else float("nan"))
+    std = lambda x: float(x.std(unbiased=False)) if x.numel() >= 2 else float("nan")
     return {"token_logr_std": std(token), "seq_logs_std": std(sums / lengths), "seq_sum_logr_std": std(sums)}
 
 
-def run_length_noise(rollout: str, model: str | None = None, objectives: list[str] | None = None, driver: str = "pg",
-                     steps: int = 3, num_buckets: int = 4, minibatch_size: int = 8, draws: int = 32,
-                     lr: float | None = None, optimizer_state: bool = True, seed: int = 0, device: str = "cpu",
-                     command: str | None = None) -> dict:
+def run_length_noise(
+    rollout: str,
+    model: str | None = None,
+    objectives: list[str] | None = None,
+    driver: str = "pg",
+    steps: int = 3,
+    num_buckets: int = 4,
+    minibatch_size: int = 8,
+    draws: int = 32,
+    lr: float | None = None,
+    optimizer_state: bool = True,
+    seed: int = 0,
+    device: str = "cpu",
+    command: str | None = None,
+) -> dict:
     """The measurement of the module docstring; returns what length_noise.json holds."""
     t0 = time.perf_counter()
     torch.manual_seed(seed)
@@ -128,10 +159,17 @@ def run_length_noise(rollout: str, model: str | None = None, objectives: list[st
     driver_label, driver_obj = ("pg", PolicyGradient()) if driver == "pg" else parse_spec(driver)
     opt_name, opt_hparams, saved_state = replay_optimizer(replay, lr=lr, optimizer_state=optimizer_state)
     if steps:
-        stepper = ReplayLearner(policy, driver_obj, update_of(replay.meta, epochs=steps, num_minibatches=1),
-                                orders=[every] * steps, **replay.learner_kwargs)
+        stepper = ReplayLearner(
+            policy,
+            driver_obj,
+            update_of(replay.meta, epochs=steps, num_minibatches=1),
+            orders=[every] * steps,
+            **replay.learner_kwargs,
+        )
         after = lambda: snapshots.append({k: v.detach().clone() for k, v in policy.state_dict().items()})
-        stepper.learn(batch.select(every), _Optimizer(policy, fresh_optimizer(policy, opt_name, opt_hparams, saved_state), after))
+        stepper.learn(
+            batch.select(every), _Optimizer(policy, fresh_optimizer(policy, opt_name, opt_hparams, saved_state), after)
+        )
 
     # 2-4. per θk, bucket and objective
     results = []
@@ -139,23 +177,49 @@ def run_length_noise(rollout: str, model: str | None = None, objectives: list[st
         policy.load_state_dict(weights)
         current = base.old_logprobs(batch, every)
         for b, rows in enumerate(buckets):
-            entry = {"k": k, "bucket": b, "rows": len(rows), "min_length": int(lengths[rows].min()),
-                     "max_length": int(lengths[rows].max()), "mean_length": float(lengths[rows].double().mean()),
-                     **bucket_spread(current.cpu(), start.cpu(), mask.cpu(), rows), "objectives": {}}
+            entry = {
+                "k": k,
+                "bucket": b,
+                "rows": len(rows),
+                "min_length": int(lengths[rows].min()),
+                "max_length": int(lengths[rows].max()),
+                "mean_length": float(lengths[rows].double().mean()),
+                **bucket_spread(current.cpu(), start.cpu(), mask.cpu(), rows),
+                "objectives": {},
+            }
             for label, objective, old in [(ON_POLICY, specs[0][1], current)] + [(lb, o, start) for lb, o in specs]:
                 full = minibatch_gradient(replay, objective, rows, old)
                 grads = [minibatch_gradient(replay, objective, r, old) for r in draw_rows[b]]
                 entry["objectives"][label] = noise = gradient_noise(grads, full)
                 noise["inflation"] = noise["rel_trace_cov"] / entry["objectives"][ON_POLICY]["rel_trace_cov"]
             results.append(entry)
-            print(f"length_noise: k={k} bucket {b} (lengths {entry['min_length']}-{entry['max_length']}) " + ", ".join(
-                f"{label} {v['rel_trace_cov']:.3g}" for label, v in entry["objectives"].items()), flush=True)
-    return {"command": command, "rollout": str(replay.rollout_file), "step": replay.payload["step"],
-            "model": replay.model_source, "rows": n, "objectives": [ON_POLICY] + [label for label, _ in specs],
-            "settings": {"driver": driver_label, "steps": steps, "buckets": len(buckets), "minibatch_size": size,
-                         "draws": draws, "optimizer": opt_name, "optimizer_hparams": opt_hparams,
-                         "optimizer_state": saved_state is not None, "seed": seed, "device": device},
-            "results": results, "seconds": time.perf_counter() - t0}
+            print(
+                f"length_noise: k={k} bucket {b} (lengths {entry['min_length']}-{entry['max_length']}) "
+                + ", ".join(f"{label} {v['rel_trace_cov']:.3g}" for label, v in entry["objectives"].items()),
+                flush=True,
+            )
+    return {
+        "command": command,
+        "rollout": str(replay.rollout_file),
+        "step": replay.payload["step"],
+        "model": replay.model_source,
+        "rows": n,
+        "objectives": [ON_POLICY] + [label for label, _ in specs],
+        "settings": {
+            "driver": driver_label,
+            "steps": steps,
+            "buckets": len(buckets),
+            "minibatch_size": size,
+            "draws": draws,
+            "optimizer": opt_name,
+            "optimizer_hparams": opt_hparams,
+            "optimizer_state": saved_state is not None,
+            "seed": seed,
+            "device": device,
+        },
+        "results": results,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def short(label: str) -> str:
@@ -168,8 +232,14 @@ def table(report: dict, key: str = "rel_trace_cov") -> list[str]:
     head = ["k", "lengths", "rows", "std log r_t", "std log s_i", "std Σ log r"] + [short(label) for label in labels]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for e in report["results"]:
-        cells = [str(e["k"]), f"{e['min_length']}–{e['max_length']} (mean {e['mean_length']:.1f})", str(e["rows"]),
-                 f"{e['token_logr_std']:.3g}", f"{e['seq_logs_std']:.3g}", f"{e['seq_sum_logr_std']:.3g}"]
+        cells = [
+            str(e["k"]),
+            f"{e['min_length']}–{e['max_length']} (mean {e['mean_length']:.1f})",
+            str(e["rows"]),
+            f"{e['token_logr_std']:.3g}",
+            f"{e['seq_logs_std']:.3g}",
+            f"{e['seq_sum_logr_std']:.3g}",
+        ]
         cells += [f"{e['objectives'][label][key]:.3g}" for label in labels]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -184,17 +254,30 @@ def plot(path: Path, report: dict) -> None:
         rows = [e for e in report["results"] if e["k"] == k]
         x = [e["mean_length"] for e in rows]
         for i, label in enumerate(report["objectives"]):
-            ax.plot(x, [e["objectives"][label]["rel_trace_cov"] for e in rows], label=short(label), marker="o", ms=3,
-                    ls=["-", "--", ":", "-."][i % 4])
+            ax.plot(
+                x,
+                [e["objectives"][label]["rel_trace_cov"] for e in rows],
+                label=short(label),
+                marker="o",
+                ms=3,
+                ls=["-", "--", ":", "-."][i % 4],
+            )
         ax.set_yscale("log")
         ax.set_title(f"tr Cov(g_B) / ‖ḡ‖², after {k} step(s)", fontsize=9)
     ax = axes[-1]
     for k in ks:
         rows = [e for e in report["results"] if e["k"] == k]
         x = [e["mean_length"] for e in rows]
-        line, = ax.plot(x, [e["token_logr_std"] for e in rows], marker="o", ms=3, label=f"std log r_t, k={k}")
-        ax.plot(x, [e["seq_logs_std"] for e in rows], marker="s", ms=3, ls="--", color=line.get_color(),
-                label=f"std log s_i, k={k}")
+        (line,) = ax.plot(x, [e["token_logr_std"] for e in rows], marker="o", ms=3, label=f"std log r_t, k={k}")
+        ax.plot(
+            x,
+            [e["seq_logs_std"] for e in rows],
+            marker="s",
+            ms=3,
+            ls="--",
+            color=line.get_color(),
+            label=f"std log s_i, k={k}",
+        )
     ax.set_title("ratio spread against θ0", fontsize=9)
     for ax in axes:
         ax.set_xlabel("mean completion length of the bucket", fontsize=8)
@@ -209,10 +292,16 @@ def plot(path: Path, report: dict) -> None:
 
 def main(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rollout", required=True, help="<run>/rollouts/step_K.pt of a fit with --model.rollout_dumps.every_n_steps")
+    parser.add_argument(
+        "--rollout", required=True, help="<run>/rollouts/step_K.pt of a fit with --model.rollout_dumps.every_n_steps"
+    )
     parser.add_argument("--model", default=None, help="weights to start from (default: the rollout's step_K_policy/)")
-    parser.add_argument("--objectives", nargs="+", default=None,
-                        help=f"objective specs as in lit-gspo compare (default: {' '.join(DEFAULT_OBJECTIVES)})")
+    parser.add_argument(
+        "--objectives",
+        nargs="+",
+        default=None,
+        help=f"objective specs as in lit-gspo compare (default: {' '.join(DEFAULT_OBJECTIVES)})",
+    )
     parser.add_argument("--driver", default="pg", help="objective that moves the weights: pg (plain PG) or a spec")
     parser.add_argument("--steps", type=int, default=3, help="K full-batch optimiser steps of the driver")
     parser.add_argument("--buckets", type=int, default=4, help="length buckets of near-equal row counts")
@@ -225,8 +314,21 @@ def main(argv: list[str]) -> dict:
     parser.add_argument("--out", default=None, help="output folder (default: <run>/rollouts/length_noise_step_K/)")
     ns = parser.parse_args(argv)
     command = "python benchmarks/length_noise.py " + shlex.join(argv)
-    report = run_length_noise(ns.rollout, ns.model, ns.objectives, ns.driver, ns.steps, ns.buckets, ns.minibatch_size,
-                              ns.draws, ns.lr, not ns.fresh_optimizer, ns.seed, ns.device, command)
+    report = run_length_noise(
+        ns.rollout,
+        ns.model,
+        ns.objectives,
+        ns.driver,
+        ns.steps,
+        ns.buckets,
+        ns.minibatch_size,
+        ns.draws,
+        ns.lr,
+        not ns.fresh_optimizer,
+        ns.seed,
+        ns.device,
+        command,
+    )
     out = Path(ns.out) if ns.out else Path(ns.rollout).parent / f"length_noise_{Path(ns.rollout).stem}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "length_noise.json").write_text(json.dumps(report, indent=1))

@@ -27,8 +27,14 @@ sys.path.insert(0, str(ROOT))
 from lit_gspo.runtime.hardware import cpu_model  # noqa: E402
 
 #: the quickstart, shortened; the tests use a tinier one (tests/test_lightning_habits.py)
-QUICKSTART = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.validation.every_n_steps", "5",
-              "--trainer.enable_progress_bar", "false"]
+QUICKSTART = [
+    "--config",
+    str(ROOT / "configs/quickstart.yaml"),
+    "--model.validation.every_n_steps",
+    "5",
+    "--trainer.enable_progress_bar",
+    "false",
+]
 
 
 @dataclass
@@ -111,8 +117,11 @@ def check_rich_bar(o: Outcome, steps: int) -> str:
     bar = o.trainer.progress_bar_callback
     task = bar.progress.tasks[bar.train_progress_bar_id]
     assert type(bar).__name__ == "RLRichProgressBar", type(bar)
-    assert (task.description, task.total, task.completed) == ("RL step", steps, steps), (task.description, task.total,
-                                                                                          task.completed)
+    assert (task.description, task.total, task.completed) == ("RL step", steps, steps), (
+        task.description,
+        task.total,
+        task.completed,
+    )
     return f"the bar read 'RL step {int(task.completed)}/{int(task.total)}'"
 
 
@@ -162,8 +171,10 @@ def check_no_checkpoints(o: Outcome, steps: int) -> str:
 
 def check_ran(what: str) -> Callable[[Outcome, int], str]:
     def check(o: Outcome, steps: int) -> str:
-        assert o.module.rl_step == steps and o.steps_with("val/reward")[-1] == steps, (o.module.rl_step,
-                                                                                       o.steps_with("val/reward"))
+        assert o.module.rl_step == steps and o.steps_with("val/reward")[-1] == steps, (
+            o.module.rl_step,
+            o.steps_with("val/reward"),
+        )
         return what
 
     return check
@@ -190,46 +201,131 @@ def refused(o: Outcome, steps: int) -> str:
 
 
 HABITS = [
-    Habit("ModelCheckpoint(monitor=val/reward, save_top_k=2)",
-          ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.monitor", "val/reward",
-           "--trainer.callbacks.mode", "max", "--trainer.callbacks.save_top_k", "2"], check_model_checkpoint),
-    Habit("ModelCheckpoint(every_n_train_steps=1, save_top_k=-1)",
-          ["--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.every_n_train_steps", "1",
-           "--trainer.callbacks.save_top_k", "-1", "--checkpoint_every_n_steps", "4"], check_last_is_final),
-    Habit("EarlyStopping(monitor=val/reward)",
-          ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val/reward", "--trainer.callbacks.mode",
-           "max", "--trainer.callbacks.patience", "1", "--trainer.callbacks.min_delta", "1.0"], check_early_stopping),
+    Habit(
+        "ModelCheckpoint(monitor=val/reward, save_top_k=2)",
+        [
+            "--trainer.callbacks+=ModelCheckpoint",
+            "--trainer.callbacks.monitor",
+            "val/reward",
+            "--trainer.callbacks.mode",
+            "max",
+            "--trainer.callbacks.save_top_k",
+            "2",
+        ],
+        check_model_checkpoint,
+    ),
+    Habit(
+        "ModelCheckpoint(every_n_train_steps=1, save_top_k=-1)",
+        [
+            "--trainer.callbacks+=ModelCheckpoint",
+            "--trainer.callbacks.every_n_train_steps",
+            "1",
+            "--trainer.callbacks.save_top_k",
+            "-1",
+            "--checkpoint_every_n_steps",
+            "4",
+        ],
+        check_last_is_final,
+    ),
+    Habit(
+        "EarlyStopping(monitor=val/reward)",
+        [
+            "--trainer.callbacks+=EarlyStopping",
+            "--trainer.callbacks.monitor",
+            "val/reward",
+            "--trainer.callbacks.mode",
+            "max",
+            "--trainer.callbacks.patience",
+            "1",
+            "--trainer.callbacks.min_delta",
+            "1.0",
+        ],
+        check_early_stopping,
+    ),
     Habit("LearningRateMonitor", ["--trainer.callbacks+=LearningRateMonitor"], check_lr_monitor),
-    Habit("RichProgressBar", ["--trainer.callbacks+=RichProgressBar", "--trainer.enable_progress_bar", "true"],
-          check_rich_bar),
-    Habit("OnExceptionCheckpoint (a run that fails)",
-          ["--trainer.callbacks+=OnExceptionCheckpoint", "--trainer.callbacks.dirpath", "{root}/crash",
-           "--model.rewards", "[{class_path: lit_gspo.rl.rewards.ExactMatch}]", "--model.sampling.max_skipped_steps", "1",
-           "--model.sampling.dynamic", "true", "--model.sampling.max_rounds", "1"],
-          check_on_exception),
+    Habit(
+        "RichProgressBar",
+        ["--trainer.callbacks+=RichProgressBar", "--trainer.enable_progress_bar", "true"],
+        check_rich_bar,
+    ),
+    Habit(
+        "OnExceptionCheckpoint (a run that fails)",
+        [
+            "--trainer.callbacks+=OnExceptionCheckpoint",
+            "--trainer.callbacks.dirpath",
+            "{root}/crash",
+            "--model.rewards",
+            "[{class_path: lit_gspo.rl.rewards.ExactMatch}]",
+            "--model.sampling.max_skipped_steps",
+            "1",
+            "--model.sampling.dynamic",
+            "true",
+            "--model.sampling.max_rounds",
+            "1",
+        ],
+        check_on_exception,
+    ),
     Habit("gradient_clip_val 0.5", ["--trainer.gradient_clip_val", "0.5"], check_clip),
-    Habit("gradient_clip_algorithm value", ["--trainer.gradient_clip_val", "0.5", "--trainer.gradient_clip_algorithm",
-                                            "value"], refused, refused=True),
+    Habit(
+        "gradient_clip_algorithm value",
+        ["--trainer.gradient_clip_val", "0.5", "--trainer.gradient_clip_algorithm", "value"],
+        refused,
+        refused=True,
+    ),
     Habit("accumulate_grad_batches 4", ["--trainer.accumulate_grad_batches", "4"], refused, refused=True),
-    Habit("limit_train_batches 2, max_epochs 1", ["--trainer.limit_train_batches", "2", "--trainer.max_epochs", "1",
-                                                   "--trainer.max_steps", "-1"], check_limit_train),
+    Habit(
+        "limit_train_batches 2, max_epochs 1",
+        ["--trainer.limit_train_batches", "2", "--trainer.max_epochs", "1", "--trainer.max_steps", "-1"],
+        check_limit_train,
+    ),
     Habit("limit_val_batches 1", ["--trainer.limit_val_batches", "1"], check_limit_val),
-    Habit("val_check_interval 3", ["--model.validation.every_n_steps", "null", "--trainer.val_check_interval", "3"],
-          check_interval),
-    Habit("val_check_interval 3 with validation.every_n_steps 5", ["--trainer.val_check_interval", "3"], refused, refused=True),
-    Habit("num_sanity_val_steps 1", ["--trainer.num_sanity_val_steps", "1"], check_ran("sanity check ran; the run as usual")),
+    Habit(
+        "val_check_interval 3",
+        ["--model.validation.every_n_steps", "null", "--trainer.val_check_interval", "3"],
+        check_interval,
+    ),
+    Habit(
+        "val_check_interval 3 with validation.every_n_steps 5",
+        ["--trainer.val_check_interval", "3"],
+        refused,
+        refused=True,
+    ),
+    Habit(
+        "num_sanity_val_steps 1",
+        ["--trainer.num_sanity_val_steps", "1"],
+        check_ran("sanity check ran; the run as usual"),
+    ),
     Habit("fast_dev_run", ["--trainer.fast_dev_run", "true"], check_fast_dev_run),
     Habit("max_time 2 s", ["--trainer.max_time", "00:00:00:02", "--trainer.max_steps", "100000"], check_max_time),
-    Habit("precision bf16-mixed", ["--trainer.precision", "bf16-mixed"], check_ran("trained and validated under bf16 autocast")),
-    Habit("deterministic true", ["--trainer.deterministic", "true"], check_ran("trained with deterministic algorithms")),
+    Habit(
+        "precision bf16-mixed",
+        ["--trainer.precision", "bf16-mixed"],
+        check_ran("trained and validated under bf16 autocast"),
+    ),
+    Habit(
+        "deterministic true", ["--trainer.deterministic", "true"], check_ran("trained with deterministic algorithms")
+    ),
     Habit("log_every_n_steps 2", ["--trainer.log_every_n_steps", "2"], check_log_every),
     Habit("enable_checkpointing false", ["--trainer.enable_checkpointing", "false"], check_no_checkpoints),
-    Habit("lr_scheduler at the top level", ["--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "1",
-                                            "--lr_scheduler.gamma", "0.5"], check_top_level_scheduler),
-    Habit("lr_scheduler: block at the top of a YAML",
-          ["--config", "lr_scheduler: {class_path: torch.optim.lr_scheduler.StepLR, init_args: {step_size: 1, gamma: 0.5}}"],
-          check_top_level_scheduler),
-    Habit("optimizer at the top level (the config has model.optimizer)", ["--optimizer", "torch.optim.SGD"], refused, refused=True),
+    Habit(
+        "lr_scheduler at the top level",
+        ["--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "1", "--lr_scheduler.gamma", "0.5"],
+        check_top_level_scheduler,
+    ),
+    Habit(
+        "lr_scheduler: block at the top of a YAML",
+        [
+            "--config",
+            "lr_scheduler: {class_path: torch.optim.lr_scheduler.StepLR, init_args: {step_size: 1, gamma: 0.5}}",
+        ],
+        check_top_level_scheduler,
+    ),
+    Habit(
+        "optimizer at the top level (the config has model.optimizer)",
+        ["--optimizer", "torch.optim.SGD"],
+        refused,
+        refused=True,
+    ),
     Habit("overfit_batches 1", ["--trainer.overfit_batches", "1"], refused, refused=True),
 ]
 
@@ -238,8 +334,15 @@ def run_habit(habit: Habit, root: Path, base: list[str], steps: int) -> Outcome:
     """``lit-gspo fit`` with ``base`` + the habit's arguments, in this process (as ``cli_main`` runs it)."""
     from lit_gspo.lightning.cli import cli_main
 
-    args = ["fit", *base, "--trainer.max_steps", str(steps), "--trainer.default_root_dir", str(root),
-            *[a.replace("{root}", str(root)) for a in habit.args]]
+    args = [
+        "fit",
+        *base,
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.default_root_dir",
+        str(root),
+        *[a.replace("{root}", str(root)) for a in habit.args],
+    ]
     outcome = Outcome(root)
     try:
         outcome.cli = cli_main(args)
@@ -273,12 +376,16 @@ def main(argv: list[str] | None = None) -> int:
             outcome = run_habit(habit, Path(tmp) / "run", QUICKSTART, args.steps)
             good, text = verdict(habit, outcome, args.steps)
         ok += good
-        lines.append(f"| `{' '.join(habit.args).replace('|', '/')}` | {'' if good else '✗ '}{text} | "
-                     f"{time.perf_counter() - start:.0f} |")
+        lines.append(
+            f"| `{' '.join(habit.args).replace('|', '/')}` | {'' if good else '✗ '}{text} | "
+            f"{time.perf_counter() - start:.0f} |"
+        )
         print(lines[-1], flush=True)
-    print(f"\n{ok}/{len(habits)} as expected; {args.steps} RL steps each, the quickstart with validation.every_n_steps 5, "
-          f"on {cpu} ({os.cpu_count()} cores).\n"
-          f"Reproduce: python benchmarks/lightning_habits.py --steps {args.steps}\n")
+    print(
+        f"\n{ok}/{len(habits)} as expected; {args.steps} RL steps each, the quickstart with validation.every_n_steps 5, "
+        f"on {cpu} ({os.cpu_count()} cores).\n"
+        f"Reproduce: python benchmarks/lightning_habits.py --steps {args.steps}\n"
+    )
     print("\n".join(lines))
     return 0 if ok == len(habits) else 1
 

@@ -40,19 +40,26 @@ def child(args) -> None:
         import torch.distributed as dist
 
         dist.init_process_group("gloo", rank=rank, world_size=world)
-    from lit_gspo.runtime.sharding import shard_model
     from lit_gspo.models import load_policy
     from lit_gspo.runtime.optim import optimizer_state_bytes, shard_aware
+    from lit_gspo.runtime.sharding import shard_model
 
     if args.optimizer != "AdamW":
         from lit_gspo.runtime.extras import require
 
         require("bitsandbytes", "An 8-bit optimizer")  # import before measuring the baseline
     baseline = rss_mb()
-    policy, _ = load_policy("tiny-llama", config_overrides={"hidden_size": args.hidden, "num_hidden_layers": args.layers,
-                                                            "intermediate_size": args.intermediate,
-                                                            "num_attention_heads": args.hidden // 64,
-                                                            "num_key_value_heads": max(1, args.hidden // 128)}, seed=0)
+    policy, _ = load_policy(
+        "tiny-llama",
+        config_overrides={
+            "hidden_size": args.hidden,
+            "num_hidden_layers": args.layers,
+            "intermediate_size": args.intermediate,
+            "num_attention_heads": args.hidden // 64,
+            "num_key_value_heads": max(1, args.hidden // 128),
+        },
+        seed=0,
+    )
     n_params = sum(p.numel() for p in policy.parameters())
     if world > 1:
         from torch.distributed.device_mesh import init_device_mesh
@@ -70,8 +77,19 @@ def child(args) -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
     seconds = (time.perf_counter() - start) / args.steps
-    print(json.dumps({"rank": rank, "params": n_params, "peak_rss_mb": rss_mb(), "baseline_mb": baseline,
-                      "state_bytes": optimizer_state_bytes(opt), "s_per_step": seconds}), flush=True)
+    print(
+        json.dumps(
+            {
+                "rank": rank,
+                "params": n_params,
+                "peak_rss_mb": rss_mb(),
+                "baseline_mb": baseline,
+                "state_bytes": optimizer_state_bytes(opt),
+                "s_per_step": seconds,
+            }
+        ),
+        flush=True,
+    )
 
 
 def _free_port() -> int:
@@ -82,25 +100,59 @@ def _free_port() -> int:
 
 def measure(args, optimizer: str, world: int) -> dict:
     port = str(_free_port())
-    cmd = [sys.executable, __file__, "--child", "--optimizer", optimizer, "--hidden", str(args.hidden), "--layers",
-           str(args.layers), "--intermediate", str(args.intermediate), "--steps", str(args.steps), "--batch",
-           str(args.batch), "--seq", str(args.seq)]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                                   "MASTER_PORT": port, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
-             for r in range(world)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--optimizer",
+        optimizer,
+        "--hidden",
+        str(args.hidden),
+        "--layers",
+        str(args.layers),
+        "--intermediate",
+        str(args.intermediate),
+        "--steps",
+        str(args.steps),
+        "--batch",
+        str(args.batch),
+        "--seq",
+        str(args.seq),
+    ]
+    procs = [
+        subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                "RANK": str(r),
+                "WORLD_SIZE": str(world),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "OMP_NUM_THREADS": "1",
+                "PYTHONWARNINGS": "ignore",
+            },
+        )
+        for r in range(world)
+    ]
     results = []
     for p in procs:
         out, err = p.communicate(timeout=1800)
         if p.returncode != 0:
             raise RuntimeError(f"{optimizer} world={world} failed:\n{err[-3000:]}")
         results.append(json.loads([line for line in out.splitlines() if line.startswith("{")][-1]))
-    return {"optimizer": optimizer, "world": world, "params": results[0]["params"],
-            "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
-            "growth_mb": max(r["peak_rss_mb"] - r["baseline_mb"] for r in results),
-            "state_mb_per_rank": max(r["state_bytes"] for r in results) / 2**20,
-            "state_bytes_per_param": sum(r["state_bytes"] for r in results) / results[0]["params"],
-            "s_per_step": max(r["s_per_step"] for r in results)}
+    return {
+        "optimizer": optimizer,
+        "world": world,
+        "params": results[0]["params"],
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
+        "growth_mb": max(r["peak_rss_mb"] - r["baseline_mb"] for r in results),
+        "state_mb_per_rank": max(r["state_bytes"] for r in results) / 2**20,
+        "state_bytes_per_param": sum(r["state_bytes"] for r in results) / results[0]["params"],
+        "s_per_step": max(r["s_per_step"] for r in results),
+    }
 
 
 def main(argv=None) -> None:
@@ -118,15 +170,21 @@ def main(argv=None) -> None:
     if args.child:
         return child(args)
     rows = [measure(args, opt, int(w)) for w in args.worlds.split(",") for opt in OPTIMIZERS]
-    print(f"\nModel: tiny-llama, hidden {args.hidden}, {args.layers} layers, MLP {args.intermediate}: "
-          f"{rows[0]['params'] / 1e6:.1f}M parameters; batch {args.batch}×{args.seq} tokens, {args.steps} steps, CPU.\n")
-    print("| setup | optimizer | peak RSS / rank (MiB) | RSS growth / rank (MiB) | optimizer state / rank (MiB) "
-          "| state bytes / param | s / step |")
+    print(
+        f"\nModel: tiny-llama, hidden {args.hidden}, {args.layers} layers, MLP {args.intermediate}: "
+        f"{rows[0]['params'] / 1e6:.1f}M parameters; batch {args.batch}×{args.seq} tokens, {args.steps} steps, CPU.\n"
+    )
+    print(
+        "| setup | optimizer | peak RSS / rank (MiB) | RSS growth / rank (MiB) | optimizer state / rank (MiB) "
+        "| state bytes / param | s / step |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
         setup = "1 process" if r["world"] == 1 else f"FSDP2, {r['world']} ranks"
-        print(f"| {setup} | {r['optimizer']} | {r['peak_rss_mb']:.0f} | {r['growth_mb']:.0f} | {r['state_mb_per_rank']:.1f} "
-              f"| {r['state_bytes_per_param']:.2f} | {r['s_per_step']:.2f} |")
+        print(
+            f"| {setup} | {r['optimizer']} | {r['peak_rss_mb']:.0f} | {r['growth_mb']:.0f} | {r['state_mb_per_rank']:.1f} "
+            f"| {r['state_bytes_per_param']:.2f} | {r['s_per_step']:.2f} |"
+        )
     extra = " ".join(f"--{k} {getattr(args, k)}" for k in ("hidden", "layers", "intermediate", "steps", "batch", "seq"))
     print(f"\nReproduce: python benchmarks/memory.py {extra}")
 

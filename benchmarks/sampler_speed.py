@@ -23,12 +23,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the GPU machine runs the working tree, lit_gspo not installed
     sys.path.insert(0, str(ROOT))
 
-DRY_RUN_CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16)
+DRY_RUN_CONFIG = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+)
 
 
 def build_policy(config_path: Path, device: str, dtype, dry_run: bool):
-    import torch
     from transformers import AutoConfig, Qwen3Config
 
     from lit_gspo.models import build_from_config
@@ -44,7 +50,9 @@ def measure(engine, policy, prompts, *, G: int, T: int, repeats: int, device: st
         if device == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        batch = engine.sample(policy, prompts, num_generations=G, max_new_tokens=T, pad_id=0, eos_id=never, temperature=1.0)
+        batch = engine.sample(
+            policy, prompts, num_generations=G, max_new_tokens=T, pad_id=0, eos_id=never, temperature=1.0
+        )
         if device == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
@@ -68,8 +76,11 @@ def main(argv=None) -> dict:
     p.add_argument("--max-new-tokens", type=int, help="default 256 (dry run 16)")
     p.add_argument("--prompt-length", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--engines", default="StaticCacheSampler,LeanSampler,HFGenerate",
-                   help="class names in lit_gspo.rl.engines; one missing there is reported as such")
+    p.add_argument(
+        "--engines",
+        default="StaticCacheSampler,LeanSampler,HFGenerate",
+        help="class names in lit_gspo.rl.engines; one missing there is reported as such",
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     import torch
@@ -77,7 +88,11 @@ def main(argv=None) -> dict:
     import lit_gspo.rl.engines as engines
 
     small = args.dry_run
-    prompts_n, G, T = args.prompts or (2 if small else 8), args.G or (4 if small else 8), args.max_new_tokens or (16 if small else 256)
+    prompts_n, G, T = (
+        args.prompts or (2 if small else 8),
+        args.G or (4 if small else 8),
+        args.max_new_tokens or (16 if small else 256),
+    )
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
     policy, vocab = build_policy(args.model_config, args.device, dtype, small)
     generator = torch.Generator().manual_seed(0)
@@ -93,8 +108,9 @@ def main(argv=None) -> dict:
             continue
         torch.manual_seed(0)
         try:
-            results[name] = measure(cls(), policy, prompts, G=G, T=T, repeats=args.repeats, device=args.device,
-                                    never=vocab)  # an id past the vocabulary: no row ends early
+            results[name] = measure(
+                cls(), policy, prompts, G=G, T=T, repeats=args.repeats, device=args.device, never=vocab
+            )  # an id past the vocabulary: no row ends early
         except Exception as error:  # a crash is one row of the table
             results[name] = dict(error=f"{type(error).__name__}: {error}"[:300])
     print(f"{'engine':<20} {'tok/s':>10} {'median s':>9} {'warm-up s':>10} {'tokens':>7}")

@@ -51,8 +51,16 @@ def main(argv=None) -> None:
             if logs and log:
                 log[-1].update({k: logs[k] for k in ("reward", "completions/mean_length") if k in logs})
 
-    trainer = trl_trainer(model_dir(args.model_dir), args.output, updates=args.updates, precision=args.precision,
-                          checkpointing=True, num_prompts=4000, callbacks=[Log()], seed=args.seed)
+    trainer = trl_trainer(
+        model_dir(args.model_dir),
+        args.output,
+        updates=args.updates,
+        precision=args.precision,
+        checkpointing=True,
+        num_prompts=4000,
+        callbacks=[Log()],
+        seed=args.seed,
+    )
     tokenizer = trainer.processing_class
     start = time.perf_counter()
     trainer.train()
@@ -63,8 +71,10 @@ def main(argv=None) -> None:
         writer = csv.DictWriter(f, fieldnames=sorted({k for r in log for k in r}))
         writer.writeheader()
         writer.writerows(log)
-    print(f"TRL {args.updates} updates in {wall:.0f} s ({wall / args.updates:.1f} s/update), {args.precision}, "
-          f"{args.threads} thread(s); model: {args.output / 'hf_model'}")
+    print(
+        f"TRL {args.updates} updates in {wall:.0f} s ({wall / args.updates:.1f} s/update), {args.precision}, "
+        f"{args.threads} thread(s); model: {args.output / 'hf_model'}"
+    )
 
 
 if __name__ == "__main__":

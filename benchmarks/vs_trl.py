@@ -99,7 +99,11 @@ def shaped_model_dir(config: Path, tokenizer_dir: Path) -> Path:
 
     from transformers import AutoTokenizer
 
-    name = config.parent.name if config.name == "config.json" else config.name.removesuffix(".json").removesuffix(".config")
+    name = (
+        config.parent.name
+        if config.name == "config.json"
+        else config.name.removesuffix(".json").removesuffix(".config")
+    )
     path = ROOT / "runs" / "bench_models" / name
     if not (path / "config.json").exists():
         path.mkdir(parents=True, exist_ok=True)
@@ -144,10 +148,10 @@ def run_lit(args) -> dict:
     import torch
     from lightning.pytorch import Callback, Trainer
 
-    from lit_gspo.rl.config import Generation, Update
     from lit_gspo.lightning.datamodule import PromptDataModule
-    from lit_gspo.rl.engines import HFGenerate, LeanSampler, VLLMEngine
     from lit_gspo.lightning.module import RLModule
+    from lit_gspo.rl.config import Generation, Update
+    from lit_gspo.rl.engines import HFGenerate, LeanSampler, VLLMEngine
     from lit_gspo.rl.objectives import GSPO
     from lit_gspo.rl.rewards import AnswerMatch
 
@@ -165,47 +169,85 @@ def run_lit(args) -> dict:
             trained.append(float(m["train/rows_with_gradient"]))
 
     # token-mean = TRL's default loss_type "dapo" (Σ tokens / tokens in the batch), so both optimise the same loss
-    module = RLModule(model=str(args.model_dir),
-                      objective=GSPO(clip_low=3e-4, clip_high=4e-4, beta=0.0, aggregation="token-mean"),
-                      optimizer=lambda p: torch.optim.AdamW(p, lr=LR, weight_decay=0.0, fused=True),  # TRL: adamw_torch_fused
-                      rewards=[AnswerMatch(mode="last_number")],
-                      engine=VLLMEngine(kv_cache_gb=VLLM_KV_CACHE_GB) if args.backend == "vllm" else
-                      (LeanSampler if args.backend == "fast" else HFGenerate)(
-                          attn_implementation=None if args.sampling_attention == "none" else args.sampling_attention),
-                      generation=Generation(num_generations=args.num_generations, max_new_tokens=args.max_new_tokens),
-                      update=Update(num_minibatches=UPDATES_PER_ROLLOUT, max_grad_norm=1.0,
-                                    skip_zero_advantage_rows=args.skip_zero_advantage == "on",
-                                    micro_batch_tokens=args.micro_batch_tokens or None),
-                      kl_to_ref=False, gradient_checkpointing=lit_checkpointing(args) == "on")
-    data = PromptDataModule(train_source="arithmetic", num_train=400, num_val=1, prompts_per_step=args.prompts_per_update *
-                            UPDATES_PER_ROLLOUT, task_kwargs=dict(digits=2, ops="+", template=TEMPLATE))
-    trainer = Trainer(accelerator=args.device, devices=1, max_steps=args.cycles * UPDATES_PER_ROLLOUT, logger=False,
-                      limit_val_batches=0,  # timing only: no validation
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      precision="bf16-mixed" if args.precision == "bf16" else "32-true", callbacks=[Timer()],
-                      default_root_dir=str(ROOT / "runs" / "bench_lit"))
+    module = RLModule(
+        model=str(args.model_dir),
+        objective=GSPO(clip_low=3e-4, clip_high=4e-4, beta=0.0, aggregation="token-mean"),
+        optimizer=lambda p: torch.optim.AdamW(p, lr=LR, weight_decay=0.0, fused=True),  # TRL: adamw_torch_fused
+        rewards=[AnswerMatch(mode="last_number")],
+        engine=VLLMEngine(kv_cache_gb=VLLM_KV_CACHE_GB)
+        if args.backend == "vllm"
+        else (LeanSampler if args.backend == "fast" else HFGenerate)(
+            attn_implementation=None if args.sampling_attention == "none" else args.sampling_attention
+        ),
+        generation=Generation(num_generations=args.num_generations, max_new_tokens=args.max_new_tokens),
+        update=Update(
+            num_minibatches=UPDATES_PER_ROLLOUT,
+            max_grad_norm=1.0,
+            skip_zero_advantage_rows=args.skip_zero_advantage == "on",
+            micro_batch_tokens=args.micro_batch_tokens or None,
+        ),
+        kl_to_ref=False,
+        gradient_checkpointing=lit_checkpointing(args) == "on",
+    )
+    data = PromptDataModule(
+        train_source="arithmetic",
+        num_train=400,
+        num_val=1,
+        prompts_per_step=args.prompts_per_update * UPDATES_PER_ROLLOUT,
+        task_kwargs=dict(digits=2, ops="+", template=TEMPLATE),
+    )
+    trainer = Trainer(
+        accelerator=args.device,
+        devices=1,
+        max_steps=args.cycles * UPDATES_PER_ROLLOUT,
+        logger=False,
+        limit_val_batches=0,  # timing only: no validation
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        precision="bf16-mixed" if args.precision == "bf16" else "32-true",
+        callbacks=[Timer()],
+        default_root_dir=str(ROOT / "runs" / "bench_lit"),
+    )
     trainer.fit(module, datamodule=data)
     rows = train_rows(64)
-    return dict(cycle_s=cycles, update_phase_s=[u / UPDATES_PER_ROLLOUT for u in update_phase],
-                completion_tokens=[t * rows_per_update(args) * UPDATES_PER_ROLLOUT for t in tokens],
-                mean_completion=tokens,
-                # executed training FLOPs relative to 6·params·tokens: fwd+bwd on the rows with a gradient,
-                # plus a forward (2/6) for half of them (old log-probs of the second minibatch)
-                work_fraction=[f * (1 + 1 / 6) for f in trained], prompt_tokens=prompt_tokens(module.tokenizer, rows),
-                params=sum(p.numel() for p in module.policy.parameters()))
+    return dict(
+        cycle_s=cycles,
+        update_phase_s=[u / UPDATES_PER_ROLLOUT for u in update_phase],
+        completion_tokens=[t * rows_per_update(args) * UPDATES_PER_ROLLOUT for t in tokens],
+        mean_completion=tokens,
+        # executed training FLOPs relative to 6·params·tokens: fwd+bwd on the rows with a gradient,
+        # plus a forward (2/6) for half of them (old log-probs of the second minibatch)
+        work_fraction=[f * (1 + 1 / 6) for f in trained],
+        prompt_tokens=prompt_tokens(module.tokenizer, rows),
+        params=sum(p.numel() for p in module.policy.parameters()),
+    )
 
 
-def trl_trainer(model_dir: Path, output_dir: Path, *, updates: int, precision: str, checkpointing: bool,
-                num_prompts: int, callbacks: list, seed: int = 0, device: str = "cpu", vllm: bool = False,
-                prompts_per_update: int = PROMPTS_PER_UPDATE, num_generations: int = G, max_new_tokens: int = MAX_NEW):
+def trl_trainer(
+    model_dir: Path,
+    output_dir: Path,
+    *,
+    updates: int,
+    precision: str,
+    checkpointing: bool,
+    num_prompts: int,
+    callbacks: list,
+    seed: int = 0,
+    device: str = "cpu",
+    vllm: bool = False,
+    prompts_per_update: int = PROMPTS_PER_UPDATE,
+    num_generations: int = G,
+    max_new_tokens: int = MAX_NEW,
+):
     """TRL's GRPOTrainer at the anchor's GSPO settings on the addition prompts (shared with trl_anchor.py);
     ``vllm``: sampling with vLLM in the trainer's process (``use_vllm=True, vllm_mode="colocate"``)."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lit_gspo.runtime.extras import require
     from lit_gspo.rl.rewards import AnswerMatch
+    from lit_gspo.runtime.extras import require
 
     trl = require("trl", "Comparing with TRL")
     GRPOConfig, GRPOTrainer = trl.GRPOConfig, trl.GRPOTrainer
@@ -215,21 +257,47 @@ def trl_trainer(model_dir: Path, output_dir: Path, *, updates: int, precision: s
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return judge(prompts, texts, answer=answer)
 
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]}
-                                 for r in train_rows(num_prompts)])
-    config = GRPOConfig(output_dir=str(output_dir), per_device_train_batch_size=num_generations * prompts_per_update,
-                        num_generations=num_generations, steps_per_generation=UPDATES_PER_ROLLOUT,
-                        max_completion_length=max_new_tokens,
-                        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-                        max_grad_norm=1.0, importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4,
-                        beta=0.0, temperature=1.0, max_steps=updates, logging_steps=1,
-                        report_to="none", save_strategy="no", use_cpu=device == "cpu", bf16=precision == "bf16",
-                        seed=seed, dataloader_num_workers=0, disable_tqdm=True, gradient_checkpointing=checkpointing,
-                        **(dict(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=512) if vllm else {}))
+    dataset = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in train_rows(num_prompts)]
+    )
+    config = GRPOConfig(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=num_generations * prompts_per_update,
+        num_generations=num_generations,
+        steps_per_generation=UPDATES_PER_ROLLOUT,
+        max_completion_length=max_new_tokens,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        importance_sampling_level="sequence",
+        epsilon=3e-4,
+        epsilon_high=4e-4,
+        beta=0.0,
+        temperature=1.0,
+        max_steps=updates,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=device == "cpu",
+        bf16=precision == "bf16",
+        seed=seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        gradient_checkpointing=checkpointing,
+        **(dict(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=512) if vllm else {}),
+    )
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                       processing_class=tokenizer, callbacks=callbacks)
+    return GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+    )
 
 
 def run_trl(args) -> dict:
@@ -248,19 +316,32 @@ def run_trl(args) -> dict:
             if logs and "completions/mean_length" in logs:
                 lengths.append(float(logs["completions/mean_length"]))
 
-    trainer = trl_trainer(args.model_dir, ROOT / "runs" / "bench_trl", updates=args.cycles * UPDATES_PER_ROLLOUT,
-                          precision=args.precision, checkpointing=args.checkpointing == "on", num_prompts=400,
-                          callbacks=[Timer()], device=args.device, vllm=args.backend == "vllm",
-                          prompts_per_update=args.prompts_per_update, num_generations=args.num_generations,
-                          max_new_tokens=args.max_new_tokens)
+    trainer = trl_trainer(
+        args.model_dir,
+        ROOT / "runs" / "bench_trl",
+        updates=args.cycles * UPDATES_PER_ROLLOUT,
+        precision=args.precision,
+        checkpointing=args.checkpointing == "on",
+        num_prompts=400,
+        callbacks=[Timer()],
+        device=args.device,
+        vllm=args.backend == "vllm",
+        prompts_per_update=args.prompts_per_update,
+        num_generations=args.num_generations,
+        max_new_tokens=args.max_new_tokens,
+    )
     trainer.train()
     cycles = [steps[i] + steps[i + 1] for i in range(0, len(steps) - 1, UPDATES_PER_ROLLOUT)]
     train_only = [steps[i + 1] for i in range(0, len(steps) - 1, UPDATES_PER_ROLLOUT)]  # no generation in step 2
     per_gen = lengths[::UPDATES_PER_ROLLOUT] if len(lengths) >= 2 * len(cycles) else lengths
-    return dict(cycle_s=cycles, update_phase_s=train_only,
-                completion_tokens=[l * rows_per_update(args) * UPDATES_PER_ROLLOUT for l in per_gen[:len(cycles)]],
-                mean_completion=per_gen[:len(cycles)], prompt_tokens=prompt_tokens(trainer.processing_class, train_rows(64)),
-                params=sum(p.numel() for p in trainer.model.parameters()))
+    return dict(
+        cycle_s=cycles,
+        update_phase_s=train_only,
+        completion_tokens=[length * rows_per_update(args) * UPDATES_PER_ROLLOUT for length in per_gen[: len(cycles)]],
+        mean_completion=per_gen[: len(cycles)],
+        prompt_tokens=prompt_tokens(trainer.processing_class, train_rows(64)),
+        params=sum(p.numel() for p in trainer.model.parameters()),
+    )
 
 
 def rows_per_update(args) -> int:
@@ -300,10 +381,18 @@ def summarise(runs: list[dict], rows: int) -> dict:
     work = statistics.median(w for r in runs for w in r.get("work_fraction", [1.0])[1:] or [1.0])
     flops = 6 * params * train_tokens * work  # FLOPs executed in the update phase
     peak = statistics.median(r["matmul_flops"] for r in runs)
-    return dict(sec_per_update=sec_per_update, completion_tok_s=statistics.median(toks) / (2 * sec_per_update),
-                update_phase_s=update_s, mfu=flops / update_s / peak, work_fraction=work, matmul_gflops=peak / 1e9,
-                peak_rss_mb=max(r["peak_rss_mb"] for r in runs), mean_completion=statistics.median(comp),
-                cycles_counted=len(cycle), peak_gpu_mb=max((r.get("peak_gpu_mb", 0.0) for r in runs), default=0.0))
+    return dict(
+        sec_per_update=sec_per_update,
+        completion_tok_s=statistics.median(toks) / (2 * sec_per_update),
+        update_phase_s=update_s,
+        mfu=flops / update_s / peak,
+        work_fraction=work,
+        matmul_gflops=peak / 1e9,
+        peak_rss_mb=max(r["peak_rss_mb"] for r in runs),
+        mean_completion=statistics.median(comp),
+        cycles_counted=len(cycle),
+        peak_gpu_mb=max((r.get("peak_gpu_mb", 0.0) for r in runs), default=0.0),
+    )
 
 
 def main(argv=None) -> None:
@@ -313,24 +402,55 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads in each run (same for both)")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both sides sample and train")
-    p.add_argument("--backend", choices=["hf", "fast", "vllm"], default="fast",
-                   help="lit_gspo engine: fast = LeanSampler, hf = HFGenerate; vllm = VLLMEngine, and TRL samples with "
-                        "vLLM too (use_vllm=True, vllm_mode='colocate'); needs the `vllm` extra's environment")
-    p.add_argument("--checkpointing", choices=["on", "off"], default="on",
-                   help="gradient checkpointing on both sides (TRL's GRPOConfig default: on)")
-    p.add_argument("--lit-checkpointing", choices=["same", "on", "off"], default="same",
-                   help="lit_gspo's gradient checkpointing alone (same: as --checkpointing)")
-    p.add_argument("--skip-zero-advantage", choices=["on", "off"], default="on",
-                   help="lit_gspo update.skip_zero_advantage_rows (off: every row runs forward/backward, as in TRL)")
-    p.add_argument("--micro-batch-tokens", type=int, default=0,
-                   help="lit_gspo update.micro_batch_tokens (0: one micro-batch per minibatch)")
-    p.add_argument("--sampling-attention", default="lit_gqa_eager", help="lit_gspo engine attn_implementation while sampling (as in configs/smollm2; eager: HF eager; none: the model's)")
+    p.add_argument(
+        "--backend",
+        choices=["hf", "fast", "vllm"],
+        default="fast",
+        help="lit_gspo engine: fast = LeanSampler, hf = HFGenerate; vllm = VLLMEngine, and TRL samples with "
+        "vLLM too (use_vllm=True, vllm_mode='colocate'); needs the `vllm` extra's environment",
+    )
+    p.add_argument(
+        "--checkpointing",
+        choices=["on", "off"],
+        default="on",
+        help="gradient checkpointing on both sides (TRL's GRPOConfig default: on)",
+    )
+    p.add_argument(
+        "--lit-checkpointing",
+        choices=["same", "on", "off"],
+        default="same",
+        help="lit_gspo's gradient checkpointing alone (same: as --checkpointing)",
+    )
+    p.add_argument(
+        "--skip-zero-advantage",
+        choices=["on", "off"],
+        default="on",
+        help="lit_gspo update.skip_zero_advantage_rows (off: every row runs forward/backward, as in TRL)",
+    )
+    p.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=0,
+        help="lit_gspo update.micro_batch_tokens (0: one micro-batch per minibatch)",
+    )
+    p.add_argument(
+        "--sampling-attention",
+        default="lit_gqa_eager",
+        help="lit_gspo engine attn_implementation while sampling (as in configs/smollm2; eager: HF eager; none: the model's)",
+    )
     p.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "smollm2-135m-instruct-hf")
-    p.add_argument("--model-config", type=Path,
-                   help="a model's config.json (e.g. Qwen3-0.6B's): random weights of that shape (seed 0) with --model-dir's "
-                        "tokenizer, built once in runs/bench_models/<config's parent dir name>")
-    p.add_argument("--prompts-per-update", type=int, default=PROMPTS_PER_UPDATE,
-                   help=f"prompts per optimiser step; a rollout samples {UPDATES_PER_ROLLOUT}× this many")
+    p.add_argument(
+        "--model-config",
+        type=Path,
+        help="a model's config.json (e.g. Qwen3-0.6B's): random weights of that shape (seed 0) with --model-dir's "
+        "tokenizer, built once in runs/bench_models/<config's parent dir name>",
+    )
+    p.add_argument(
+        "--prompts-per-update",
+        type=int,
+        default=PROMPTS_PER_UPDATE,
+        help=f"prompts per optimiser step; a rollout samples {UPDATES_PER_ROLLOUT}× this many",
+    )
     p.add_argument("--num-generations", type=int, default=G, help="completions per prompt (G)")
     p.add_argument("--max-new-tokens", type=int, default=MAX_NEW, help="the completion budget on both sides")
     p.add_argument("--only", choices=["lit", "trl"], help="run one side only")
@@ -341,48 +461,97 @@ def main(argv=None) -> None:
     if args.model_config:
         args.model_dir = shaped_model_dir(args.model_config, model_dir(args.model_dir))
     model_dir(args.model_dir)
-    command = "python benchmarks/vs_trl.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python benchmarks/vs_trl.py " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    )
     sides = [args.only] if args.only else ["lit", "trl"]
     results: dict[str, list[dict]] = {s: [] for s in sides}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false",
-               # TRL's vLLM: the KV cache lit_gspo's engine gets (else sized from the machine's RAM), in its process
-               VLLM_CPU_KVCACHE_SPACE=str(VLLM_KV_CACHE_GB), VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        OMP_NUM_THREADS=str(args.threads),
+        TOKENIZERS_PARALLELISM="false",
+        # TRL's vLLM: the KV cache lit_gspo's engine gets (else sized from the machine's RAM), in its process
+        VLLM_CPU_KVCACHE_SPACE=str(VLLM_KV_CACHE_GB),
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+    )
     for round_ in range(args.rounds):
         for side in sides:
-            cmd = [sys.executable, __file__, "--worker", side, "--device", args.device, "--cycles", str(args.cycles), "--threads",
-                   str(args.threads), "--precision", args.precision, "--backend", args.backend,
-                   "--sampling-attention", args.sampling_attention, "--checkpointing", args.checkpointing,
-                   "--lit-checkpointing", args.lit_checkpointing,
-                   "--skip-zero-advantage", args.skip_zero_advantage, "--micro-batch-tokens", str(args.micro_batch_tokens),
-                   "--model-dir", str(args.model_dir), "--prompts-per-update", str(args.prompts_per_update),
-                   "--num-generations", str(args.num_generations), "--max-new-tokens", str(args.max_new_tokens)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                side,
+                "--device",
+                args.device,
+                "--cycles",
+                str(args.cycles),
+                "--threads",
+                str(args.threads),
+                "--precision",
+                args.precision,
+                "--backend",
+                args.backend,
+                "--sampling-attention",
+                args.sampling_attention,
+                "--checkpointing",
+                args.checkpointing,
+                "--lit-checkpointing",
+                args.lit_checkpointing,
+                "--skip-zero-advantage",
+                args.skip_zero_advantage,
+                "--micro-batch-tokens",
+                str(args.micro_batch_tokens),
+                "--model-dir",
+                str(args.model_dir),
+                "--prompts-per-update",
+                str(args.prompts_per_update),
+                "--num-generations",
+                str(args.num_generations),
+                "--max-new-tokens",
+                str(args.max_new_tokens),
+            ]
             start = time.perf_counter()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
-            lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+            lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
             if proc.returncode or not lines:
                 sys.exit(f"{side} run failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
             out = json.loads(lines[-1][7:])
             results[side].append(out)
-            print(f"round {round_ + 1} {side:>3}: cycles {[round(c, 1) for c in out['cycle_s']]} s "
-                  f"({time.perf_counter() - start:.0f} s with loading)", flush=True)
+            print(
+                f"round {round_ + 1} {side:>3}: cycles {[round(c, 1) for c in out['cycle_s']]} s "
+                f"({time.perf_counter() - start:.0f} s with loading)",
+                flush=True,
+            )
     table = {s: summarise(r, rows_per_update(args)) for s, r in results.items()}
     where = results[sides[0]][0].get("device_name", "CPU") if args.device == "cuda" else "CPU"
-    print(f"\n{args.model_dir.name} on {where}, {rows_per_update(args)} completions/update "
-          f"({args.prompts_per_update} prompts × {args.num_generations}), {UPDATES_PER_ROLLOUT} updates/rollout, "
-          f"≤{args.max_new_tokens} new tokens, {args.precision}, {args.threads} thread(s), gradient checkpointing {args.checkpointing} (lit_gspo {lit_checkpointing(args)}), "
-          f"lit_gspo skip_zero_advantage_rows {args.skip_zero_advantage}, micro_batch_tokens {args.micro_batch_tokens or None}, "
-          f"lit_gspo backend {args.backend}")
-    print(f"{'':>8} {'s/update':>9} {'compl tok/s':>12} {'update-phase s':>15} {'MFU':>6} {'matmul GFLOP/s':>15} "
-          f"{'peak RSS MB':>12} {'mean len':>9} {'cycles':>7} {'work':>5}" + (f" {'peak GPU MB':>12}" if args.device == "cuda" else ""))
+    print(
+        f"\n{args.model_dir.name} on {where}, {rows_per_update(args)} completions/update "
+        f"({args.prompts_per_update} prompts × {args.num_generations}), {UPDATES_PER_ROLLOUT} updates/rollout, "
+        f"≤{args.max_new_tokens} new tokens, {args.precision}, {args.threads} thread(s), gradient checkpointing {args.checkpointing} (lit_gspo {lit_checkpointing(args)}), "
+        f"lit_gspo skip_zero_advantage_rows {args.skip_zero_advantage}, micro_batch_tokens {args.micro_batch_tokens or None}, "
+        f"lit_gspo backend {args.backend}"
+    )
+    print(
+        f"{'':>8} {'s/update':>9} {'compl tok/s':>12} {'update-phase s':>15} {'MFU':>6} {'matmul GFLOP/s':>15} "
+        f"{'peak RSS MB':>12} {'mean len':>9} {'cycles':>7} {'work':>5}"
+        + (f" {'peak GPU MB':>12}" if args.device == "cuda" else "")
+    )
     for s, t in table.items():
-        print(f"{s:>8} {t['sec_per_update']:9.2f} {t['completion_tok_s']:12.1f} {t['update_phase_s']:15.2f} "
-              f"{100 * t['mfu']:5.1f}% {t['matmul_gflops']:15.1f} {t['peak_rss_mb']:12.0f} {t['mean_completion']:9.1f} "
-              f"{t['cycles_counted']:7d} {t['work_fraction']:5.2f}" + (f" {t['peak_gpu_mb']:12.0f}" if args.device == "cuda" else ""))
+        print(
+            f"{s:>8} {t['sec_per_update']:9.2f} {t['completion_tok_s']:12.1f} {t['update_phase_s']:15.2f} "
+            f"{100 * t['mfu']:5.1f}% {t['matmul_gflops']:15.1f} {t['peak_rss_mb']:12.0f} {t['mean_completion']:9.1f} "
+            f"{t['cycles_counted']:7d} {t['work_fraction']:5.2f}"
+            + (f" {t['peak_gpu_mb']:12.0f}" if args.device == "cuda" else "")
+        )
     if len(table) == 2:
-        print(f"ratio trl/lit: {table['trl']['sec_per_update'] / table['lit']['sec_per_update']:.2f}x s/update, "
-              f"RSS lit/trl {table['lit']['peak_rss_mb'] / table['trl']['peak_rss_mb']:.2f}")
+        print(
+            f"ratio trl/lit: {table['trl']['sec_per_update'] / table['lit']['sec_per_update']:.2f}x s/update, "
+            f"RSS lit/trl {table['lit']['peak_rss_mb'] / table['trl']['peak_rss_mb']:.2f}"
+        )
     print("work: update-phase FLOPs executed / 6·params·tokens (lit_gspo skips rows with zero advantage)")
     print(f"reproduce: {command}")
     print("JSON " + json.dumps(dict(table, device=args.device, precision=args.precision, command=command)))

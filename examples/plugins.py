@@ -21,11 +21,13 @@ class REINFORCE(Objective, register=False):
 
     zero_advantage_has_no_gradient = True  # ℓ is a multiple of Â
 
-    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                    counts: Counts, **extra) -> LossOutput:
+    def policy_loss(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, counts: Counts, **extra
+    ) -> LossOutput:
         loss = -advantages * logprobs  # (B, T)
-        return LossOutput(aggregate(loss, mask, self.aggregation, counts),
-                          {"clip_frac": masked_mean(mask.float() * 0, mask)})  # nothing is ever clipped
+        return LossOutput(
+            aggregate(loss, mask, self.aggregation, counts), {"clip_frac": masked_mean(mask.float() * 0, mask)}
+        )  # nothing is ever clipped
 
 
 def exact_answer(completions, answer, **kwargs):

@@ -57,8 +57,13 @@ def eval_sets(n: int) -> dict[str, list[dict]]:
         rows = []
         for i, (a, b) in enumerate(held_out_pairs(op, n)):
             template = templates[i % len(templates)]
-            rows.append({"prompt": template.format(a=a, op=op, b=b), "answer": str(a + b if op == "+" else a - b),
-                         "borrow": op == "-" and a % 10 < b % 10})
+            rows.append(
+                {
+                    "prompt": template.format(a=a, op=op, b=b),
+                    "answer": str(a + b if op == "+" else a - b),
+                    "borrow": op == "-" and a % 10 < b % 10,
+                }
+            )
         sets[name] = rows
     return sets
 
@@ -69,10 +74,15 @@ def load(model: str, *, max_new_tokens: int, seed: int = 0, device: str = "cpu")
     with its default system prompt. An explicit config: not the settings of the run the model comes from."""
     from lit_gspo.tools.eval import load as load_eval
 
-    config = {"seed_everything": seed, "trainer": {"precision": "32-true"},
-              "model": {"rewards": [{"class_path": "lit_gspo.rl.rewards.AnswerMatch", "init_args": {"mode": "last_number"}}],
-                        "engine": {"class_path": "lit_gspo.rl.engines.LeanSampler"},
-                        "generation": {"max_new_tokens": max_new_tokens, "max_prompt_length": 512}}}
+    config = {
+        "seed_everything": seed,
+        "trainer": {"precision": "32-true"},
+        "model": {
+            "rewards": [{"class_path": "lit_gspo.rl.rewards.AnswerMatch", "init_args": {"mode": "last_number"}}],
+            "engine": {"class_path": "lit_gspo.rl.engines.LeanSampler"},
+            "generation": {"max_new_tokens": max_new_tokens, "max_prompt_length": 512},
+        },
+    }
     return load_eval(["--config", json.dumps(config), "--ckpt", model, "--device", device]).model
 
 
@@ -102,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
                 kept = [s for s, r in zip(scores, rows) if r["borrow"] == borrow]
                 results[f"{name}_{part}"] = {"correct": int(sum(kept)), "of": len(kept)}
                 print(f"{'':>15}{part.replace('_', ' ')}: {int(sum(kept))}/{len(kept)}")
-        for p in out["per_prompt"][:args.show]:
+        for p in out["per_prompt"][: args.show]:
             print(f"    {p['prompt']!r} -> {p['greedy_completion']!r} ({'ok' if p['greedy_solved'] else 'wrong'})")
     results["seconds"] = time.perf_counter() - start
     if args.json:

@@ -41,10 +41,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", default=None, help="write the record to this file")
     own, rest = parser.parse_known_args(argv)
 
-    from lit_gspo.tools.main import cli_main
     from lit_gspo.rl.learn.mismatch import MIS, TIS, Mismatch, SequenceMIS, mismatch_metrics
     from lit_gspo.rl.rollout import token_logprobs
     from lit_gspo.rl.warm_start import warm_start
+    from lit_gspo.tools.main import cli_main
 
     cli = cli_main(rest + ["--trainer.logger", "false"], run=False)
     module, dm = cli.model, cli.datamodule
@@ -52,22 +52,48 @@ def main(argv: list[str] | None = None) -> dict:
     policy, tok, gen = module.policy.eval(), module.tokenizer, module.generation
     encode = lambda rows: module.collector.encode(policy, rows)  # noqa: E731
     if module.warm_start_cfg.steps > 0:  # the policy RL starts from
-        warm_start(policy, tok, dm.train_rows, encode, module.warm_start_cfg, module.seed,
-                   environment=module.collector.environment)
+        warm_start(
+            policy,
+            tok,
+            dm.train_rows,
+            encode,
+            module.warm_start_cfg,
+            module.seed,
+            environment=module.collector.environment,
+        )
         policy.eval()
-    prompt_ids = encode(dm.train_rows[:own.prompts])
+    prompt_ids = encode(dm.train_rows[: own.prompts])
     engine = module.collector.engine
-    record = {"config": rest, "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-              "torch": torch.__version__, "engine": repr(engine),
-              "prompts": len(prompt_ids), "num_generations": gen.num_generations, "max_new_tokens": gen.max_new_tokens,
-              "temperature": gen.temperature, "top_p": gen.top_p, "top_k": gen.top_k, "pairs": {}}
+    record = {
+        "config": rest,
+        "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "engine": repr(engine),
+        "prompts": len(prompt_ids),
+        "num_generations": gen.num_generations,
+        "max_new_tokens": gen.max_new_tokens,
+        "temperature": gen.temperature,
+        "top_p": gen.top_p,
+        "top_k": gen.top_k,
+        "pairs": {},
+    }
     corrections = Mismatch([TIS(), MIS(), SequenceMIS()])
     for sampler_bf16, trainer_bf16 in ((False, False), (True, False), (True, True)):
         torch.manual_seed(module.seed)
         with torch.no_grad(), autocast(sampler_bf16):
-            batch = engine.sample(policy, prompt_ids, num_generations=gen.num_generations, max_new_tokens=gen.max_new_tokens,
-                                  pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, temperature=gen.temperature,
-                                  top_p=gen.top_p, top_k=gen.top_k, return_logprobs=True)
+            batch = engine.sample(
+                policy,
+                prompt_ids,
+                num_generations=gen.num_generations,
+                max_new_tokens=gen.max_new_tokens,
+                pad_id=tok.pad_token_id,
+                eos_id=tok.eos_token_id,
+                temperature=gen.temperature,
+                top_p=gen.top_p,
+                top_k=gen.top_k,
+                return_logprobs=True,
+            )
         with torch.no_grad(), autocast(trainer_bf16):
             trainer = token_logprobs(policy, batch, temperature=gen.temperature).logprobs
         mask = batch.completion_mask
@@ -79,10 +105,12 @@ def main(argv: list[str] | None = None) -> dict:
         metrics["tokens"] = int(mask.sum())
         name = f"sampler {'bf16' if sampler_bf16 else 'fp32'} / trainer {'bf16-autocast' if trainer_bf16 else 'fp32'}"
         record["pairs"][name] = metrics
-        print(f"{name:40s} k3 {metrics['k3']:.3e}  max|log r| {metrics['log_ratio_abs_max']:.3e}  "
-              f"mean|log r| {metrics['log_ratio_abs_mean']:.3e}  TIS-truncated {metrics['truncated_token_frac']:.4f}  "
-              f"masked tokens {metrics['masked_token_frac']:.4f}  masked seqs {metrics['masked_seq_frac']:.4f}  "
-              f"({metrics['tokens']} tokens)")
+        print(
+            f"{name:40s} k3 {metrics['k3']:.3e}  max|log r| {metrics['log_ratio_abs_max']:.3e}  "
+            f"mean|log r| {metrics['log_ratio_abs_mean']:.3e}  TIS-truncated {metrics['truncated_token_frac']:.4f}  "
+            f"masked tokens {metrics['masked_token_frac']:.4f}  masked seqs {metrics['masked_seq_frac']:.4f}  "
+            f"({metrics['tokens']} tokens)"
+        )
     print(f"CPU: {record['cpu']} ({record['cpu_capability']}), torch {record['torch']}, {record['engine']}")
     print(json.dumps(record))
     if own.json:

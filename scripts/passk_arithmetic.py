@@ -40,15 +40,27 @@ def main(argv: list[str] | None = None) -> dict:
     module = load(args.model, max_new_tokens=args.max_new_tokens, seed=args.seed, device=args.device)
     sets, results = eval_sets(args.n), {}
     for i, name in enumerate(("add", "sub")):
-        out = evaluate(module.policy, module.collector, sets[name], greedy=False, samples=args.k, ks=[args.k],
-                       temperature=args.temperature, sample_batch_size=args.prompts_per_batch,
-                       seed=args.seed if i == 0 else None)["sampled"]  # seeded once: the sets share one stream
+        out = evaluate(
+            module.policy,
+            module.collector,
+            sets[name],
+            greedy=False,
+            samples=args.k,
+            ks=[args.k],
+            temperature=args.temperature,
+            sample_batch_size=args.prompts_per_batch,
+            seed=args.seed if i == 0 else None,
+        )["sampled"]  # seeded once: the sets share one stream
         results[name] = {f"pass@{args.k}": out[f"pass@{args.k}"], "mean@1": out[f"mean@{args.k}"]}
-        print(f"{name}: pass@{args.k} {results[name][f'pass@{args.k}']:.3f}  mean@1 {results[name]['mean@1']:.3f}"
-              f"  ({args.n} prompts × {args.k} samples, T {args.temperature}, ≤ {args.max_new_tokens} tokens)",
-              flush=True)
-    print(f"reproduce: python scripts/passk_arithmetic.py {args.model} --k {args.k} --n {args.n} "
-          f"--temperature {args.temperature} --max_new_tokens {args.max_new_tokens} --seed {args.seed}")
+        print(
+            f"{name}: pass@{args.k} {results[name][f'pass@{args.k}']:.3f}  mean@1 {results[name]['mean@1']:.3f}"
+            f"  ({args.n} prompts × {args.k} samples, T {args.temperature}, ≤ {args.max_new_tokens} tokens)",
+            flush=True,
+        )
+    print(
+        f"reproduce: python scripts/passk_arithmetic.py {args.model} --k {args.k} --n {args.n} "
+        f"--temperature {args.temperature} --max_new_tokens {args.max_new_tokens} --seed {args.seed}"
+    )
     return results
 
 

@@ -59,9 +59,18 @@ def main(out: str, *runs: str) -> None:
         rows = read(run)
         val = series(rows, "val/success")
         left.plot(*zip(*val), marker="o", color=color, label=run.name)
-        first, last = rows[[i for i, r in enumerate(rows) if r.get("val/success")][0]], [r for r in rows if r.get("val/success")][-1]
-        keys = ["val/success", "val/success_turn1", "val/success_turn2", "val/success_turn3", "val/success_after_feedback",
-                "val/turns"]
+        first, last = (
+            rows[[i for i, r in enumerate(rows) if r.get("val/success")][0]],
+            [r for r in rows if r.get("val/success")][-1],
+        )
+        keys = [
+            "val/success",
+            "val/success_turn1",
+            "val/success_turn2",
+            "val/success_turn3",
+            "val/success_after_feedback",
+            "val/turns",
+        ]
         rounded = lambda row: {k[4:]: None if (v := value(row, k)) is None else round(v, 3) for k in keys}  # noqa: E731
         print(run.name, "first:", rounded(first), "last:", rounded(last))
         for key, style in (("success_turn1", "-"), ("success_after_feedback", "--")):
@@ -70,7 +79,10 @@ def main(out: str, *runs: str) -> None:
                 right.plot(*zip(*windows), style, color=color, label=f"{run.name} {key.replace('success_', '')}")
             print(f"  train/{key} per 50 steps:", [round(v, 2) for _, v in windows])
         for k in (2, 3):
-            print(f"  train/success_turn{k} per 50 steps:", [round(v, 2) for _, v in window_means(series(rows, f"train/success_turn{k}"))])
+            print(
+                f"  train/success_turn{k} per 50 steps:",
+                [round(v, 2) for _, v in window_means(series(rows, f"train/success_turn{k}"))],
+            )
     left.set(xlabel="RL step", ylabel="val/success (greedy, by the last turn)", ylim=(-0.02, 1.02))
     right.set(xlabel="RL step", ylabel="sampled success: turn 1 (—), after feedback (--)", ylim=(-0.02, 1.02))
     left.legend(fontsize=7)

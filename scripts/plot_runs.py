@@ -32,7 +32,7 @@ def read_run(run_dir: Path) -> tuple[list[tuple[int, float]], list[tuple[int, fl
 def smooth(points: list[tuple[int, float]], window: int = 10) -> list[tuple[int, float]]:
     out = []
     for i in range(len(points)):
-        chunk = points[max(0, i - window + 1):i + 1]
+        chunk = points[max(0, i - window + 1) : i + 1]
         out.append((points[i][0], sum(v for _, v in chunk) / len(chunk)))
     return out
 
@@ -46,7 +46,7 @@ def main(out: str, *run_dirs: str) -> None:
         ax.plot(*zip(*val), "o-", ms=3, color=f"C{i}", label=f"{name} val (greedy)")
         if train:
             ax.plot(*zip(*smooth(train)), color=f"C{i}", alpha=0.35, lw=1)
-        (s0, v0), (s1, v1) = val[0], val[-1]
+        (_, v0), (s1, v1) = val[0], val[-1]
         print(f"| {name} | {v0:.3f} | {v1:.3f} ({s1}) | {v1 - v0:+.3f} |")
     ax.set_xlabel("RL step")
     ax.set_ylabel("reward")

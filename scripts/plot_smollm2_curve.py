@@ -1,6 +1,6 @@
 """Plot val/reward (greedy accuracy on the held-out prompts) and train/reward against updates from a run's metrics.csv.
 
-    python scripts/plot_smollm2_curve.py runs/smollm2_gspo_bf16 docs/smollm2_gspo_arithmetic.png [updates_per_step=2]
+python scripts/plot_smollm2_curve.py runs/smollm2_gspo_bf16 docs/smollm2_gspo_arithmetic.png [updates_per_step=2]
 """
 
 from __future__ import annotations
@@ -14,15 +14,16 @@ from lit_gspo.runtime.extras import pyplot
 plt = pyplot("Plotting")
 
 
-def main(run_dir: str, out: str, updates_per_step: str = "2",
-         title: str = "SmolLM2-135M-Instruct, GSPO, two-digit + and −") -> None:
+def main(
+    run_dir: str, out: str, updates_per_step: str = "2", title: str = "SmolLM2-135M-Instruct, GSPO, two-digit + and −"
+) -> None:
     """The CSV ``step`` counts RL steps (rollouts); each is ``updates_per_step`` optimiser steps."""
     k = int(updates_per_step)
     path = sorted(Path(run_dir).rglob("metrics.csv"))[-1]
     val, train = [], []
     rows = list(csv.DictReader(open(path)))
     last = max(int(r["step"]) for r in rows if r.get("train/reward"))
-    for i, row in enumerate(rows):
+    for row in rows:
         step = int(row["step"])
         if row.get("val/reward"):  # logged at step = RL steps done (0: before any update)
             updates = min(k * step, k * (last + 1))

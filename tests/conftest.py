@@ -12,9 +12,18 @@ PAD, EOS = 0, 1
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=23, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
-                         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=23,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=2,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -33,15 +42,27 @@ CUDA_TESTS_ON = os.environ.get("LIT_GSPO_CUDA_TESTS_ON", "cuda")
 
 
 def pytest_addoption(parser):
-    parser.addoption("--runslow", action="store_true", default=False,
-                     help="also run the long tests (markers `slow` and `distributed`: golden fits, the per-objective "
-                          "fits, several processes, every Lightning habit, the README tour); `.ci/run` runs them")
-    parser.addoption("--experiments", action="store_true", default=False,
-                     help="run the tests that reproduce a documented result by training a real model (marker "
-                          "`experiment`: tens of minutes each on 2 cores; not in CI)")
-    parser.addoption("--faults", action="store_true", default=False,
-                     help="run the fault-injection tests (marker `faults`): real signals and SIGKILLs of CLI runs in "
-                          "subprocesses, a few minutes; `pytest -m faults --faults`")
+    parser.addoption(
+        "--runslow",
+        action="store_true",
+        default=False,
+        help="also run the long tests (markers `slow` and `distributed`: golden fits, the per-objective "
+        "fits, several processes, every Lightning habit, the README tour); `.ci/run` runs them",
+    )
+    parser.addoption(
+        "--experiments",
+        action="store_true",
+        default=False,
+        help="run the tests that reproduce a documented result by training a real model (marker "
+        "`experiment`: tens of minutes each on 2 cores; not in CI)",
+    )
+    parser.addoption(
+        "--faults",
+        action="store_true",
+        default=False,
+        help="run the fault-injection tests (marker `faults`): real signals and SIGKILLs of CLI runs in "
+        "subprocesses, a few minutes; `pytest -m faults --faults`",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -55,13 +76,21 @@ def pytest_collection_modifyitems(config, items):
     if not (CUDA_TESTS_ON != "cuda" or torch.cuda.is_available()):
         skips.append(("cuda", pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")))
     if not config.getoption("--experiments"):
-        skips.append(("experiment", pytest.mark.skip(reason="trains a real model (tens of minutes): `pytest -m experiment "
-                                                            "--experiments`")))
+        skips.append(
+            (
+                "experiment",
+                pytest.mark.skip(reason="trains a real model (tens of minutes): `pytest -m experiment --experiments`"),
+            )
+        )
     if not config.getoption("--faults"):
-        skips.append(("faults", pytest.mark.skip(reason="fault injection (minutes): run with `pytest -m faults --faults`")))
+        skips.append(
+            ("faults", pytest.mark.skip(reason="fault injection (minutes): run with `pytest -m faults --faults`"))
+        )
     for item in items:
         for marker, skip in skips:
-            if item.get_closest_marker(marker) is not None:  # a marker, not any keyword (a parameter id may be "distributed")
+            if (
+                item.get_closest_marker(marker) is not None
+            ):  # a marker, not any keyword (a parameter id may be "distributed")
                 item.add_marker(skip)
 
 

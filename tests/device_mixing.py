@@ -16,8 +16,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 #: ops that move data between devices (or only look at metadata)
-CROSS_DEVICE_OPS = {"aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize", "aten::to",
-                    "aten::lift_fresh", "aten::detach", "aten::alias", "aten::empty_like", "aten::set_"}
+CROSS_DEVICE_OPS = {
+    "aten::_to_copy",
+    "aten::copy_",
+    "aten::_copy_from",
+    "aten::_copy_from_and_resize",
+    "aten::to",
+    "aten::lift_fresh",
+    "aten::detach",
+    "aten::alias",
+    "aten::empty_like",
+    "aten::set_",
+}
 
 
 class DeviceMixing(RuntimeError):
@@ -29,7 +39,11 @@ class OneDevicePerOp(TorchDispatchMode):
         kwargs = kwargs or {}
         if func._schema.name not in CROSS_DEVICE_OPS:
             leaves, _ = tree_flatten((args, kwargs))
-            devices = {t.device for t in leaves if isinstance(t, torch.Tensor) and not (t.dim() == 0 and t.device.type == "cpu")}
+            devices = {
+                t.device
+                for t in leaves
+                if isinstance(t, torch.Tensor) and not (t.dim() == 0 and t.device.type == "cpu")
+            }
             if len(devices) > 1:
                 raise DeviceMixing(f"{func._schema.name} mixes devices {sorted(map(str, devices))}")
         return func(*args, **kwargs)

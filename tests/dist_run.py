@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import sys
 import time
 import zlib
@@ -86,9 +85,9 @@ def main() -> None:
     if args.crash_at_save:
         crash_during_save(args.crash_at_save, out / "crashing")
 
-    from lit_gspo.tools.main import cli_main
-    from lit_gspo.runtime.sharding import full_state_dict, is_sharded
     from lit_gspo.runtime.optim import optimizer_state_bytes, state_dtypes
+    from lit_gspo.runtime.sharding import full_state_dict, is_sharded
+    from lit_gspo.tools.main import cli_main
 
     cli = cli_main(cli_args, run=False)
     cli.model.collector.engine = per_prompt_seeded_engine()
@@ -103,8 +102,11 @@ def main() -> None:
     cli.fit(cli.model, datamodule=cli.datamodule, ckpt_path=args.ckpt_path)
     elapsed = time.perf_counter() - start
     model = cli.model
-    weights = full_state_dict(model.policy) if is_sharded(model.policy) else {k: v.detach().clone() for k, v in
-                                                                                 model.policy.state_dict().items()}
+    weights = (
+        full_state_dict(model.policy)
+        if is_sharded(model.policy)
+        else {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
+    )
     opt = cli.trainer.optimizers[0]
     if cli.trainer.is_global_zero:
         rows, by_file = [], {}
@@ -113,13 +115,23 @@ def main() -> None:
             with open(f) as fh:
                 by_file[str(f.relative_to(root))] = list(csv.DictReader(fh))
                 rows += by_file[str(f.relative_to(root))]
-        result = {"weights": weights, "metrics": rows, "metrics_by_file": by_file, "world_size": cli.trainer.world_size, "seconds": elapsed,
-                  "optimizer": type(opt).__name__, "state_dtypes": {k: sorted(str(d) for d in v) for k, v in
-                                                                      state_dtypes(opt).items()},
-                  "state_bytes": optimizer_state_bytes(opt),
-                  "uint8_state_numel": sum(v.numel() for s in opt.state.values() for v in s.values()
-                                           if isinstance(v, torch.Tensor) and v.dtype == torch.uint8),
-                  "param_numel": sum(p.numel() for p in model.policy.parameters())}
+        result = {
+            "weights": weights,
+            "metrics": rows,
+            "metrics_by_file": by_file,
+            "world_size": cli.trainer.world_size,
+            "seconds": elapsed,
+            "optimizer": type(opt).__name__,
+            "state_dtypes": {k: sorted(str(d) for d in v) for k, v in state_dtypes(opt).items()},
+            "state_bytes": optimizer_state_bytes(opt),
+            "uint8_state_numel": sum(
+                v.numel()
+                for s in opt.state.values()
+                for v in s.values()
+                if isinstance(v, torch.Tensor) and v.dtype == torch.uint8
+            ),
+            "param_numel": sum(p.numel() for p in model.policy.parameters()),
+        }
         out.mkdir(parents=True, exist_ok=True)
         torch.save(result, out / "result.pt")
 

@@ -13,8 +13,18 @@ from lit_gspo.tools.main import main as cli_entry
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "configs/ablate/toy.yaml"
-REQUIRED = {"arm", "seed", "final_val_reward", "best_val_reward", "steps_to_target", "mean_clip_frac", "mean_kl",
-            "mean_response_length", "wall_s", "collapsed"}
+REQUIRED = {
+    "arm",
+    "seed",
+    "final_val_reward",
+    "best_val_reward",
+    "steps_to_target",
+    "mean_clip_frac",
+    "mean_kl",
+    "mean_response_length",
+    "wall_s",
+    "collapsed",
+}
 
 
 def read_summary(path: Path) -> list[dict]:
@@ -73,8 +83,10 @@ def test_same_config_and_seed_give_the_same_summary(toy_run):
 def test_a_failing_arm_is_reported_not_fatal(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     raw = yaml.safe_load(TOY.read_text())
-    raw["arms"] = [{"name": "broken", "objective": "GRPO", "overrides": {"model.generation.max_new_tokens": 0}},
-                   raw["arms"][0]]
+    raw["arms"] = [
+        {"name": "broken", "objective": "GRPO", "overrides": {"model.generation.max_new_tokens": 0}},
+        raw["arms"][0],
+    ]
     raw["overrides"]["trainer.max_steps"] = 1
     config = tmp_path / "bad.yaml"
     config.write_text(yaml.safe_dump(raw))
@@ -114,10 +126,18 @@ def test_a_signal_stops_the_whole_ablation_not_just_its_arm(tmp_path, monkeypatc
 
 
 def test_arms_are_compared_paired_by_seed_with_standard_errors():
-    rows = [{"arm": arm, "seed": seed, "status": "ok", "final_val_reward": v}
-            for arm, seed, v in [("A", 0, 0.5), ("A", 1, 0.25), ("A", 2, 0.75),
-                                 ("B", 0, 0.75), ("B", 1, 0.25), ("B", 2, 0.5),
-                                 ("C", 0, 0.625)]]
+    rows = [
+        {"arm": arm, "seed": seed, "status": "ok", "final_val_reward": v}
+        for arm, seed, v in [
+            ("A", 0, 0.5),
+            ("A", 1, 0.25),
+            ("A", 2, 0.75),
+            ("B", 0, 0.75),
+            ("B", 1, 0.25),
+            ("B", 2, 0.5),
+            ("C", 0, 0.625),
+        ]
+    ]
     rows.append({"arm": "C", "seed": 1, "status": "failed", "final_val_reward": None})
     lines = paired_by_seed(rows, ["A", "B", "C"])
     assert lines[2] == "| 0 | 0.500 | 0.750 | 0.625 |" and lines[3] == "| 1 | 0.250 | 0.250 | – |"

@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from lit_gspo.rl.advantages import (
-    ADVANTAGES, GAE, RLOO, BatchNormalized, GroupMean, GroupNormalized, gae, get_advantage, group_advantages,
+    ADVANTAGES,
+    GAE,
+    RLOO,
+    BatchNormalized,
+    GroupMean,
+    GroupNormalized,
+    gae,
+    get_advantage,
+    group_advantages,
     rloo_advantages,
 )
 from lit_gspo.rl.rewards import overlong_penalty
@@ -48,8 +56,9 @@ def test_constant_groups_give_exact_zero_never_nan(scale):
 
 def test_rloo_hand_values():
     # R = [1, 0, 0, 0]: baselines are the means of the other three: [0, 1/3, 1/3, 1/3]
-    torch.testing.assert_close(rloo_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4),
-                               torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3]))
+    torch.testing.assert_close(
+        rloo_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4), torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3])
+    )
     assert (rloo_advantages(torch.full((6,), 0.1), 3) == 0).all()
     with pytest.raises(ValueError, match="group_size >= 2"):
         rloo_advantages(torch.ones(4), 1)
@@ -64,9 +73,14 @@ def test_group_size_must_divide_n():
 
 def rollout_with(rewards: list[float], completion_mask=None, old_values=None) -> RolloutBatch:
     mask = completion_mask if completion_mask is not None else torch.ones(len(rewards), 1, dtype=torch.bool)
-    return RolloutBatch(input_ids=torch.zeros(len(rewards), 1 + mask.shape[1], dtype=torch.long),
-                        attention_mask=torch.ones(len(rewards), 1 + mask.shape[1], dtype=torch.long), prompt_length=1,
-                        completion_mask=mask, rewards=torch.tensor(rewards), old_values=old_values)
+    return RolloutBatch(
+        input_ids=torch.zeros(len(rewards), 1 + mask.shape[1], dtype=torch.long),
+        attention_mask=torch.ones(len(rewards), 1 + mask.shape[1], dtype=torch.long),
+        prompt_length=1,
+        completion_mask=mask,
+        rewards=torch.tensor(rewards),
+        old_values=old_values,
+    )
 
 
 def test_estimators_by_class_and_by_name():
@@ -128,8 +142,9 @@ def test_gae_lambda_one_is_discounted_return_minus_value():
 def test_overlong_penalty():
     # L_max = 20, L_cache = 4: free up to 16, then linear −(L − 16)/4, −1 beyond 20
     lengths = torch.tensor([10, 16, 17, 18, 20, 21, 100])
-    torch.testing.assert_close(overlong_penalty(lengths, 20, 4),
-                               torch.tensor([0.0, 0.0, -0.25, -0.5, -1.0, -1.0, -1.0]))
+    torch.testing.assert_close(
+        overlong_penalty(lengths, 20, 4), torch.tensor([0.0, 0.0, -0.25, -0.5, -1.0, -1.0, -1.0])
+    )
     torch.testing.assert_close(overlong_penalty(torch.tensor([20, 21]), 20, 0), torch.tensor([0.0, -1.0]))
     with pytest.raises(ValueError, match="cache_len=30, max_len=20"):
         overlong_penalty(lengths, 20, 30)

@@ -10,16 +10,50 @@ from pathlib import Path
 import lit_gspo
 
 ROOT = Path(__file__).resolve().parents[1]
-API = ["RLModule", "PromptDataModule", "RLProgressBar", "Generation", "Update", "WarmStart", "LoRA", "Objective",
-       "PPO", "GRPO", "DAPO", "GSPO", "GSPOToken", "DrGRPO", "CISPO", "GMPO", "SAPO", "DPPO", "ClipCov",
-       "KLCov", "VESPO", "LUSPO", "HFGenerate", "LeanSampler", "StaticCacheSampler",
-       "RolloutEngine", "SingleTurn", "Environment", "GroupNormalized", "RLOO", "GAE", "RewardSet", "CharAccuracy",
-       "ExactMatch", "AnswerMatch"]
+API = [
+    "RLModule",
+    "PromptDataModule",
+    "RLProgressBar",
+    "Generation",
+    "Update",
+    "WarmStart",
+    "LoRA",
+    "Objective",
+    "PPO",
+    "GRPO",
+    "DAPO",
+    "GSPO",
+    "GSPOToken",
+    "DrGRPO",
+    "CISPO",
+    "GMPO",
+    "SAPO",
+    "DPPO",
+    "ClipCov",
+    "KLCov",
+    "VESPO",
+    "LUSPO",
+    "HFGenerate",
+    "LeanSampler",
+    "StaticCacheSampler",
+    "RolloutEngine",
+    "SingleTurn",
+    "Environment",
+    "GroupNormalized",
+    "RLOO",
+    "GAE",
+    "RewardSet",
+    "CharAccuracy",
+    "ExactMatch",
+    "AnswerMatch",
+]
 
 
 def test_import_lit_gspo_is_light_and_every_name_of_the_api_resolves():
-    code = ("import sys, lit_gspo\n"
-            "print(sorted(k for k in sys.modules if k.split('.')[0] in ('lightning', 'pytorch_lightning', 'transformers')))")
+    code = (
+        "import sys, lit_gspo\n"
+        "print(sorted(k for k in sys.modules if k.split('.')[0] in ('lightning', 'pytorch_lightning', 'transformers')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", f"`import lit_gspo` pulled in {out}"
     assert set(API) <= set(lit_gspo.__all__) and set(API) <= set(dir(lit_gspo))

@@ -37,7 +37,9 @@ def _under(name: str, prefixes: tuple[str, ...]) -> bool:
 
 def layout_violations(package: Path) -> list[str]:
     """Each import that breaks the folder rules, as ``file: imports name``."""
-    rules = {folder: ("lightning", "pytorch_lightning", "lit_gspo.lightning", "lit_gspo.tools") for folder in LIGHTNING_FREE}
+    rules = {
+        folder: ("lightning", "pytorch_lightning", "lit_gspo.lightning", "lit_gspo.tools") for folder in LIGHTNING_FREE
+    }
     rules["lightning"] = ("lit_gspo.tools",)
     found = []
     for folder, forbidden in rules.items():
@@ -74,10 +76,15 @@ def test_the_layout_check_catches_a_lightning_import_under_rl(tmp_path):
 
 def test_importing_every_lightning_free_module_loads_no_lightning():
     """The static rule above, checked at run time too (an import through a third package would slip past it)."""
-    modules = sorted(".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
-                     for folder in LIGHTNING_FREE for p in (PACKAGE / folder).rglob("*.py"))
-    code = ("import sys, importlib\n" + f"for m in {modules!r}: importlib.import_module(m)\n"
-            "print(sorted(k for k in sys.modules if k.split('.')[0] in ('lightning', 'pytorch_lightning')))")
+    modules = sorted(
+        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        for folder in LIGHTNING_FREE
+        for p in (PACKAGE / folder).rglob("*.py")
+    )
+    code = (
+        "import sys, importlib\n" + f"for m in {modules!r}: importlib.import_module(m)\n"
+        "print(sorted(k for k in sys.modules if k.split('.')[0] in ('lightning', 'pytorch_lightning')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", f"importing rl/, models/, data/, runtime/ pulled in {out}"
 
@@ -85,13 +92,25 @@ def test_importing_every_lightning_free_module_loads_no_lightning():
 def test_the_top_level_holds_only_the_public_api():
     assert {p.name for p in PACKAGE.glob("*.py")} == TOP_LEVEL
     assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} == {
-        "rl", "models", "data", "runtime", "lightning", "tools"}
+        "rl",
+        "models",
+        "data",
+        "runtime",
+        "lightning",
+        "tools",
+    }
 
 
 def test_the_rl_stages_point_one_way():
     above = {  # a file must not import what sits above it
-        "rl/objectives": ("lit_gspo.rl.learn", "lit_gspo.rl.collect", "lit_gspo.rl.advantages", "lit_gspo.rl.engines",
-                          "lit_gspo.rl.envs", "lit_gspo.rl.rewards"),
+        "rl/objectives": (
+            "lit_gspo.rl.learn",
+            "lit_gspo.rl.collect",
+            "lit_gspo.rl.advantages",
+            "lit_gspo.rl.engines",
+            "lit_gspo.rl.envs",
+            "lit_gspo.rl.rewards",
+        ),
         "rl/learn": ("lit_gspo.rl.collect", "lit_gspo.rl.engines", "lit_gspo.rl.envs", "lit_gspo.rl.rewards"),
         "rl/engines": ("lit_gspo.rl.learn", "lit_gspo.rl.collect", "lit_gspo.rl.objectives"),
         "rl/envs": ("lit_gspo.rl.learn", "lit_gspo.rl.collect", "lit_gspo.rl.objectives"),
@@ -106,9 +125,13 @@ def test_the_rl_stages_point_one_way():
 
 def test_a_subcommand_imports_only_what_it_needs():
     """``lit-gspo compare --help`` loads neither Lightning nor transformers (``lit_gspo.tools.main`` imports lazily)."""
-    code = ("import sys\nfrom lit_gspo.tools.main import main\ntry:\n    main(['compare', '--help'])\nexcept SystemExit:\n"
-            "    pass\nprint(sorted({k.split('.')[0] for k in sys.modules} & {'lightning', 'pytorch_lightning', 'transformers'}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+    code = (
+        "import sys\nfrom lit_gspo.tools.main import main\ntry:\n    main(['compare', '--help'])\nexcept SystemExit:\n"
+        "    pass\nprint(sorted({k.split('.')[0] for k in sys.modules} & {'lightning', 'pytorch_lightning', 'transformers'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()[
+        -1
+    ]
     assert out == "[]", f"lit-gspo compare --help imported {out}"
 
 
@@ -117,7 +140,8 @@ def test_a_subcommand_imports_only_what_it_needs():
 PRIVATE_LIGHTNING = re.compile(
     r"trainer\._[a-z]|\._logger_connector|_instantiate_trainer|_check_log_dir_exists|epoch_loop\.|batch_progress|"
     r"launcher\.procs|\bself\._trainer\b|\._fs\b|_get_next_version|_(?:tensor|data)_parallel_size\b|"
-    r"_save_distributed_checkpoint|\._device_mesh|\bcli\._[a-z]|__class__\s*=(?!=)")
+    r"_save_distributed_checkpoint|\._device_mesh|\bcli\._[a-z]|__class__\s*=(?!=)"
+)
 #: exemptions, as (file name, line of code); none left (``optim.shard_aware`` builds its subclass instead)
 ALLOWED: set[tuple[str, str]] = set()
 
@@ -139,11 +163,18 @@ def test_lit_gspo_uses_only_public_lightning_api():
 
 def test_the_private_api_check_finds_what_the_old_code_did(tmp_path):
     """The patterns catch each reach into Lightning that lit_gspo used to make (so the test above can fail)."""
-    old = ["connector = trainer._logger_connector", "batch = trainer.fit_loop.epoch_loop.batch_progress.total.ready",
-           "strategy.__class__ = AtomicModelParallelStrategy", "return super()._instantiate_trainer(config, callbacks)",
-           "    def _check_log_dir_exists(self) -> None:", "for proc in getattr(launcher, 'procs', None) or []: launcher.procs",
-           "if self._trainer is not None:", "if self._tensor_parallel_size == 'auto':",
-           "if not self._save_distributed_checkpoint:", "current = load_yaml(dump(cli._parser(cli.subcommand), cfg))"]
+    old = [
+        "connector = trainer._logger_connector",
+        "batch = trainer.fit_loop.epoch_loop.batch_progress.total.ready",
+        "strategy.__class__ = AtomicModelParallelStrategy",
+        "return super()._instantiate_trainer(config, callbacks)",
+        "    def _check_log_dir_exists(self) -> None:",
+        "for proc in getattr(launcher, 'procs', None) or []: launcher.procs",
+        "if self._trainer is not None:",
+        "if self._tensor_parallel_size == 'auto':",
+        "if not self._save_distributed_checkpoint:",
+        "current = load_yaml(dump(cli._parser(cli.subcommand), cfg))",
+    ]
     (tmp_path / "lit_gspo").mkdir()
     for i, line in enumerate(old):
         (tmp_path / "lit_gspo" / f"m{i}.py").write_text(line + "\n")

@@ -6,7 +6,6 @@ quickstart learns."""
 from __future__ import annotations
 
 import csv
-import random
 import threading
 import time
 from pathlib import Path
@@ -19,8 +18,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from lit_gspo.lightning.async_rollouts import async_mismatch, check_async
-from lit_gspo.rl.collect.async_rollouts import (AsyncRollouts, Produced, RolloutWorker, ThreadRolloutWorker,
-                                                WorkerFailed)
+from lit_gspo.rl.collect.async_rollouts import AsyncRollouts, Produced, RolloutWorker, ThreadRolloutWorker, WorkerFailed
 from lit_gspo.rl.config import Sampling
 from lit_gspo.rl.engines import HFGenerate
 from lit_gspo.rl.learn.mismatch import TIS, Mismatch
@@ -34,11 +32,31 @@ WORKER = "lit-gspo-rollout-worker"
 
 def tiny_args(root, *extra):
     """A seconds-long run: 2-layer model, 4 prompts × 4 completions, 4 new tokens, no warm start."""
-    return ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
-            "--trainer.max_steps", "3", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "2",
-            "--data.num_train", "64", "--data.num_val", "8", "--data.prompts_per_step", "4",
-            "--trainer.enable_progress_bar", "false",
-            "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4", *extra]
+    return [
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.max_steps",
+        "3",
+        "--model.warm_start.steps",
+        "0",
+        "--model.validation.every_n_steps",
+        "2",
+        "--data.num_train",
+        "64",
+        "--data.num_val",
+        "8",
+        "--data.prompts_per_step",
+        "4",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--model.generation.num_generations",
+        "4",
+        "--model.generation.max_new_tokens",
+        "4",
+        *extra,
+    ]
 
 
 def read_metrics(root: Path) -> list[dict]:
@@ -102,12 +120,16 @@ class LateWeights(ThreadRolloutWorker):
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(K=st.integers(1, 3), steps=st.integers(3, 9),
-       sample_delays=st.lists(st.floats(0, 0.02), min_size=1, max_size=8),
-       update_delays=st.lists(st.floats(0, 0.02), min_size=1, max_size=8),
-       publish_delays=st.lists(st.floats(0, 0.04), min_size=1, max_size=8))
+@given(
+    K=st.integers(1, 3),
+    steps=st.integers(3, 9),
+    sample_delays=st.lists(st.floats(0, 0.02), min_size=1, max_size=8),
+    update_delays=st.lists(st.floats(0, 0.02), min_size=1, max_size=8),
+    publish_delays=st.lists(st.floats(0, 0.04), min_size=1, max_size=8),
+)
 def test_no_trained_sample_is_older_than_k_versions_and_each_is_sampled_under_one_version(
-        K, steps, sample_delays, update_delays, publish_delays):
+    K, steps, sample_delays, update_delays, publish_delays
+):
     policy = versioned_policy()
     worker = LateWeights(slow_sampler(sample_delays), policy, publish_delays=publish_delays, poll_s=0.005)
     worker.start()
@@ -205,8 +227,12 @@ def test_the_ratio_denominator_is_chosen_once_through_the_mismatch_layer():
 
 
 def test_what_k_ge_1_does_not_support_is_refused_in_one_line():
-    module = SimpleNamespace(sampling=Sampling(max_staleness=1), trainer=SimpleNamespace(world_size=2),
-                             rollout_dumps=SimpleNamespace(every_n_steps=0), collector=SimpleNamespace(engine=HFGenerate()))
+    module = SimpleNamespace(
+        sampling=Sampling(max_staleness=1),
+        trainer=SimpleNamespace(world_size=2),
+        rollout_dumps=SimpleNamespace(every_n_steps=0),
+        collector=SimpleNamespace(engine=HFGenerate()),
+    )
     with pytest.raises(SettingsError, match="max_staleness 1: asynchronous rollouts run in one process"):
         check_async(module)
     module.trainer.world_size, module.rollout_dumps.every_n_steps = 1, 5
@@ -222,14 +248,27 @@ def test_what_k_ge_1_does_not_support_is_refused_in_one_line():
 def test_k0_is_the_synchronous_run_bit_for_bit(tmp_path):
     """The settings present with K = 0 change nothing: the same metrics, the same weights, no worker."""
     runs = []
-    for name, extra in (("absent", []), ("present", ["--model.sampling.max_staleness", "0",
-                                                     "--model.sampling.async_old_logprobs", "sampler",
-                                                     "--model.sampling.async_worker_threads", "1"])):
+    for name, extra in (
+        ("absent", []),
+        (
+            "present",
+            [
+                "--model.sampling.max_staleness",
+                "0",
+                "--model.sampling.async_old_logprobs",
+                "sampler",
+                "--model.sampling.async_worker_threads",
+                "1",
+            ],
+        ),
+    ):
         cli = cli_main(tiny_args(tmp_path / name, "--seed_everything", "3", *extra), run=False)
         cli.fit(cli.model, datamodule=cli.datamodule)
         assert cli.model._async is None and not workers_alive()
-        rows = [{k: v for k, v in r.items() if k.startswith(("train/", "val/")) and v != ""}
-                for r in read_metrics(tmp_path / name)]
+        rows = [
+            {k: v for k, v in r.items() if k.startswith(("train/", "val/")) and v != ""}
+            for r in read_metrics(tmp_path / name)
+        ]
         runs.append((rows, {k: v.clone() for k, v in cli.model.policy.state_dict().items()}))
     assert runs[0][0] == runs[1][0] and len(column(runs[0][0], "train/reward")) == 3
     assert "train/staleness" not in {k for r in runs[0][0] for k in r}
@@ -239,8 +278,18 @@ def test_k0_is_the_synchronous_run_bit_for_bit(tmp_path):
 
 @pytest.mark.parametrize("old", ["sampler", "proximal"])
 def test_k1_fit_logs_staleness_and_stops_its_worker(tmp_path, old):
-    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "4", "--model.sampling.max_staleness", "1",
-                             "--model.sampling.async_old_logprobs", old), run=False)
+    cli = cli_main(
+        tiny_args(
+            tmp_path,
+            "--trainer.max_steps",
+            "4",
+            "--model.sampling.max_staleness",
+            "1",
+            "--model.sampling.async_old_logprobs",
+            old,
+        ),
+        run=False,
+    )
     expected = GivenOldLogprobs if old == "sampler" else TrainerPassOverEveryRow
     assert isinstance(cli.model.learner.old_policy, expected) and cli.model.collector.engine_logprobs
     before = {k: v.clone() for k, v in cli.model.policy.state_dict().items()}
@@ -274,8 +323,20 @@ class FailingEngine(HFGenerate):
 
 
 def test_a_failing_worker_stops_the_fit_in_one_line_without_a_hang(tmp_path):
-    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "6", "--model.sampling.max_staleness", "1",
-                             "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "1"), run=False)
+    cli = cli_main(
+        tiny_args(
+            tmp_path,
+            "--trainer.max_steps",
+            "6",
+            "--model.sampling.max_staleness",
+            "1",
+            "--trainer.enable_checkpointing",
+            "true",
+            "--checkpoint_every_n_steps",
+            "1",
+        ),
+        run=False,
+    )
     cli.model.collector.engine = FailingEngine()
     start = time.perf_counter()
     with pytest.raises(WorkerFailed, match="the rollout worker .* failed: RuntimeError: engine fell over") as raised:
@@ -288,8 +349,14 @@ def test_a_failing_worker_stops_the_fit_in_one_line_without_a_hang(tmp_path):
 
 def test_a_resume_regenerates_the_rollouts_in_flight(tmp_path):
     """In-flight rollouts are not checkpointed: the resumed fit primes its worker again (staleness 0 first)."""
-    extra = ["--model.sampling.max_staleness", "1", "--trainer.enable_checkpointing", "true",
-             "--checkpoint_every_n_steps", "1"]
+    extra = [
+        "--model.sampling.max_staleness",
+        "1",
+        "--trainer.enable_checkpointing",
+        "true",
+        "--checkpoint_every_n_steps",
+        "1",
+    ]
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", *extra), run=False)
     cli.fit(cli.model, datamodule=cli.datamodule)
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "4", *extra), run=False)
@@ -302,11 +369,33 @@ def test_a_resume_regenerates_the_rollouts_in_flight(tmp_path):
 
 @pytest.mark.parametrize("config", ["multiturn/reversal_retry.yaml"])
 def test_multi_turn_and_dynamic_sampling_run_in_the_worker(tmp_path, config):
-    cli = cli_main(["--config", str(ROOT / "configs" / config), "--trainer.max_steps", "3",
-                    "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
-                    "--model.warm_start.steps", "2", "--data.num_val", "8", "--data.num_train", "16",
-                    "--data.prompts_per_step", "4", "--model.sampling.max_staleness", "1",
-                    "--model.sampling.dynamic", "true", "--model.validation.every_n_steps", "0"], run=False)
+    cli = cli_main(
+        [
+            "--config",
+            str(ROOT / "configs" / config),
+            "--trainer.max_steps",
+            "3",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--model.warm_start.steps",
+            "2",
+            "--data.num_val",
+            "8",
+            "--data.num_train",
+            "16",
+            "--data.prompts_per_step",
+            "4",
+            "--model.sampling.max_staleness",
+            "1",
+            "--model.sampling.dynamic",
+            "true",
+            "--model.validation.every_n_steps",
+            "0",
+        ],
+        run=False,
+    )
     cli.fit(cli.model, datamodule=cli.datamodule)
     rows = [r for r in read_metrics(tmp_path) if r.get("train/staleness")]
     assert rows and all(1 <= float(r["train/turns"]) <= 3 for r in rows if r.get("train/turns"))
@@ -314,8 +403,18 @@ def test_multi_turn_and_dynamic_sampling_run_in_the_worker(tmp_path, config):
 
 
 def test_lora_runs_with_k1_publishing_the_adapters(tmp_path):
-    cli = cli_main(tiny_args(tmp_path, "--model.lora", "{r: 4, alpha: 8}", "--model.optimizer.lr", "0.01",
-                             "--model.sampling.max_staleness", "1"), run=False)
+    cli = cli_main(
+        tiny_args(
+            tmp_path,
+            "--model.lora",
+            "{r: 4, alpha: 8}",
+            "--model.optimizer.lr",
+            "0.01",
+            "--model.sampling.max_staleness",
+            "1",
+        ),
+        run=False,
+    )
     base = {k: v.clone() for k, v in cli.model.policy.state_dict().items() if "lora_" not in k}
     cli.fit(cli.model, datamodule=cli.datamodule)
     after = cli.model.policy.state_dict()
@@ -325,10 +424,25 @@ def test_lora_runs_with_k1_publishing_the_adapters(tmp_path):
 
 def test_a_k1_quickstart_learns(tmp_path):
     """The quickstart (warm start included) with K = 1: val/reward after 20 RL steps above the one before."""
-    cli = cli_main(["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.max_steps", "20",
-                    "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
-                    "--model.validation.every_n_steps", "0", "--seed_everything", "0",
-                    "--model.sampling.max_staleness", "1"], run=False)
+    cli = cli_main(
+        [
+            "--config",
+            str(ROOT / "configs/quickstart.yaml"),
+            "--trainer.max_steps",
+            "20",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--model.validation.every_n_steps",
+            "0",
+            "--seed_everything",
+            "0",
+            "--model.sampling.max_staleness",
+            "1",
+        ],
+        run=False,
+    )
     cli.trainer.validate(cli.model, datamodule=cli.datamodule)
     cli.fit(cli.model, datamodule=cli.datamodule)
     val = column(read_metrics(tmp_path), "val/reward")

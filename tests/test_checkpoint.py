@@ -20,15 +20,47 @@ ROOT = Path(__file__).resolve().parents[1]
 def args(root: Path, steps: int, *extra: str) -> list[str]:
     """GSPO, 2 minibatches per RL step (2 optimiser steps, randperm from the global RNG, off-policy ratios),
     a StepLR schedule, validation every step, ``last.ckpt`` every 2 optimiser steps (each RL step)."""
-    return ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
-            "--trainer.max_steps", str(steps), "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "2",
-            "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "1",
-            "--data.num_train", "24", "--data.num_val", "8", "--data.prompts_per_step", "4",
-            "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4",
-            "--model.update.num_minibatches", "2", "--model.optimizer.lr", "0.01",
-            "--model.lr_scheduler", "torch.optim.lr_scheduler.StepLR", "--model.lr_scheduler.step_size", "1",
-            "--model.lr_scheduler.gamma", "0.9",
-            "--model.rewards", '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]', *extra]
+    return [
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.enable_checkpointing",
+        "true",
+        "--checkpoint_every_n_steps",
+        "2",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--model.warm_start.steps",
+        "0",
+        "--model.validation.every_n_steps",
+        "1",
+        "--data.num_train",
+        "24",
+        "--data.num_val",
+        "8",
+        "--data.prompts_per_step",
+        "4",
+        "--model.generation.num_generations",
+        "4",
+        "--model.generation.max_new_tokens",
+        "4",
+        "--model.update.num_minibatches",
+        "2",
+        "--model.optimizer.lr",
+        "0.01",
+        "--model.lr_scheduler",
+        "torch.optim.lr_scheduler.StepLR",
+        "--model.lr_scheduler.step_size",
+        "1",
+        "--model.lr_scheduler.gamma",
+        "0.9",
+        "--model.rewards",
+        '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]',
+        *extra,
+    ]
 
 
 def fit(root: Path, steps: int, *extra: str, ckpt_path: str | None = None):
@@ -102,12 +134,20 @@ def _find_tensors(tree):
 def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(tmp_path):
     """The 2nd checkpoint write stalls half-way (tests/dist_run.py --crash_at_save 2) and the process is SIGKILLed."""
     root = tmp_path / "run"
-    cmd = [sys.executable, str(ROOT / "tests/dist_run.py"), "--crash_at_save", "2", str(tmp_path / "out"), "--",
-           *args(root, 8)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "tests/dist_run.py"),
+        "--crash_at_save",
+        "2",
+        str(tmp_path / "out"),
+        "--",
+        *args(root, 8),
+    ]
     (tmp_path / "out").mkdir()
     marker = tmp_path / "out" / "crashing"
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONWARNINGS": "ignore"}
+    )
     try:
         deadline = time.monotonic() + 120
         while not marker.exists():

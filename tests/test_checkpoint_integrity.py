@@ -53,8 +53,9 @@ def test_a_changed_byte_is_caught_by_the_hash(saved):
 def test_a_damaged_checkpoint_is_reported_as_such_with_its_path(tmp_path, saved, damage):
     data = saved.read_bytes()
     sha256_path(saved).unlink()  # as written by an older version, or by another tool: no hash to compare with
-    saved.write_bytes({"empty": b"", "truncated": data[: len(data) // 2], "random": os.urandom(4096),
-                       "text": b"hello\n"}[damage])
+    saved.write_bytes(
+        {"empty": b"", "truncated": data[: len(data) // 2], "random": os.urandom(4096), "text": b"hello\n"}[damage]
+    )
     with pytest.raises(CheckpointError) as err:
         load(saved)
     message = str(err.value)
@@ -109,9 +110,26 @@ def test_fit_from_an_empty_checkpoint_names_it(tmp_path):
 
     ckpt = tmp_path / "last.ckpt"
     ckpt.write_bytes(b"")
-    cli = cli_main(["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
-                    "--trainer.max_steps", "2", "--model.warm_start.steps", "0", "--data.num_train", "8",
-                    "--data.num_val", "4", "--data.prompts_per_step", "4", "--trainer.enable_progress_bar", "false"],
-                   run=False)
+    cli = cli_main(
+        [
+            "--config",
+            str(ROOT / "configs/quickstart.yaml"),
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.max_steps",
+            "2",
+            "--model.warm_start.steps",
+            "0",
+            "--data.num_train",
+            "8",
+            "--data.num_val",
+            "4",
+            "--data.prompts_per_step",
+            "4",
+            "--trainer.enable_progress_bar",
+            "false",
+        ],
+        run=False,
+    )
     with pytest.raises(CheckpointError, match=rf"checkpoint {ckpt} is empty \(0 bytes\)"):
         cli.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))

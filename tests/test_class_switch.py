@@ -4,8 +4,8 @@ from pathlib import Path
 
 import yaml
 
-from lit_gspo.lightning.cli import _config_tree, cli_main
 from lit_gspo.lightning.class_switch import drop_replaced_init_args
+from lit_gspo.lightning.cli import _config_tree, cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.warm_start.steps", "0"]
@@ -14,10 +14,29 @@ QUICK = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.warm_start.
 def printed_config(tmp_path, **objective_args) -> str:
     """A config as --print_config writes it: GSPO's every setting spelled out."""
     path = tmp_path / "printed.yaml"
-    path.write_text(yaml.safe_dump({"model": {"objective": {"class_path": "lit_gspo.rl.objectives.GSPO", "init_args": {
-        "clip_low": 3e-4, "clip_high": 4e-4, "beta": 0.0, "kl_estimator": "k3", "aggregation": "seq-mean-token-mean",
-        **objective_args}}, "engine": {"class_path": "lit_gspo.rl.engines.LeanSampler",
-                                       "init_args": {"attn_implementation": "eager"}}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "model": {
+                    "objective": {
+                        "class_path": "lit_gspo.rl.objectives.GSPO",
+                        "init_args": {
+                            "clip_low": 3e-4,
+                            "clip_high": 4e-4,
+                            "beta": 0.0,
+                            "kl_estimator": "k3",
+                            "aggregation": "seq-mean-token-mean",
+                            **objective_args,
+                        },
+                    },
+                    "engine": {
+                        "class_path": "lit_gspo.rl.engines.LeanSampler",
+                        "init_args": {"attn_implementation": "eager"},
+                    },
+                }
+            }
+        )
+    )
     return str(path)
 
 
@@ -34,8 +53,12 @@ def test_a_class_on_the_command_line_does_not_inherit_the_configs_settings_of_an
 
 def test_settings_given_on_the_command_line_stay_before_or_after_the_class(tmp_path):
     config = printed_config(tmp_path)
-    after, _ = objective_of(tmp_path, "--config", config, "--model.objective", "DAPO", "--model.objective.clip_high", "0.3")
-    before, _ = objective_of(tmp_path, "--config", config, "--model.objective.clip_high", "0.3", "--model.objective", "DAPO")
+    after, _ = objective_of(
+        tmp_path, "--config", config, "--model.objective", "DAPO", "--model.objective.clip_high", "0.3"
+    )
+    before, _ = objective_of(
+        tmp_path, "--config", config, "--model.objective.clip_high", "0.3", "--model.objective", "DAPO"
+    )
     assert after.clip_high == before.clip_high == 0.3 and after.clip_low == before.clip_low == 0.2
 
 

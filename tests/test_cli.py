@@ -60,9 +60,12 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_nothing_in_the_package_imports_the_entry_point():
-    importers = [p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
-                 if p.relative_to(PACKAGE).as_posix() not in ("tools/main.py", "__main__.py")
-                 and "lit_gspo.tools.main" in imported_modules(p)]
+    importers = [
+        p.relative_to(PACKAGE).as_posix()
+        for p in PACKAGE.rglob("*.py")
+        if p.relative_to(PACKAGE).as_posix() not in ("tools/main.py", "__main__.py")
+        and "lit_gspo.tools.main" in imported_modules(p)
+    ]
     assert importers == []
 
 
@@ -76,8 +79,14 @@ def test_print_config_shows_the_objectives_defaults_as_values(capsys, tmp_path):
     """Before: ``clip_low: null``, with nothing saying the run uses GSPO's 3e-4 (issue 19, finding 9); now the
     objective's ``__init__`` holds its paper's values, and the printed config shows them."""
     text = print_config(capsys)
-    for line in ("clip_low: 0.0003", "clip_high: 0.0004", "aggregation: seq-mean-token-mean", "max_grad_norm: 1.0",
-                 "every_n_steps: 25", "num_generations: 8"):
+    for line in (
+        "clip_low: 0.0003",
+        "clip_high: 0.0004",
+        "aggregation: seq-mean-token-mean",
+        "max_grad_norm: 1.0",
+        "every_n_steps: 25",
+        "num_generations: 8",
+    ):
         assert f"  {line}\n" in text, line
     # another objective: its own paper's values (the defaults of the config's GSPO do not carry over)
     dapo = print_config(capsys, "--model.objective", "DAPO")
@@ -92,14 +101,37 @@ def test_print_config_shows_the_objectives_defaults_as_values(capsys, tmp_path):
 
 
 def test_one_objective_setting_changes_that_one_and_keeps_the_papers_others():
-    cli = cli_main(["--config", str(PACKAGE.parent / "configs/quickstart.yaml"), "--model.objective", "GSPO",
-                    "--model.objective.clip_high", "5e-4", "--trainer.max_steps", "0"], run=False)
+    cli = cli_main(
+        [
+            "--config",
+            str(PACKAGE.parent / "configs/quickstart.yaml"),
+            "--model.objective",
+            "GSPO",
+            "--model.objective.clip_high",
+            "5e-4",
+            "--trainer.max_steps",
+            "0",
+        ],
+        run=False,
+    )
     objective = cli.model.objective
     assert (type(objective).__name__, objective.clip_low, objective.clip_high) == ("GSPO", 3e-4, 5e-4)
-    dapo = cli_main(["--config", str(PACKAGE.parent / "configs/quickstart.yaml"), "--config",
-                     str(PACKAGE.parent / "configs/objectives/dapo.yaml"), "--trainer.max_steps", "0"], run=False)
+    dapo = cli_main(
+        [
+            "--config",
+            str(PACKAGE.parent / "configs/quickstart.yaml"),
+            "--config",
+            str(PACKAGE.parent / "configs/objectives/dapo.yaml"),
+            "--trainer.max_steps",
+            "0",
+        ],
+        run=False,
+    )
     assert (type(dapo.model.objective).__name__, dapo.model.objective.clip_low, dapo.model.objective.clip_high) == (
-        "DAPO", 0.2, 0.28)
+        "DAPO",
+        0.2,
+        0.28,
+    )
 
 
 def settings_docs() -> dict[type, dict[str, str]]:
@@ -116,7 +148,11 @@ def settings_docs() -> dict[type, dict[str, str]]:
             continue
         docs = {}
         for field, after in zip(node.body, node.body[1:] + [None]):
-            if isinstance(field, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+            if (
+                isinstance(field, ast.AnnAssign)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+            ):
                 docs[field.target.id] = " ".join(after.value.value.split())
         assert set(docs) == {f.name for f in dataclasses.fields(cls)}, f"{cls.__name__}: a field without a doc"
         out[cls] = docs
@@ -146,8 +182,16 @@ def test_fit_help_shows_each_settings_doc_and_default(capsys, monkeypatch):
     for name in params:
         args = typing.get_args(hints.get(name)) or (hints.get(name),)
         groups.update({cls: name for cls in args if isinstance(cls, type) and cls in all_docs})
-    assert set(groups.values()) >= {"generation", "update", "sampling", "validation", "routing", "rollout_dumps",
-                                    "warm_start", "lora"}
+    assert set(groups.values()) >= {
+        "generation",
+        "update",
+        "sampling",
+        "validation",
+        "routing",
+        "rollout_dumps",
+        "warm_start",
+        "lora",
+    }
     assert set(groups) == set(all_docs)  # every group of config.py is a setting of RLModule
     text = help_text(capsys, monkeypatch, "--help")
     for cls, docs in all_docs.items():
@@ -160,7 +204,9 @@ def test_fit_help_shows_each_settings_doc_and_default(capsys, monkeypatch):
             default = getattr(cls(), field)
             assert f"--model.{name}.{field} " in shown and doc in shown, f"{name}.{field}"
             if isinstance(default, (int, float)) and not isinstance(default, bool):
-                assert f"{doc} (type: " in shown and f"default: {default})" in shown.split(doc, 1)[1][:200], f"{name}.{field}"
+                assert f"{doc} (type: " in shown and f"default: {default})" in shown.split(doc, 1)[1][:200], (
+                    f"{name}.{field}"
+                )
     assert "--model.generation.num_generations NUM_GENERATIONS G: completions sampled per prompt" in text
 
 

@@ -5,16 +5,16 @@ import json
 import pytest
 import torch
 
+from lit_gspo.models import load_policy
 from lit_gspo.rl.advantages import get_advantage
-from lit_gspo.tools.main import main
-from lit_gspo.tools.compare import make_parser
-from lit_gspo.tools.compare_replay import run_compare
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.learn.learner import Learner
-from lit_gspo.models import load_policy
 from lit_gspo.rl.objectives import GRPO
 from lit_gspo.rl.rollout import RolloutBatch
 from lit_gspo.rl.rollout_io import load_rollout, policy_dir, save_optimizer_state, save_rollout
+from lit_gspo.tools.compare import make_parser
+from lit_gspo.tools.compare_replay import run_compare
+from lit_gspo.tools.main import main
 
 G = 4
 
@@ -29,10 +29,16 @@ def make_rollout(policy, seed: int = 0) -> RolloutBatch:
     completion_mask = torch.arange(T) < lengths[:, None]
     attention_mask = torch.cat([torch.ones(N, P, dtype=torch.long), completion_mask.long()], 1)
     rewards = torch.rand(N, generator=gen)
-    rewards[3 * G:] = 0.5
-    batch = RolloutBatch(input_ids=input_ids, attention_mask=attention_mask, prompt_length=P,
-                         completion_mask=completion_mask, rewards=rewards,
-                         engine_logprobs=-torch.rand(N, T, generator=gen), turn_ids=torch.zeros(N, T, dtype=torch.long))
+    rewards[3 * G :] = 0.5
+    batch = RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        prompt_length=P,
+        completion_mask=completion_mask,
+        rewards=rewards,
+        engine_logprobs=-torch.rand(N, T, generator=gen),
+        turn_ids=torch.zeros(N, T, dtype=torch.long),
+    )
     batch.advantages = get_advantage("group")(batch, G)
     batch.old_logprobs = Learner(policy, GRPO(), Update()).old_logprobs(batch, torch.arange(N))
     return batch
@@ -41,12 +47,20 @@ def make_rollout(policy, seed: int = 0) -> RolloutBatch:
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A rollout file with its policy (Hugging Face format) beside it, as a fit writes them."""
-    policy, tokenizer = load_policy("tiny-llama", config_overrides={"hidden_size": 32, "num_hidden_layers": 1,
-                                                                   "intermediate_size": 64}, seed=0)
+    policy, tokenizer = load_policy(
+        "tiny-llama", config_overrides={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64}, seed=0
+    )
     batch = make_rollout(policy)
     path = tmp_path_factory.mktemp("run") / "rollouts" / "step_3.pt"
-    meta = {"temperature": 1.0, "max_len": 7, "group_size": G, "update": {"micro_batch_size": 6}, "optimizer": "AdamW",
-            "optimizer_hparams": {"lr": 1e-2}, "model": "tiny-llama"}
+    meta = {
+        "temperature": 1.0,
+        "max_len": 7,
+        "group_size": G,
+        "update": {"micro_batch_size": 6},
+        "optimizer": "AdamW",
+        "optimizer_hparams": {"lr": 1e-2},
+        "model": "tiny-llama",
+    }
     save_rollout(path, batch, step=3, meta=meta)
     policy.save_pretrained(policy_dir(path))
     tokenizer.save_pretrained(policy_dir(path))
@@ -63,8 +77,16 @@ def test_a_saved_rollout_round_trips_bit_exactly(saved):
     path, batch = saved
     loaded, payload = load_rollout(path)
     assert payload["step"] == 3 and loaded.prompt_length == batch.prompt_length and loaded.routing is None
-    for name in ("input_ids", "attention_mask", "completion_mask", "rewards", "advantages", "engine_logprobs",
-                 "old_logprobs", "turn_ids"):
+    for name in (
+        "input_ids",
+        "attention_mask",
+        "completion_mask",
+        "rewards",
+        "advantages",
+        "engine_logprobs",
+        "old_logprobs",
+        "turn_ids",
+    ):
         a, b = getattr(loaded, name), getattr(batch, name)
         assert a.dtype == b.dtype and torch.equal(a, b), name
     assert loaded.ref_logprobs is None
@@ -86,8 +108,17 @@ def test_a_changed_rollout_file_is_refused(saved, tmp_path):
 @pytest.fixture(scope="module")
 def report(saved, tmp_path_factory):
     path, _ = saved
-    specs = ["gspo", "gspo_token", "grpo", "grpo:aggregation=token-mean", "dapo", "dr_grpo", "cispo", "sapo",
-             "gspo:clip_low=0.0003"]  # the last one: gspo again, under another label
+    specs = [
+        "gspo",
+        "gspo_token",
+        "grpo",
+        "grpo:aggregation=token-mean",
+        "dapo",
+        "dr_grpo",
+        "cispo",
+        "sapo",
+        "gspo:clip_low=0.0003",
+    ]  # the last one: gspo again, under another label
     return run_compare(str(path), objectives=specs, minibatch_steps=2, out=str(tmp_path_factory.mktemp("out")))
 
 
@@ -130,8 +161,9 @@ def test_off_policy_identities(report):
     for a, b in zip(res["gspo"]["steps"], res["gspo_token"]["steps"]):
         assert a["clip_frac"] == b["clip_frac"] and a["grad_token_share"] == b["grad_token_share"]
         assert a["cos_pg"] == pytest.approx(b["cos_pg"], abs=1e-5)
-    assert res["gspo"]["spread"][-1]["seq_logratio_std"] == pytest.approx(res["gspo_token"]["spread"][-1]["seq_logratio_std"],
-                                                                          rel=1e-4)
+    assert res["gspo"]["spread"][-1]["seq_logratio_std"] == pytest.approx(
+        res["gspo_token"]["spread"][-1]["seq_logratio_std"], rel=1e-4
+    )
     # the replay is deterministic: the same objective under two labels gives bit-identical records
     assert res["gspo"]["steps"] == res["gspo:clip_low=0.0003"]["steps"]
     assert res["gspo"]["spread"] == res["gspo:clip_low=0.0003"]["spread"]
@@ -139,7 +171,9 @@ def test_off_policy_identities(report):
     assert res["dapo"]["steps"][0]["cos_pg"] == pytest.approx(1, abs=1e-6)
     assert res["dapo"]["steps"][1]["cos_pg"] < 1 - 1e-6  # and the second is not
     # the weights moved: the ratios are no longer 1; CISPO and SAPO never zero a token's gradient
-    assert all(r["spread"][0]["seq_logratio_std"] == 0 and r["spread"][-1]["seq_logratio_std"] > 0 for r in res.values())
+    assert all(
+        r["spread"][0]["seq_logratio_std"] == 0 and r["spread"][-1]["seq_logratio_std"] > 0 for r in res.values()
+    )
     assert len(res["gspo"]["steps"]) == 2
     for label in ("cispo", "sapo"):
         assert all(s["clip_frac"] == 0 for s in res[label]["steps"])
@@ -148,8 +182,22 @@ def test_off_policy_identities(report):
 def test_the_cli_writes_the_report_json_and_plots(saved, tmp_path, capsys):
     path, _ = saved
     out = tmp_path / "cmp"
-    main(["compare", "--rollout", str(path), "--objectives", "gspo", "dapo", "--minibatch_steps", "2",
-          "--num_minibatches", "1", "--out", str(out)])
+    main(
+        [
+            "compare",
+            "--rollout",
+            str(path),
+            "--objectives",
+            "gspo",
+            "dapo",
+            "--minibatch_steps",
+            "2",
+            "--num_minibatches",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     assert "| gspo |" in printed and f"lit-gspo compare --rollout {path}" in printed
     for name in ("report.md", "compare.json", "gradient_cosine.png", "ratio_spread.png"):
@@ -159,15 +207,31 @@ def test_the_cli_writes_the_report_json_and_plots(saved, tmp_path, capsys):
     assert "lit-gspo compare --rollout" in (out / "report.md").read_text()
 
 
-def test_without_matplotlib_the_report_and_json_are_written_and_name_the_plot_extra(saved, tmp_path, capsys, monkeypatch):
+def test_without_matplotlib_the_report_and_json_are_written_and_name_the_plot_extra(
+    saved, tmp_path, capsys, monkeypatch
+):
     import sys
 
     for module in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, module)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
     out = tmp_path / "cmp"
-    main(["compare", "--rollout", str(saved[0]), "--objectives", "gspo", "grpo", "--minibatch_steps", "1",
-          "--num_minibatches", "1", "--out", str(out)])
+    main(
+        [
+            "compare",
+            "--rollout",
+            str(saved[0]),
+            "--objectives",
+            "gspo",
+            "grpo",
+            "--minibatch_steps",
+            "1",
+            "--num_minibatches",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert sorted(p.name for p in out.iterdir()) == ["compare.json", "report.md"]
     report = (out / "report.md").read_text()
     assert "| gspo |" in report and "| grpo |" in report and "![" not in report
@@ -198,10 +262,29 @@ def test_a_fit_with_saving_on_writes_the_rollout_and_its_policy(tmp_path):
     from lit_gspo.lightning.cli import cli_main
 
     root = tmp_path / "run"
-    cli = cli_main(["--config", "configs/quickstart.yaml", "--trainer.max_steps", "3", "--trainer.default_root_dir",
-                    str(root), "--model.rollout_dumps.every_n_steps", "2", "--model.warm_start.steps", "0",
-                    "--model.validation.every_n_steps", "0", "--trainer.enable_progress_bar", "false",
-                    "--trainer.enable_checkpointing", "false", "--data.prompts_per_step", "4"], run=False)
+    cli = cli_main(
+        [
+            "--config",
+            "configs/quickstart.yaml",
+            "--trainer.max_steps",
+            "3",
+            "--trainer.default_root_dir",
+            str(root),
+            "--model.rollout_dumps.every_n_steps",
+            "2",
+            "--model.warm_start.steps",
+            "0",
+            "--model.validation.every_n_steps",
+            "0",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.enable_checkpointing",
+            "false",
+            "--data.prompts_per_step",
+            "4",
+        ],
+        run=False,
+    )
     cli.fit(cli.model, datamodule=cli.datamodule)
     assert sorted(p.name for p in (root / "rollouts").glob("*.pt")) == ["step_2.pt"]  # step 0 is never saved
     batch, payload = load_rollout(root / "rollouts" / "step_2.pt")

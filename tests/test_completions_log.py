@@ -6,19 +6,41 @@ from pathlib import Path
 import pytest
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
-from lit_gspo.tools.main import cli_main
 from lit_gspo.lightning.completions_log import COLUMNS, due, log_completions, markdown
+from lit_gspo.tools.main import cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_fit_writes_the_completions_table_beside_metrics_csv(tmp_path):
-    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.max_steps", "2", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "1",
-            "--model.validation.log_completions_every_n_steps", "2", "--model.validation.num_logged_completions", "3",
-            "--data.num_train", "16", "--data.num_val", "3", "--data.prompts_per_step", "4",
-            "--model.generation.num_generations", "2", "--model.generation.max_new_tokens", "3",
-            "--trainer.enable_progress_bar", "false"]
+    args = [
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.max_steps",
+        "2",
+        "--model.warm_start.steps",
+        "0",
+        "--model.validation.every_n_steps",
+        "1",
+        "--model.validation.log_completions_every_n_steps",
+        "2",
+        "--model.validation.num_logged_completions",
+        "3",
+        "--data.num_train",
+        "16",
+        "--data.num_val",
+        "3",
+        "--data.prompts_per_step",
+        "4",
+        "--model.generation.num_generations",
+        "2",
+        "--model.generation.max_new_tokens",
+        "3",
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
     cli = cli_main(args, run=False)
     cli.fit(cli.model, datamodule=cli.datamodule)
     metrics = next(tmp_path.glob("**/metrics.csv"))
@@ -66,11 +88,11 @@ def test_tensorboard_gets_a_markdown_table_and_wandb_a_table():
     tb, wb = FakeTensorBoard(), FakeWandb()
     rows = [{"prompt": "rev 12|3=", "answer": "321"}, {"prompt": [{"role": "user", "content": "hi"}], "answer": None}]
     log_completions([tb, wb], 5, rows, ["321", "a\nb"], [1.0, 0.25])
-    (tag, text, step), = tb.texts
+    ((tag, text, step),) = tb.texts
     assert tag == "val/completions" and step == 5
     assert text.splitlines()[0] == "| step | prompt | completion | reward | answer |"
     assert "rev 12\\|3=" in text and "a<br>b" in text and "| 0.25 |" in text and "user: hi" in text
-    (key, columns, data, step), = wb.tables
+    ((key, columns, data, step),) = wb.tables
     assert key == "val/completions" and columns == COLUMNS and step == 5
     assert data == [[5, "rev 12|3=", "321", 1.0, "321"], [5, "user: hi", "a\nb", 0.25, ""]]
     assert markdown(data) == text
@@ -79,20 +101,44 @@ def test_tensorboard_gets_a_markdown_table_and_wandb_a_table():
 def test_print_completions_shows_each_logged_completion_with_every_reward_on_the_terminal(tmp_path, capsys):
     """As TRL's ``log_completions``: prompt, completion, the reward and each function's own score, at the validations
     that log completions; off by default."""
-    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.max_steps", "1", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "1",
-            "--model.validation.num_logged_completions", "3", "--model.validation.print_completions", "true",
-            "--model.rewards", "[lit_gspo.rl.rewards.CharAccuracy, lit_gspo.rl.rewards.ExactMatch]",
-            "--model.reward_weights", "[1.0, 0.5]",
-            "--data.num_train", "16", "--data.num_val", "5", "--data.prompts_per_step", "4",
-            "--model.generation.num_generations", "2", "--model.generation.max_new_tokens", "3",
-            "--trainer.enable_progress_bar", "false"]
+    args = [
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.max_steps",
+        "1",
+        "--model.warm_start.steps",
+        "0",
+        "--model.validation.every_n_steps",
+        "1",
+        "--model.validation.num_logged_completions",
+        "3",
+        "--model.validation.print_completions",
+        "true",
+        "--model.rewards",
+        "[lit_gspo.rl.rewards.CharAccuracy, lit_gspo.rl.rewards.ExactMatch]",
+        "--model.reward_weights",
+        "[1.0, 0.5]",
+        "--data.num_train",
+        "16",
+        "--data.num_val",
+        "5",
+        "--data.prompts_per_step",
+        "4",
+        "--model.generation.num_generations",
+        "2",
+        "--model.generation.max_new_tokens",
+        "3",
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
     cli = cli_main(args, run=False)
     cli.fit(cli.model, datamodule=cli.datamodule)
     out = capsys.readouterr().out.splitlines()
     titles = [i for i, line in enumerate(out) if "val completions, greedy, the first 3 held-out prompts" in line]
     assert [out[i].split(":")[0] for i in titles] == ["step 0", "step 1"]
-    header, *body = out[titles[1] + 1:titles[1] + 5]
+    header, *body = out[titles[1] + 1 : titles[1] + 5]
     assert header.split() == ["prompt", "completion", "reward", "char_accuracy", "exact_match"]
     with open(next(tmp_path.glob("**/completions.csv"))) as f:
         logged = [r for r in csv.DictReader(f) if r["step"] == "1"]
@@ -104,10 +150,28 @@ def test_print_completions_shows_each_logged_completion_with_every_reward_on_the
 
 
 def test_completions_are_not_printed_unless_asked(tmp_path, capsys):
-    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.max_steps", "1", "--model.warm_start.steps", "0", "--data.num_train", "16", "--data.num_val", "3",
-            "--data.prompts_per_step", "4", "--model.generation.num_generations", "2",
-            "--model.generation.max_new_tokens", "3", "--trainer.enable_progress_bar", "false"]
+    args = [
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.max_steps",
+        "1",
+        "--model.warm_start.steps",
+        "0",
+        "--data.num_train",
+        "16",
+        "--data.num_val",
+        "3",
+        "--data.prompts_per_step",
+        "4",
+        "--model.generation.num_generations",
+        "2",
+        "--model.generation.max_new_tokens",
+        "3",
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
     cli = cli_main(args, run=False)
     cli.fit(cli.model, datamodule=cli.datamodule)
     assert "completions, greedy" not in capsys.readouterr().out

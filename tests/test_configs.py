@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lit_gspo.tools.ablate import fit_args, load_ablation
 from lit_gspo.lightning.cli import RLCLI
 from lit_gspo.lightning.datamodule import PromptDataModule
 from lit_gspo.lightning.module import RLModule
+from lit_gspo.tools.ablate import fit_args, load_ablation
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 QUICKSTART = CONFIGS / "quickstart.yaml"
@@ -27,7 +27,9 @@ def parse(*configs: Path, extra: tuple[str, ...] = ()):
 
 
 def fit_configs():
-    return sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name not in ("ablate", "objectives", "mismatch", "engines"))
+    return sorted(
+        p for p in CONFIGS.rglob("*.yaml") if p.parent.name not in ("ablate", "objectives", "mismatch", "engines")
+    )
 
 
 @pytest.mark.parametrize("path", fit_configs(), ids=lambda p: str(p.relative_to(CONFIGS)))
@@ -109,8 +111,7 @@ def test_ablation_config_loads_and_its_arms_parse(path, tmp_path, monkeypatch):
         for arm in ablation.arms:
             args = fit_args(ablation, arm, seed, tmp_path / arm.name, base)
             config = ParseOnlyCLI(RLModule, PromptDataModule, args=args, run=False).config
-            objective = (arm.objective or arm.overrides.get("model.objective", {}).get("class_path")
-                         or base_objective)
+            objective = arm.objective or arm.overrides.get("model.objective", {}).get("class_path") or base_objective
             assert config.model.objective.class_path.rsplit(".", 1)[-1] == objective.rsplit(".", 1)[-1], (arm, seed)
             for key, value in {**ablation.overrides, **arm.overrides}.items():
                 assert_given(config, key, value, arm.name)

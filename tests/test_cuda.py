@@ -23,14 +23,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lit_gspo.models import load_policy
 from lit_gspo.rl.advantages import GroupNormalized
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.engines import HFGenerate, LeanSampler
 from lit_gspo.rl.learn.learner import Learner
-from lit_gspo.models import load_policy
 from lit_gspo.rl.objectives import GSPO
-from lit_gspo.runtime.optim import state_dtypes
 from lit_gspo.rl.rollout import position_ids_of, token_logprobs
+from lit_gspo.runtime.optim import state_dtypes
 
 pytestmark = pytest.mark.cuda
 
@@ -72,13 +72,16 @@ def test_under_bf16_autocast_the_lm_head_and_the_logprobs_stay_fp32(gpu_model, c
     P, T = batch.prompt_length, batch.completion_mask.shape[1]
     with torch.no_grad(), torch.autocast(cuda_device.type, dtype=torch.bfloat16):
         logprobs = token_logprobs(gpu_model, batch).logprobs
-        hidden = gpu_model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                          position_ids=position_ids_of(batch.attention_mask)).last_hidden_state
-        hidden = hidden[:, P - 1:P - 1 + T]
+        hidden = gpu_model.get_decoder()(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=position_ids_of(batch.attention_mask),
+        ).last_hidden_state
+        hidden = hidden[:, P - 1 : P - 1 + T]
         bf16_head = F.linear(hidden, gpu_model.get_output_embeddings().weight).float().log_softmax(-1)
     weight = gpu_model.get_output_embeddings().weight
     fp32_head = F.linear(hidden.float(), weight.float()).log_softmax(-1)  # outside autocast: fp32
-    targets = batch.input_ids[:, P:P + T, None]
+    targets = batch.input_ids[:, P : P + T, None]
     mask = batch.completion_mask
     assert logprobs.dtype == torch.float32
     # the decoder ran in bf16 (as Lightning's bf16-mixed runs it), the head on its output in fp32
@@ -92,8 +95,18 @@ def test_an_on_policy_gspo_step_under_bf16_autocast_is_finite_with_a_ratio_of_on
     prompts = [tokenizer(p)["input_ids"] for p in ("rev 123=", "rev 4567=", "rev 89=")]
     with torch.autocast(cuda_device.type, dtype=torch.bfloat16):
         torch.manual_seed(0)
-        rollout = LeanSampler().sample(policy, prompts, num_generations=4, max_new_tokens=6, pad_id=tokenizer.pad_token_id,
-                                       eos_id=tokenizer.eos_token_id).trimmed()
+        rollout = (
+            LeanSampler()
+            .sample(
+                policy,
+                prompts,
+                num_generations=4,
+                max_new_tokens=6,
+                pad_id=tokenizer.pad_token_id,
+                eos_id=tokenizer.eos_token_id,
+            )
+            .trimmed()
+        )
         rollout.rewards = torch.arange(len(rollout), dtype=torch.float32) % 3  # spread within every group
         learner = Learner(policy, GSPO(), Update(), max_len=6, group_size=4)
         learner.snapshot(rollout)
@@ -183,10 +196,20 @@ def test_a_bf16_mixed_fit_on_the_device_trains_with_finite_losses(tmp_path, cuda
     """In a fresh process: a ModelParallelStrategy fit leaves a process group behind that later tests must not meet."""
     if optimizer == "AdamW8bit":
         pytest.importorskip("bitsandbytes")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", FIT, cuda_device.type, strategy, optimizer, str(tmp_path)],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONWARNINGS": "ignore",
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", FIT, cuda_device.type, strategy, optimizer, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
     assert out["devices"] == [cuda_device.type]

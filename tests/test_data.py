@@ -11,8 +11,7 @@ from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
 from lit_gspo.data import TASKS, encode_prompts, is_held_out, load_prompt_rows, make_task, sft_examples, task_splits
-from lit_gspo.lightning.datamodule import ResumableSampler
-from lit_gspo.lightning.datamodule import PromptDataModule
+from lit_gspo.lightning.datamodule import PromptDataModule, ResumableSampler
 
 
 # ---------------------------------------------------------------- synthetic tasks
@@ -37,9 +36,9 @@ def test_answers_are_correct():
         assert str(eval(row["prompt"].rstrip("="))) == row["answer"]  # noqa: S307 — operands and ops are generated here
     assert all(int(r["answer"]) >= 0 for r in make_task("arithmetic", 200, seed=0, ops="-"))
     for row in make_task("reversal", 50, seed=0, alphabet="abc12"):
-        assert row["answer"] == row["prompt"][len("rev "):-1][::-1]
+        assert row["answer"] == row["prompt"][len("rev ") : -1][::-1]
     for row in make_task("sorting", 50, seed=0):
-        assert row["answer"] == "".join(sorted(row["prompt"][len("sort "):-1]))
+        assert row["answer"] == "".join(sorted(row["prompt"][len("sort ") : -1]))
     for row in make_task("counting", 50, seed=0):
         _, c, _, s = row["prompt"].rstrip("=").split(" ")
         assert row["answer"] == str(s.count(c))
@@ -91,7 +90,9 @@ def test_load_local_files(tmp_path, fmt):
     assert rows[3]["answer"] == "3" and rows[4]["level"] == ("1" if fmt == "csv" else 1)  # a CSV cell is text
     assert rows[0]["question"] == "q0" and rows[0]["solution"] == "0"  # each column also under its own name
     subset = load_prompt_rows(str(path), prompt_column="question", answer_column="solution", n=4, seed=1)
-    assert len(subset) == 4 and subset == load_prompt_rows(str(path), prompt_column="question", answer_column="solution", n=4, seed=1)
+    assert len(subset) == 4 and subset == load_prompt_rows(
+        str(path), prompt_column="question", answer_column="solution", n=4, seed=1
+    )
     no_answer = load_prompt_rows(str(path), prompt_column="question", answer_column=None)
     assert "answer" not in no_answer[0] and no_answer[0]["solution"] is not None
 
@@ -110,8 +111,18 @@ def test_missing_column_names_available(tmp_path):
         load_prompt_rows(str(path), prompt_column="question")
 
 
-@pytest.mark.parametrize("prompt, what", [("", "empty"), ("  \n", "empty"), (None, "neither a string"), (7, "neither a string"),
-                                          ([], "empty"), (["hi"], "neither a string"), ([{"role": "user"}], "neither a string")])
+@pytest.mark.parametrize(
+    "prompt, what",
+    [
+        ("", "empty"),
+        ("  \n", "empty"),
+        (None, "neither a string"),
+        (7, "neither a string"),
+        ([], "empty"),
+        (["hi"], "neither a string"),
+        ([{"role": "user"}], "neither a string"),
+    ],
+)
 def test_a_bad_prompt_row_is_refused_at_load_naming_file_and_row(tmp_path, prompt, what):
     path = tmp_path / "data.jsonl"
     rows = [{"prompt": "ok", "answer": "1"}, {"prompt": "fine", "answer": "2"}, {"prompt": prompt, "answer": "3"}]
@@ -147,20 +158,26 @@ def char_tokenizer(chat_template=None):
     backend = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     backend.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
     tok.chat_template = chat_template
     return tok
 
 
-TEMPLATE = ("{% for m in messages %}<{{ m['role'][0] }}>{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<a>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'][0] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<a>{% endif %}"
+)
 
 
 def test_encode_with_chat_template():
     tok = char_tokenizer(TEMPLATE)
     ids = encode_prompts(tok, ["1+2="], max_prompt_length=64, system_prompt="be brief")
     assert tok.decode(ids[0]) == "<s>be brief\n<u>1+2=\n<a>"
-    assert tok.decode(encode_prompts(tok, [[{"role": "user", "content": "hi"}]], max_prompt_length=64)[0]) == "<u>hi\n<a>"
+    assert (
+        tok.decode(encode_prompts(tok, [[{"role": "user", "content": "hi"}]], max_prompt_length=64)[0]) == "<u>hi\n<a>"
+    )
     raw = encode_prompts(tok, ["1+2="], chat_template=False, max_prompt_length=64)
     assert tok.decode(raw[0]) == "1+2="
 
@@ -170,7 +187,9 @@ def test_encode_without_chat_template():
     ids = encode_prompts(tok, ["rev 123=", "ab"], max_prompt_length=8, system_prompt=None)
     assert [tok.decode(x) for x in ids] == ["rev 123=", "ab"] and len(ids[0]) == 8
     assert tok.decode(encode_prompts(tok, ["ab"], max_prompt_length=8, system_prompt="s")[0]) == "s\nab"
-    with pytest.raises(ValueError, match=r"--model.environment.init_args.chat_template true, but .* has no chat template"):
+    with pytest.raises(
+        ValueError, match=r"--model.environment.init_args.chat_template true, but .* has no chat template"
+    ):
         encode_prompts(tok, ["ab"], chat_template=True, max_prompt_length=8)
 
 
@@ -181,8 +200,15 @@ def test_too_long_prompt_raises():
 
 # ---------------------------------------------------------------- datamodule
 def datamodule(**kw):
-    kw = {"train_source": "reversal", "num_train": 20, "num_val": 6, "prompts_per_step": 4, "val_batch_size": 4,
-          "task_kwargs": {"min_length": 3, "max_length": 3}, **kw}
+    kw = {
+        "train_source": "reversal",
+        "num_train": 20,
+        "num_val": 6,
+        "prompts_per_step": 4,
+        "val_batch_size": 4,
+        "task_kwargs": {"min_length": 3, "max_length": 3},
+        **kw,
+    }
     return PromptDataModule(**kw)
 
 
@@ -205,8 +231,9 @@ def test_datamodule_batches():
 
 def test_datamodule_file_val_fraction(tmp_path):
     path = write(tmp_path, "jsonl")
-    dm = PromptDataModule(str(path), prompt_column="question", answer_column="solution", num_val=64,
-                          prompts_per_step=2, val_fraction=0.3)
+    dm = PromptDataModule(
+        str(path), prompt_column="question", answer_column="solution", num_val=64, prompts_per_step=2, val_fraction=0.3
+    )
     dm.setup()
     assert len(dm.val_rows) == 3 and len(dm.train_rows) == 7
     assert not {r["prompt"] for r in dm.val_rows} & {r["prompt"] for r in dm.train_rows}
@@ -229,7 +256,9 @@ def test_datamodule_uses_every_row_of_a_file_and_says_so(tmp_path, info_log):
     path = write_rows(tmp_path / "x.jsonl", 5000)
     dm = PromptDataModule(path)
     dm.setup()
-    assert len(dm.val_rows) == 64 and len(dm.train_rows) == 5000 - 64  # every row is used: 64 held out, the rest trained on
+    assert (
+        len(dm.val_rows) == 64 and len(dm.train_rows) == 5000 - 64
+    )  # every row is used: 64 held out, the rest trained on
     assert f"train: 4936 rows from {path}, val: 64 rows held out of it" in info_log.text
     info_log.clear()
     val = write_rows(tmp_path / "val.jsonl", 300)
@@ -260,7 +289,10 @@ def test_datamodule_task_defaults_unchanged(info_log):
     dm.setup()
     assert len(dm.train_rows) == 1000 and len(dm.val_rows) == 64
     assert (dm.train_rows, dm.val_rows) == task_splits("arithmetic", 1000, 64, seed=0)
-    assert "train: 1000 rows from task 'arithmetic' (train split), val: 64 rows from task 'arithmetic' (validation split)" in info_log.text
+    assert (
+        "train: 1000 rows from task 'arithmetic' (train split), val: 64 rows from task 'arithmetic' (validation split)"
+        in info_log.text
+    )
 
 
 def test_sampler_resume_and_ranks():
@@ -277,7 +309,10 @@ def test_sampler_resume_and_ranks():
     fresh = datamodule().train_dataloader()
     list(fresh)
     assert prompts(fresh) == prompts(head + tail)  # epoch 1 order is a function of (seed, epoch)
-    with pytest.raises(ValueError, match="training data had 20 rows shuffled with seed 0, this run.s has 20 rows and seed 1 .--data.seed"):
+    with pytest.raises(
+        ValueError,
+        match="training data had 20 rows shuffled with seed 0, this run.s has 20 rows and seed 1 .--data.seed",
+    ):
         datamodule(seed=1).train_dataloader().load_state_dict(state)
     samplers = [ResumableSampler(10, seed=1, rank=r, world_size=3) for r in range(3)]
     shards = [list(s) for s in samplers]
@@ -299,8 +334,15 @@ class Recorder(L.LightningModule):
 
 
 def fit(module, steps, ckpt_path=None, callbacks=()):
-    trainer = L.Trainer(max_steps=steps, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                        accelerator="cpu", callbacks=list(callbacks), enable_checkpointing=bool(callbacks))
+    trainer = L.Trainer(
+        max_steps=steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        callbacks=list(callbacks),
+        enable_checkpointing=bool(callbacks),
+    )
     trainer.fit(module, datamodule=datamodule(), ckpt_path=ckpt_path)
 
 
@@ -312,7 +354,10 @@ def test_lightning_resume_continues_at_same_position(tmp_path, stop):
     first = Recorder()
     fit(first, stop, callbacks=[ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=stop, save_top_k=-1)])
     (ckpt,) = glob.glob(str(tmp_path / "*.ckpt"))
-    assert torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["position"] == 4 * stop
+    assert (
+        torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["position"]
+        == 4 * stop
+    )
     rest = Recorder()
     fit(rest, 9, ckpt_path=ckpt)
     assert len(first.seen) == stop and first.seen + rest.seen == full.seen

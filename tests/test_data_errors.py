@@ -14,8 +14,16 @@ from lit_gspo.data.prompts import load_prompt_rows
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name, text", [("empty.jsonl", ""), ("blank.jsonl", "\n\n"), ("empty.csv", ""),
-                                        ("header.csv", "prompt,answer\n"), ("empty.json", "[]")])
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("empty.jsonl", ""),
+        ("blank.jsonl", "\n\n"),
+        ("empty.csv", ""),
+        ("header.csv", "prompt,answer\n"),
+        ("empty.json", "[]"),
+    ],
+)
 def test_an_empty_data_file_says_so(tmp_path, name, text):
     path = tmp_path / name
     path.write_text(text)
@@ -23,9 +31,13 @@ def test_an_empty_data_file_says_so(tmp_path, name, text):
         load_prompt_rows(str(path))
 
 
-@pytest.mark.parametrize("name, content, line", [
-    ("bad.jsonl", b'{"prompt": "ok", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n', 2),
-    ("bad.csv", b"prompt,answer\nok,1\nok,2\ncaf\xe9,3\n", 4)])
+@pytest.mark.parametrize(
+    "name, content, line",
+    [
+        ("bad.jsonl", b'{"prompt": "ok", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n', 2),
+        ("bad.csv", b"prompt,answer\nok,1\nok,2\ncaf\xe9,3\n", 4),
+    ],
+)
 def test_a_file_that_is_not_utf8_names_the_file_and_line(tmp_path, name, content, line):
     path = tmp_path / name
     path.write_bytes(content)
@@ -53,7 +65,9 @@ def test_a_hub_model_without_network_fails_in_seconds_saying_why(no_network):
     from lit_gspo.models import load_policy
 
     start = time.perf_counter()
-    with pytest.raises(ValueError, match=r"cannot reach http://127.0.0.1:9.*not in the local Hugging Face cache.*HF_HUB_OFFLINE=1"):
+    with pytest.raises(
+        ValueError, match=r"cannot reach http://127.0.0.1:9.*not in the local Hugging Face cache.*HF_HUB_OFFLINE=1"
+    ):
         load_policy("someorg/not-a-model")
     assert time.perf_counter() - start < 15  # it retried for about a minute before
 
@@ -72,14 +86,38 @@ def test_an_over_long_prompt_is_named_by_its_file_row_before_training(tmp_path):
     rows = [{"prompt": f"rev {i}{i}{i}=", "answer": f"{i}{i}{i}"} for i in range(10)]
     rows[5]["prompt"] = "rev " + "7" * 300 + "="
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cli = cli_main(["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path / "run"),
-                    "--trainer.max_steps", "2", "--model.warm_start.steps", "0", "--trainer.enable_progress_bar", "false",
-                    "--data.train_source", str(data), "--data.num_val", "2", "--data.prompts_per_step", "4",
-                    "--model.generation.max_prompt_length", "64"], run=False)
-    with pytest.raises(ValueError, match=rf"{data} row 5: the prompt is \d+ tokens, longer than --model.generation.max_prompt_length 64"):
+    cli = cli_main(
+        [
+            "--config",
+            str(ROOT / "configs/quickstart.yaml"),
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+            "--trainer.max_steps",
+            "2",
+            "--model.warm_start.steps",
+            "0",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--data.train_source",
+            str(data),
+            "--data.num_val",
+            "2",
+            "--data.prompts_per_step",
+            "4",
+            "--model.generation.max_prompt_length",
+            "64",
+        ],
+        run=False,
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"{data} row 5: the prompt is \d+ tokens, longer than --model.generation.max_prompt_length 64",
+    ):
         cli.fit(cli.model, datamodule=cli.datamodule)
-    assert not list((tmp_path / "run").glob("**/metrics.csv")) or "train/reward" not in \
-        next((tmp_path / "run").glob("**/metrics.csv")).read_text()
+    assert (
+        not list((tmp_path / "run").glob("**/metrics.csv"))
+        or "train/reward" not in next((tmp_path / "run").glob("**/metrics.csv")).read_text()
+    )
 
 
 def test_a_misspelled_nested_key_lists_the_valid_fields(capsys):

@@ -63,8 +63,15 @@ def test_a_broken_jsonl_line_is_named(tmp_path):
         load_prompt_rows(str(path))
 
 
-@pytest.mark.parametrize("train, val", [("train.csv", "validation.jsonl"), ("train.jsonl", "validation.jsonl"),
-                                        ("train.jsonl", "val.jsonl"), ("train.csv", "test.csv")])
+@pytest.mark.parametrize(
+    "train, val",
+    [
+        ("train.csv", "validation.jsonl"),
+        ("train.jsonl", "validation.jsonl"),
+        ("train.jsonl", "val.jsonl"),
+        ("train.csv", "test.csv"),
+    ],
+)
 def test_a_directory_with_its_own_validation_file_uses_it(tmp_path, info_log, train, val):
     folder = tmp_path / "data"
     folder.mkdir()
@@ -80,8 +87,10 @@ def test_a_directory_with_its_own_validation_file_uses_it(tmp_path, info_log, tr
     assert dm.train_rows == train_rows  # every training row trains (none held out), answers as written ("000")
     assert dm.val_rows == val_rows
     split = "test" if val.startswith("test") else "validation"
-    assert (f"train: 10 rows from {folder} [train], val: 3 rows from {folder} [{split}] ({val}: the directory's own "
-            f"{split} split, so no training row is held out)") in info_log.text
+    assert (
+        f"train: 10 rows from {folder} [train], val: 3 rows from {folder} [{split}] ({val}: the directory's own "
+        f"{split} split, so no training row is held out)"
+    ) in info_log.text
     assert dm.describe_row("val", 2) == f"{folder} [{split}] row 2"
 
 
@@ -98,7 +107,9 @@ def test_a_directory_without_a_validation_file_still_holds_rows_out(tmp_path, in
 def test_a_missing_directory_split_names_the_ones_it_has(tmp_path):
     jsonl(tmp_path / "train.jsonl", [{"prompt": "a", "answer": "1"}])
     jsonl(tmp_path / "valid.jsonl", [{"prompt": "b", "answer": "2"}])
-    with pytest.raises(ValueError, match=r"has no split 'test'; its splits are train \(train.jsonl\), validation \(valid.jsonl\)"):
+    with pytest.raises(
+        ValueError, match=r"has no split 'test'; its splits are train \(train.jsonl\), validation \(valid.jsonl\)"
+    ):
         load_prompt_rows(str(tmp_path), split="test")
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -114,20 +125,30 @@ def test_answer_column_keeps_the_original_column_reachable(tmp_path):
 
 def test_a_column_setting_that_would_hide_a_data_column_is_refused(tmp_path):
     path = jsonl(tmp_path / "x.jsonl", [{"prompt": "p", "answer": "1", "solution": "one"}])
-    with pytest.raises(ValueError, match=r"--data.answer_column solution would hide .*'answer' column.*columns are "
-                                         r"\['prompt', 'answer', 'solution'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"--data.answer_column solution would hide .*'answer' column.*columns are "
+        r"\['prompt', 'answer', 'solution'\]",
+    ):
         load_prompt_rows(str(path), answer_column="solution")
 
 
 def test_holding_out_too_many_rows_for_prompts_per_step_is_refused_with_the_numbers(tmp_path):
     path = jsonl(tmp_path / "x.jsonl", [{"prompt": f"q{i}", "answer": str(i)} for i in range(10)])
-    with pytest.raises(ValueError, match=r"has 10 rows; 3 are held out for validation \(--data.val_fraction 0.3, at most 64\), "
-                                         r"which leaves 7 for training, fewer than --data.prompts_per_step 8"):
+    with pytest.raises(
+        ValueError,
+        match=r"has 10 rows; 3 are held out for validation \(--data.val_fraction 0.3, at most 64\), "
+        r"which leaves 7 for training, fewer than --data.prompts_per_step 8",
+    ):
         PromptDataModule(str(path), prompts_per_step=8, val_fraction=0.3).setup()
-    with pytest.raises(ValueError, match=r"--data.num_train 2 keeps 2 training prompts, fewer than --data.prompts_per_step 4"):
+    with pytest.raises(
+        ValueError, match=r"--data.num_train 2 keeps 2 training prompts, fewer than --data.prompts_per_step 4"
+    ):
         PromptDataModule(str(path), prompts_per_step=4, num_train=2).setup()
     val = jsonl(tmp_path / "val.jsonl", [{"prompt": "v", "answer": "0"}])
-    with pytest.raises(ValueError, match=r"gave 10 training prompts \(10 rows from .*\), fewer than --data.prompts_per_step 16"):
+    with pytest.raises(
+        ValueError, match=r"gave 10 training prompts \(10 rows from .*\), fewer than --data.prompts_per_step 16"
+    ):
         PromptDataModule(str(path), val_source=str(val), prompts_per_step=16).setup()
 
 
@@ -138,23 +159,57 @@ def test_a_fit_gives_rewards_each_column_by_its_own_name_as_written(tmp_path, mo
 
     folder = tmp_path / "data"
     folder.mkdir()
-    (folder / "train.csv").write_text("question,solution\n" + "".join(f"rev {i:03d}=,{i:03d}\n" for i in range(0, 80, 10)))
-    jsonl(folder / "validation.jsonl", [{"question": "rev 123=", "solution": "321"}, {"question": "rev 045=", "solution": "540"}])
+    (folder / "train.csv").write_text(
+        "question,solution\n" + "".join(f"rev {i:03d}=,{i:03d}\n" for i in range(0, 80, 10))
+    )
+    jsonl(
+        folder / "validation.jsonl",
+        [{"question": "rev 123=", "solution": "321"}, {"question": "rev 045=", "solution": "540"}],
+    )
     module = tmp_path / "seen_rewards.py"
-    module.write_text(textwrap.dedent("""
+    module.write_text(
+        textwrap.dedent("""
         SEEN = []
 
         def by_name(completions, solution, question, **kwargs):
             SEEN.extend(zip(question, solution, kwargs["answer"]))
             return [0.0] * len(completions)
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    cli = cli_main(["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path / "run"),
-                    "--trainer.max_steps", "1", "--model.warm_start.steps", "0", "--trainer.enable_progress_bar", "false",
-                    "--trainer.enable_checkpointing", "false", "--data.train_source", str(folder),
-                    "--data.prompt_column", "question", "--data.answer_column", "solution", "--data.num_train", "null",
-                    "--data.num_val", "null", "--data.prompts_per_step", "4", "--model.generation.num_generations", "2",
-                    "--model.rewards", "[lit_gspo.rl.rewards.CharAccuracy, seen_rewards.by_name]"], run=False)
+    cli = cli_main(
+        [
+            "--config",
+            str(ROOT / "configs/quickstart.yaml"),
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+            "--trainer.max_steps",
+            "1",
+            "--model.warm_start.steps",
+            "0",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.enable_checkpointing",
+            "false",
+            "--data.train_source",
+            str(folder),
+            "--data.prompt_column",
+            "question",
+            "--data.answer_column",
+            "solution",
+            "--data.num_train",
+            "null",
+            "--data.num_val",
+            "null",
+            "--data.prompts_per_step",
+            "4",
+            "--model.generation.num_generations",
+            "2",
+            "--model.rewards",
+            "[lit_gspo.rl.rewards.CharAccuracy, seen_rewards.by_name]",
+        ],
+        run=False,
+    )
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     seen = set(sys.modules["seen_rewards"].SEEN)
     assert {("rev 123=", "321", "321"), ("rev 045=", "540", "540")} <= seen  # validation: the directory's JSONL

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from device_mixing import DeviceMixing, OneDevicePerOp, run_until_a_value_is_read
 from lightning.pytorch import Callback
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from device_mixing import DeviceMixing, OneDevicePerOp, run_until_a_value_is_read
 from lit_gspo.data.synthetic import make_task
 from lit_gspo.models.tokenizer import char_tokenizer
 from lit_gspo.rl.config import WarmStart
@@ -27,9 +27,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def meta_llama(vocab_size: int = 23) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128, pad_token_id=0,
-                         eos_token_id=1, bos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
     with torch.device("meta"):
         return LlamaForCausalLM(config)
 
@@ -38,8 +47,13 @@ def cpu_rollout() -> RolloutBatch:
     ids, attn = left_pad([[5, 6, 7], [3, 4]], pad_id=0)
     completion = torch.tensor([[8, 1], [9, 10]])
     mask = torch.ones(2, 2, dtype=torch.bool)
-    return RolloutBatch(input_ids=torch.cat([ids, completion], 1), attention_mask=torch.cat([attn, mask.long()], 1),
-                        prompt_length=ids.shape[1], completion_mask=mask, advantages=torch.tensor([1.0, -1.0]))
+    return RolloutBatch(
+        input_ids=torch.cat([ids, completion], 1),
+        attention_mask=torch.cat([attn, mask.long()], 1),
+        prompt_length=ids.shape[1],
+        completion_mask=mask,
+        advantages=torch.tensor([1.0, -1.0]),
+    )
 
 
 def test_the_checker_refuses_a_cpu_index_into_a_meta_embedding():
@@ -59,7 +73,9 @@ def test_rollout_to_moves_every_tensor_and_is_itself_where_it_already_is():
     rollout = cpu_rollout()
     assert rollout.to("cpu") is rollout
     moved = rollout.to("meta")
-    assert {t.device.type for t in (moved.input_ids, moved.attention_mask, moved.completion_mask, moved.advantages)} == {"meta"}
+    assert {
+        t.device.type for t in (moved.input_ids, moved.attention_mask, moved.completion_mask, moved.advantages)
+    } == {"meta"}
     assert rollout.input_ids.device.type == "cpu"  # the caller's batch is left as it was
 
 
@@ -69,15 +85,18 @@ def test_the_warm_start_computes_its_loss_on_the_policys_device(monkeypatch):
     import lit_gspo.rl.warm_start as module
 
     def forward_on_meta(policy, batch, **_):
-        return type("Forward", (), {"logprobs": torch.zeros(batch.completion_mask.shape, device="meta", requires_grad=True)})
+        return type(
+            "Forward", (), {"logprobs": torch.zeros(batch.completion_mask.shape, device="meta", requires_grad=True)}
+        )
 
     monkeypatch.setattr(module, "token_logprobs", forward_on_meta)
     tokenizer = char_tokenizer()
     policy = meta_llama(vocab_size=len(tokenizer))
     rows = make_task("reversal", 8, seed=0)
     encode = lambda chosen: [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in chosen]
-    outcome = run_until_a_value_is_read(warm_start, policy, tokenizer, rows, encode, WarmStart(steps=1, batch_size=2),
-                                        seed=0)
+    outcome = run_until_a_value_is_read(
+        warm_start, policy, tokenizer, rows, encode, WarmStart(steps=1, batch_size=2), seed=0
+    )
     assert outcome == "stopped at a value"  # float(loss) of a meta policy: every op before it ran on one device
 
 
@@ -91,6 +110,7 @@ class NoInferenceMode(Callback):
         def hook(*_):
             self.forwards += 1
             self.under_inference_mode += torch.is_inference_mode_enabled()
+
         module.policy.register_forward_pre_hook(hook)
 
     def on_validation_batch_start(self, *_):
@@ -101,12 +121,25 @@ def test_validation_never_runs_the_policy_under_inference_mode(tmp_path):
     """Lightning's validation loop runs under inference mode (one process: no gloo that would make it no_grad)."""
     from lit_gspo.lightning.cli import cli_main
 
-    cli = cli_main(["--config", str(ROOT / "configs/quickstart.yaml"), "--model.warm_start.steps", "1",
-                    "--data.num_val", "4", "--model.generation.max_new_tokens", "3",
-                    "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path)], run=False)
+    cli = cli_main(
+        [
+            "--config",
+            str(ROOT / "configs/quickstart.yaml"),
+            "--model.warm_start.steps",
+            "1",
+            "--data.num_val",
+            "4",
+            "--model.generation.max_new_tokens",
+            "3",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+        ],
+        run=False,
+    )
     probe = NoInferenceMode()
     cli.trainer.callbacks.append(probe)
     cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
     assert probe.loop_in_inference_mode  # the condition: Lightning's loop is in inference mode
     assert probe.forwards > 0 and probe.under_inference_mode == 0
-

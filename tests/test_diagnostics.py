@@ -42,7 +42,9 @@ def test_ratio_diagnostics_hand_computed():
     out = ratio_diagnostics(s, L, tok, pos, max_len=4, num_buckets=2)
     assert math.isclose(out["seq_logratio_absmax"], 0.8)
     assert math.isclose(out["seq_logratio_std"], float(s.std(unbiased=False)))
-    assert math.isclose(out["seq_geo_logratio_std"], float(torch.tensor([0.1, -0.2, 0.2], dtype=torch.float64).std(unbiased=False)))
+    assert math.isclose(
+        out["seq_geo_logratio_std"], float(torch.tensor([0.1, -0.2, 0.2], dtype=torch.float64).std(unbiased=False))
+    )
     assert math.isclose(out["seq_logratio_len_corr"], pearson(s.abs(), L))
     assert math.isclose(out["seq_logratio_absmax_len1-2"], 0.4)
     assert math.isclose(out["seq_logratio_std_len1-2"], 0.25)  # values 0.1, -0.4

@@ -27,38 +27,83 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_gspo.tools.main import cli_main
 from lit_gspo.models import load_policy
+from lit_gspo.tools.main import cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_CONFIG = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128}
-FSDP2 = ["--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy",
-         "--trainer.strategy.data_parallel_size", "2", "--trainer.strategy.tensor_parallel_size", "1"]
+FSDP2 = [
+    "--trainer.strategy",
+    "lightning.pytorch.strategies.ModelParallelStrategy",
+    "--trainer.strategy.data_parallel_size",
+    "2",
+    "--trainer.strategy.tensor_parallel_size",
+    "1",
+]
 
 
 def run_args(root: Path, *extra: str, prompts: int = 4, devices: int = 1, steps: int = 4) -> list[str]:
     """2 RL steps (×2 epochs = 4 optimiser steps): 4 prompts × 4 completions per step in total."""
-    return ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
-            "--trainer.max_steps", str(steps), "--trainer.devices", str(devices), "--trainer.enable_progress_bar", "false",
-            "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "1", "--data.num_train", "64",
-            "--data.num_val", "8", "--data.prompts_per_step", str(prompts), "--model.generation.num_generations", "4",
-            "--model.generation.max_new_tokens", "4", "--model.optimizer.lr", "0.01",
-            "--model.rewards", '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]',
-            "--model.update.epochs", "2", "--model.update.micro_batch_size", "4",
-            # every row runs, so entropy/kl/ratio means cover the same rows however they are split over ranks
-            "--model.update.skip_zero_advantage_rows", "false",
-            # FSDP2 runs every row's prompt (one root forward per backward): the single-process reference too,
-            # so that the runs compare sharding alone (AdamW at lr 0.01 magnifies float-order differences)
-            "--model.update.share_prompt_forward", "false", *extra]
+    return [
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.devices",
+        str(devices),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--model.warm_start.steps",
+        "0",
+        "--model.validation.every_n_steps",
+        "1",
+        "--data.num_train",
+        "64",
+        "--data.num_val",
+        "8",
+        "--data.prompts_per_step",
+        str(prompts),
+        "--model.generation.num_generations",
+        "4",
+        "--model.generation.max_new_tokens",
+        "4",
+        "--model.optimizer.lr",
+        "0.01",
+        "--model.rewards",
+        '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]',
+        "--model.update.epochs",
+        "2",
+        "--model.update.micro_batch_size",
+        "4",
+        # every row runs, so entropy/kl/ratio means cover the same rows however they are split over ranks
+        "--model.update.skip_zero_advantage_rows",
+        "false",
+        # FSDP2 runs every row's prompt (one root forward per backward): the single-process reference too,
+        # so that the runs compare sharding alone (AdamW at lr 0.01 magnifies float-order differences)
+        "--model.update.share_prompt_forward",
+        "false",
+        *extra,
+    ]
 
 
 def launch(out: Path, cli_args: list[str], *, ckpt_path: str | None = None, timeout: int = 240) -> dict:
-    cmd = [sys.executable, str(ROOT / "tests/dist_run.py")] + (["--ckpt_path", ckpt_path] if ckpt_path else []) + [str(out)]
+    cmd = (
+        [sys.executable, str(ROOT / "tests/dist_run.py")]
+        + (["--ckpt_path", ckpt_path] if ckpt_path else [])
+        + [str(out)]
+    )
     with socket.socket() as s:  # a fresh rendezvous port per run (other jobs on the machine may hold the default)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port)}
+    env = {
+        **os.environ,
+        "PYTHONWARNINGS": "ignore",
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
     proc = subprocess.run(cmd + ["--", *cli_args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return torch.load(out / "result.pt", weights_only=False)
@@ -69,12 +114,22 @@ def metric(result: dict, key: str) -> list[tuple[int, float]]:
 
 
 def assert_same_run(a: dict, b: dict, atol: float = 1e-5, rtol: float = 1e-5) -> None:
-    for key in ("train/loss", "train/reward", "train/reward_std", "train/kl", "train/entropy", "train/clip_frac",
-                "train/grad_norm", "train/response_length", "val/reward"):
+    for key in (
+        "train/loss",
+        "train/reward",
+        "train/reward_std",
+        "train/kl",
+        "train/entropy",
+        "train/clip_frac",
+        "train/grad_norm",
+        "train/response_length",
+        "val/reward",
+    ):
         ma, mb = metric(a, key), metric(b, key)
         assert [s for s, _ in ma] == [s for s, _ in mb], key
-        torch.testing.assert_close(torch.tensor([v for _, v in ma]), torch.tensor([v for _, v in mb]), atol=1e-6,
-                                   rtol=rtol, msg=key)
+        torch.testing.assert_close(
+            torch.tensor([v for _, v in ma]), torch.tensor([v for _, v in mb]), atol=1e-6, rtol=rtol, msg=key
+        )
     assert a["weights"].keys() == b["weights"].keys()
     for name in a["weights"]:
         torch.testing.assert_close(a["weights"][name], b["weights"][name], atol=atol, rtol=0, msg=name)
@@ -140,8 +195,12 @@ def test_fsdp2_with_lora_exports_the_merged_model_and_the_adapter_one_process_ex
         torch.testing.assert_close(merged_two[name], merged_one[name], atol=1e-5, rtol=0, msg=name)
     base = sharded["weights"]["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"]
     assert (merged_two["model.layers.0.self_attn.q_proj.weight"] - base).abs().max() > 1e-4  # the adapter moved it
-    torch.testing.assert_close(merged_two["model.layers.0.mlp.up_proj.weight"],
-                               sharded["weights"]["base_model.model.model.layers.0.mlp.up_proj.weight"], atol=0, rtol=0)
+    torch.testing.assert_close(
+        merged_two["model.layers.0.mlp.up_proj.weight"],
+        sharded["weights"]["base_model.model.model.layers.0.mlp.up_proj.weight"],
+        atol=0,
+        rtol=0,
+    )
     adapters = [load_file(root / "hf_adapter" / "adapter_model.safetensors") for root in (one, two)]
     assert adapters[0].keys() == adapters[1].keys() and len(adapters[0]) == 2 * 4 * 2  # A, B × 4 modules × 2 layers
     for name in adapters[0]:
@@ -158,9 +217,14 @@ def test_fsdp2_cpu_config_alone_shards_over_both_processes(tmp_path, single):
     assert_same_run(result, single)
 
 
-@pytest.mark.parametrize("strategy", [("--config", str(ROOT / "configs/scale/fsdp2_cpu.yaml")),
-                                      ("--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy")],
-                         ids=["config", "class_path"])
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        ("--config", str(ROOT / "configs/scale/fsdp2_cpu.yaml")),
+        ("--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy"),
+    ],
+    ids=["config", "class_path"],
+)
 def test_fsdp2_by_class_path_alone_builds_a_strategy_whose_mesh_is_data_parallel(tmp_path, strategy, monkeypatch):
     """Before: "invalid strategy name: lightning.pytorch.strategies.modelparallelstrategy" for the class path alone,
     and Lightning's "auto" sizes made a tensor-parallel mesh, which lit_gspo refuses."""
@@ -184,8 +248,14 @@ def ddp_env() -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    return {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port), "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    return {
+        **os.environ,
+        "PYTHONWARNINGS": "ignore",
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+    }
 
 
 @pytest.mark.distributed
@@ -194,14 +264,33 @@ def test_ddp_with_a_reward_failing_on_every_rank_stops_every_rank_with_its_error
     optimiser; the run ran all its steps, exited 0 and saved a model. Now the ranks agree the step has nothing to
     learn from, count it alike, and all stop after max_skipped_steps with the reward's error. (A reward failing from
     its very first call stops the run at that call instead: the test below.)"""
-    cmd = [sys.executable, "-m", "lit_gspo.tools.main", "fit",
-           *run_args(tmp_path, "--trainer.strategy", "ddp", "--model.sampling.max_skipped_steps", "2", "--model.validation.every_n_steps",
-                     "0", "--model.rewards", "[{class_path: fault_helpers.RaisesAfterFirstCall}]", prompts=2,
-                     devices=2, steps=20)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lit_gspo.tools.main",
+        "fit",
+        *run_args(
+            tmp_path,
+            "--trainer.strategy",
+            "ddp",
+            "--model.sampling.max_skipped_steps",
+            "2",
+            "--model.validation.every_n_steps",
+            "0",
+            "--model.rewards",
+            "[{class_path: fault_helpers.RaisesAfterFirstCall}]",
+            prompts=2,
+            devices=2,
+            steps=20,
+        ),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=ddp_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0, proc.stderr[-3000:]
     assert "2 RL steps in a row had nothing to learn from" in proc.stderr, proc.stderr[-3000:]
-    assert "The last reward error: reward function 'raises_after_first_call' raised ConnectionError: reward server down" in proc.stderr
+    assert (
+        "The last reward error: reward function 'raises_after_first_call' raised ConnectionError: reward server down"
+        in proc.stderr
+    )
     assert not (tmp_path / "hf_model").exists()
     with open(next(tmp_path.glob("**/metrics.csv"))) as fh:
         steps = [int(r["step"]) for r in csv.DictReader(fh) if r.get("train/reward")]
@@ -211,9 +300,24 @@ def test_ddp_with_a_reward_failing_on_every_rank_stops_every_rank_with_its_error
 @pytest.mark.distributed
 def test_ddp_with_a_reward_failing_from_its_first_call_stops_every_rank_at_the_first_scoring(tmp_path):
     """Issue 29: a reward that fails on every sample of its first call stops the run there, on every rank, naming it."""
-    cmd = [sys.executable, "-m", "lit_gspo.tools.main", "fit",
-           *run_args(tmp_path, "--trainer.strategy", "ddp", "--model.validation.every_n_steps", "0", "--model.rewards",
-                     "[{class_path: fault_helpers.AlwaysRaises}]", prompts=2, devices=2, steps=20)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lit_gspo.tools.main",
+        "fit",
+        *run_args(
+            tmp_path,
+            "--trainer.strategy",
+            "ddp",
+            "--model.validation.every_n_steps",
+            "0",
+            "--model.rewards",
+            "[{class_path: fault_helpers.AlwaysRaises}]",
+            prompts=2,
+            devices=2,
+            steps=20,
+        ),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=ddp_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0, proc.stderr[-3000:]
     assert "reward function 'always_raises' raised ConnectionError: reward server down" in proc.stderr
@@ -230,8 +334,16 @@ def _update_vector(weights: dict) -> torch.Tensor:
 
 @pytest.mark.distributed
 def test_adamw8bit_under_fsdp2_keeps_uint8_state_tracks_adamw_and_resumes_from_a_sharded_checkpoint(tmp_path, single):
-    eight_bit = ["--model.optimizer", "bitsandbytes.optim.AdamW8bit", "--model.optimizer.lr", "0.01",
-                 "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "2"]
+    eight_bit = [
+        "--model.optimizer",
+        "bitsandbytes.optim.AdamW8bit",
+        "--model.optimizer.lr",
+        "0.01",
+        "--trainer.enable_checkpointing",
+        "true",
+        "--checkpoint_every_n_steps",
+        "2",
+    ]
     first = launch(tmp_path / "a", run_args(tmp_path, *FSDP2, *eight_bit, prompts=2, devices=2, steps=2))
     assert first["optimizer"] == "ShardAwareAdamW8bit"
     # bitsandbytes keeps 8-bit state for tensors of >= 4096 elements (min_8bit_size) and fp32 state below
@@ -239,8 +351,9 @@ def test_adamw8bit_under_fsdp2_keeps_uint8_state_tracks_adamw_and_resumes_from_a
     assert first["uint8_state_numel"] > 0
     last = tmp_path / "checkpoints" / "last.ckpt"
     assert last.is_dir(), "FSDP2 writes a distributed (sharded) checkpoint directory"
-    resumed = launch(tmp_path / "b", run_args(tmp_path, *FSDP2, *eight_bit, prompts=2, devices=2, steps=4),
-                     ckpt_path="last")
+    resumed = launch(
+        tmp_path / "b", run_args(tmp_path, *FSDP2, *eight_bit, prompts=2, devices=2, steps=4), ckpt_path="last"
+    )
     # the resumed run (a new logger version) logs only the second RL step
     newest = resumed["metrics_by_file"][max(resumed["metrics_by_file"])]
     assert [int(r["step"]) for r in newest if r.get("train/loss")] == [1]
@@ -256,8 +369,9 @@ def test_adamw8bit_under_fsdp2_keeps_uint8_state_tracks_adamw_and_resumes_from_a
 def test_fsdp1_strategy_is_refused_with_a_pointer_to_fsdp2(tmp_path):
     with pytest.raises(ValueError, match="ModelParallelStrategy"):
         cli_main(run_args(tmp_path, "--trainer.strategy", "fsdp"), run=False)
-    from lit_gspo.lightning.strategy import FSDP1_MESSAGE, check_strategy
     from lightning.pytorch.strategies import FSDPStrategy
+
+    from lit_gspo.lightning.strategy import FSDP1_MESSAGE, check_strategy
 
     assert "19626" in FSDP1_MESSAGE and "19685" in FSDP1_MESSAGE
     with pytest.raises(ValueError, match="FSDP2"):

@@ -64,8 +64,9 @@ def test_an_engine_is_one_method_and_sample_does_the_layout(model):
 
 def test_greedy_generation_picks_the_argmax_of_our_logprobs(model):
     """The engine and token_logprobs() must see the same positions, also for left-padded prompts."""
-    rollout = HFGenerate().sample(model, [[2, 5, 6, 7, 8, 9], [2, 4]], num_generations=1, max_new_tokens=6, pad_id=PAD,
-                                  eos_id=EOS, greedy=True)
+    rollout = HFGenerate().sample(
+        model, [[2, 5, 6, 7, 8, 9], [2, 4]], num_generations=1, max_new_tokens=6, pad_id=PAD, eos_id=EOS, greedy=True
+    )
     lp = token_logprobs(model, rollout).logprobs
     assert rollout.completion_mask[:, 0].all()
     # greedy tokens have the maximal log-prob at every valid step: logp(y_t) == max_v logp(v)
@@ -74,27 +75,32 @@ def test_greedy_generation_picks_the_argmax_of_our_logprobs(model):
     from lit_gspo.rl.rollout import position_ids_of
 
     logits = model(ids, attention_mask=attn, position_ids=position_ids_of(attn)).logits.float().log_softmax(-1)
-    best = logits[:, P - 1:-1].max(-1).values
+    best = logits[:, P - 1 : -1].max(-1).values
     mask = rollout.completion_mask
     torch.testing.assert_close(lp[mask], best[mask], atol=1e-5, rtol=1e-5)
 
 
 def test_generation_is_group_major_and_masks_after_eos(model):
     torch.manual_seed(1)
-    rollout = HFGenerate().sample(model, [[2, 5], [2, 6, 7]], num_generations=3, max_new_tokens=5, pad_id=PAD, eos_id=EOS)
+    rollout = HFGenerate().sample(
+        model, [[2, 5], [2, 6, 7]], num_generations=3, max_new_tokens=5, pad_id=PAD, eos_id=EOS
+    )
     assert len(rollout) == 6
-    prompts = rollout.input_ids[:, :rollout.prompt_length]
+    prompts = rollout.input_ids[:, : rollout.prompt_length]
     assert torch.equal(prompts[0], prompts[2]) and torch.equal(prompts[3], prompts[5])
-    completions = rollout.input_ids[:, rollout.prompt_length:]
+    completions = rollout.input_ids[:, rollout.prompt_length :]
     assert (completions[~rollout.completion_mask] == PAD).all()
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(dtype="fp8"), r"dtype must be one of \('auto', 'float32', 'bfloat16', 'float16'\), got 'fp8'"),
-    (dict(max_model_len=1), r"max_model_len must be >= 2 .*got 1"),
-    (dict(kv_cache_gb=0), r"kv_cache_gb must be > 0, got 0"),
-    (dict(num_threads=0), r"num_threads must be >= 1 or null, got 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(dtype="fp8"), r"dtype must be one of \('auto', 'float32', 'bfloat16', 'float16'\), got 'fp8'"),
+        (dict(max_model_len=1), r"max_model_len must be >= 2 .*got 1"),
+        (dict(kv_cache_gb=0), r"kv_cache_gb must be > 0, got 0"),
+        (dict(num_threads=0), r"num_threads must be >= 1 or null, got 0"),
+    ],
+)
 def test_bad_vllm_engine_settings_are_refused_naming_the_value(kwargs, message):
     """Checked before vLLM is looked for: the same error with or without it installed."""
     from lit_gspo.rl.engines import VLLMEngine

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_gspo.tools import eval as eval_cli
-from lit_gspo.tools.main import cli_main, main
-from lit_gspo.tools.eval import load, run, run_config
 from lit_gspo.rl.evaluate import _aggregate_stats, default_ks, pass_at_k
+from lit_gspo.tools import eval as eval_cli
+from lit_gspo.tools.eval import load, run, run_config
+from lit_gspo.tools.main import cli_main, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,12 +33,26 @@ def test_pass_at_k_by_hand():
 
 
 def test_batch_stats_add_up_over_episodes():
-    stats = [(4, {"reward_failed": 1.0, "turns": 2.0, "success_turn2": 0.5, "reached_turn2": 0.5, "rewards/f/mean": 0.25, "rewards/f/std": 0.1}),
-             (2, {"reward_failed": 0.0, "turns": 1.0, "success_turn2": 1.0, "reached_turn2": 1.0})]
+    stats = [
+        (
+            4,
+            {
+                "reward_failed": 1.0,
+                "turns": 2.0,
+                "success_turn2": 0.5,
+                "reached_turn2": 0.5,
+                "rewards/f/mean": 0.25,
+                "rewards/f/std": 0.1,
+            },
+        ),
+        (2, {"reward_failed": 0.0, "turns": 1.0, "success_turn2": 1.0, "reached_turn2": 1.0}),
+    ]
     out = _aggregate_stats(stats)
     assert out["reward_failed"] == 1.0
     assert out["turns"] == pytest.approx((4 * 2 + 2 * 1) / 6)
-    assert out["success_turn2"] == pytest.approx((4 * 0.5 * 0.5 + 2 * 1.0 * 1.0) / (4 * 0.5 + 2 * 1.0))  # of those reaching turn 2
+    assert out["success_turn2"] == pytest.approx(
+        (4 * 0.5 * 0.5 + 2 * 1.0 * 1.0) / (4 * 0.5 + 2 * 1.0)
+    )  # of those reaching turn 2
     assert out["rewards/f/mean"] == 0.25  # only the batches that report it
     assert "rewards/f/std" not in out  # a mean of the batches' stds is not the std over the episodes
 
@@ -47,12 +61,34 @@ def test_batch_stats_add_up_over_episodes():
 def run_dir(tmp_path_factory):
     """A seconds-long quickstart fit with a short warm start (so greedy rewards are not all 0) and a checkpoint."""
     root = tmp_path_factory.mktemp("run")
-    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
-            "--trainer.max_steps", "2", "--model.warm_start.steps", "20", "--model.validation.every_n_steps", "0",
-            "--data.num_train", "64", "--data.num_val", "6", "--data.prompts_per_step", "4",
-            "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4",
-            "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "1",
-            "--trainer.enable_progress_bar", "false"]
+    args = [
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.max_steps",
+        "2",
+        "--model.warm_start.steps",
+        "20",
+        "--model.validation.every_n_steps",
+        "0",
+        "--data.num_train",
+        "64",
+        "--data.num_val",
+        "6",
+        "--data.prompts_per_step",
+        "4",
+        "--model.generation.num_generations",
+        "4",
+        "--model.generation.max_new_tokens",
+        "4",
+        "--trainer.enable_checkpointing",
+        "true",
+        "--checkpoint_every_n_steps",
+        "1",
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
     cli = cli_main(args, run=False)
     cli.fit(cli.model, datamodule=cli.datamodule)
     return root
@@ -100,7 +136,9 @@ def test_a_lightning_checkpoint_and_the_hf_model_give_the_same_numbers_as_collec
     cli = load(["--ckpt", str(ckpt), "--samples", "4", "--output", str(out)])
     result = run(cli)
     assert json.loads(out.read_text())["sampled"] == result["sampled"]
-    from_hf = eval_cli.main(["--ckpt", str(run_dir / "hf_model"), "--samples", "4", "--output", str(tmp_path / "hf.json")])
+    from_hf = eval_cli.main(
+        ["--ckpt", str(run_dir / "hf_model"), "--samples", "4", "--output", str(tmp_path / "hf.json")]
+    )
     assert result["greedy"]["reward"] == pytest.approx(from_hf["greedy"]["reward"])
     assert result["sampled"] == pytest.approx(from_hf["sampled"])  # same weights, same seed: same samples
     # the trainer's own greedy scoring of the same rows
@@ -112,11 +150,27 @@ def test_a_lightning_checkpoint_and_the_hf_model_give_the_same_numbers_as_collec
 
 def test_a_users_jsonl_with_the_runs_rewards(run_dir, tmp_path):
     data = tmp_path / "mine.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"rev {n}=", "answer": n[::-1]}) + "\n" for n in ("123", "450", "907")))
+    data.write_text(
+        "".join(json.dumps({"prompt": f"rev {n}=", "answer": n[::-1]}) + "\n" for n in ("123", "450", "907"))
+    )
     out = tmp_path / "mine.json"
-    result = eval_cli.main(["--ckpt", str(run_dir / "hf_model"), "--data.val_source", str(data), "--samples", "0",
-                   "--output", str(out), "--threshold", "0.5"])
+    result = eval_cli.main(
+        [
+            "--ckpt",
+            str(run_dir / "hf_model"),
+            "--data.val_source",
+            str(data),
+            "--samples",
+            "0",
+            "--output",
+            str(out),
+            "--threshold",
+            "0.5",
+        ]
+    )
     assert result["prompts"] == 3 and "sampled" not in result and result["data"] == str(data)
     assert [p["prompt"] for p in result["per_prompt"]] == ["rev 123=", "rev 450=", "rev 907="]
-    assert result["greedy"]["accuracy"] == pytest.approx(sum(p["greedy_reward"] >= 0.5 for p in result["per_prompt"]) / 3)
+    assert result["greedy"]["accuracy"] == pytest.approx(
+        sum(p["greedy_reward"] >= 0.5 for p in result["per_prompt"]) / 3
+    )
     assert json.loads(out.read_text())["greedy"] == result["greedy"]

@@ -8,10 +8,10 @@ from __future__ import annotations
 import ast
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from lit_gspo.runtime import extras
 
@@ -49,8 +49,11 @@ def test_a_gguf_without_accelerate_names_the_gguf_extra(missing, tmp_path):
     from lit_gspo.models import load_policy
 
     missing("accelerate")
-    with pytest.raises(ImportError, match=r"loading GGUF checkpoints needs the optional package `accelerate`.*"
-                                          r"pip install 'lit-gspo\[gguf\]'"):
+    with pytest.raises(
+        ImportError,
+        match=r"loading GGUF checkpoints needs the optional package `accelerate`.*"
+        r"pip install 'lit-gspo\[gguf\]'",
+    ):
         load_policy(str(tmp_path), gguf_file="model.gguf")
 
 
@@ -83,8 +86,16 @@ def test_an_8bit_optimizer_without_bitsandbytes_names_the_bnb_extra(missing, cap
 
     missing("bitsandbytes")
     with pytest.raises(SystemExit):
-        cli_main(["fit", "--config", str(ROOT / "configs/quickstart.yaml"),
-                  "--model.optimizer", "bitsandbytes.optim.AdamW8bit"], run=False)
+        cli_main(
+            [
+                "fit",
+                "--config",
+                str(ROOT / "configs/quickstart.yaml"),
+                "--model.optimizer",
+                "bitsandbytes.optim.AdamW8bit",
+            ],
+            run=False,
+        )
     assert "pip install 'lit-gspo[bnb]'" in capsys.readouterr().err
 
 
@@ -94,8 +105,19 @@ def test_an_ablation_report_without_matplotlib_is_written_without_plots_and_says
     from lit_gspo.tools.ablate_report import write_report
 
     missing("matplotlib")
-    ab = SimpleNamespace(report_dir=tmp_path, name="x", description="", base="b.yaml", source="a.yaml", seeds=[0],
-                         overrides={}, arms=[], target_metric="val/reward", target_reward=0.5, collapse_fraction=0.5)
+    ab = SimpleNamespace(
+        report_dir=tmp_path,
+        name="x",
+        description="",
+        base="b.yaml",
+        source="a.yaml",
+        seeds=[0],
+        overrides={},
+        arms=[],
+        target_metric="val/reward",
+        target_reward=0.5,
+        collapse_fraction=0.5,
+    )
     write_report(ab, [], {}, [])
     assert "lit-gspo[plot]" in (tmp_path / "report.md").read_text()
 
@@ -108,20 +130,29 @@ def test_trl_comparison_without_trl_names_the_bench_extra(missing, tmp_path):
         sys.path.remove(str(ROOT / "benchmarks"))
     missing("trl")
     with pytest.raises(ImportError, match=r"lit-gspo\[bench\]"):
-        vs_trl.trl_trainer(tmp_path, tmp_path, updates=1, precision="32", checkpointing=False, num_prompts=1,
-                           callbacks=[])
+        vs_trl.trl_trainer(
+            tmp_path, tmp_path, updates=1, precision="32", checkpointing=False, num_prompts=1, callbacks=[]
+        )
 
 
 def test_optional_packages_are_imported_through_the_helper_only():
     """No file of the package, scripts or benchmarks imports an optional package by ``import``, except to probe for it."""
     allowed = {("lit_gspo/models/lora.py", "peft")}  # is_lora: a probe (no peft means no adapters), not a feature
     offenders = []
-    for path in [*ROOT.joinpath("lit_gspo").rglob("*.py"), *ROOT.joinpath("scripts").glob("*.py"),
-                 *ROOT.joinpath("benchmarks").glob("*.py")]:
+    for path in [
+        *ROOT.joinpath("lit_gspo").rglob("*.py"),
+        *ROOT.joinpath("scripts").glob("*.py"),
+        *ROOT.joinpath("benchmarks").glob("*.py"),
+    ]:
         rel = path.relative_to(ROOT).as_posix()
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else []
+            )
             for name in names:
                 top = name.split(".")[0]
                 if top in extras.EXTRAS and (rel, top) not in allowed and not rel.startswith("benchmarks/gpu_check"):
@@ -133,5 +164,7 @@ def test_the_vllm_engine_without_vllm_names_the_vllm_extra(missing):
     from lit_gspo.rl.engines import VLLMEngine
 
     missing("vllm")
-    with pytest.raises(ImportError, match=r"VLLMEngine needs the optional package `vllm`.*pip install 'lit-gspo\[vllm\]'"):
+    with pytest.raises(
+        ImportError, match=r"VLLMEngine needs the optional package `vllm`.*pip install 'lit-gspo\[vllm\]'"
+    ):
         VLLMEngine()

@@ -18,13 +18,18 @@ def generate(model, prompts, *, backend="hf", attn_implementation=None, do_sampl
     return engine.sample(model, prompts, greedy=not do_sample, **kwargs)
 
 
-
 PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12], [7]]
 
 
 def hf_greedy(model, ids, attn, max_new_tokens, eos_id):
-    return model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, do_sample=False,
-                          pad_token_id=PAD, eos_token_id=eos_id)
+    return model.generate(
+        input_ids=ids,
+        attention_mask=attn,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=PAD,
+        eos_token_id=eos_id,
+    )
 
 
 def test_greedy_matches_hf_generate_with_left_padding(model):
@@ -32,31 +37,33 @@ def test_greedy_matches_hf_generate_with_left_padding(model):
     hf = hf_greedy(model, ids, attn, 12, EOS)
     fast = fast_generate(model, ids, attn, max_new_tokens=12, eos_id=EOS, pad_id=PAD, do_sample=False)
     assert fast.shape[1] <= hf.shape[1]
-    assert torch.equal(fast, hf[:, :fast.shape[1]])
-    assert (hf[:, fast.shape[1]:] == PAD).all()
+    assert torch.equal(fast, hf[:, : fast.shape[1]])
+    assert (hf[:, fast.shape[1] :] == PAD).all()
 
 
 @pytest.mark.parametrize("eos", [4, [4, 9]])
 def test_greedy_eos_handling_matches_hf(model, eos):
     """An EOS that some rows hit early: those rows leave the batch and are padded; others continue unchanged."""
     ids, attn = left_pad(PROMPTS, PAD)
-    free = hf_greedy(model, ids, attn, 16, EOS)[:, ids.shape[1]:]
+    free = hf_greedy(model, ids, attn, 16, EOS)[:, ids.shape[1] :]
     eos_ids = [eos] if isinstance(eos, int) else eos
     hit = torch.isin(free, torch.tensor(eos_ids)).any(1)
     hf = hf_greedy(model, ids, attn, 16, eos)
     fast = fast_generate(model, ids, attn, max_new_tokens=16, eos_id=eos, pad_id=PAD, do_sample=False)
-    assert torch.equal(fast, hf[:, :fast.shape[1]])
-    comp = fast[:, ids.shape[1]:]
+    assert torch.equal(fast, hf[:, : fast.shape[1]])
+    comp = fast[:, ids.shape[1] :]
     for row in range(len(PROMPTS)):
         if hit[row]:  # exactly one EOS, then only padding
             where = torch.isin(comp[row], torch.tensor(eos_ids)).nonzero().flatten()
-            assert len(where) >= 1 and (comp[row, where[0] + 1:] == PAD).all()
+            assert len(where) >= 1 and (comp[row, where[0] + 1 :] == PAD).all()
 
 
 def test_stops_when_all_rows_finished(model):
     ids, attn = left_pad(PROMPTS, PAD)
     first = fast_generate(model, ids, attn, max_new_tokens=1, eos_id=EOS, pad_id=PAD, do_sample=False)[:, -1]
-    out = fast_generate(model, ids, attn, max_new_tokens=10, eos_id=first.unique().tolist(), pad_id=PAD, do_sample=False)
+    out = fast_generate(
+        model, ids, attn, max_new_tokens=10, eos_id=first.unique().tolist(), pad_id=PAD, do_sample=False
+    )
     assert out.shape[1] == ids.shape[1] + 1  # every row emitted an EOS at the first step
 
 
@@ -66,17 +73,30 @@ def test_group_major_order_and_shared_prompt(model):
     torch.manual_seed(0)
     out = fast_generate(model, ids, attn, num_generations=G, max_new_tokens=6, eos_id=EOS, pad_id=PAD)
     assert out.shape[0] == len(PROMPTS) * G
-    assert torch.equal(out[:, :ids.shape[1]], ids.repeat_interleave(G, 0))
+    assert torch.equal(out[:, : ids.shape[1]], ids.repeat_interleave(G, 0))
     # greedy with G copies: every completion of a group equals the single greedy completion of its prompt
     greedy = fast_generate(model, ids, attn, max_new_tokens=6, eos_id=EOS, pad_id=PAD, do_sample=False)
-    grouped = fast_generate(model, ids, attn, num_generations=G, max_new_tokens=6, eos_id=EOS, pad_id=PAD, do_sample=False)
+    grouped = fast_generate(
+        model, ids, attn, num_generations=G, max_new_tokens=6, eos_id=EOS, pad_id=PAD, do_sample=False
+    )
     assert torch.equal(grouped, greedy.repeat_interleave(G, 0))
 
 
 def test_sampling_is_reproducible_with_a_generator(model):
     ids, attn = left_pad(PROMPTS, PAD)
-    runs = [fast_generate(model, ids, attn, num_generations=4, max_new_tokens=8, eos_id=EOS, pad_id=PAD,
-                          generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+    runs = [
+        fast_generate(
+            model,
+            ids,
+            attn,
+            num_generations=4,
+            max_new_tokens=8,
+            eos_id=EOS,
+            pad_id=PAD,
+            generator=torch.Generator().manual_seed(3),
+        )
+        for _ in range(2)
+    ]
     assert torch.equal(runs[0], runs[1])
 
 
@@ -84,8 +104,16 @@ def test_sampled_tokens_follow_the_model_distribution(model):
     """First sampled token frequencies match softmax(logits) of the prompt (a loose chi-square-free check)."""
     ids, attn = left_pad([[5, 6, 7]], PAD)
     probs = model(input_ids=ids, attention_mask=attn).logits[0, -1].float().softmax(-1)
-    out = fast_generate(model, ids, attn, num_generations=4000, max_new_tokens=1, eos_id=EOS, pad_id=PAD,
-                        generator=torch.Generator().manual_seed(0))
+    out = fast_generate(
+        model,
+        ids,
+        attn,
+        num_generations=4000,
+        max_new_tokens=1,
+        eos_id=EOS,
+        pad_id=PAD,
+        generator=torch.Generator().manual_seed(0),
+    )
     freq = torch.bincount(out[:, -1], minlength=probs.numel()).float() / 4000
     assert (freq - probs).abs().max() < 0.03
 
@@ -102,10 +130,20 @@ def test_inverse_cdf_sampling_matches_the_distribution_and_never_draws_a_zero_pr
 
 def test_generation_can_sample_with_another_attention_kernel_and_restores_the_models(model):
     assert model.config._attn_implementation == "sdpa"
-    sdpa = generate(model, PROMPTS, num_generations=2, max_new_tokens=8, pad_id=PAD, eos_id=EOS, do_sample=False,
-                    backend="fast")
-    eager = generate(model, PROMPTS, num_generations=2, max_new_tokens=8, pad_id=PAD, eos_id=EOS, do_sample=False,
-                     backend="fast", attn_implementation="eager")
+    sdpa = generate(
+        model, PROMPTS, num_generations=2, max_new_tokens=8, pad_id=PAD, eos_id=EOS, do_sample=False, backend="fast"
+    )
+    eager = generate(
+        model,
+        PROMPTS,
+        num_generations=2,
+        max_new_tokens=8,
+        pad_id=PAD,
+        eos_id=EOS,
+        do_sample=False,
+        backend="fast",
+        attn_implementation="eager",
+    )
     assert torch.equal(sdpa.input_ids, eager.input_ids)  # fp32: the kernels agree on the greedy tokens
     assert model.config._attn_implementation == "sdpa"
     with pytest.raises(RuntimeError), attention_implementation(model, "eager"):
@@ -127,8 +165,9 @@ def test_filter_logits_top_k_top_p():
 
 def test_rollout_backends_agree_on_greedy(model):
     hf = generate(model, PROMPTS, num_generations=2, max_new_tokens=10, pad_id=PAD, eos_id=EOS, do_sample=False)
-    fast = generate(model, PROMPTS, num_generations=2, max_new_tokens=10, pad_id=PAD, eos_id=EOS, do_sample=False,
-                    backend="fast")
+    fast = generate(
+        model, PROMPTS, num_generations=2, max_new_tokens=10, pad_id=PAD, eos_id=EOS, do_sample=False, backend="fast"
+    )
     assert hf.prompt_length == fast.prompt_length
     assert torch.equal(hf.input_ids, fast.input_ids)
     assert torch.equal(hf.attention_mask, fast.attention_mask)
@@ -153,7 +192,6 @@ def test_bf16_autocast_keeps_logprobs_and_ratios_fp32(model):
     out.loss.backward()
     assert all(p.grad is None or p.grad.dtype == torch.float32 for p in model.parameters())
     model.zero_grad()
-
 
 
 def test_weights_are_cast_once_while_sampling_and_the_cache_is_dropped_after():
@@ -199,8 +237,16 @@ def test_grouped_query_eager_attention_equals_eager(model):
     outputs = {}
     for implementation in ("eager", GQA_EAGER):
         with attention_implementation(model, implementation):
-            rollout = generate(model, prompts, num_generations=1, max_new_tokens=6, pad_id=PAD, eos_id=EOS,
-                               do_sample=False, backend="fast")
+            rollout = generate(
+                model,
+                prompts,
+                num_generations=1,
+                max_new_tokens=6,
+                pad_id=PAD,
+                eos_id=EOS,
+                do_sample=False,
+                backend="fast",
+            )
             outputs[implementation] = rollout, token_logprobs(model, rollout).logprobs
     (eager, eager_lp), (gqa, gqa_lp) = outputs["eager"], outputs[GQA_EAGER]
     assert torch.equal(gqa.input_ids, eager.input_ids)

@@ -24,11 +24,35 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests
 
 
 def cli(root: Path, *extra: str, steps: int = 12) -> list[str]:
-    return [sys.executable, "-m", "lit_gspo.tools.main", "fit", "--config", str(ROOT / "configs/quickstart.yaml"),
-            "--trainer.default_root_dir", str(root), "--trainer.max_steps", str(steps),
-            "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "4",
-            "--data.num_train", "64", "--data.num_val", "8", "--data.prompts_per_step", "8",
-            "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "6", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "lit_gspo.tools.main",
+        "fit",
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--model.warm_start.steps",
+        "0",
+        "--model.validation.every_n_steps",
+        "4",
+        "--data.num_train",
+        "64",
+        "--data.num_val",
+        "8",
+        "--data.prompts_per_step",
+        "8",
+        "--model.generation.num_generations",
+        "4",
+        "--model.generation.max_new_tokens",
+        "6",
+        *extra,
+    ]
 
 
 def train_steps(root: Path) -> list[int]:
@@ -50,7 +74,9 @@ def wait_for(condition, proc: subprocess.Popen, timeout: float = 180) -> None:
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signalled_cli_run_saves_exits_non_zero_and_resumes_without_losing_a_step(tmp_path, signum, code):
-    proc = subprocess.Popen(cli(tmp_path), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cli(tmp_path), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         wait_for(lambda: len(train_steps(tmp_path)) >= 2, proc)
         proc.send_signal(signum)
@@ -62,8 +88,9 @@ def test_a_signalled_cli_run_saves_exits_non_zero_and_resumes_without_losing_a_s
     assert proc.returncode == code, err[-3000:]
     assert f"resume with --ckpt_path {last}" in err
     assert not (tmp_path / "hf_model").exists()
-    done = subprocess.run(cli(tmp_path, "--ckpt_path", str(last)), cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        cli(tmp_path, "--ckpt_path", str(last)), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(train_steps(tmp_path)) == list(range(12))  # every step once: none lost, none repeated
     assert (tmp_path / "hf_model" / "model.safetensors").exists()
@@ -99,12 +126,22 @@ def _group_alive(pgid: int) -> list[int]:
 def test_ddp_with_a_rank_hung_in_its_reward_ends_on_a_second_sigterm(tmp_path):
     """Rank 1 never returns from its reward; rank 0 waits in a collective, where Python signal handlers cannot run.
     Before: SIGTERM did not end it (Lightning's handler blocked in a broadcast), 638 s until SIGKILL."""
-    cmd = cli(tmp_path, "--trainer.devices", "2", "--trainer.strategy", "ddp", "--data.prompts_per_step", "4",
-              "--model.rewards", "[{class_path: fault_helpers.StuckOnRank1}]")
+    cmd = cli(
+        tmp_path,
+        "--trainer.devices",
+        "2",
+        "--trainer.strategy",
+        "ddp",
+        "--data.prompts_per_step",
+        "4",
+        "--model.rewards",
+        "[{class_path: fault_helpers.StuckOnRank1}]",
+    )
     marker = tmp_path / "rank1_hung"
     env = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "FAULT_MARKER": str(marker)}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         wait_for(marker.exists, proc)  # after the first validation, rank 1 hangs in the first training step's reward
         time.sleep(5)  # and rank 0 waits for it in a collective
@@ -127,9 +164,25 @@ def test_ddp_with_a_rank_hung_in_its_reward_ends_on_a_second_sigterm(tmp_path):
 
 def test_faults_benchmark_reports_exact_resumes(tmp_path):
     """benchmarks/faults.py: random SIGKILLs (and kills inside a checkpoint and an export write), each resumed."""
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks/faults.py"), "--kills", "2", "--steps", "6",
-                          "--root", str(tmp_path), "--seed", "1"], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                         timeout=900)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks/faults.py"),
+            "--kills",
+            "2",
+            "--steps",
+            "6",
+            "--root",
+            str(tmp_path),
+            "--seed",
+            "1",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "4 kills, 4 exact resumes, 0 lost" in out.stdout
 
@@ -138,12 +191,23 @@ def test_ddp_with_a_rank_hung_in_its_reward_fails_after_the_process_group_timeou
     """With ``--trainer.strategy.timeout`` short, rank 0's collective times out: the run fails with a hint, and the
     hung rank it launched does not outlive it."""
     marker = tmp_path / "rank1_hung"
-    cmd = cli(tmp_path, "--trainer.devices", "2", "--trainer.strategy", "lightning.pytorch.strategies.DDPStrategy",
-              "--trainer.strategy.timeout", "0:00:15", "--data.prompts_per_step", "4",
-              "--model.rewards", "[{class_path: fault_helpers.StuckOnRank1}]")
+    cmd = cli(
+        tmp_path,
+        "--trainer.devices",
+        "2",
+        "--trainer.strategy",
+        "lightning.pytorch.strategies.DDPStrategy",
+        "--trainer.strategy.timeout",
+        "0:00:15",
+        "--data.prompts_per_step",
+        "4",
+        "--model.rewards",
+        "[{class_path: fault_helpers.StuckOnRank1}]",
+    )
     env = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "FAULT_MARKER": str(marker)}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         wait_for(marker.exists, proc)
         start = time.monotonic()
@@ -167,10 +231,17 @@ def test_a_signal_while_validating_stops_at_once_not_after_the_batch(tmp_path, s
     (tmp_path / "slow_reward.py").write_text(
         "import time\nfrom pathlib import Path\n\n\n"
         f"def slow(completions, **kwargs):\n    Path({str(marker)!r}).touch()\n    time.sleep(120)\n"
-        "    return [0.0] * len(completions)\n")
+        "    return [0.0] * len(completions)\n"
+    )
     env = {**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), ENV["PYTHONPATH"]])}
-    proc = subprocess.Popen(cli(tmp_path / "run", "--model.rewards", "[slow_reward.slow]"), cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cli(tmp_path / "run", "--model.rewards", "[slow_reward.slow]"),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(marker.exists, proc)
         start = time.monotonic()

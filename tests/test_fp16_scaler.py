@@ -13,22 +13,42 @@ from lit_gspo import CharAccuracy, Generation, PromptDataModule, RLModule, Updat
 def fit(tmp_path, init_scale: float, steps: int = 3):
     L.seed_everything(0, verbose=False)
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=1000)
-    module = RLModule(model="tiny-llama", model_config={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64},
-                      rewards=[CharAccuracy()], generation=Generation(num_generations=8, max_new_tokens=6),
-                      update=Update(num_minibatches=2, max_grad_norm=1.0), seed=0,
-                      optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
-    data = PromptDataModule(train_source="reversal", task_kwargs={"min_length": 3, "max_length": 3}, num_train=32,
-                            num_val=4, prompts_per_step=8, seed=0)
+    module = RLModule(
+        model="tiny-llama",
+        model_config={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64},
+        rewards=[CharAccuracy()],
+        generation=Generation(num_generations=8, max_new_tokens=6),
+        update=Update(num_minibatches=2, max_grad_norm=1.0),
+        seed=0,
+        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
+    )
+    data = PromptDataModule(
+        train_source="reversal",
+        task_kwargs={"min_length": 3, "max_length": 3},
+        num_train=32,
+        num_val=4,
+        prompts_per_step=8,
+        seed=0,
+    )
     seen = []
 
     class Norms(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, *args):
             seen.append({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
 
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=2 * steps, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)], default_root_dir=str(tmp_path),
-                        callbacks=[Norms()])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=2 * steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
+        default_root_dir=str(tmp_path),
+        callbacks=[Norms()],
+    )
     before = [p.detach().clone() for p in module.policy.parameters()]
     trainer.fit(module, datamodule=data)
     changed = any(not torch.equal(a, b) for a, b in zip(before, module.policy.parameters()))
@@ -41,7 +61,10 @@ def test_the_gradient_norm_is_the_unscaled_one(tmp_path):
     large, seen_large, _ = fit(tmp_path / "b", init_scale=2.0**12)
     norms_small = [s["train/grad_norm"] for s in seen_small]
     norms_large = [s["train/grad_norm"] for s in seen_large]
-    assert all(n > 0 for n in norms_small) and all(n < 50 for n in norms_small + norms_large), (norms_small, norms_large)
+    assert all(n > 0 for n in norms_small) and all(n < 50 for n in norms_small + norms_large), (
+        norms_small,
+        norms_large,
+    )
     assert norms_large == pytest.approx(norms_small, rel=0.05)
 
 

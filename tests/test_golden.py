@@ -18,7 +18,8 @@ import runs  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     platform.machine() not in ("x86_64", "AMD64") or torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
-    reason="golden values were recorded with AVX2 kernels; this CPU has none")
+    reason="golden values were recorded with AVX2 kernels; this CPU has none",
+)
 
 
 @pytest.mark.slow

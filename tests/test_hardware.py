@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import lit_gspo.runtime.hardware as hardware
-from lit_gspo.tools.main import cli_main
 from lit_gspo.runtime.hardware import SlowPrecisionWarning, bf16_on_cpu_warning, cpu_flags
+from lit_gspo.tools.main import cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,18 +50,43 @@ def test_this_cpus_flags_are_what_the_kernel_reports():
         pytest.skip("/proc/cpuinfo lists no flags (not x86)")
     reported = set(lines[0].split(":", 1)[1].split())
     assert cpu_flags() == hardware.NATIVE_BF16_FLAGS & reported
-    assert (bf16_on_cpu_warning("bf16-mixed", "cpu") is None) == (bf16_on_cpu_warning("bf16-mixed", "cpu", reported) is None)
+    assert (bf16_on_cpu_warning("bf16-mixed", "cpu") is None) == (
+        bf16_on_cpu_warning("bf16-mixed", "cpu", reported) is None
+    )
 
 
 @pytest.mark.parametrize("native", [True, False])
 def test_fit_warns_for_bf16_on_a_cpu_without_native_bf16(monkeypatch, tmp_path, native):
     flags = CPUS["Sapphire Rapids (AMX)" if native else "Ice Lake (AVX-512, no bf16)"][0]
     monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(flags.split()))
-    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.accelerator", "cpu", "--trainer.precision", "bf16-mixed", "--trainer.max_steps", "1",
-            "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "0",
-            "--data.num_train", "8", "--data.num_val", "4", "--data.prompts_per_step", "2",
-            "--model.generation.num_generations", "2", "--model.generation.max_new_tokens", "2"]
+    args = [
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.precision",
+        "bf16-mixed",
+        "--trainer.max_steps",
+        "1",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--model.warm_start.steps",
+        "0",
+        "--model.validation.every_n_steps",
+        "0",
+        "--data.num_train",
+        "8",
+        "--data.num_val",
+        "4",
+        "--data.prompts_per_step",
+        "2",
+        "--model.generation.num_generations",
+        "2",
+        "--model.generation.max_new_tokens",
+        "2",
+    ]
     cli = cli_main(args, run=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -83,13 +108,36 @@ def nondeterministic_torch():
 
 def moe_fit_weights(tmp_path: Path, name: str) -> dict[str, torch.Tensor]:
     """Warm start + 2 RL steps of a 4-layer Qwen3-MoE with 16 experts, top-4 (the size whose backward varied run to run)."""
-    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path / name),
-            "--trainer.accelerator", "cpu", "--trainer.max_steps", "4", "--trainer.enable_progress_bar", "false",
-            "--trainer.enable_checkpointing", "false", "--model.validation.every_n_steps", "0",
-            "--model.model", "tiny-qwen3-moe", "--model.model_config",
-            "{hidden_size: 64, num_hidden_layers: 4, moe_intermediate_size: 32, num_experts: 16, num_experts_per_tok: 4}",
-            "--model.update.num_minibatches", "2", "--model.warm_start.steps", "5",
-            "--data.num_train", "32", "--data.num_val", "4", "--data.prompts_per_step", "8"]
+    args = [
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(tmp_path / name),
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.max_steps",
+        "4",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_checkpointing",
+        "false",
+        "--model.validation.every_n_steps",
+        "0",
+        "--model.model",
+        "tiny-qwen3-moe",
+        "--model.model_config",
+        "{hidden_size: 64, num_hidden_layers: 4, moe_intermediate_size: 32, num_experts: 16, num_experts_per_tok: 4}",
+        "--model.update.num_minibatches",
+        "2",
+        "--model.warm_start.steps",
+        "5",
+        "--data.num_train",
+        "32",
+        "--data.num_val",
+        "4",
+        "--data.prompts_per_step",
+        "8",
+    ]
     cli = cli_main(args, run=False)
     cli.fit(cli.model, datamodule=cli.datamodule)
     return {k: v.detach().clone() for k, v in cli.model.policy.state_dict().items()}

@@ -22,8 +22,11 @@ def uploads(monkeypatch):
 
     calls = []
     monkeypatch.setattr(huggingface_hub, "create_repo", lambda repo_id, **kw: calls.append(("create", repo_id, kw)))
-    monkeypatch.setattr(huggingface_hub, "upload_folder",
-                        lambda **kw: calls.append(("upload", kw["repo_id"], kw)) or f"https://hub/{kw['repo_id']}/commit/1")
+    monkeypatch.setattr(
+        huggingface_hub,
+        "upload_folder",
+        lambda **kw: calls.append(("upload", kw["repo_id"], kw)) or f"https://hub/{kw['repo_id']}/commit/1",
+    )
     monkeypatch.setattr(hub, "hub_offline", lambda: False)
     monkeypatch.setattr(hub, "hub_unreachable", lambda timeout_s=None: None)
     return calls
@@ -66,11 +69,32 @@ def test_push_without_an_export_or_an_owner_is_refused(tmp_path, uploads):
 
 
 def fit_args(root: Path, *extra: str) -> list[str]:
-    return ["fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
-            "--trainer.max_steps", "1", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "0",
-            "--data.num_train", "16", "--data.num_val", "4", "--data.prompts_per_step", "2",
-            "--model.generation.num_generations", "2", "--model.generation.max_new_tokens", "3",
-            "--trainer.enable_progress_bar", "false", *extra]
+    return [
+        "fit",
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.max_steps",
+        "1",
+        "--model.warm_start.steps",
+        "0",
+        "--model.validation.every_n_steps",
+        "0",
+        "--data.num_train",
+        "16",
+        "--data.num_val",
+        "4",
+        "--data.prompts_per_step",
+        "2",
+        "--model.generation.num_generations",
+        "2",
+        "--model.generation.max_new_tokens",
+        "3",
+        "--trainer.enable_progress_bar",
+        "false",
+        *extra,
+    ]
 
 
 def test_fit_pushes_its_export_when_asked_and_only_then(tmp_path, uploads):

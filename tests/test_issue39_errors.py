@@ -2,7 +2,6 @@
 ground_truth``, not ``answer_column=None``), and ``save_to_disk`` directories load as ``--data.train_source DIR``."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -22,7 +21,9 @@ def jsonl(path, rows):
 def test_option_writes_a_setting_as_it_is_typed():
     assert option("data.answer_column", "ground_truth") == "--data.answer_column ground_truth"
     assert option("data.answer_column", None) == "--data.answer_column null"
-    assert option("model.environment.init_args.chat_template", True) == "--model.environment.init_args.chat_template true"
+    assert (
+        option("model.environment.init_args.chat_template", True) == "--model.environment.init_args.chat_template true"
+    )
     assert option("model.reward_weights", [1.0, 0.5]) == "--model.reward_weights [1.0, 0.5]"
     assert option("data.train_source", "my data.jsonl") == "--data.train_source 'my data.jsonl'"
     assert option("data.val_source") == "--data.val_source"
@@ -42,8 +43,11 @@ def test_a_missing_answer_column_names_the_option_and_suggests_the_obvious_colum
 
 def test_a_missing_prompt_column_suggests_one_or_says_what_to_type(tmp_path):
     path = jsonl(tmp_path / "q.jsonl", [{"question": "2+2=", "answer": "4"}])
-    with pytest.raises(ValueError, match=r"has no column 'prompt' \(--data.prompt_column prompt\).*"
-                                         r"look like column 'question': --data.prompt_column question"):
+    with pytest.raises(
+        ValueError,
+        match=r"has no column 'prompt' \(--data.prompt_column prompt\).*"
+        r"look like column 'question': --data.prompt_column question",
+    ):
         load_prompt_rows(path)
     path = jsonl(tmp_path / "odd.jsonl", [{"zzz": "2+2=", "answer": "4"}])
     with pytest.raises(ValueError, match=r"Name the column holding the prompts: --data.prompt_column COLUMN"):
@@ -97,15 +101,20 @@ def test_data_module_errors_name_options_with_values(tmp_path):
         PromptDataModule("reversal", prompts_per_step=0)
     with pytest.raises(ValueError, match=r"--data.val_fraction 1.5: must be in \(0, 1\)"):
         PromptDataModule("reversal", val_fraction=1.5)
-    with pytest.raises(ValueError, match=r"task 'reversal' \(--data.task_kwargs \{min_length: 3, max_length: 2\}\) has only 0 .*"
-                                         r"cannot draw --data.num_train 8"):
+    with pytest.raises(
+        ValueError,
+        match=r"task 'reversal' \(--data.task_kwargs \{min_length: 3, max_length: 2\}\) has only 0 .*"
+        r"cannot draw --data.num_train 8",
+    ):
         PromptDataModule("reversal", task_kwargs={"min_length": 3, "max_length": 2}, num_train=8, num_val=2).setup()
 
 
 # ------------------------------------------------------------------------------------------- save_to_disk
 def rows(n, start=0):
-    return {"prompt": [f"rev {i:03d}=" for i in range(start, start + n)],
-            "answer": [f"{i:03d}"[::-1] for i in range(start, start + n)]}
+    return {
+        "prompt": [f"rev {i:03d}=" for i in range(start, start + n)],
+        "answer": [f"{i:03d}"[::-1] for i in range(start, start + n)],
+    }
 
 
 def test_a_dataset_saved_with_save_to_disk_loads_as_train_source(tmp_path):
@@ -117,14 +126,19 @@ def test_a_dataset_saved_with_save_to_disk_loads_as_train_source(tmp_path):
     dm = PromptDataModule(str(path), prompts_per_step=4, num_val=4)
     dm.setup()
     assert len(dm.train_rows) == 18 and len(dm.val_rows) == 2  # one split: rows held out for validation
-    assert dm.train_rows[0]["prompt"].startswith("rev ") and dm.train_rows[0]["answer"] == dm.train_rows[0]["prompt"][4:7][::-1]
+    assert (
+        dm.train_rows[0]["prompt"].startswith("rev ")
+        and dm.train_rows[0]["answer"] == dm.train_rows[0]["prompt"][4:7][::-1]
+    )
 
 
 def test_a_dataset_dict_saved_with_save_to_disk_gives_train_and_val_from_its_splits(tmp_path):
     from datasets import Dataset, DatasetDict
 
     path = tmp_path / "saved_dict"
-    DatasetDict({"train": Dataset.from_dict(rows(12)), "test": Dataset.from_dict(rows(3, start=500))}).save_to_disk(str(path))
+    DatasetDict({"train": Dataset.from_dict(rows(12)), "test": Dataset.from_dict(rows(3, start=500))}).save_to_disk(
+        str(path)
+    )
     dm = PromptDataModule(str(path), prompts_per_step=4)
     dm.setup()
     assert len(dm.train_rows) == 12 and [r["prompt"] for r in dm.val_rows] == ["rev 500=", "rev 501=", "rev 502="]

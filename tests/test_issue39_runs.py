@@ -15,13 +15,38 @@ from lit_gspo.lightning import run_dir
 from lit_gspo.tools.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--model.warm_start.steps", "0", "--model.validation.every_n_steps", "0", "--data.num_train", "32",
-        "--data.num_val", "4", "--data.prompts_per_step", "4", "--model.generation.num_generations", "4",
-        "--model.generation.max_new_tokens", "4", "--trainer.enable_progress_bar", "false"]
+TINY = [
+    "--model.warm_start.steps",
+    "0",
+    "--model.validation.every_n_steps",
+    "0",
+    "--data.num_train",
+    "32",
+    "--data.num_val",
+    "4",
+    "--data.prompts_per_step",
+    "4",
+    "--model.generation.num_generations",
+    "4",
+    "--model.generation.max_new_tokens",
+    "4",
+    "--trainer.enable_progress_bar",
+    "false",
+]
 
 
 def run(command: str, root: Path, *extra: str) -> None:
-    main([command, "--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root), *TINY, *extra])
+    main(
+        [
+            command,
+            "--config",
+            str(ROOT / "configs/quickstart.yaml"),
+            "--trainer.default_root_dir",
+            str(root),
+            *TINY,
+            *extra,
+        ]
+    )
 
 
 def refused(capsys, *args) -> str:
@@ -50,8 +75,9 @@ def test_a_resume_continues_the_folder_its_checkpoint_names_not_the_newest(tmp_p
     torch.save({}, tmp_path / "checkpoints" / "last.ckpt")  # a checkpoint of an earlier version: the fit's folder
     assert run_dir.resumed_log_version(tmp_path, "last") == "version_0"
     assert run_dir.resumed_log_version(tmp_path, None) is None  # a fresh fit: a new folder
-    assert run_dir.default_logger("validate", str(tmp_path), str(tmp_path / "checkpoints" / "last.ckpt")).log_dir == \
-        str(logs / "validate")
+    assert run_dir.default_logger(
+        "validate", str(tmp_path), str(tmp_path / "checkpoints" / "last.ckpt")
+    ).log_dir == str(logs / "validate")
 
 
 @pytest.mark.slow
@@ -80,11 +106,18 @@ def locked(tmp_path):
     root = tmp_path / "busy"
     ready = tmp_path / "ready"
     root.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", (  # flock as RunLock takes it, without importing torch
-        "import fcntl, json, os, socket, time; "
-        f"fd = os.open({str(root / '.lit_gspo.lock')!r}, os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
-        "os.write(fd, json.dumps({'pid': os.getpid(), 'host': socket.gethostname(), 'argv': ['lit-gspo', 'fit']}).encode()); "
-        f"open({str(ready)!r}, 'w').close(); time.sleep(120)")])
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (  # flock as RunLock takes it, without importing torch
+                "import fcntl, json, os, socket, time; "
+                f"fd = os.open({str(root / '.lit_gspo.lock')!r}, os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
+                "os.write(fd, json.dumps({'pid': os.getpid(), 'host': socket.gethostname(), 'argv': ['lit-gspo', 'fit']}).encode()); "
+                f"open({str(ready)!r}, 'w').close(); time.sleep(120)"
+            ),
+        ]
+    )
     try:
         for _ in range(600):
             if ready.exists():
@@ -99,8 +132,19 @@ def locked(tmp_path):
 
 def test_a_resume_into_a_directory_another_fit_holds_is_refused_at_once_leaving_nothing(locked, capsys):
     before = files(locked)
-    err = refused(capsys, "fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir",
-                  str(locked), *TINY, "--trainer.max_steps", "1", "--ckpt_path", "last")
+    err = refused(
+        capsys,
+        "fit",
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(locked),
+        *TINY,
+        "--trainer.max_steps",
+        "1",
+        "--ckpt_path",
+        "last",
+    )
     assert f"{locked} is in use by another run (PID" in err
     assert files(locked) == before == [".lit_gspo.lock"]
 
@@ -124,14 +168,17 @@ def bare_model(tmp_path_factory):
     from lit_gspo.models.loading import load_policy
 
     path = tmp_path_factory.mktemp("bare") / "hf_model"
-    policy, tokenizer = load_policy("tiny-llama", config_overrides={"hidden_size": 32, "num_hidden_layers": 1,
-                                                                    "intermediate_size": 64})
+    policy, tokenizer = load_policy(
+        "tiny-llama", config_overrides={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64}
+    )
     policy.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
 
-def test_eval_of_a_model_without_run_settings_is_refused_unless_the_task_and_rewards_are_named(bare_model, capsys, tmp_path):
+def test_eval_of_a_model_without_run_settings_is_refused_unless_the_task_and_rewards_are_named(
+    bare_model, capsys, tmp_path
+):
     """Before: scored on the default task (arithmetic) with ExactMatch, silently."""
     err = refused(capsys, "eval", "--ckpt", str(bare_model), "--samples", "0")
     assert err.startswith(f"error: --ckpt {bare_model} has no saved run settings")
@@ -139,8 +186,26 @@ def test_eval_of_a_model_without_run_settings_is_refused_unless_the_task_and_rew
     err = refused(capsys, "eval", "--ckpt", str(bare_model), "--data.train_source", "reversal")
     assert "the rewards" in err and "--model.rewards" in err and "--data.train_source TASK" not in err
     output = tmp_path / "e.json"
-    main(["eval", "--ckpt", str(bare_model), "--data.train_source", "reversal", "--data.num_val", "4", "--data.num_train", "8",
-          "--data.task_kwargs", "{min_length: 3, max_length: 3}", "--model.rewards", "[lit_gspo.rl.rewards.CharAccuracy]",
-          "--samples", "0", "--output", str(output)])
+    main(
+        [
+            "eval",
+            "--ckpt",
+            str(bare_model),
+            "--data.train_source",
+            "reversal",
+            "--data.num_val",
+            "4",
+            "--data.num_train",
+            "8",
+            "--data.task_kwargs",
+            "{min_length: 3, max_length: 3}",
+            "--model.rewards",
+            "[lit_gspo.rl.rewards.CharAccuracy]",
+            "--samples",
+            "0",
+            "--output",
+            str(output),
+        ]
+    )
     result = json.loads(output.read_text())
     assert result["data"] == "reversal" and result["rewards"] == ["char_accuracy"] and len(result["per_prompt"]) == 4

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from lit_gspo.models import enable_gradient_checkpointing, load_policy
 from lit_gspo.rl.advantages import GroupNormalized
 from lit_gspo.rl.collect import Collector
 from lit_gspo.rl.config import Generation, Update
@@ -16,13 +17,16 @@ from lit_gspo.rl.learn.hooks import UpdateHook
 from lit_gspo.rl.learn.learner import Learner
 from lit_gspo.rl.learn.old_policy import RecomputedBeforeFirstStep
 from lit_gspo.rl.learn.optimizer_step import clip_then_step
-from lit_gspo.models import enable_gradient_checkpointing, load_policy
 from lit_gspo.rl.objectives import GSPO
 from lit_gspo.rl.rewards import CharAccuracy, RewardSet
 from lit_gspo.rl.rollout import token_logprobs
 
-ROWS = [{"prompt": "rev 12=", "answer": "21"}, {"prompt": "rev 1234567=", "answer": "7654321"},
-        {"prompt": "rev 345=", "answer": "543"}, {"prompt": "rev 98765=", "answer": "56789"}]
+ROWS = [
+    {"prompt": "rev 12=", "answer": "21"},
+    {"prompt": "rev 1234567=", "answer": "7654321"},
+    {"prompt": "rev 345=", "answer": "543"},
+    {"prompt": "rev 98765=", "answer": "56789"},
+]
 G, MAX_NEW = 3, 6
 
 
@@ -30,15 +34,26 @@ def make_learner(update: Update, objective=None, gradient_checkpointing: bool = 
     policy, _ = load_policy("tiny-llama", seed=0)
     if gradient_checkpointing:
         enable_gradient_checkpointing(policy)
-    return Learner(policy, objective or GSPO(clip_low=0.02, clip_high=0.02), update, max_len=MAX_NEW, group_size=G,
-                   gradient_checkpointing=gradient_checkpointing)
+    return Learner(
+        policy,
+        objective or GSPO(clip_low=0.02, clip_high=0.02),
+        update,
+        max_len=MAX_NEW,
+        group_size=G,
+        gradient_checkpointing=gradient_checkpointing,
+    )
 
 
 def sample_rollout(policy, seed: int = 0):
     """G completions of each of ROWS, as the trainer collects them."""
     _, tokenizer = load_policy("tiny-llama", seed=0)
-    collector = Collector(SingleTurn(), HFGenerate(), RewardSet([CharAccuracy()]), tokenizer,
-                          Generation(num_generations=G, max_new_tokens=MAX_NEW))
+    collector = Collector(
+        SingleTurn(),
+        HFGenerate(),
+        RewardSet([CharAccuracy()]),
+        tokenizer,
+        Generation(num_generations=G, max_new_tokens=MAX_NEW),
+    )
     torch.manual_seed(seed)
     rollout, _, _ = collector.sample(policy, ROWS)
     return rollout.trimmed()
@@ -169,7 +184,9 @@ def test_gradient_checkpointing_changes_memory_not_the_update():
     assert saved[1] < saved[0] / 2
     for p, q in zip(plain.policy.parameters(), checkpointed.policy.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
-    assert any(not torch.equal(p, q) for p, q in zip(make_learner(Update()).policy.parameters(), plain.policy.parameters()))
+    assert any(
+        not torch.equal(p, q) for p, q in zip(make_learner(Update()).policy.parameters(), plain.policy.parameters())
+    )
     again = sample_rollout(checkpointed.policy)  # sampling runs in eval mode: the KV cache works with checkpointing on
     assert again.input_ids.shape[0] == len(ROWS) * G
 
@@ -185,8 +202,12 @@ def test_token_budget_groups_rows_by_length_and_respects_the_budget():
     completion_len = [1, 8, 2, 7, 0, 8]  # used completion tokens (right-padded to 8)
     attention = torch.tensor([[0] * (5 - p) + [1] * p + [1] * 8 for p in prompt_len])
     completion = torch.tensor([[True] * c + [False] * (8 - c) for c in completion_len])
-    batch = RolloutBatch(input_ids=torch.zeros(6, 13, dtype=torch.long), attention_mask=attention, prompt_length=5,
-                         completion_mask=completion)
+    batch = RolloutBatch(
+        input_ids=torch.zeros(6, 13, dtype=torch.long),
+        attention_mask=attention,
+        prompt_length=5,
+        completion_mask=completion,
+    )
     groups = micro_batch_rows(batch, max_tokens=26)
     # longest first (13, 12, 10, 5, 4, 4), filled greedily; a group costs rows × (widest prompt + widest completion):
     # [1, 3] 2 × 13, then [5, 2] 2 × (3 + 8) (adding 0 would make 3 × 11), then [0, 4] 2 × (4 + 1)
@@ -209,7 +230,9 @@ def test_token_budget_micro_batches_change_the_work_not_the_update():
     clip, tokens = [], []
     for learner in (whole, budgeted):
         with RowsForwarded(learner.policy) as counter:
-            clip.append(learn(learner, with_rewards(learner, rollout, [0.0, 1.0, 3.0] * 4), momentum_sgd=True)["clip_frac"])
+            clip.append(
+                learn(learner, with_rewards(learner, rollout, [0.0, 1.0, 3.0] * 4), momentum_sgd=True)["clip_frac"]
+            )
         tokens.append(counter.tokens)
     assert tokens[1] < tokens[0]  # less padding forwarded
     assert clip[0] > 0 and clip[1] == pytest.approx(clip[0], abs=1e-7)
@@ -229,7 +252,9 @@ def test_sharing_prompt_forwards_changes_the_work_not_the_update():
     clip, tokens = [], []
     for learner in (per_row, shared):
         with RowsForwarded(learner.policy) as counter:
-            clip.append(learn(learner, with_rewards(learner, rollout, [0.0, 1.0, 3.0] * 4), momentum_sgd=True)["clip_frac"])
+            clip.append(
+                learn(learner, with_rewards(learner, rollout, [0.0, 1.0, 3.0] * 4), momentum_sgd=True)["clip_frac"]
+            )
         tokens.append(counter.tokens)
     assert tokens[1] < tokens[0]
     assert clip[0] > 0 and clip[1] == pytest.approx(clip[0], abs=1e-7)
@@ -249,7 +274,9 @@ def test_packing_changes_the_work_not_the_update():
     clip, tokens = [], []
     for learner in (padded, packed):
         with RowsForwarded(learner.policy) as counter:
-            clip.append(learn(learner, with_rewards(learner, rollout, [0.0, 1.0, 3.0] * 4), momentum_sgd=True)["clip_frac"])
+            clip.append(
+                learn(learner, with_rewards(learner, rollout, [0.0, 1.0, 3.0] * 4), momentum_sgd=True)["clip_frac"]
+            )
         tokens.append(counter.tokens)
     assert tokens[1] < tokens[0]
     assert clip[0] > 0 and clip[1] == pytest.approx(clip[0], abs=1e-7)
@@ -294,8 +321,14 @@ def test_later_minibatches_see_the_stepped_weights_under_an_autocast_that_caches
     step inside it must not leave the next minibatch on the pre-step copy."""
     policy, _ = load_policy("tiny-llama", seed=0)
     fresh = FreshForward()
-    learner = Learner(policy, GSPO(clip_low=0.02, clip_high=0.02), Update(num_minibatches=2, skip_zero_advantage_rows=False),
-                      max_len=MAX_NEW, group_size=G, hooks=[fresh])
+    learner = Learner(
+        policy,
+        GSPO(clip_low=0.02, clip_high=0.02),
+        Update(num_minibatches=2, skip_zero_advantage_rows=False),
+        max_len=MAX_NEW,
+        group_size=G,
+        hooks=[fresh],
+    )
     fresh.learner = learner
     batch = with_rewards(learner, sample_rollout(policy), [0.0, 1.0, 3.0] * 4)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # cache_enabled=True, as a user's own autocast would be
@@ -343,8 +376,13 @@ def test_a_non_finite_minibatch_makes_no_optimiser_step_and_n_in_a_row_stop_the_
     rollout = sample_rollout(policy)
     runs = {}
     for name, factor in (("nan", float("nan")), ("zero", 0.0)):  # "zero": minibatch 2 steps on a zero gradient
-        learner = Learner(copy.deepcopy(policy), FaultyGSPO([2], factor, clip_low=0.02, clip_high=0.02), update,
-                          max_len=MAX_NEW, group_size=G)
+        learner = Learner(
+            copy.deepcopy(policy),
+            FaultyGSPO([2], factor, clip_low=0.02, clip_high=0.02),
+            update,
+            max_len=MAX_NEW,
+            group_size=G,
+        )
         batch = with_rewards(learner, rollout, [0.0, 1.0, 3.0] * 4)
         opt = torch.optim.SGD(learner.policy.parameters(), lr=0.1)  # no momentum: a zero-gradient step changes nothing
         scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
@@ -364,15 +402,22 @@ def test_a_non_finite_minibatch_makes_no_optimiser_step_and_n_in_a_row_stop_the_
     for p, q in zip(nan.policy.parameters(), zero.policy.parameters()):
         assert torch.equal(p, q) and torch.isfinite(p).all()  # the same weights as the other two steps alone
 
-    stuck = Learner(copy.deepcopy(policy), FaultyGSPO(range(1, 100), float("nan"), clip_low=0.02, clip_high=0.02),
-                    Update(max_nonfinite_steps=2), max_len=MAX_NEW, group_size=G)
+    stuck = Learner(
+        copy.deepcopy(policy),
+        FaultyGSPO(range(1, 100), float("nan"), clip_low=0.02, clip_high=0.02),
+        Update(max_nonfinite_steps=2),
+        max_len=MAX_NEW,
+        group_size=G,
+    )
     opt = torch.optim.AdamW(stuck.policy.parameters(), lr=1e-2)
     batch = with_rewards(stuck, rollout, [0.0, 1.0, 3.0] * 4)
     with pytest.warns(RuntimeWarning, match="1 in a row"):
         stuck.learn(copy.deepcopy(batch), opt)
     assert not opt.state  # AdamW never stepped
-    with pytest.raises(RuntimeError, match=r"2 optimiser steps in a row .*non-finite.*max_nonfinite_steps=2"), \
-            pytest.warns(RuntimeWarning):
+    with (
+        pytest.raises(RuntimeError, match=r"2 optimiser steps in a row .*non-finite.*max_nonfinite_steps=2"),
+        pytest.warns(RuntimeWarning),
+    ):
         stuck.learn(copy.deepcopy(batch), opt)
     for p, q in zip(policy.parameters(), stuck.policy.parameters()):
         assert torch.equal(p, q)
@@ -428,9 +473,14 @@ def test_learn_runs_the_algorithm_in_order_through_its_hooks():
     ``lit-gspo compare`` (``MinibatchGradients``) relies on this order through the hooks only."""
     policy, _ = load_policy("tiny-llama", seed=0)
     hook = HookOrder()
-    learner = Learner(policy, GSPO(clip_low=0.02, clip_high=0.02),
-                      Update(epochs=2, num_minibatches=2, micro_batch_size=4, skip_zero_advantage_rows=False),
-                      max_len=MAX_NEW, group_size=G, hooks=[hook])
+    learner = Learner(
+        policy,
+        GSPO(clip_low=0.02, clip_high=0.02),
+        Update(epochs=2, num_minibatches=2, micro_batch_size=4, skip_zero_advantage_rows=False),
+        max_len=MAX_NEW,
+        group_size=G,
+        hooks=[hook],
+    )
     assert isinstance(learner.old_policy, RecomputedBeforeFirstStep)
     batch = with_rewards(learner, sample_rollout(policy), [0.0, 1.0, 3.0] * 4)  # 12 rows: minibatches of 6 = 4 + 2
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
@@ -438,7 +488,7 @@ def test_learn_runs_the_algorithm_in_order_through_its_hooks():
     learner.learn(batch, opt, step=hook.step)
     step = ["clip", "may step", "step"]
     first = ["micro 4 (own forward is old)", "micro 2 (own forward is old)", "backward done 0.0", *step]
-    later = [[f"micro 4", "micro 2", f"backward done {e}.{m}", *step] for e, m in ((0, 1), (1, 0), (1, 1))]
+    later = [["micro 4", "micro 2", f"backward done {e}.{m}", *step] for e, m in ((0, 1), (1, 0), (1, 1))]
     assert hook.calls == ["begin", *first, *[c for minibatch in later for c in minibatch], "metrics"]
 
 
@@ -447,4 +497,7 @@ def test_compare_replays_through_the_learners_public_hooks_only():
 
     overridden = {name for name, value in vars(ReplayLearner).items() if callable(value) and name != "__init__"}
     assert overridden <= {"minibatch_order"}
-    assert {name for name, value in vars(MinibatchGradients).items() if callable(value)} <= {"__init__", "after_backward"}
+    assert {name for name, value in vars(MinibatchGradients).items() if callable(value)} <= {
+        "__init__",
+        "after_backward",
+    }

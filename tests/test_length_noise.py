@@ -32,17 +32,42 @@ def test_length_buckets_never_split_a_length():
 
 
 def test_on_policy_grpo_and_gspo_have_the_same_minibatch_noise(tmp_path):
-    policy, tokenizer = load_policy("tiny-llama", config_overrides={"hidden_size": 32, "num_hidden_layers": 1,
-                                                                   "intermediate_size": 64}, seed=0)
+    policy, tokenizer = load_policy(
+        "tiny-llama", config_overrides={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64}, seed=0
+    )
     path = tmp_path / "rollouts" / "step_1.pt"
-    meta = {"temperature": 1.0, "max_len": 7, "group_size": G, "update": {}, "optimizer": "AdamW",
-            "optimizer_hparams": {"lr": 1e-2}, "model": "tiny-llama"}
+    meta = {
+        "temperature": 1.0,
+        "max_len": 7,
+        "group_size": G,
+        "update": {},
+        "optimizer": "AdamW",
+        "optimizer_hparams": {"lr": 1e-2},
+        "model": "tiny-llama",
+    }
     save_rollout(path, make_rollout(policy), step=1, meta=meta)  # rows of lengths 1..7
     policy.save_pretrained(policy_dir(path))
     tokenizer.save_pretrained(policy_dir(path))
     out = tmp_path / "out"
-    report = main(["--rollout", str(path), "--objectives", "grpo", "gspo", "--steps", "1", "--buckets", "2",
-                   "--minibatch_size", "3", "--draws", "4", "--out", str(out)])
+    report = main(
+        [
+            "--rollout",
+            str(path),
+            "--objectives",
+            "grpo",
+            "gspo",
+            "--steps",
+            "1",
+            "--buckets",
+            "2",
+            "--minibatch_size",
+            "3",
+            "--draws",
+            "4",
+            "--out",
+            str(out),
+        ]
+    )
     assert (out / "length_noise.json").is_file() and (out / "length_noise.png").is_file()
     k0 = [e for e in report["results"] if e["k"] == 0]
     k1 = [e for e in report["results"] if e["k"] == 1]
@@ -55,4 +80,6 @@ def test_on_policy_grpo_and_gspo_have_the_same_minibatch_noise(tmp_path):
         assert base["rel_trace_cov"] == pytest.approx(grpo["rel_trace_cov"], rel=1e-4)
     for e in k1:  # the weights moved (lr 1e-2): ratios ≠ 1 and GSPO's 3e-4 band clips, so the two differ
         assert e["token_logr_std"] > 1e-3
-        assert e["objectives"]["gspo"]["rel_trace_cov"] != pytest.approx(e["objectives"]["grpo"]["rel_trace_cov"], rel=1e-3)
+        assert e["objectives"]["gspo"]["rel_trace_cov"] != pytest.approx(
+            e["objectives"]["grpo"]["rel_trace_cov"], rel=1e-3
+        )

@@ -15,10 +15,26 @@ from lightning_habits import HABITS, run_habit, verdict  # noqa: E402
 from lit_gspo.lightning.cli import cli_main  # noqa: E402
 
 STEPS = 6
-TINY = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.warm_start.steps", "5", "--model.validation.every_n_steps",
-        "2", "--data.num_train", "64", "--data.num_val", "8", "--data.prompts_per_step", "4",
-        "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4",
-        "--trainer.enable_progress_bar", "false"]
+TINY = [
+    "--config",
+    str(ROOT / "configs/quickstart.yaml"),
+    "--model.warm_start.steps",
+    "5",
+    "--model.validation.every_n_steps",
+    "2",
+    "--data.num_train",
+    "64",
+    "--data.num_val",
+    "8",
+    "--data.prompts_per_step",
+    "4",
+    "--model.generation.num_generations",
+    "4",
+    "--model.generation.max_new_tokens",
+    "4",
+    "--trainer.enable_progress_bar",
+    "false",
+]
 
 
 @pytest.mark.slow
@@ -28,7 +44,9 @@ def test_a_lightning_habit_works_or_is_refused_in_one_line(habit, tmp_path):
     good, text = verdict(habit, outcome, STEPS)
     assert good, text
     if habit.refused:
-        assert "\n" not in str(outcome.error) and ("--model." in str(outcome.error) or "--trainer." in str(outcome.error))
+        assert "\n" not in str(outcome.error) and (
+            "--model." in str(outcome.error) or "--trainer." in str(outcome.error)
+        )
 
 
 def test_trainer_validate_from_python_puts_val_reward_in_callback_metrics(tmp_path):
@@ -45,15 +63,27 @@ def test_validate_and_test_score_a_checkpoint_and_an_export_as_eval_does(tmp_pat
     main(["fit", *TINY, "--trainer.max_steps", "4", "--trainer.default_root_dir", str(run)])
     rows = [float(r) for r in _column(run, "val/reward")]
     scores = {}
-    for command, ckpt, key in [("validate", run / "checkpoints/last.ckpt", "val/reward"),
-                               ("validate", run / "hf_model", "val/reward"), ("test", run / "hf_model", "test/reward")]:
-        cli = cli_main([command, *TINY, "--trainer.default_root_dir", str(tmp_path / f"{command}_{ckpt.name}"),
-                        "--ckpt_path", str(ckpt)])
+    for command, ckpt, key in [
+        ("validate", run / "checkpoints/last.ckpt", "val/reward"),
+        ("validate", run / "hf_model", "val/reward"),
+        ("test", run / "hf_model", "test/reward"),
+    ]:
+        cli = cli_main(
+            [
+                command,
+                *TINY,
+                "--trainer.default_root_dir",
+                str(tmp_path / f"{command}_{ckpt.name}"),
+                "--ckpt_path",
+                str(ckpt),
+            ]
+        )
         scores[(command, ckpt.name)] = float(cli.trainer.callback_metrics[key])
     from lit_gspo.tools import eval as eval_cli
 
-    eval_result = eval_cli.main([*TINY, "--ckpt", str(run / "hf_model"), "--samples", "0",
-                        "--output", str(tmp_path / "eval.json")])
+    eval_result = eval_cli.main(
+        [*TINY, "--ckpt", str(run / "hf_model"), "--samples", "0", "--output", str(tmp_path / "eval.json")]
+    )
     # the last validation of the fit, both validate commands, test and eval: one number, through one code path
     assert len(set(scores.values())) == 1, scores
     assert scores[("validate", "last.ckpt")] == pytest.approx(rows[-1], abs=0)
@@ -65,9 +95,21 @@ def test_a_lightning_validation_does_not_change_the_training_run(tmp_path):
     runs = {}
     for every in ("1", "0"):
         root = tmp_path / every
-        cli = cli_main(["fit", *TINY, "--trainer.max_steps", "3", "--model.validation.every_n_steps", every,
-                        "--trainer.default_root_dir", str(root)])
-        train = [{k: v for k, v in row.items() if k.startswith("train/")} for row in _rows(root) if row.get("train/reward")]
+        cli = cli_main(
+            [
+                "fit",
+                *TINY,
+                "--trainer.max_steps",
+                "3",
+                "--model.validation.every_n_steps",
+                every,
+                "--trainer.default_root_dir",
+                str(root),
+            ]
+        )
+        train = [
+            {k: v for k, v in row.items() if k.startswith("train/")} for row in _rows(root) if row.get("train/reward")
+        ]
         runs[every] = (train, {k: v.clone() for k, v in cli.model.policy.state_dict().items()})
     assert runs["1"][0] == runs["0"][0]
     assert all(torch.equal(runs["1"][1][k], runs["0"][1][k]) for k in runs["1"][1])

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from lit_gspo.runtime.user_errors import option_value
 from lit_gspo.rl.rewards import RewardSet, RewardTimeout, RewardWarning
+from lit_gspo.runtime.user_errors import option_value
 
 
 class Stuck:
@@ -44,7 +44,10 @@ def test_a_timed_reward_that_answers_scores_as_without_a_timeout():
 def test_a_bad_timeout_is_refused_naming_the_function(bad):
     reward = Quick()
     reward.timeout_s = bad
-    with pytest.raises(ValueError, match=rf"reward function 'quick' of --model.rewards has timeout_s {option_value(bad)}: give seconds > 0"):
+    with pytest.raises(
+        ValueError,
+        match=rf"reward function 'quick' of --model.rewards has timeout_s {option_value(bad)}: give seconds > 0",
+    ):
         RewardSet([reward])
 
 

@@ -21,9 +21,9 @@ from jsonargparse import ArgumentParser
 sys.path.insert(0, str(Path(__file__).parent))
 from test_trainer import column, read_metrics, tiny_args  # noqa: E402
 
-from lit_gspo.tools.main import cli_main  # noqa: E402
 from lit_gspo.lightning.completions_log import COLUMNS  # noqa: E402
 from lit_gspo.lightning.run_dir import SaveRunConfig  # noqa: E402
+from lit_gspo.tools.main import cli_main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = sorted((ROOT / "tests/golden").glob("*.json"))
@@ -55,9 +55,20 @@ def assert_logged(cli, train: list[tuple[int, float]], val: list[tuple[int, floa
 
 def test_folder_clashes_finds_a_value_that_is_also_a_folder():
     assert folder_clashes(["train/reward", "train/reward/char_accuracy", "train/reward_std"]) == [
-        ("train/reward", "train/reward/char_accuracy")]
-    assert folder_clashes(["train/reward", "train/rewards/f/mean", "train/rewards/f/std", "train/ratio_max",
-                           "train/ratio/seq_logratio_std"]) == []
+        ("train/reward", "train/reward/char_accuracy")
+    ]
+    assert (
+        folder_clashes(
+            [
+                "train/reward",
+                "train/rewards/f/mean",
+                "train/rewards/f/std",
+                "train/ratio_max",
+                "train/ratio/seq_logratio_std",
+            ]
+        )
+        == []
+    )
 
 
 def test_csv_logger_is_the_default_and_its_config_and_completions_sit_beside_metrics_csv(tmp_path):
@@ -80,12 +91,21 @@ def test_csv_logger_is_the_default_and_its_config_and_completions_sit_beside_met
 # ratio diagnostics (train/ratio/*, with several minibatches).
 PATHS = {
     "multiturn": (["multiturn/reversal_retry.yaml"], ["train/success_turn1", "val/success"]),
-    "ppo_moe_mismatch": (["quickstart.yaml", "objectives/ppo.yaml", "mismatch/tis_opsm.yaml"],
-                         ["train/value_loss", "train/routing/rerouted_tokens", "train/mismatch/k3", "train/ratio/seq_logratio_std"]),
+    "ppo_moe_mismatch": (
+        ["quickstart.yaml", "objectives/ppo.yaml", "mismatch/tis_opsm.yaml"],
+        ["train/value_loss", "train/routing/rerouted_tokens", "train/mismatch/k3", "train/ratio/seq_logratio_std"],
+    ),
 }
-MOE = ["--model.model", "tiny-qwen3-moe", "--model.model_config",
-       "{hidden_size: 64, num_hidden_layers: 2, moe_intermediate_size: 32}", "--model.routing.replay", "true",
-       "--model.update.num_minibatches", "2"]
+MOE = [
+    "--model.model",
+    "tiny-qwen3-moe",
+    "--model.model_config",
+    "{hidden_size: 64, num_hidden_layers: 2, moe_intermediate_size: 32}",
+    "--model.routing.replay",
+    "true",
+    "--model.update.num_minibatches",
+    "2",
+]
 
 
 @pytest.mark.parametrize("name", PATHS)
@@ -101,8 +121,11 @@ def _golden_keys() -> set[str]:
     return {key for path in GOLDEN for row in json.loads(path.read_text())["metrics"].values() for key in row}
 
 
-@pytest.mark.xfail(any(k.startswith("train/reward/") for k in _golden_keys()), strict=True,
-                   reason="tests/golden/*.json hold the old train/reward/<fn> until they are re-recorded")
+@pytest.mark.xfail(
+    any(k.startswith("train/reward/") for k in _golden_keys()),
+    strict=True,
+    reason="tests/golden/*.json hold the old train/reward/<fn> until they are re-recorded",
+)
 def test_no_key_of_the_golden_runs_is_also_a_folder():
     """The six golden configurations (LoRA, DAPO dynamic sampling, minibatches × epochs, ...) list every key they log."""
     keys = _golden_keys()
@@ -113,13 +136,21 @@ def test_tensorboard(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    cli = fit(tmp_path, "--trainer.logger", "lightning.pytorch.loggers.TensorBoardLogger",
-              "--trainer.logger.save_dir", str(tmp_path / "tb"))
+    cli = fit(
+        tmp_path,
+        "--trainer.logger",
+        "lightning.pytorch.loggers.TensorBoardLogger",
+        "--trainer.logger.save_dir",
+        str(tmp_path / "tb"),
+    )
     log_dir = tmp_path / "tb/lightning_logs/version_0"
     events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
-    assert_logged(cli, [(e.step, e.value) for e in events.Scalars("train/reward")],
-                  [(e.step, e.value) for e in events.Scalars("val/reward")])
+    assert_logged(
+        cli,
+        [(e.step, e.value) for e in events.Scalars("train/reward")],
+        [(e.step, e.value) for e in events.Scalars("val/reward")],
+    )
     assert folder_clashes(events.Tags()["scalars"]) == []
     assert "train/rewards/char_accuracy/mean" in events.Tags()["scalars"]
     texts = events.Tensors("val/completions/text_summary")
@@ -130,12 +161,26 @@ def test_tensorboard(tmp_path):
 
 def test_wandb_offline(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb")
-    for var, value in {"WANDB_MODE": "offline", "WANDB_DIR": tmp_path / "wandb", "WANDB_CONFIG_DIR": tmp_path / "wandb",
-                       "WANDB_CACHE_DIR": tmp_path / "wandb", "WANDB_DATA_DIR": tmp_path / "wandb",
-                       "WANDB_SILENT": "true"}.items():
+    for var, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": tmp_path / "wandb",
+        "WANDB_CONFIG_DIR": tmp_path / "wandb",
+        "WANDB_CACHE_DIR": tmp_path / "wandb",
+        "WANDB_DATA_DIR": tmp_path / "wandb",
+        "WANDB_SILENT": "true",
+    }.items():
         monkeypatch.setenv(var, str(value))
-    cli = fit(tmp_path, "--trainer.logger", "lightning.pytorch.loggers.WandbLogger", "--trainer.logger.offline", "true",
-              "--trainer.logger.save_dir", str(tmp_path / "wb"), "--trainer.logger.project", "lit_gspo_test")
+    cli = fit(
+        tmp_path,
+        "--trainer.logger",
+        "lightning.pytorch.loggers.WandbLogger",
+        "--trainer.logger.offline",
+        "true",
+        "--trainer.logger.save_dir",
+        str(tmp_path / "wb"),
+        "--trainer.logger.project",
+        "lit_gspo_test",
+    )
     run = cli.trainer.logger.experiment
     try:
         summary = dict(run.summary)
@@ -165,8 +210,10 @@ def _mlflow_run(tracking_uri: str):
 
 def _check_mlflow(cli, tracking_uri: str) -> None:
     client, run = _mlflow_run(tracking_uri)
-    history = {key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
-               for key in ("train/reward", "val/reward")}
+    history = {
+        key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
+        for key in ("train/reward", "val/reward")
+    }
     assert run.info.status == "FINISHED"
     assert_logged(cli, history["train/reward"], history["val/reward"])
     assert "train/rewards/char_accuracy/mean" in run.data.metrics and folder_clashes(run.data.metrics) == []
@@ -178,8 +225,13 @@ def test_mlflow_file_store(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses its file store without it
-    cli = fit(tmp_path, "--trainer.logger", "lightning.pytorch.loggers.MLFlowLogger",
-              "--trainer.logger.tracking_uri", "file:./mlruns")
+    cli = fit(
+        tmp_path,
+        "--trainer.logger",
+        "lightning.pytorch.loggers.MLFlowLogger",
+        "--trainer.logger.tracking_uri",
+        "file:./mlruns",
+    )
     _check_mlflow(cli, f"file:{tmp_path / 'mlruns'}")
     assert (tmp_path / "mlruns/config.yaml").is_file()  # Lightning's place for a logger without log_dir: its save_dir
 
@@ -190,7 +242,9 @@ def test_mlflow_sqlite_saves_the_config_in_the_root_dir(tmp_path, monkeypatch):
     pytest.importorskip("alembic")
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact store is ./mlruns
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cli = fit(tmp_path, "--trainer.logger", "lightning.pytorch.loggers.MLFlowLogger", "--trainer.logger.tracking_uri", uri)
+    cli = fit(
+        tmp_path, "--trainer.logger", "lightning.pytorch.loggers.MLFlowLogger", "--trainer.logger.tracking_uri", uri
+    )
     assert cli.trainer.log_dir is None  # no local folder: Lightning's SaveConfigCallback asserted on this
     _check_mlflow(cli, uri)
     assert (tmp_path / "run/config.yaml").is_file()  # the run's default_root_dir
@@ -200,7 +254,9 @@ def test_save_run_config_without_a_log_dir_writes_to_the_root_dir_and_overwrites
     parser = ArgumentParser()
     parser.add_argument("--x", type=int, default=1)
     broadcast = SimpleNamespace(broadcast=lambda value: value)
-    trainer = SimpleNamespace(log_dir=None, default_root_dir=str(tmp_path / "root"), is_global_zero=True, strategy=broadcast)
+    trainer = SimpleNamespace(
+        log_dir=None, default_root_dir=str(tmp_path / "root"), is_global_zero=True, strategy=broadcast
+    )
     SaveRunConfig(parser, parser.parse_args(["--x", "2"])).setup(trainer, None, "fit")
     assert yaml.safe_load((tmp_path / "root/config.yaml").read_text()) == {"x": 2}
     with pytest.raises(RuntimeError, match="config.yaml exists"):

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_learner import MAX_NEW, G, learn, make_learner, sample_rollout, with_rewards
 
 from lit_gspo.rl.config import Update
+from lit_gspo.rl.learn.learner import Learner
 from lit_gspo.rl.learn.mismatch import MIS, OPSM, TIS, Mismatch, SequenceMIS, mismatch_metrics
 from lit_gspo.rl.objectives import CISPO, DAPO, GMPO, GRPO, GSPO, SAPO, GSPOToken
 from lit_gspo.rl.rollout import RolloutBatch
-from lit_gspo.rl.learn.learner import Learner
-from test_learner import G, MAX_NEW, learn, make_learner, sample_rollout, with_rewards
 
 ROOT = Path(__file__).resolve().parents[1]
 REWARDS = [0.0, 1.0, 3.0] * 4  # every group has a signal
@@ -27,10 +27,15 @@ def hand_batch(delta: list[list[float]], mask: list[list[int]], advantages: list
     mask = torch.tensor(mask, dtype=torch.bool)
     old = torch.full(mask.shape, -1.0)
     n, t = mask.shape
-    return RolloutBatch(input_ids=torch.zeros(n, 1 + t, dtype=torch.long), attention_mask=torch.ones(n, 1 + t, dtype=torch.long),
-                        prompt_length=1, completion_mask=mask, old_logprobs=old,
-                        engine_logprobs=torch.where(mask, old - torch.tensor(delta), torch.zeros(())),
-                        advantages=torch.tensor(advantages))
+    return RolloutBatch(
+        input_ids=torch.zeros(n, 1 + t, dtype=torch.long),
+        attention_mask=torch.ones(n, 1 + t, dtype=torch.long),
+        prompt_length=1,
+        completion_mask=mask,
+        old_logprobs=old,
+        engine_logprobs=torch.where(mask, old - torch.tensor(delta), torch.zeros(())),
+        advantages=torch.tensor(advantages),
+    )
 
 
 # ------------------------------------------------------------------ hand examples
@@ -80,7 +85,11 @@ def test_opsm_drops_negative_advantage_sequences_that_drifted_more_than_delta():
     keep = OPSM(delta=0.5).keep_in_update(logprobs, sampler, mask, torch.tensor([-1.0, 1.0, -1.0]))
     assert keep.tolist() == [[False, False], [True, True], [True, True]]
     per_token = torch.tensor([[-1.0, 2.0], [1.0, 1.0], [-1.0, -1.0]])  # Â_{i,t}: only its negative tokens go
-    assert OPSM(delta=0.5).keep_in_update(logprobs, sampler, mask, per_token).tolist() == [[False, True], [True, True], [True, True]]
+    assert OPSM(delta=0.5).keep_in_update(logprobs, sampler, mask, per_token).tolist() == [
+        [False, True],
+        [True, True],
+        [True, True],
+    ]
 
 
 def test_corrections_combine_weights_and_masks():
@@ -94,23 +103,48 @@ def test_corrections_combine_weights_and_masks():
 # ------------------------------------------------------------------ in the learner
 def learner_with(update: Update, objective, mismatch):
     policy = make_learner(update, objective).policy
-    return Learner(policy, objective or GSPO(clip_low=0.02, clip_high=0.02), update, max_len=MAX_NEW, group_size=G,
-                   mismatch=mismatch)
+    return Learner(
+        policy,
+        objective or GSPO(clip_low=0.02, clip_high=0.02),
+        update,
+        max_len=MAX_NEW,
+        group_size=G,
+        mismatch=mismatch,
+    )
 
 
 def trainer_logprobs(learner, rollout):
     """The trainer's old-policy log-probs of ``rollout`` exactly as ``snapshot`` computes them."""
-    probe = Learner(learner.policy, learner.objective, learner.cfg, temperature=learner.temperature,
-                    max_len=learner.max_len, group_size=learner.group_size, mismatch=Mismatch())  # every row's π_old
+    probe = Learner(
+        learner.policy,
+        learner.objective,
+        learner.cfg,
+        temperature=learner.temperature,
+        max_len=learner.max_len,
+        group_size=learner.group_size,
+        mismatch=Mismatch(),
+    )  # every row's π_old
     batch = copy.deepcopy(rollout)
     probe.snapshot(batch)
     return batch.old_logprobs.masked_fill(~batch.completion_mask, 0.0)
 
 
-@pytest.mark.parametrize("objective", [GSPO(clip_low=0.02, clip_high=0.02), GSPOToken(clip_low=0.02, clip_high=0.02),
-                                       GRPO(), DAPO(), CISPO(), SAPO(), GMPO()], ids=lambda o: type(o).__name__)
-@pytest.mark.parametrize("update", [Update(), Update(epochs=2, num_minibatches=2, micro_batch_size=2)],
-                         ids=["on-policy", "off-policy"])
+@pytest.mark.parametrize(
+    "objective",
+    [
+        GSPO(clip_low=0.02, clip_high=0.02),
+        GSPOToken(clip_low=0.02, clip_high=0.02),
+        GRPO(),
+        DAPO(),
+        CISPO(),
+        SAPO(),
+        GMPO(),
+    ],
+    ids=lambda o: type(o).__name__,
+)
+@pytest.mark.parametrize(
+    "update", [Update(), Update(epochs=2, num_minibatches=2, micro_batch_size=2)], ids=["on-policy", "off-policy"]
+)
 def test_a_sampler_identical_to_the_trainer_changes_nothing_bit_for_bit(objective, update):
     base = make_learner(update, objective)
     rollout = sample_rollout(base.policy)
@@ -139,7 +173,9 @@ def mismatched_rollout(learner, noise: float = 0.4, seed: int = 3):
     rollout = sample_rollout(learner.policy)
     gen = torch.Generator().manual_seed(seed)
     old = trainer_logprobs(learner, rollout)
-    rollout.engine_logprobs = (old + noise * torch.randn(old.shape, generator=gen)).masked_fill(~rollout.completion_mask, 0.0)
+    rollout.engine_logprobs = (old + noise * torch.randn(old.shape, generator=gen)).masked_fill(
+        ~rollout.completion_mask, 0.0
+    )
     return rollout
 
 
@@ -151,7 +187,12 @@ def test_a_corrected_update_does_not_depend_on_the_micro_batch_split(objective):
     rollout.engine_logprobs[7] -= 2.0 * rollout.completion_mask[7]  # a sequence SequenceMIS masks whole
     mismatch = Mismatch([TIS(), MIS(), SequenceMIS(), OPSM(delta=0.05)])
     results = []
-    for split in (dict(), dict(micro_batch_size=1), dict(micro_batch_size=5), dict(micro_batch_tokens=3 * rollout.input_ids.shape[1])):
+    for split in (
+        dict(),
+        dict(micro_batch_size=1),
+        dict(micro_batch_size=5),
+        dict(micro_batch_tokens=3 * rollout.input_ids.shape[1]),
+    ):
         learner = learner_with(Update(**update, **split), copy.deepcopy(objective), mismatch)
         learner.policy.load_state_dict(base.policy.state_dict())
         results.append((learn(learner, with_rewards(learner, rollout, REWARDS), momentum_sgd=True), learner))
@@ -211,7 +252,9 @@ def test_sampler_logprobs_equal_to_the_trainers_give_the_normal_update():
     base = make_learner(Update())
     rollout = sample_rollout(base.policy)
     with torch.no_grad():  # the update's first forward, as it runs it (one micro-batch of every row)
-        rollout.engine_logprobs = base.completion_logprobs(base.policy, rollout).logprobs.masked_fill(~rollout.completion_mask, 0)
+        rollout.engine_logprobs = base.completion_logprobs(base.policy, rollout).logprobs.masked_fill(
+            ~rollout.completion_mask, 0
+        )
     runs = []
     for mismatch in (None, Mismatch(old_logprobs="sampler")):
         learner = learner_with(Update(), GRPO(), mismatch)
@@ -224,16 +267,19 @@ def test_sampler_logprobs_equal_to_the_trainers_give_the_normal_update():
 
 
 # ------------------------------------------------------------------ errors
-@pytest.mark.parametrize("build, words", [
-    (lambda: TIS(cap=0), ["cap", "0"]),
-    (lambda: MIS(low=2.0, high=1.0), ["low=2.0", "high=1.0", "low < high"]),
-    (lambda: SequenceMIS(cap=-1), ["cap=-1"]),
-    (lambda: SequenceMIS(ratio="mean"), ["'mean'", "'product'", "'geometric'"]),
-    (lambda: OPSM(delta=-0.1), ["delta", "-0.1", ">= 0"]),
-    (lambda: Mismatch(old_logprobs="engine"), ["'engine'", "trainer", "sampler"]),
-    (lambda: Mismatch([TIS(), OPSM()], old_logprobs="sampler"), ["TIS", "OPSM", "sampler"]),
-    (lambda: Mismatch(["tis"]), ["'tis'", "TIS, MIS, SequenceMIS or OPSM"]),
-])
+@pytest.mark.parametrize(
+    "build, words",
+    [
+        (lambda: TIS(cap=0), ["cap", "0"]),
+        (lambda: MIS(low=2.0, high=1.0), ["low=2.0", "high=1.0", "low < high"]),
+        (lambda: SequenceMIS(cap=-1), ["cap=-1"]),
+        (lambda: SequenceMIS(ratio="mean"), ["'mean'", "'product'", "'geometric'"]),
+        (lambda: OPSM(delta=-0.1), ["delta", "-0.1", ">= 0"]),
+        (lambda: Mismatch(old_logprobs="engine"), ["'engine'", "trainer", "sampler"]),
+        (lambda: Mismatch([TIS(), OPSM()], old_logprobs="sampler"), ["TIS", "OPSM", "sampler"]),
+        (lambda: Mismatch(["tis"]), ["'tis'", "TIS, MIS, SequenceMIS or OPSM"]),
+    ],
+)
 def test_bad_settings_name_the_value_and_what_is_valid(build, words):
     with pytest.raises(ValueError) as err:
         build()
@@ -257,18 +303,23 @@ def test_mismatch_metrics_are_zero_for_equal_logprobs_and_ignore_padding():
 # ------------------------------------------------------------------ end to end
 @pytest.mark.parametrize("engine", ["HFGenerate", "LeanSampler"])
 def test_the_collector_keeps_the_engines_logprobs_only_when_asked(engine):
+    from lit_gspo.models import load_policy
     from lit_gspo.rl.collect import Collector
     from lit_gspo.rl.config import Generation
     from lit_gspo.rl.engines import HFGenerate, LeanSampler
     from lit_gspo.rl.envs import SingleTurn
-    from lit_gspo.models import load_policy
     from lit_gspo.rl.rewards import CharAccuracy, RewardSet
 
     policy, tokenizer = load_policy("tiny-llama", seed=0)
     for keep in (False, True):
-        collector = Collector(SingleTurn(), {"HFGenerate": HFGenerate, "LeanSampler": LeanSampler}[engine](),
-                              RewardSet([CharAccuracy()]), tokenizer, Generation(num_generations=2, max_new_tokens=4),
-                              engine_logprobs=keep)
+        collector = Collector(
+            SingleTurn(),
+            {"HFGenerate": HFGenerate, "LeanSampler": LeanSampler}[engine](),
+            RewardSet([CharAccuracy()]),
+            tokenizer,
+            Generation(num_generations=2, max_new_tokens=4),
+            engine_logprobs=keep,
+        )
         batch, _, _ = collector.sample(policy, [{"prompt": "rev 12=", "answer": "21"}])
         assert (batch.engine_logprobs is not None) == keep
         if keep:
@@ -281,11 +332,34 @@ def test_the_collector_keeps_the_engines_logprobs_only_when_asked(engine):
 def test_a_cli_fit_with_corrections_logs_the_mismatch(tmp_path):
     from lit_gspo.tools.main import cli_main
 
-    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--config", str(ROOT / "configs/mismatch/tis_opsm.yaml"),
-            "--trainer.default_root_dir", str(tmp_path), "--trainer.max_steps", "4", "--trainer.enable_progress_bar", "false",
-            "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "0", "--data.num_train", "16",
-            "--data.num_val", "4", "--data.prompts_per_step", "4", "--model.generation.num_generations", "4",
-            "--model.update.num_minibatches", "2", "--model.engine", "LeanSampler"]
+    args = [
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--config",
+        str(ROOT / "configs/mismatch/tis_opsm.yaml"),
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.max_steps",
+        "4",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--model.warm_start.steps",
+        "0",
+        "--model.validation.every_n_steps",
+        "0",
+        "--data.num_train",
+        "16",
+        "--data.num_val",
+        "4",
+        "--data.prompts_per_step",
+        "4",
+        "--model.generation.num_generations",
+        "4",
+        "--model.update.num_minibatches",
+        "2",
+        "--model.engine",
+        "LeanSampler",
+    ]
     cli = cli_main(args, run=False)
     assert [type(c).__name__ for c in cli.model.learner.mismatch.corrections] == ["TIS", "OPSM"]
     cli.fit(cli.model, datamodule=cli.datamodule)

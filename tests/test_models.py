@@ -70,8 +70,16 @@ def test_config_overrides_and_dtype():
 def test_pad_token_fallback(tmp_path, caplog):
     tok = char_tokenizer()
     tok.pad_token = None
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
     model.config.pad_token_id = None
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)

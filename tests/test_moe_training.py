@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_gspo.rl.config import Generation, Routing, Update
-from lit_gspo.models.routing import moe_routers, record_routing
-from lit_gspo.rl.learn.hooks import RoutingReplay
 from lit_gspo.lightning.module import RLModule
+from lit_gspo.models.routing import moe_routers, record_routing
+from lit_gspo.rl.config import Generation, Routing, Update
+from lit_gspo.rl.learn.hooks import RoutingReplay
 from lit_gspo.rl.objectives import GRPO
 from lit_gspo.rl.rewards import CharAccuracy
 from lit_gspo.rl.rollout import token_logprobs
@@ -18,8 +18,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_trainer import column, read_metrics, tiny_args  # noqa: E402
 
 # prompts of different lengths, so a micro-batch of short prompts is trimmed differently from the rollout
-ROWS = [{"prompt": "rev 12=", "answer": "21"}, {"prompt": "rev 1234567=", "answer": "7654321"},
-        {"prompt": "rev 345=", "answer": "543"}, {"prompt": "rev 98765=", "answer": "56789"}]
+ROWS = [
+    {"prompt": "rev 12=", "answer": "21"},
+    {"prompt": "rev 1234567=", "answer": "7654321"},
+    {"prompt": "rev 345=", "answer": "543"},
+    {"prompt": "rev 98765=", "answer": "56789"},
+]
 
 
 class ExpertInputs:
@@ -30,8 +34,9 @@ class ExpertInputs:
         self.seen: list[torch.Tensor] = []
 
     def __enter__(self):
-        self.handles = [b.register_forward_pre_hook(lambda mod, args: self.seen.append(args[1].clone()))
-                        for b in self.blocks]
+        self.handles = [
+            b.register_forward_pre_hook(lambda mod, args: self.seen.append(args[1].clone())) for b in self.blocks
+        ]
         return self
 
     def __exit__(self, *exc):
@@ -40,9 +45,17 @@ class ExpertInputs:
 
 
 def moe_module(**kwargs) -> RLModule:
-    kwargs = dict(model="tiny-qwen3-moe", objective=GRPO(), rewards=[CharAccuracy()], kl_to_ref=False,
-                  generation=Generation(num_generations=3, max_new_tokens=5),
-                  update=Update(num_minibatches=2, micro_batch_size=4)) | kwargs
+    kwargs = (
+        dict(
+            model="tiny-qwen3-moe",
+            objective=GRPO(),
+            rewards=[CharAccuracy()],
+            kl_to_ref=False,
+            generation=Generation(num_generations=3, max_new_tokens=5),
+            update=Update(num_minibatches=2, micro_batch_size=4),
+        )
+        | kwargs
+    )
     return RLModule(**kwargs)
 
 
@@ -149,10 +162,25 @@ def first_char_parity(prompts, completions, **columns):
 
 def test_fit_logs_routing_volatility_for_moe_and_moves_the_router(tmp_path):
     """A high learning rate moves the routers within one step: volatility > 0, with and without replay."""
-    args = tiny_args(tmp_path, "--model.model", "tiny-qwen3-moe", "--model.model_config", "{}",
-                     "--trainer.max_steps", "4", "--model.optimizer.lr", "0.05", "--model.objective", "GRPO",
-                     "--model.update.num_minibatches", "2", "--model.routing.replay", "true",
-                     "--model.validation.every_n_steps", "0")
+    args = tiny_args(
+        tmp_path,
+        "--model.model",
+        "tiny-qwen3-moe",
+        "--model.model_config",
+        "{}",
+        "--trainer.max_steps",
+        "4",
+        "--model.optimizer.lr",
+        "0.05",
+        "--model.objective",
+        "GRPO",
+        "--model.update.num_minibatches",
+        "2",
+        "--model.routing.replay",
+        "true",
+        "--model.validation.every_n_steps",
+        "0",
+    )
     from lit_gspo.tools.main import cli_main
 
     cli = cli_main(args, run=False)

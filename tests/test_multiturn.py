@@ -6,13 +6,13 @@ import warnings
 import pytest
 import torch
 
+from lit_gspo.models.loading import load_policy
 from lit_gspo.rl.advantages import GAE, GroupNormalized, TurnGroupNormalized, gae
 from lit_gspo.rl.collect import Collector
 from lit_gspo.rl.config import Generation, Update
 from lit_gspo.rl.engines import HFGenerate, RolloutEngine
 from lit_gspo.rl.envs import Environment, RetryWithFeedback, Turn
 from lit_gspo.rl.learn.learner import Learner
-from lit_gspo.models.loading import load_policy
 from lit_gspo.rl.objectives import Counts, get_objective
 from lit_gspo.rl.rewards import CharAccuracy, RewardSet
 from lit_gspo.rl.rollout import RolloutBatch
@@ -28,8 +28,13 @@ class Talker(Environment):
         self.observation = observation
 
     def step(self, row, reply, state):
-        return Turn(observation=self.observation, done=False, reward=float(state["turn"]),
-                    success=state["turn"] == 2, metrics={"asked": 1.0})
+        return Turn(
+            observation=self.observation,
+            done=False,
+            reward=float(state["turn"]),
+            success=state["turn"] == 2,
+            metrics={"asked": 1.0},
+        )
 
 
 class ScriptedEngine(RolloutEngine):
@@ -39,8 +44,20 @@ class ScriptedEngine(RolloutEngine):
         super().__init__()
         self.script, self.calls = script, []
 
-    def generate(self, policy, input_ids, attention_mask, *, num_generations, max_new_tokens, pad_id, eos_id,
-                 sampling, synced_gpus, return_logprobs):
+    def generate(
+        self,
+        policy,
+        input_ids,
+        attention_mask,
+        *,
+        num_generations,
+        max_new_tokens,
+        pad_id,
+        eos_id,
+        sampling,
+        synced_gpus,
+        return_logprobs,
+    ):
         prompts = [ids[m.bool()].tolist() for ids, m in zip(input_ids, attention_mask)]
         replies = self.script[len(self.calls)]
         self.calls.append(prompts)
@@ -48,7 +65,7 @@ class ScriptedEngine(RolloutEngine):
         width = max(len(r) for r in replies)
         out = torch.full((len(rows), width), pad_id, dtype=torch.long)
         for i, reply in enumerate(replies):
-            out[i, :len(reply)] = torch.tensor(reply[:max_new_tokens])
+            out[i, : len(reply)] = torch.tensor(reply[:max_new_tokens])
         return torch.cat([rows, out[:, :max_new_tokens]], 1), None
 
 
@@ -58,8 +75,13 @@ def tiny():
 
 
 def collector(tokenizer, env, engine=None, G=2, max_new=4, rewards=None):
-    return Collector(env, engine or HFGenerate(), RewardSet(rewards or [CharAccuracy()]), tokenizer,
-                     Generation(num_generations=G, max_new_tokens=max_new))
+    return Collector(
+        env,
+        engine or HFGenerate(),
+        RewardSet(rewards or [CharAccuracy()]),
+        tokenizer,
+        Generation(num_generations=G, max_new_tokens=max_new),
+    )
 
 
 def test_trained_ids_are_the_sampled_and_appended_ids_never_a_retokenisation(tiny):
@@ -81,8 +103,10 @@ def test_trained_ids_are_the_sampled_and_appended_ids_never_a_retokenisation(tin
         expected = first[i] + obs + second[i]
         row = batch.input_ids[i, P:][batch.attention_mask[i, P:].bool()].tolist()
         assert row == expected
-        assert batch.completion_mask[i].tolist()[:len(expected)] == [True] * len(first[i]) + [False] * len(obs) + [True] * len(second[i])
-        assert batch.turn_ids[i, :len(expected)].tolist() == [0] * (len(first[i]) + len(obs)) + [1] * len(second[i])
+        assert batch.completion_mask[i].tolist()[: len(expected)] == [True] * len(first[i]) + [False] * len(obs) + [
+            True
+        ] * len(second[i])
+        assert batch.turn_ids[i, : len(expected)].tolist() == [0] * (len(first[i]) + len(obs)) + [1] * len(second[i])
         prompt = batch.input_ids[i, :P][batch.attention_mask[i, :P].bool()].tolist()
         assert engine.calls[1][i] == prompt + first[i] + obs  # turn 2 sampled on exactly these ids
     assert replies == ["7", "8", "6", "2"]
@@ -104,7 +128,7 @@ def test_max_turns_and_the_token_budget_end_episodes(tiny):
     # a budget of 4 reply tokens + 6 observation tokens + 1: the third turn never starts
     torch.manual_seed(0)
     batch, _, stats = collector(tok, Talker(max_turns=3, max_episode_tokens=4 + 6 + 1)).sample(policy, ROWS)
-    lengths = batch.attention_mask[:, batch.prompt_length:].sum(1)
+    lengths = batch.attention_mask[:, batch.prompt_length :].sum(1)
     assert (lengths <= 11).all()
     assert stats["turns"] < 3 and stats["truncated_episodes"] == 1.0
 
@@ -115,8 +139,11 @@ def test_an_observation_longer_than_the_whole_budget_ends_its_episode_truncated_
     policy, tok = tiny
     env = Talker(observation=" " + "x" * 40 + "=", max_turns=2, max_episode_tokens=20)
     talk = collector(tok, env)
-    with pytest.warns(RuntimeWarning, match=r"observation of 42 tokens at turn 2.*budget is 20 tokens.*"
-                                            r"max_episode_tokens=20.*end there, truncated"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"observation of 42 tokens at turn 2.*budget is 20 tokens.*"
+        r"max_episode_tokens=20.*end there, truncated",
+    ):
         batch, _, stats = talk.sample(policy, ROWS)
     assert stats["turns"] == 1 and stats["truncated_episodes"] == 1.0
     assert (batch.turn_ids[batch.completion_mask] == 0).all()  # the first reply is kept and trained on
@@ -125,11 +152,14 @@ def test_an_observation_longer_than_the_whole_budget_ends_its_episode_truncated_
         talk.sample(policy, ROWS)
 
 
-@pytest.mark.parametrize("bad, message", [
-    (Turn(reward="1"), r"reward='1' \(str\); a turn's reward is a float or None"),
-    ("done", r"must return a lit_gspo.rl.envs.Turn, got str"),
-    (Turn(done=False), r"done=False without an observation"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (Turn(reward="1"), r"reward='1' \(str\); a turn's reward is a float or None"),
+        ("done", r"must return a lit_gspo.rl.envs.Turn, got str"),
+        (Turn(done=False), r"done=False without an observation"),
+    ],
+)
 def test_an_environment_answering_wrongly_is_named(tiny, bad, message):
     policy, tok = tiny
 
@@ -156,8 +186,21 @@ def test_retry_with_feedback_blanks_wrong_characters_and_charges_each_wrong_try(
 
 # ---------------------------------------------------------------- environment tokens outside the loss
 
-NAMES = ["grpo", "dapo", "gspo", "gspo_token", "dr_grpo", "cispo", "gmpo", "sapo", "dppo", "clip_cov", "kl_cov", "vespo",
-         "luspo"]
+NAMES = [
+    "grpo",
+    "dapo",
+    "gspo",
+    "gspo_token",
+    "dr_grpo",
+    "cispo",
+    "gmpo",
+    "sapo",
+    "dppo",
+    "clip_cov",
+    "kl_cov",
+    "vespo",
+    "luspo",
+]
 
 
 def multi_turn_batch(seed=0):
@@ -165,8 +208,15 @@ def multi_turn_batch(seed=0):
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(4, 9, generator=g) * 3
     lp = old + 0.3 * torch.randn(4, 9, generator=g)
-    mask = torch.tensor([[1, 1, 0, 0, 1, 1, 1, 0, 0], [1, 0, 0, 1, 0, 0, 0, 0, 0],
-                         [1, 1, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0, 1, 0, 0]], dtype=torch.bool)
+    mask = torch.tensor(
+        [
+            [1, 1, 0, 0, 1, 1, 1, 0, 0],
+            [1, 0, 0, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1, 1, 1],
+            [1, 1, 1, 0, 0, 0, 1, 0, 0],
+        ],
+        dtype=torch.bool,
+    )
     adv = torch.randn(4, 9, generator=g)
     return lp, old, adv, mask
 
@@ -185,8 +235,12 @@ def test_environment_tokens_get_no_gradient_and_no_share_of_any_normaliser(name)
     out.loss.backward()
     assert (leaf.grad[~mask] == 0).all() and leaf.grad[mask].abs().sum() > 0
     width = int(mask.sum(1).max())
-    packed = lambda x, fill: torch.stack([torch.cat([r[m], torch.full((width - int(m.sum()),), fill)])  # noqa: E731
-                                          for r, m in zip(x, mask)])
+    packed = lambda x, fill: torch.stack(
+        [
+            torch.cat([r[m], torch.full((width - int(m.sum()),), fill)])  # noqa: E731
+            for r, m in zip(x, mask)
+        ]
+    )
     packed_mask = packed(mask.float(), 0.0).bool()
     leaf2 = packed(lp, 0.0).requires_grad_(True)
     torch.manual_seed(0)
@@ -218,8 +272,9 @@ def test_gspo_token_with_per_turn_advantages_follows_its_formula():
     grads = []
     for name in ("gspo", "gspo_token"):
         leaf = lp.clone().requires_grad_(True)
-        o = get_objective(name, clip_low=0.2, clip_high=0.2)(leaf, old, row_adv[:, None].expand(4, 9), mask,
-                                                               counts=Counts.of(mask))
+        o = get_objective(name, clip_low=0.2, clip_high=0.2)(
+            leaf, old, row_adv[:, None].expand(4, 9), mask, counts=Counts.of(mask)
+        )
         o.loss.backward()
         grads.append((o.loss.detach(), leaf.grad))
     torch.testing.assert_close(grads[0][0], grads[1][0])
@@ -227,6 +282,7 @@ def test_gspo_token_with_per_turn_advantages_follows_its_formula():
 
 
 # ---------------------------------------------------------------- per-turn credit
+
 
 def rollout_of(turns: list[list[int]], rewards: list[list[float]]) -> RolloutBatch:
     """A rollout whose row i has replies of ``turns[i]`` tokens (one environment token between replies)."""
@@ -237,14 +293,19 @@ def rollout_of(turns: list[list[int]], rewards: list[list[float]]) -> RolloutBat
     for i, (lengths, rs) in enumerate(zip(turns, rewards)):
         t = 0
         for k, (n, r) in enumerate(zip(lengths, rs)):
-            mask[i, t:t + n] = True
-            turn_ids[i, t:t + n + 1] = k
+            mask[i, t : t + n] = True
+            turn_ids[i, t : t + n + 1] = k
             token_rewards[i, t + n - 1] = r
             t += n + 1
-    return RolloutBatch(input_ids=torch.zeros(len(turns), width + 1, dtype=torch.long),
-                        attention_mask=torch.ones(len(turns), width + 1, dtype=torch.long), prompt_length=1,
-                        completion_mask=mask, rewards=token_rewards.sum(1), turn_ids=turn_ids,
-                        token_rewards=token_rewards)
+    return RolloutBatch(
+        input_ids=torch.zeros(len(turns), width + 1, dtype=torch.long),
+        attention_mask=torch.ones(len(turns), width + 1, dtype=torch.long),
+        prompt_length=1,
+        completion_mask=mask,
+        rewards=token_rewards.sum(1),
+        turn_ids=turn_ids,
+        token_rewards=token_rewards,
+    )
 
 
 def test_turn_group_normalized_by_hand():
@@ -287,10 +348,14 @@ def test_gae_skips_environment_tokens():
 
 # ---------------------------------------------------------------- the learner on multi-turn batches
 
+
 def multi_turn_rollout(policy, tok):
     torch.manual_seed(3)
     rollout, _, _ = collector(tok, RetryWithFeedback(max_turns=3), G=3, max_new=4).sample(policy, ROWS * 2)
-    assert rollout.turn_ids is not None and (~rollout.completion_mask & rollout.attention_mask[:, rollout.prompt_length:].bool()).any()
+    assert (
+        rollout.turn_ids is not None
+        and (~rollout.completion_mask & rollout.attention_mask[:, rollout.prompt_length :].bool()).any()
+    )
     rollout.rewards = torch.tensor([0.1, 0.9, 0.4] * 4)
     rollout.token_rewards = torch.zeros_like(rollout.token_rewards)
     last = rollout.completion_mask.long().cumsum(1).argmax(1)
@@ -298,8 +363,10 @@ def multi_turn_rollout(policy, tok):
     return rollout.trimmed()
 
 
-@pytest.mark.parametrize("split", [dict(micro_batch_size=1), dict(micro_batch_tokens=40),
-                                   dict(micro_batch_size=2, share_prompt_forward=False)])
+@pytest.mark.parametrize(
+    "split",
+    [dict(micro_batch_size=1), dict(micro_batch_tokens=40), dict(micro_batch_size=2, share_prompt_forward=False)],
+)
 def test_multi_turn_updates_are_split_and_padding_invariant(tiny, split):
     """Micro-batches of one row, a token budget, or two rows without shared prompt forwards, and
     extra padding columns, give the update of the whole batch."""
@@ -314,8 +381,13 @@ def test_multi_turn_updates_are_split_and_padding_invariant(tiny, split):
         setattr(padded, name, torch.cat([value, torch.zeros(len(padded), extra, dtype=value.dtype)], 1))
     results = []
     for cfg, batch in ((Update(), rollout), (Update(**split), rollout), (Update(), padded)):
-        learner = Learner(copy.deepcopy(policy), get_objective("gspo_token", clip_low=0.05, clip_high=0.05),
-                          Update(**{**cfg.__dict__, "skip_zero_advantage_rows": False}), max_len=12, group_size=3)
+        learner = Learner(
+            copy.deepcopy(policy),
+            get_objective("gspo_token", clip_low=0.05, clip_high=0.05),
+            Update(**{**cfg.__dict__, "skip_zero_advantage_rows": False}),
+            max_len=12,
+            group_size=3,
+        )
         batch = copy.deepcopy(batch)
         learner.snapshot(batch)
         batch.advantages = TurnGroupNormalized()(batch, 3)
@@ -331,16 +403,23 @@ def test_multi_turn_updates_are_split_and_padding_invariant(tiny, split):
 
 # ---------------------------------------------------------------- demonstrations for the warm start
 
+
 def test_a_tool_demonstration_is_the_replies_with_the_tools_real_answers_between_them():
-    from lit_gspo.rl.envs import ToolUse
     from lit_gspo.models.tokenizer import char_tokenizer
+    from lit_gspo.rl.envs import ToolUse
     from lit_gspo.rl.warm_start import demonstration_batch
 
     tok = char_tokenizer()
-    env = ToolUse(call_format="plain", chat_template=False, demonstration=['CALL calculator("{expression}")', "{answer}"])
+    env = ToolUse(
+        call_format="plain", chat_template=False, demonstration=['CALL calculator("{expression}")', "{answer}"]
+    )
     row = {"prompt": "12*34=", "answer": "408", "expression": "12 * 34"}
-    batch = demonstration_batch(env, tok, [row, {"prompt": "2*3=", "answer": "6", "expression": "2 * 3"}],
-                                [tok("12*34=")["input_ids"], tok("2*3=")["input_ids"]])
+    batch = demonstration_batch(
+        env,
+        tok,
+        [row, {"prompt": "2*3=", "answer": "6", "expression": "2 * 3"}],
+        [tok("12*34=")["input_ids"], tok("2*3=")["input_ids"]],
+    )
     P = batch.prompt_length
     real = batch.attention_mask[0, P:].bool()
     text = tok.decode(batch.input_ids[0, P:][real])
@@ -349,8 +428,10 @@ def test_a_tool_demonstration_is_the_replies_with_the_tools_real_answers_between
     expected_mask = [True] * len(call.replace("<eos>", "x")) + [False] * len(result) + [True] * 4
     assert batch.completion_mask[0][real].tolist() == expected_mask
     single = demonstration_batch(RetryWithFeedback(), tok, [row], [tok("12*34=")["input_ids"]])
-    assert tok.decode(single.input_ids[0, single.prompt_length:]) == "408<eos>" and single.completion_mask.all()
-    with pytest.raises(ValueError, match=r"names the column 'operands'.*columns are \['answer', 'expression', 'prompt'\]"):
+    assert tok.decode(single.input_ids[0, single.prompt_length :]) == "408<eos>" and single.completion_mask.all()
+    with pytest.raises(
+        ValueError, match=r"names the column 'operands'.*columns are \['answer', 'expression', 'prompt'\]"
+    ):
         ToolUse(demonstration=["{operands}"]).demonstration(row)
     # any environment takes templates (the hidden-rule config demonstrates the string as shown, not the answer)
     assert RetryWithFeedback(demonstration=["{string}"]).demonstration({"answer": "283", "string": "382"}) == ["382"]
@@ -366,9 +447,27 @@ def test_the_multi_turn_quickstart_fits_and_logs_success_per_turn(tmp_path):
     from lit_gspo.tools.main import cli_main
 
     config = Path(__file__).resolve().parents[1] / "configs" / "multiturn" / "reversal_retry.yaml"
-    cli = cli_main(["fit", "--config", str(config), "--trainer.max_steps", "2", "--trainer.default_root_dir", str(tmp_path),
-                    "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "2", "--data.num_val", "8",
-                    "--data.num_train", "16", "--data.prompts_per_step", "4"])
+    cli = cli_main(
+        [
+            "fit",
+            "--config",
+            str(config),
+            "--trainer.max_steps",
+            "2",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--model.warm_start.steps",
+            "2",
+            "--data.num_val",
+            "8",
+            "--data.num_train",
+            "16",
+            "--data.prompts_per_step",
+            "4",
+        ]
+    )
     assert cli.trainer.global_step == 2
     rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
     train = [r for r in rows if r.get("train/reward")]
@@ -382,17 +481,21 @@ def test_the_multi_turn_quickstart_fits_and_logs_success_per_turn(tmp_path):
 
 def test_episode_stats_by_hand():
     """4 episodes: right at turn 1; wrong then right; wrong, wrong, right; wrong three times (max_turns 3)."""
-    from lit_gspo.rl.envs import Turn
     from lit_gspo.rl.collect.episodes import Episode, episode_stats
+    from lit_gspo.rl.envs import Turn
 
     def episode(*successes):
         e = Episode(row={}, state={}, budget=10)
         e.replies = ["x"] * len(successes)
-        e.turns = [Turn(observation=None if i == len(successes) - 1 else "o", done=i == len(successes) - 1, success=ok)
-                   for i, ok in enumerate(successes)]
+        e.turns = [
+            Turn(observation=None if i == len(successes) - 1 else "o", done=i == len(successes) - 1, success=ok)
+            for i, ok in enumerate(successes)
+        ]
         return e
 
-    stats = episode_stats([episode(True), episode(False, True), episode(False, False, True), episode(False, False, False)])
+    stats = episode_stats(
+        [episode(True), episode(False, True), episode(False, False, True), episode(False, False, False)]
+    )
     assert stats["turns"] == (1 + 2 + 3 + 3) / 4
     assert (stats["success_turn1"], stats["success_turn2"], stats["success_turn3"]) == (1 / 4, 1 / 3, 1 / 2)
     assert (stats["reached_turn1"], stats["reached_turn2"], stats["reached_turn3"]) == (1.0, 3 / 4, 2 / 4)

@@ -7,12 +7,43 @@ import pytest
 import torch
 
 from lit_gspo.rl.objectives import (
-    CISPO, DAPO, DPPO, GMPO, GRPO, GSPO, LUSPO, OBJECTIVES, PPO, SAPO, VESPO, ClipCov, Counts, DrGRPO, GSPOToken, KLCov,
-    Aggregation, Objective, get_objective, kl_penalty,
+    CISPO,
+    DAPO,
+    DPPO,
+    GMPO,
+    GRPO,
+    GSPO,
+    LUSPO,
+    OBJECTIVES,
+    PPO,
+    SAPO,
+    VESPO,
+    Aggregation,
+    ClipCov,
+    DrGRPO,
+    GSPOToken,
+    KLCov,
+    Objective,
+    get_objective,
+    kl_penalty,
 )
 
-ALL = ["ppo", "grpo", "dapo", "gspo", "gspo_token", "dr_grpo", "cispo", "gmpo", "sapo", "dppo", "clip_cov", "kl_cov",
-       "vespo", "luspo"]
+ALL = [
+    "ppo",
+    "grpo",
+    "dapo",
+    "gspo",
+    "gspo_token",
+    "dr_grpo",
+    "cispo",
+    "gmpo",
+    "sapo",
+    "dppo",
+    "clip_cov",
+    "kl_cov",
+    "vespo",
+    "luspo",
+]
 
 
 def grad_of(objective, logprobs, *args, **kw):
@@ -37,12 +68,15 @@ TOKEN_EXAMPLE = ([[1.5, 0.9], [0.5, 1.0]], [[1, 1], [1, 0]])
 ADV = torch.tensor([1.0, -1.0])
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("ppo", (-1.2 - 0.9 + 0.8) / 3),          # token-mean: sum over 3 valid tokens / 3
-    ("grpo", ((-1.2 - 0.9) / 2 + 0.8) / 2),   # seq-mean-token-mean: row means −1.05 and 0.8, averaged
-    ("dr_grpo", (-1.2 - 0.9 + 0.8) / (2 * 2)),  # seq-mean-token-sum-norm: token sums / (N_seqs · L=2)
-    ("dapo", (-1.28 - 0.9 + 0.8) / 3),        # clip-higher: row 0 t0 is clipped at 1.28 instead of 1.2
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("ppo", (-1.2 - 0.9 + 0.8) / 3),  # token-mean: sum over 3 valid tokens / 3
+        ("grpo", ((-1.2 - 0.9) / 2 + 0.8) / 2),  # seq-mean-token-mean: row means −1.05 and 0.8, averaged
+        ("dr_grpo", (-1.2 - 0.9 + 0.8) / (2 * 2)),  # seq-mean-token-sum-norm: token sums / (N_seqs · L=2)
+        ("dapo", (-1.28 - 0.9 + 0.8) / 3),  # clip-higher: row 0 t0 is clipped at 1.28 instead of 1.2
+    ],
+)
 def test_ppo_family_hand_values(name, expected):
     lp, old, mask = ratio_batch(*TOKEN_EXAMPLE)
     out = get_objective(name)(lp, old, ADV, mask)
@@ -84,17 +118,31 @@ def test_ppo_value_clip_counts_no_in_band_token_as_clipped():
     """V − V_old = 0.166 is inside δ = 0.2: V_old + clamp(V − V_old, ±δ) is not bit-equal to V in fp32 here
     (the old formula counted this token as clipped); the clipped value must be V itself."""
     t = lambda x: torch.tensor([[x]])  # noqa: E731
-    out = PPO()(t(-1.0), t(-1.0), torch.zeros(1), torch.ones(1, 1, dtype=torch.bool), values=t(0.07671012729406357),
-                old_values=t(-0.08940243721008301), returns=t(-0.6209129691123962))
+    out = PPO()(
+        t(-1.0),
+        t(-1.0),
+        torch.zeros(1),
+        torch.ones(1, 1, dtype=torch.bool),
+        values=t(0.07671012729406357),
+        old_values=t(-0.08940243721008301),
+        returns=t(-0.6209129691123962),
+    )
     assert out.metrics["value_clip_frac"].item() == 0.0
     g = torch.Generator().manual_seed(0)
     old_v, values = torch.randn(64, 32, generator=g), torch.randn(64, 32, generator=g) * 0.3
     values = old_v + values  # about a third of the tokens outside the ±0.2 band
     returns = torch.randn(64, 32, generator=g)
-    out = PPO()(torch.zeros(64, 32), torch.zeros(64, 32), torch.zeros(64), torch.ones(64, 32, dtype=torch.bool),
-                values=values, old_values=old_v, returns=returns)
-    outside = ((values - old_v).abs() > 0.2)
-    clipped_wins = ((old_v + (values - old_v).clamp(-0.2, 0.2) - returns).square() > (values - returns).square())
+    out = PPO()(
+        torch.zeros(64, 32),
+        torch.zeros(64, 32),
+        torch.zeros(64),
+        torch.ones(64, 32, dtype=torch.bool),
+        values=values,
+        old_values=old_v,
+        returns=returns,
+    )
+    outside = (values - old_v).abs() > 0.2
+    clipped_wins = (old_v + (values - old_v).clamp(-0.2, 0.2) - returns).square() > (values - returns).square()
     assert out.metrics["value_clip_frac"].item() == pytest.approx(float((outside & clipped_wins).float().mean()))
 
 
@@ -104,8 +152,15 @@ def test_ppo_value_loss_hand_values():
     # token 1: V=1.9, V_old=1.8, R=2 → both 0.01 → 0.005. token-mean: 0.425; × vf_coef 0.5 = 0.2125
     lp, old, mask = ratio_batch([[1.0, 1.0]])
     values = torch.tensor([[1.0, 1.9]], requires_grad=True)
-    out = PPO()(lp, old, torch.zeros(1), mask, values=values, old_values=torch.tensor([[0.5, 1.8]]),
-                returns=torch.tensor([[2.0, 2.0]]))
+    out = PPO()(
+        lp,
+        old,
+        torch.zeros(1),
+        mask,
+        values=values,
+        old_values=torch.tensor([[0.5, 1.8]]),
+        returns=torch.tensor([[2.0, 2.0]]),
+    )
     assert out.loss.item() == pytest.approx(0.2125, abs=1e-6)
     assert out.metrics["value_loss"].item() == pytest.approx(0.425, abs=1e-6)
     assert out.metrics["value_clip_frac"].item() == pytest.approx(0.5)
@@ -179,9 +234,22 @@ def test_defaults_and_class_attributes():
         obj = get_objective(name)
         assert (obj.clip_low, obj.clip_high, obj.aggregation) == (lo, hi, agg), name
         assert (obj.paper_advantage, obj.needs_critic, obj.paper_dynamic_sampling) == (est, critic, dyn), name
-    classes = {"ppo": PPO, "grpo": GRPO, "dapo": DAPO, "gspo": GSPO, "gspo_token": GSPOToken, "dr_grpo": DrGRPO,
-               "cispo": CISPO, "gmpo": GMPO, "sapo": SAPO, "dppo": DPPO, "clip_cov": ClipCov, "kl_cov": KLCov,
-               "vespo": VESPO, "luspo": LUSPO}
+    classes = {
+        "ppo": PPO,
+        "grpo": GRPO,
+        "dapo": DAPO,
+        "gspo": GSPO,
+        "gspo_token": GSPOToken,
+        "dr_grpo": DrGRPO,
+        "cispo": CISPO,
+        "gmpo": GMPO,
+        "sapo": SAPO,
+        "dppo": DPPO,
+        "clip_cov": ClipCov,
+        "kl_cov": KLCov,
+        "vespo": VESPO,
+        "luspo": LUSPO,
+    }
     for name, cls in classes.items():
         assert OBJECTIVES[name] is cls
         assert isinstance(get_objective(cls.__name__), cls)  # class names work too (LightningCLI style)
@@ -251,7 +319,9 @@ def test_gspo_gradient_matches_formula():
     expected = torch.where(clipped, 0.0, -s * adv / lengths / lp.shape[0])[:, None] * mask
     torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-7)
     # clip_frac counts every token of a clipped sequence
-    assert out.metrics["clip_frac"].item() == pytest.approx((clipped.float() * lengths).sum().item() / lengths.sum().item())
+    assert out.metrics["clip_frac"].item() == pytest.approx(
+        (clipped.float() * lengths).sum().item() / lengths.sum().item()
+    )
 
 
 def test_gspo_token_equals_gspo_with_sequence_advantages():
@@ -345,7 +415,9 @@ def test_unknown_objective_lists_registered():
 
 
 def test_unknown_aggregation_and_kl_estimator_list_valid_ones():
-    with pytest.raises(ValueError, match="token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm"):
+    with pytest.raises(
+        ValueError, match="token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm"
+    ):
         GRPO(aggregation="mean")
     with pytest.raises(ValueError, match="k1, k2, k3"):
         GSPO(kl_estimator="k4")
@@ -364,12 +436,21 @@ def test_mismatched_shapes_name_the_shapes():
 @pytest.mark.parametrize("key", ["logprobs", "old_logprobs", "advantages", "ref_logprobs"])
 def test_non_finite_inside_mask_raises(key):
     lp, old, adv, mask = gspo_batch()
-    tensors = {"logprobs": lp, "old_logprobs": old, "advantages": adv[:, None].expand_as(lp).clone(),
-               "ref_logprobs": old.clone()}
+    tensors = {
+        "logprobs": lp,
+        "old_logprobs": old,
+        "advantages": adv[:, None].expand_as(lp).clone(),
+        "ref_logprobs": old.clone(),
+    }
     tensors[key][2, 1] = float("nan")
     with pytest.raises(ValueError, match=rf"{key} has 1 non-finite value\(s\) inside the mask, first at .* \(2, 1\)"):
-        GRPO(beta=0.1)(tensors["logprobs"], tensors["old_logprobs"], tensors["advantages"], mask,
-                       ref_logprobs=tensors["ref_logprobs"])
+        GRPO(beta=0.1)(
+            tensors["logprobs"],
+            tensors["old_logprobs"],
+            tensors["advantages"],
+            mask,
+            ref_logprobs=tensors["ref_logprobs"],
+        )
 
 
 def test_user_subclass_registers_and_is_found():
@@ -383,10 +464,13 @@ def test_user_subclass_registers_and_is_found():
 
         def policy_loss(self, logprobs, old_logprobs, advantages, mask, counts, **extra):
             from lit_gspo.rl.objectives import LossOutput, aggregate, token_ratio_metrics
+
             ratio = torch.exp(logprobs - old_logprobs)
             never = torch.zeros_like(mask)
-            return LossOutput(aggregate(-ratio * advantages, mask, self.aggregation, counts),
-                              token_ratio_metrics(ratio, mask, never, never))
+            return LossOutput(
+                aggregate(-ratio * advantages, mask, self.aggregation, counts),
+                token_ratio_metrics(ratio, mask, never, never),
+            )
 
     class _Helper(Objective, register=False):
         pass
@@ -488,7 +572,9 @@ def test_dppo_binary_kl_hand_values():
     torch.testing.assert_close(grad, torch.tensor([[0.0, 0.0], [0.0, 0.3]]))
     expected = (kl(0.5, 0.7) + kl(0.01, 0.1) + kl(0.9, 0.7) + kl(0.5, 0.6)) / 4
     assert out.metrics["divergence_mean"].item() == pytest.approx(expected, rel=1e-5)
-    assert DPPO(divergence="binary_kl").clip_low == 0.05 and DPPO(divergence="binary_kl", clip_high=0.1).clip_high == 0.1
+    assert (
+        DPPO(divergence="binary_kl").clip_low == 0.05 and DPPO(divergence="binary_kl", clip_high=0.1).clip_high == 0.1
+    )
     with pytest.raises(ValueError, match="binary_tv, binary_kl"):
         DPPO(divergence="tv")
     with pytest.raises(ValueError, match="ratio_cap"):
@@ -614,10 +700,15 @@ def test_luspo_is_gspo_weighted_by_length():
 
 def test_a_second_class_under_a_taken_name_is_refused_naming_both():
     """A subclass that reuses a registered name would silently replace the built-in (verl's registry raises too)."""
-    with pytest.raises(ValueError, match=r"objective name 'gspo' is taken by lit_gspo\.rl\.objectives\.gspo\.GSPO; "
-                                         r".*\.Impostor cannot register under it"):
+    with pytest.raises(
+        ValueError,
+        match=r"objective name 'gspo' is taken by lit_gspo\.rl\.objectives\.gspo\.GSPO; "
+        r".*\.Impostor cannot register under it",
+    ):
+
         class Impostor(Objective):
             name = "gspo"
+
     assert OBJECTIVES["gspo"] is GSPO
     with pytest.raises(ValueError, match=r"advantage estimator name 'rloo' is taken by lit_gspo\.rl\.advantages\.RLOO"):
         from lit_gspo.rl.advantages import AdvantageEstimator

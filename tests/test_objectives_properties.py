@@ -8,8 +8,22 @@ from hypothesis import strategies as st
 
 from lit_gspo.rl.objectives import AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES, Counts, get_objective
 
-NAMES = ["ppo", "grpo", "dapo", "gspo", "gspo_token", "dr_grpo", "cispo", "gmpo", "sapo", "dppo", "clip_cov", "kl_cov",
-         "vespo", "luspo"]
+NAMES = [
+    "ppo",
+    "grpo",
+    "dapo",
+    "gspo",
+    "gspo_token",
+    "dr_grpo",
+    "cispo",
+    "gmpo",
+    "sapo",
+    "dppo",
+    "clip_cov",
+    "kl_cov",
+    "vespo",
+    "luspo",
+]
 # Clip-Cov and KL-Cov pick tokens by the covariance of the batch given to the loss (its means and its N, as verl
 # does per micro-batch), so their gradient depends on the split; the split test switches the selection off for them
 # and checks everything else (the surrogate, the Counts normalisers).
@@ -58,8 +72,14 @@ def test_split_invariance(name, aggregation):
     total = 0.0
     for rows in (slice(0, 2), slice(2, 3), slice(3, 6)):
         width = max(int(mask[rows].sum(1).max()), 1)
-        part = obj(leaf[rows, :width], old[rows, :width], adv[rows], mask[rows, :width], counts=counts,
-                   ref_logprobs=ref[rows, :width])
+        part = obj(
+            leaf[rows, :width],
+            old[rows, :width],
+            adv[rows],
+            mask[rows, :width],
+            counts=counts,
+            ref_logprobs=ref[rows, :width],
+        )
         part.loss.backward()
         total = total + part.loss.detach()
     torch.testing.assert_close(total, full.loss.detach(), rtol=1e-5, atol=1e-6)
@@ -72,12 +92,29 @@ def test_split_invariance_with_value_loss():
     values, old_values, returns = (torch.randn(6, 7, generator=torch.Generator().manual_seed(i)) for i in range(3))
     counts = Counts.of(mask)
     v_full = values.clone().requires_grad_(True)
-    full, g_full = loss_and_grad(get_objective("ppo"), lp, old, adv[:, None] * mask, mask, counts=counts,
-                                 values=v_full, old_values=old_values, returns=returns)
+    full, g_full = loss_and_grad(
+        get_objective("ppo"),
+        lp,
+        old,
+        adv[:, None] * mask,
+        mask,
+        counts=counts,
+        values=v_full,
+        old_values=old_values,
+        returns=returns,
+    )
     v_parts = values.clone().requires_grad_(True)
     for rows in (slice(0, 3), slice(3, 6)):
-        get_objective("ppo")(lp[rows], old[rows], (adv[:, None] * mask)[rows], mask[rows], counts=counts,
-                             values=v_parts[rows], old_values=old_values[rows], returns=returns[rows]).loss.backward()
+        get_objective("ppo")(
+            lp[rows],
+            old[rows],
+            (adv[:, None] * mask)[rows],
+            mask[rows],
+            counts=counts,
+            values=v_parts[rows],
+            old_values=old_values[rows],
+            returns=returns[rows],
+        ).loss.backward()
     torch.testing.assert_close(v_parts.grad, v_full.grad)
 
 
@@ -92,8 +129,15 @@ def test_padding_invariance(name):
     obj = get_objective(name, **hparams(name, beta=0.1))
     counts = Counts.of(mask, max_len=16)
     a, ga = loss_and_grad(obj, lp, old, adv_tok, mask, counts=counts, ref_logprobs=ref)
-    b, gb = loss_and_grad(obj, pad(lp, float("nan")), pad(old, float("inf")), pad(adv_tok, float("nan")),
-                          pad(mask, 0.0), counts=counts, ref_logprobs=pad(ref, float("-inf")))
+    b, gb = loss_and_grad(
+        obj,
+        pad(lp, float("nan")),
+        pad(old, float("inf")),
+        pad(adv_tok, float("nan")),
+        pad(mask, 0.0),
+        counts=counts,
+        ref_logprobs=pad(ref, float("-inf")),
+    )
     torch.testing.assert_close(a.loss, b.loss)
     torch.testing.assert_close(gb[:, :T], ga)
     assert (gb[:, T:] == 0).all()
@@ -123,15 +167,19 @@ def test_all_masked_rows_and_batches_are_finite(name):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    B=st.integers(1, 4), T=st.integers(1, 6), seed=st.integers(0, 2**31 - 1),
-    log_ratio_scale=st.sampled_from([0.0, 1e-3, 1.0, 20.0]), token_adv=st.booleans(),
-    beta=st.sampled_from([0.0, 0.5]), kl_estimator=st.sampled_from(KL_ESTIMATORS),
+    B=st.integers(1, 4),
+    T=st.integers(1, 6),
+    seed=st.integers(0, 2**31 - 1),
+    log_ratio_scale=st.sampled_from([0.0, 1e-3, 1.0, 20.0]),
+    token_adv=st.booleans(),
+    beta=st.sampled_from([0.0, 0.5]),
+    kl_estimator=st.sampled_from(KL_ESTIMATORS),
 )
 def test_finite_loss_and_gradients(B, T, seed, log_ratio_scale, token_adv, beta, kl_estimator):
     """Random shapes, masks, lengths and log-ratios up to ±20: every objective stays finite."""
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(B, T, generator=g) * 30
-    log_ratio = ((torch.rand(B, T, generator=g) * 2 - 1) * log_ratio_scale)
+    log_ratio = (torch.rand(B, T, generator=g) * 2 - 1) * log_ratio_scale
     lp = old + log_ratio
     mask = torch.rand(B, T, generator=g) < 0.7
     lengths = torch.randint(0, T + 1, (B,), generator=g)

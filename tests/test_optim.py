@@ -10,25 +10,47 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lit_gspo.tools.main import cli_main
 from lit_gspo.runtime.optim import optimizer_state_bytes, shard_aware, state_dtypes
+from lit_gspo.tools.main import cli_main
 
 bnb = pytest.importorskip("bitsandbytes")
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_args(tmp_path, *extra):
-    return ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.max_steps", "1", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "0",
-            "--data.num_train", "64", "--data.num_val", "8", "--data.prompts_per_step", "4",
-            "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4",
-            "--trainer.enable_progress_bar", "false", *extra]
+    return [
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.max_steps",
+        "1",
+        "--model.warm_start.steps",
+        "0",
+        "--model.validation.every_n_steps",
+        "0",
+        "--data.num_train",
+        "64",
+        "--data.num_val",
+        "8",
+        "--data.prompts_per_step",
+        "4",
+        "--model.generation.num_generations",
+        "4",
+        "--model.generation.max_new_tokens",
+        "4",
+        "--trainer.enable_progress_bar",
+        "false",
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("name", ["AdamW8bit", "PagedAdamW8bit", "Lion8bit"])
 def test_8bit_optimizer_by_class_path_keeps_uint8_state_for_tensors_of_4096_elements_or_more(tmp_path, name):
-    cli = cli_main(tiny_args(tmp_path, "--model.optimizer", f"bitsandbytes.optim.{name}",
-                             "--model.optimizer.lr", "0.001"), run=False)
+    cli = cli_main(
+        tiny_args(tmp_path, "--model.optimizer", f"bitsandbytes.optim.{name}", "--model.optimizer.lr", "0.001"),
+        run=False,
+    )
     cli.fit(cli.model, datamodule=cli.datamodule)
     opt = cli.trainer.optimizers[0]
     assert type(opt).__name__ == name  # unsharded parameters: the optimizer is left as it is
@@ -93,7 +115,9 @@ def _steps(model, opt, n, seed):
 
 
 def _full(model):
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in model.state_dict().items()}
+    return {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in model.state_dict().items()
+    }
 
 
 @pytest.mark.parametrize("name", ["AdamW8bit", "Lion8bit"])
@@ -135,8 +159,13 @@ def test_on_fsdp2_parameters_the_update_runs_on_local_shards_and_the_state_round
 def test_shard_aware_builds_its_subclass_with_the_optimizers_own_settings(one_process_group):
     sharded = _model(one_process_group)
     weight, bias = sharded[0].weight, sharded[0].bias
-    opt = bnb.optim.AdamW8bit([{"params": [weight], "lr": 3e-3}, {"params": [bias]}], lr=1e-2, betas=(0.8, 0.9),
-                              min_8bit_size=100, is_paged=True)
+    opt = bnb.optim.AdamW8bit(
+        [{"params": [weight], "lr": 3e-3}, {"params": [bias]}],
+        lr=1e-2,
+        betas=(0.8, 0.9),
+        min_8bit_size=100,
+        is_paged=True,
+    )
     aware = shard_aware(opt)
     assert type(aware).__name__ == "ShardAwareAdamW8bit" and isinstance(aware, bnb.optim.AdamW8bit)
     assert aware is not opt and type(opt) is bnb.optim.AdamW8bit  # built, not converted

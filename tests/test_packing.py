@@ -16,9 +16,19 @@ PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12]]  # different lengths: left pad
 
 def tiny_qwen3():
     torch.manual_seed(0)
-    return Qwen3ForCausalLM(Qwen3Config(vocab_size=23, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                        num_key_value_heads=2, head_dim=8, intermediate_size=64, pad_token_id=PAD,
-                                        eos_token_id=EOS)).eval()
+    return Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=23,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            intermediate_size=64,
+            pad_token_id=PAD,
+            eos_token_id=EOS,
+        )
+    ).eval()
 
 
 @pytest.fixture(params=["llama", "qwen3"])
@@ -29,7 +39,7 @@ def policy(request, model):
 def rollout(policy):
     torch.manual_seed(0)
     batch = LeanSampler().sample(policy, PROMPTS, num_generations=3, max_new_tokens=8, pad_id=PAD, eos_id=EOS)
-    assert batch.attention_mask[:, :batch.prompt_length].eq(0).any()  # some prompt is padded
+    assert batch.attention_mask[:, : batch.prompt_length].eq(0).any()  # some prompt is padded
     assert batch.completion_mask.sum(1).unique().numel() > 1  # completions of different lengths
     return batch
 
@@ -64,8 +74,9 @@ def test_packing_drops_the_padding_from_the_backbone(policy):
     """What it saves: the backbone sees the real tokens only."""
     batch = rollout(policy)
     seen = []
-    handle = policy.get_decoder().register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["input_ids"].numel()),
-                                                            with_kwargs=True)
+    handle = policy.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True
+    )
     with torch.no_grad():
         token_logprobs(policy, batch, pack=True)
     handle.remove()

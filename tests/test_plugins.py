@@ -15,13 +15,32 @@ def test_the_example_plugins_run_a_fit_by_class_path(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))  # as PYTHONPATH=examples does
     from lit_gspo.tools.main import cli_main
 
-    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.validation.every_n_steps", "0",
-                             "--model.objective", "plugins.REINFORCE", "--model.rewards", "[plugins.exact_answer, lit_gspo.rl.rewards.CharAccuracy]",
-                             "--model.environment", "plugins.Prefixed", "--model.environment.prefix", "rev? ",
-                             "--model.engine", "plugins.CountingEngine"), run=False)
+    cli = cli_main(
+        tiny_args(
+            tmp_path,
+            "--trainer.max_steps",
+            "2",
+            "--model.validation.every_n_steps",
+            "0",
+            "--model.objective",
+            "plugins.REINFORCE",
+            "--model.rewards",
+            "[plugins.exact_answer, lit_gspo.rl.rewards.CharAccuracy]",
+            "--model.environment",
+            "plugins.Prefixed",
+            "--model.environment.prefix",
+            "rev? ",
+            "--model.engine",
+            "plugins.CountingEngine",
+        ),
+        run=False,
+    )
     model = cli.model
     assert [type(x).__name__ for x in (model.objective, model.collector.environment, model.collector.engine)] == [
-        "REINFORCE", "Prefixed", "CountingEngine"]
+        "REINFORCE",
+        "Prefixed",
+        "CountingEngine",
+    ]
     prompt_ids = model.collector.encode(model.policy, [{"prompt": "rev 123="}])[0]
     assert model.tokenizer.decode(prompt_ids, skip_special_tokens=True).startswith("rev? rev 123=")
     before = [p.detach().clone() for p in model.policy.parameters()]

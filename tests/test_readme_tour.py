@@ -55,8 +55,10 @@ def test_the_tour_commands_are_the_readmes():
     assert fits[0] == ["fit", "--config", "configs/quickstart.yaml"]  # the main job of the install line
     assert ["fit", "--config", "configs/quickstart.yaml", "--model.objective", "DAPO", "--seed_everything", "1"] in fits
     assert ["fit", "--config", "configs/quickstart.yaml", "--ckpt_path", "last"] in fits
-    assert [c[:3] for c in commands if c[0] == "eval"] == [["eval", "--ckpt", "runs/quickstart/hf_model"],
-                                                          ["eval", "--ckpt", "runs/quickstart/checkpoints/last.ckpt"]]
+    assert [c[:3] for c in commands if c[0] == "eval"] == [
+        ["eval", "--ckpt", "runs/quickstart/hf_model"],
+        ["eval", "--ckpt", "runs/quickstart/checkpoints/last.ckpt"],
+    ]
     assert tour.tiny(fits[0], 4)[-2:] == ["--trainer.max_steps", "4"]
     assert tour.tiny(["fit", "--ckpt_path", "last"], 4)[-2:] == ["--trainer.max_steps", "8"]  # a resume continues
 
@@ -78,9 +80,11 @@ def test_the_readme_tour_runs_top_to_bottom_without_one_run_overwriting_another(
             # the DAPO line did not touch the quickstart's run: same export, same checkpoint, its own directory
             assert sha256(quickstart / "hf_model" / "model.safetensors") == hf_after_quickstart
             assert sha256(quickstart / "checkpoints" / "last.ckpt") == ckpt_after_quickstart
-            assert ("fit: runs/quickstart holds a run with other settings (model.objective.class_path: "
-                    "lit_gspo.rl.objectives.GSPO → lit_gspo.DAPO, seed_everything: 0 → 1); this run writes to "
-                    "runs/quickstart-2") in text
+            assert (
+                "fit: runs/quickstart holds a run with other settings (model.objective.class_path: "
+                "lit_gspo.rl.objectives.GSPO → lit_gspo.DAPO, seed_everything: 0 → 1); this run writes to "
+                "runs/quickstart-2"
+            ) in text
             dapo = tmp_path / "runs" / "quickstart-2"
             saved = yaml.safe_load((dapo / "run_config.yaml").read_text())
             assert saved["seed_everything"] == 1 and saved["model"]["objective"]["class_path"].endswith("DAPO")
@@ -96,10 +100,14 @@ def test_the_readme_tour_runs_top_to_bottom_without_one_run_overwriting_another(
             with open(metrics) as f:
                 steps = [int(r["step"]) for r in csv.DictReader(f) if r.get("train/reward")]
             assert steps == list(range(2 * STEPS))
-            assert rl_step(tmp_path / "runs" / "quickstart-2" / "checkpoints" / "last.ckpt") == STEPS  # DAPO's as it was
+            assert (
+                rl_step(tmp_path / "runs" / "quickstart-2" / "checkpoints" / "last.ckpt") == STEPS
+            )  # DAPO's as it was
     # eval of runs/quickstart/hf_model: the quickstart's model, with the quickstart's own config, and says which
     text = outputs["eval --ckpt runs/quickstart/hf_model"]
-    assert "eval: reading the run's config: runs/quickstart/hf_model/lit_gspo_config.yaml (saved with the model)" in text
+    assert (
+        "eval: reading the run's config: runs/quickstart/hf_model/lit_gspo_config.yaml (saved with the model)" in text
+    )
     scored = json.loads((quickstart / "hf_model.eval.json").read_text())
     assert scored["seed"] == 0 and scored["rewards"] == ["char_accuracy"] and scored["prompts"] == 8
     with open(next(quickstart.glob("lightning_logs/version_*/metrics.csv"))) as f:

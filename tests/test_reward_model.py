@@ -12,8 +12,16 @@ from lit_gspo.rl.rewards import RewardModel, RewardSet
 def reward_dir(tmp_path_factory):
     torch.manual_seed(0)
     tok = char_tokenizer()
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, intermediate_size=64, num_labels=2, pad_token_id=tok.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        num_labels=2,
+        pad_token_id=tok.pad_token_id,
+    )
     path = tmp_path_factory.mktemp("rm")
     LlamaForSequenceClassification(config).eval().save_pretrained(path)
     tok.save_pretrained(path)

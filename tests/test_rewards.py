@@ -29,10 +29,23 @@ def test_math_verify_accepts_equivalent_forms():
     assert call(AnswerMatch(), ["0.5", "-3"], ["1/2", "-3"]) == [1.0, 1.0]
 
 
-@pytest.mark.parametrize("completion, expected", [
-    ("12 or 13", 0.0), ("13 or 12", 1.0), ("12 or 13.0", 0.0), ("the answer is 12.", 1.0),
-    ("12.0", 1.0), ("+12", 1.0), ("-12", 0.0), ("x12", 1.0), ("no idea", 0.0), ("", 0.0), ("1,212", 0.0), ("\\boxed{12}", 1.0),
-])
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("12 or 13", 0.0),
+        ("13 or 12", 1.0),
+        ("12 or 13.0", 0.0),
+        ("the answer is 12.", 1.0),
+        ("12.0", 1.0),
+        ("+12", 1.0),
+        ("-12", 0.0),
+        ("x12", 1.0),
+        ("no idea", 0.0),
+        ("", 0.0),
+        ("1,212", 0.0),
+        ("\\boxed{12}", 1.0),
+    ],
+)
 def test_last_number_is_strict(completion, expected):
     assert call(AnswerMatch(mode="last_number"), [completion], ["12"]) == [expected]
 
@@ -81,7 +94,9 @@ def test_a_missing_answer_is_a_failed_sample_never_the_string_none():
 
 def test_format_reward_fullmatch():
     fn = FormatReward(r"<answer>\d+</answer>")
-    assert call(fn, ["<answer>12</answer>", " <answer>12</answer>\n", "so <answer>12</answer>", "<answer>x</answer>"]) == [1, 1, 0, 0]
+    assert call(
+        fn, ["<answer>12</answer>", " <answer>12</answer>\n", "so <answer>12</answer>", "<answer>x</answer>"]
+    ) == [1, 1, 0, 0]
     assert call(FormatReward(r".*<answer>.*</answer>.*"), ["so\n<answer>a\nb</answer> done"]) == [1.0]
     with pytest.raises(ValueError, match="not a valid regular expression"):
         FormatReward("(")
@@ -94,7 +109,9 @@ def test_overlong_penalty_boundaries():
     assert overlong_penalty(torch.tensor(lengths), 100, 20).tolist() == pytest.approx(expected)
     assert call(OverlongPenalty(100, 20), ["x"] * 9, completion_lengths=lengths) == pytest.approx(expected)
     # max_len None falls back to the trainer's max_completion_length
-    assert call(OverlongPenalty(None, 20), ["x", "x"], completion_lengths=[90, 100], max_completion_length=100) == pytest.approx([-0.5, -1])
+    assert call(
+        OverlongPenalty(None, 20), ["x", "x"], completion_lengths=[90, 100], max_completion_length=100
+    ) == pytest.approx([-0.5, -1])
     with pytest.raises(ValueError, match="cache_len"):
         OverlongPenalty(10, 20)
     with pytest.raises(KeyError, match="completion_lengths"):
@@ -114,7 +131,10 @@ def test_reward_set_weights_and_names():
     # explicit weights override the functions' own
     rs = RewardSet([ExactMatch(weight=2.0), always_one], weights=[1.0, -1.0])
     assert rs.score(["p"], ["12"], {"answer": ["12"]}).total.tolist() == [0.0]
-    with pytest.raises(ValueError, match=r"--model.reward_weights \[1.0, 2.0\] gives 2 weights for the 1 reward function of --model.rewards"):
+    with pytest.raises(
+        ValueError,
+        match=r"--model.reward_weights \[1.0, 2.0\] gives 2 weights for the 1 reward function of --model.rewards",
+    ):
         RewardSet([always_one], weights=[1.0, 2.0])
 
 
@@ -138,7 +158,8 @@ def test_reward_set_masks_failures_and_never_crashes():
         s = RewardSet([holes]).score(prompts, completions, {})
     assert [str(w.message).split(" (the affected")[0] for w in caught] == [
         "reward function 'holes' returned NaN/inf or a non-number for 3 of 5 samples",
-        "every reward function returned None for 1 of 5 samples (e.g. sample 1): no function scores them"]
+        "every reward function returned None for 1 of 5 samples (e.g. sample 1): no function scores them",
+    ]
     assert s.valid.tolist() == [True, False, False, False, False] and s.num_failed == 4
     assert s.total.tolist() == [1.0, 0, 0, 0, 0]
 
@@ -165,6 +186,7 @@ def trl_example_1():
     def reward_func(completion_ids, **kwargs):
         """Reward function that assigns higher scores to longer completions (in terms of token count)."""
         return [float(len(ids)) for ids in completion_ids]
+
     return reward_func
 
 
@@ -172,6 +194,7 @@ def trl_example_1_1():
     def reward_func(completions, **kwargs):
         """Reward function that assigns higher scores to longer completions (in terms of character count)."""
         return [float(len(completion)) for completion in completions]
+
     return reward_func
 
 
@@ -184,6 +207,7 @@ def trl_example_3():
         contents = [match.group(1) if match else "" for match in matches]
         # Reward 1 if the content is the same as the ground truth, 0 otherwise
         return [1.0 if c == gt else 0.0 for c, gt in zip(contents, ground_truth)]
+
     return reward_func
 
 
@@ -214,9 +238,14 @@ def test_trl_style_without_kwargs_gets_only_what_it_names():
     def length(completions):
         return [float(len(c)) for c in completions]
 
-    s = RewardSet([accuracy, length]).score(["p", "p"], ["1", "22"], {"answer": ["1", "2"], "completion_lengths": [1, 2]},
-                                             completion_ids=[[1], [2, 2]])
-    assert s.valid.all() and s.per_function["accuracy"].tolist() == [1.0, 0.0] and s.per_function["length"].tolist() == [1, 2]
+    s = RewardSet([accuracy, length]).score(
+        ["p", "p"], ["1", "22"], {"answer": ["1", "2"], "completion_lengths": [1, 2]}, completion_ids=[[1], [2, 2]]
+    )
+    assert (
+        s.valid.all()
+        and s.per_function["accuracy"].tolist() == [1.0, 0.0]
+        and s.per_function["length"].tolist() == [1, 2]
+    )
 
 
 def test_positional_functions_still_work():
@@ -231,10 +260,18 @@ def test_positional_functions_still_work():
 
     variadic = lambda *args, **kw: [float(len(args[1][0]))] * len(args[1])  # noqa: E731
     rs = RewardSet([short_names, no_kwargs, wants_ids, variadic, ExactMatch()])
-    assert [c.keyword for c in rs.conventions] == [False, False, False, False, True]  # ExactMatch names prompts, completions
+    assert [c.keyword for c in rs.conventions] == [
+        False,
+        False,
+        False,
+        False,
+        True,
+    ]  # ExactMatch names prompts, completions
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        s = rs.score(["a", "b"], ["12", "3"], {"answer": ["12", "4"], "completion_lengths": [2, 1]}, completion_ids=[[5, 6], [7]])
+        s = rs.score(
+            ["a", "b"], ["12", "3"], {"answer": ["12", "4"], "completion_lengths": [2, 1]}, completion_ids=[[5, 6], [7]]
+        )
     assert s.valid.all()
     assert [s.per_function[n].tolist() for n in rs.names] == [[1, 1], [1, 0], [2, 1], [2, 2], [1, 0]]
     rs.check(["prompt", "answer"])
@@ -267,7 +304,10 @@ def test_check_names_function_parameter_and_columns():
         rs.check(["prompt", "answer", "level"])
     msg = str(err.value)
     assert "'accuracy_reward' (completions, solution, **kwargs)" in msg and "cannot be given ['solution']" in msg
-    assert "the columns ['answer', 'level', 'completion_lengths', 'max_completion_length', 'turns', 'replies']" in msg and "exact_match" not in msg
+    assert (
+        "the columns ['answer', 'level', 'completion_lengths', 'max_completion_length', 'turns', 'replies']" in msg
+        and "exact_match" not in msg
+    )
     rs.check(["prompt", "answer", "solution"])  # passes once the column exists
 
     def curriculum(completions, trainer_state, **kwargs):  # TRL's trainer_state is given (a TrainerState)
@@ -282,8 +322,11 @@ def test_check_names_function_parameter_and_columns():
     def one_slot(x):
         return [1.0]
 
-    with pytest.raises(ValueError, match=r"'multi_env'.*\['environments'\] \(\['environments'\] exist only in TRL\)"
-                                         r".*'positional_extra' \(p, c, difficulty\) \[positional style.*\['difficulty'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"'multi_env'.*\['environments'\] \(\['environments'\] exist only in TRL\)"
+        r".*'positional_extra' \(p, c, difficulty\) \[positional style.*\['difficulty'\]",
+    ):
         RewardSet([curriculum, multi_env, positional_extra]).check(["answer"])
     RewardSet([curriculum]).check([])
     RewardSet([positional_extra]).check(["difficulty"])

@@ -13,15 +13,14 @@ from lit_gspo.rl.rollout import (
 PAD, EOS = 0, 1  # as in conftest.py's tiny model
 
 
-
 def batch_of(prompts, completions):
     ids, attn = left_pad(prompts, PAD)
     width = max(len(c) for c in completions)
     comp = torch.full((len(completions), width), PAD)
     mask = torch.zeros((len(completions), width), dtype=torch.bool)
     for i, c in enumerate(completions):
-        comp[i, :len(c)] = torch.tensor(c)
-        mask[i, :len(c)] = True
+        comp[i, : len(c)] = torch.tensor(c)
+        mask[i, : len(c)] = True
     return RolloutBatch(torch.cat([ids, comp], 1), torch.cat([attn, mask.long()], 1), ids.shape[1], mask)
 
 
@@ -42,7 +41,7 @@ def test_logprobs_match_naive_per_sequence_despite_left_padding(model):
     prompts, completions = [[2, 5, 6, 7, 8], [2, 9]], [[10, 11, 12], [13, EOS]]
     lp = token_logprobs(model, batch_of(prompts, completions)).logprobs
     for row, (p, c) in enumerate(zip(prompts, completions)):
-        torch.testing.assert_close(lp[row, :len(c)], naive_logprobs(model, p, c), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lp[row, : len(c)], naive_logprobs(model, p, c), atol=1e-5, rtol=1e-5)
     assert lp.dtype == torch.float32
 
 
@@ -100,7 +99,7 @@ def test_shared_prompt_forward_gives_the_full_forwards_logprobs_and_gradients(mo
     for name, grad in full_grads.items():
         torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
     for row, (p, c) in enumerate(zip(prompts, completions)):  # and the naive per-sequence values
-        torch.testing.assert_close(shared.logprobs[row, :len(c)], naive_logprobs(model, p, c), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(shared.logprobs[row, : len(c)], naive_logprobs(model, p, c), atol=1e-5, rtol=1e-5)
 
 
 def test_shared_prompt_forward_runs_each_distinct_prompt_once(model):
@@ -108,8 +107,9 @@ def test_shared_prompt_forward_runs_each_distinct_prompt_once(model):
 
     batch = batch_of([[2, 5, 6, 7]] * 3 + [[2, 9]] * 3, [[10, 11, 12]] * 6)
     seen = []
-    handle = model.model.register_forward_hook(lambda m, args, kw, out: seen.append(tuple(kw["input_ids"].shape)),
-                                               with_kwargs=True)
+    handle = model.model.register_forward_hook(
+        lambda m, args, kw, out: seen.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
     try:
         states = completion_states_shared_prompts(model, batch)
     finally:

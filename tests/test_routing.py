@@ -35,7 +35,9 @@ class ExpertInputs:
         self.seen: list[torch.Tensor] = []
 
     def __enter__(self):
-        self.handles = [b.register_forward_pre_hook(lambda mod, args: self.seen.append(args[1].clone())) for b in self.blocks]
+        self.handles = [
+            b.register_forward_pre_hook(lambda mod, args: self.seen.append(args[1].clone())) for b in self.blocks
+        ]
         return self
 
     def __exit__(self, *exc):
@@ -115,7 +117,9 @@ def test_perturbed_router_changes_choices_and_the_mask_restricts_the_count(moe):
     # masking out everything but one row restricts the count to it
     mask = torch.zeros(batch.input_ids.shape, dtype=torch.bool)
     mask[0] = True
-    assert routing_volatility(old.record, new.record, mask) == pytest.approx(routing_volatility(old.record[0], new.record[0]))
+    assert routing_volatility(old.record, new.record, mask) == pytest.approx(
+        routing_volatility(old.record[0], new.record[0])
+    )
 
 
 def test_gradient_reaches_router_under_replay(moe):
@@ -167,7 +171,7 @@ def test_replay_with_gradient_checkpointing_backward_inside():
         lp.sum().backward()
     recorded = [i.reshape(-1, i.shape[-1]) for i in rec.record.indices]
     assert len(seen.seen) == 2 * len(recorded)  # forward + recomputation in backward
-    forward, recomputed = seen.seen[: len(recorded)], seen.seen[len(recorded):]
+    forward, recomputed = seen.seen[: len(recorded)], seen.seen[len(recorded) :]
     for idx, rec_idx in zip(forward, recorded):
         assert torch.equal(idx, rec_idx)
     for idx, rec_idx in zip(recomputed, reversed(recorded)):  # backward recomputes the last layer first

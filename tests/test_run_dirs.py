@@ -12,14 +12,40 @@ from lit_gspo.lightning import run_dir
 from lit_gspo.tools.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--model.warm_start.steps", "3", "--model.validation.every_n_steps", "0", "--data.num_train", "32",
-        "--data.num_val", "4", "--data.prompts_per_step", "4", "--model.generation.num_generations", "4",
-        "--model.generation.max_new_tokens", "4", "--trainer.enable_progress_bar", "false"]
+TINY = [
+    "--model.warm_start.steps",
+    "3",
+    "--model.validation.every_n_steps",
+    "0",
+    "--data.num_train",
+    "32",
+    "--data.num_val",
+    "4",
+    "--data.prompts_per_step",
+    "4",
+    "--model.generation.num_generations",
+    "4",
+    "--model.generation.max_new_tokens",
+    "4",
+    "--trainer.enable_progress_bar",
+    "false",
+]
 
 
 def fit(root: Path, *extra: str, steps: int = 2) -> None:
-    main(["fit", "--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root), *TINY,
-          "--trainer.max_steps", str(steps), *extra])
+    main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "configs/quickstart.yaml"),
+            "--trainer.default_root_dir",
+            str(root),
+            *TINY,
+            "--trainer.max_steps",
+            str(steps),
+            *extra,
+        ]
+    )
 
 
 def refused(capsys, call, *args) -> str:
@@ -35,8 +61,11 @@ def refused(capsys, call, *args) -> str:
 
 def tree(root: Path) -> dict[str, str]:
     """Every file under ``root`` → its content hash (what a refused command must leave as it was)."""
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def rl_step(ckpt: Path) -> int:
@@ -45,21 +74,40 @@ def rl_step(ckpt: Path) -> int:
 
 # ------------------------------------------------------------------------------------------- the comparison alone
 def test_differences_ignore_what_a_resume_may_change_and_name_the_rest():
-    saved = {"seed_everything": 0, "ckpt_path": None, "trainer": {"max_steps": 500, "enable_progress_bar": True,
-             "devices": 1, "default_root_dir": "runs/a"}, "model": {"objective": {"class_path": "GSPO"}, "rewards": [1]}}
-    resume = {"seed_everything": 0, "ckpt_path": "last", "trainer": {"max_steps": 900, "enable_progress_bar": False,
-              "devices": 1, "default_root_dir": "runs/b"}, "model": {"objective": {"class_path": "GSPO"}, "rewards": [1]}}
+    saved = {
+        "seed_everything": 0,
+        "ckpt_path": None,
+        "trainer": {"max_steps": 500, "enable_progress_bar": True, "devices": 1, "default_root_dir": "runs/a"},
+        "model": {"objective": {"class_path": "GSPO"}, "rewards": [1]},
+    }
+    resume = {
+        "seed_everything": 0,
+        "ckpt_path": "last",
+        "trainer": {"max_steps": 900, "enable_progress_bar": False, "devices": 1, "default_root_dir": "runs/b"},
+        "model": {"objective": {"class_path": "GSPO"}, "rewards": [1]},
+    }
     assert run_dir.differences(saved, resume) == {}
-    other = {**resume, "seed_everything": 1, "trainer": {**resume["trainer"], "devices": 2},
-             "model": {"objective": {"class_path": "DAPO"}, "rewards": [1, 2]}}
-    assert run_dir.differences(saved, other) == {"model.objective.class_path": ("GSPO", "DAPO"),
-                                                 "model.rewards": ([1], [1, 2]), "seed_everything": (0, 1),
-                                                 "trainer.devices": (1, 2)}
+    other = {
+        **resume,
+        "seed_everything": 1,
+        "trainer": {**resume["trainer"], "devices": 2},
+        "model": {"objective": {"class_path": "DAPO"}, "rewards": [1, 2]},
+    }
+    assert run_dir.differences(saved, other) == {
+        "model.objective.class_path": ("GSPO", "DAPO"),
+        "model.rewards": ([1], [1, 2]),
+        "seed_everything": (0, 1),
+        "trainer.devices": (1, 2),
+    }
     assert run_dir.describe({"seed_everything": (0, 1)}) == "seed_everything: 0 → 1"
     # another class: named once, not with each init_arg that differs because of it
-    assert run_dir.describe({"model.objective.class_path": ("GSPO", "DAPO"), "model.objective.init_args.dual_clip":
-                             ("(unset)", None), "model.seed": (None, 1)}) == ("model.objective.class_path: GSPO → DAPO, "
-                                                                             "model.seed: null → 1")
+    assert run_dir.describe(
+        {
+            "model.objective.class_path": ("GSPO", "DAPO"),
+            "model.objective.init_args.dual_clip": ("(unset)", None),
+            "model.seed": (None, 1),
+        }
+    ) == ("model.objective.class_path: GSPO → DAPO, model.seed: null → 1")
     assert run_dir.differences({"a": 1}, {}) == {"a": (1, "(unset)")}
 
 
@@ -101,8 +149,9 @@ def test_a_resume_with_other_settings_is_refused_naming_them_and_writes_nothing(
     before = {d: tree(d) for d in first_run.parent.iterdir()}
     err = refused(capsys, fit, first_run, "--ckpt_path", "last", "--model.objective.init_args.clip_high", "0.01")
     assert err.startswith("error: --ckpt_path last: ") and "model.objective.init_args.clip_high: 0.0004 → 0.01" in err
-    err = refused(capsys, fit, first_run, "--ckpt_path", str(first_run / "checkpoints" / "last.ckpt"),
-                  "--seed_everything", "5")
+    err = refused(
+        capsys, fit, first_run, "--ckpt_path", str(first_run / "checkpoints" / "last.ckpt"), "--seed_everything", "5"
+    )
     assert "the run that wrote it had other settings than this fit's: seed_everything: 0 → 5" in err
     assert {d: tree(d) for d in first_run.parent.iterdir()} == before  # no config.yaml, hparams.yaml, metrics rewritten
 
@@ -168,5 +217,15 @@ def test_a_run_of_an_earlier_version_resumes_when_a_setting_added_since_keeps_it
     saved.write_text(yaml.safe_dump(config))
     fit(root, "--ckpt_path", "last", steps=2)
     assert rl_step(root / "checkpoints" / "last.ckpt") == 2
-    err = refused(capsys, fit, root, "--ckpt_path", "last", "--model.validation.print_completions", "true", "--trainer.max_steps", "3")
+    err = refused(
+        capsys,
+        fit,
+        root,
+        "--ckpt_path",
+        "last",
+        "--model.validation.print_completions",
+        "true",
+        "--trainer.max_steps",
+        "3",
+    )
     assert "model.validation.print_completions: False → True" in err

@@ -19,25 +19,51 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lit_gspo.lightning.checkpoint_io import AtomicCheckpointIO
-from lit_gspo.runtime.files import written_aside
-from lit_gspo.tools.main import cli_main
 from lit_gspo.lightning.callbacks.run_lock import LOCK_NAME, RunLock, RunLockedError
 from lit_gspo.lightning.callbacks.signals import RunInterrupted
 from lit_gspo.lightning.callbacks.temporaries import clean_stale_temporaries
+from lit_gspo.lightning.checkpoint_io import AtomicCheckpointIO
+from lit_gspo.runtime.files import written_aside
+from lit_gspo.tools.main import cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def args(root: Path, steps: int, *extra: str) -> list[str]:
     """The quickstart (checkpointing off), 2 minibatches per RL step, validation every step: 3 RL steps in seconds."""
-    return ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root),
-            "--trainer.max_steps", str(steps), "--trainer.enable_checkpointing", "false",
-            "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "1",
-            "--data.num_train", "24", "--data.num_val", "8", "--data.prompts_per_step", "4",
-            "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4",
-            "--model.update.num_minibatches", "2", "--model.optimizer.lr", "0.01",
-            "--model.rewards", '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]', *extra]
+    return [
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--model.warm_start.steps",
+        "0",
+        "--model.validation.every_n_steps",
+        "1",
+        "--data.num_train",
+        "24",
+        "--data.num_val",
+        "8",
+        "--data.prompts_per_step",
+        "4",
+        "--model.generation.num_generations",
+        "4",
+        "--model.generation.max_new_tokens",
+        "4",
+        "--model.update.num_minibatches",
+        "2",
+        "--model.optimizer.lr",
+        "0.01",
+        "--model.rewards",
+        '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "[0-4].*"}}]',
+        *extra,
+    ]
 
 
 class SendSignal(Callback):
@@ -162,7 +188,9 @@ def test_a_resume_continues_the_runs_metrics_file_with_every_step_once(tmp_path,
 
     whole, values, shown = lines(), rows(tmp_path), completions()
     assert sorted({int(line.split(",")[0]) for line in shown[1:]}) == [0, 1, 2, 3]
-    cli_main(["fit", *args(tmp_path, 6, *ckpt), "--ckpt_path", str(copies[2])])  # as if killed before step 2's checkpoint
+    cli_main(
+        ["fit", *args(tmp_path, 6, *ckpt), "--ckpt_path", str(copies[2])]
+    )  # as if killed before step 2's checkpoint
     after = lines()
     assert completions() == shown  # the validation of step 3 logged once, as the first time
     with open(next(tmp_path.glob("**/metrics.csv"))) as fh:
@@ -180,7 +208,9 @@ def _export_bytes(path: Path) -> bytes:
 def test_the_export_is_swapped_in_whole_a_failed_export_leaves_the_previous_one(tmp_path):
     from lit_gspo.lightning.module import RLModule
 
-    module = RLModule(model_config={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64}, kl_to_ref=False)
+    module = RLModule(
+        model_config={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64}, kl_to_ref=False
+    )
     export = tmp_path / "hf_model"
     module.save_hf_model(export)
     before = _export_bytes(export)
@@ -214,6 +244,7 @@ def test_a_kill_inside_the_export_leaves_no_partial_export(tmp_path):
     target = tmp_path / "hf_model"
     target.mkdir()
     (target / "config.json").write_text("old")
+
     def body():
         with written_aside(target) as tmp:
             (tmp / "config.json").write_text("new")
@@ -254,7 +285,11 @@ def test_stale_temporaries_of_dead_writers_are_removed_at_start_live_ones_kept(t
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir(parents=True)
     dead, alive = _dead_pid(), os.getppid()
-    stale = [checkpoints / f".last.ckpt.tmp-{dead}", tmp_path / f".hf_model.tmp-{dead}", tmp_path / f".hf_model.old-{dead}"]
+    stale = [
+        checkpoints / f".last.ckpt.tmp-{dead}",
+        tmp_path / f".hf_model.tmp-{dead}",
+        tmp_path / f".hf_model.old-{dead}",
+    ]
     stale[0].write_bytes(b"half a checkpoint")
     stale[1].mkdir()
     stale[2].mkdir()
@@ -325,6 +360,8 @@ def test_run_csv_logger_resumes_into_the_newest_version_keeping_its_rows(tmp_pat
     resumed.log_metrics({"train/reward": 0.7, "val/reward": 0.1}, step=1)  # a new column: the header grows
     resumed.save()
     with open(tmp_path / "lightning_logs" / "version_0" / "metrics.csv") as fh:
-        assert [(r["step"], r["train/reward"], r["val/reward"]) for r in csv.DictReader(fh)] == [("0", "0.5", ""),
-                                                                                              ("1", "0.7", "0.1")]
+        assert [(r["step"], r["train/reward"], r["val/reward"]) for r in csv.DictReader(fh)] == [
+            ("0", "0.5", ""),
+            ("1", "0.7", "0.1"),
+        ]
     assert RunCSVLogger(tmp_path).version == 1

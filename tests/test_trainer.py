@@ -7,13 +7,20 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lit_gspo.tools.main import cli_main
 from lit_gspo.rl.engines import HFGenerate
 from lit_gspo.rl.objectives import GSPO
+from lit_gspo.tools.main import cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
-CONTRACT_COLUMNS = {"step", "train/reward", "train/clip_frac", "train/kl", "train/entropy", "train/response_length",
-                    "val/reward"}
+CONTRACT_COLUMNS = {
+    "step",
+    "train/reward",
+    "train/clip_frac",
+    "train/kl",
+    "train/entropy",
+    "train/response_length",
+    "val/reward",
+}
 
 
 class HalvedGSPO(GSPO, register=False):
@@ -41,10 +48,29 @@ class FlakyReward:
 
 def tiny_args(tmp_path, *extra):
     """A seconds-long run: 2-layer model, 8 prompts × 4 completions, 4 new tokens."""
-    return ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.max_steps", "3", "--model.warm_start.steps", "0", "--model.validation.every_n_steps", "2",
-            "--data.num_train", "64", "--data.num_val", "8", "--data.prompts_per_step", "4",
-            "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4", *extra]
+    return [
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.max_steps",
+        "3",
+        "--model.warm_start.steps",
+        "0",
+        "--model.validation.every_n_steps",
+        "2",
+        "--data.num_train",
+        "64",
+        "--data.num_val",
+        "8",
+        "--data.prompts_per_step",
+        "4",
+        "--model.generation.num_generations",
+        "4",
+        "--model.generation.max_new_tokens",
+        "4",
+        *extra,
+    ]
 
 
 def read_metrics(root: Path) -> list[dict]:
@@ -81,28 +107,71 @@ def test_fit_updates_the_policy_logs_the_contract_columns_and_saves_an_hf_model(
 
 def test_rl_learns_a_reward_it_can_reach(tmp_path):
     """Reward 1 for completions starting with '7': from ~chance, GSPO must push the sampled reward up."""
-    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "25", "--model.optimizer.lr", "0.01",
-                             "--model.rewards", '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "7.*"}}]',
-                             "--model.kl_to_ref", "false", "--model.validation.every_n_steps", "0"), run=False)
+    cli = cli_main(
+        tiny_args(
+            tmp_path,
+            "--trainer.max_steps",
+            "25",
+            "--model.optimizer.lr",
+            "0.01",
+            "--model.rewards",
+            '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "7.*"}}]',
+            "--model.kl_to_ref",
+            "false",
+            "--model.validation.every_n_steps",
+            "0",
+        ),
+        run=False,
+    )
     cli.fit(cli.model, datamodule=cli.datamodule)
     rewards = column(read_metrics(tmp_path), "train/reward")
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.3, rewards
 
 
 def test_a_users_objective_plugs_in_by_class_path(tmp_path):
-    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "1", "--model.objective", f"{__name__}.HalvedGSPO",
-                             "--model.objective.clip_high", "5e-4"), run=False)
+    cli = cli_main(
+        tiny_args(
+            tmp_path,
+            "--trainer.max_steps",
+            "1",
+            "--model.objective",
+            f"{__name__}.HalvedGSPO",
+            "--model.objective.clip_high",
+            "5e-4",
+        ),
+        run=False,
+    )
     assert type(cli.model.objective) is HalvedGSPO and cli.model.objective.clip_high == 5e-4
     cli.fit(cli.model, datamodule=cli.datamodule)
     assert column(read_metrics(tmp_path), "train/halved") == [1.0]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["GRPO", "DAPO", "GSPOToken", "PPO", "DrGRPO", "CISPO", "GMPO", "SAPO", "DPPO",
-                                  "ClipCov", "KLCov", "VESPO", "LUSPO"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "GRPO",
+        "DAPO",
+        "GSPOToken",
+        "PPO",
+        "DrGRPO",
+        "CISPO",
+        "GMPO",
+        "SAPO",
+        "DPPO",
+        "ClipCov",
+        "KLCov",
+        "VESPO",
+        "LUSPO",
+    ],
+)
 def test_every_objective_runs_by_class_name(tmp_path, name):
-    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.objective", name,
-                             "--model.update.num_minibatches", "2"), run=False)
+    cli = cli_main(
+        tiny_args(
+            tmp_path, "--trainer.max_steps", "2", "--model.objective", name, "--model.update.num_minibatches", "2"
+        ),
+        run=False,
+    )
     assert type(cli.model.objective).__name__ == name
     cli.fit(cli.model, datamodule=cli.datamodule)
     rows = read_metrics(tmp_path)
@@ -133,8 +202,18 @@ class SignalOnOddCalls:
 
 
 def test_a_step_without_signal_logs_zero_clipping_and_no_stale_ratio_statistics(tmp_path):
-    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "8", "--model.validation.every_n_steps", "0",
-                             "--model.update.num_minibatches", "2"), run=False)
+    cli = cli_main(
+        tiny_args(
+            tmp_path,
+            "--trainer.max_steps",
+            "8",
+            "--model.validation.every_n_steps",
+            "0",
+            "--model.update.num_minibatches",
+            "2",
+        ),
+        run=False,
+    )
     cli.model.collector.rewards.functions[0] = SignalOnOddCalls()
     cli.fit(cli.model, datamodule=cli.datamodule)
     rows = [r for r in read_metrics(tmp_path) if r.get("train/frac_zero_std_groups")]
@@ -157,8 +236,18 @@ def test_unknown_objective_is_a_clear_error(tmp_path, capsys):
 
 
 def test_validation_can_decode_longer_than_the_rollouts(tmp_path):
-    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.generation.max_new_tokens", "2",
-                             "--model.generation.val_max_new_tokens", "6"), run=False)
+    cli = cli_main(
+        tiny_args(
+            tmp_path,
+            "--trainer.max_steps",
+            "2",
+            "--model.generation.max_new_tokens",
+            "2",
+            "--model.generation.val_max_new_tokens",
+            "6",
+        ),
+        run=False,
+    )
     cli.fit(cli.model, datamodule=cli.datamodule)
     rows = read_metrics(tmp_path)
     assert max(column(rows, "train/response_length")) <= 2
@@ -174,11 +263,24 @@ def test_prompt_longer_than_the_context_is_refused(tmp_path):
 def test_dynamic_sampling_drops_all_equal_groups_and_a_signal_free_run_stops_with_a_clear_error(tmp_path):
     """A reward of 1 for everything makes every group all-equal: DAPO refills up to its cap, skips the
     update, and after max_skipped_steps such steps stops instead of looping forever."""
-    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.objective", "DAPO",
-                             "--model.sampling.max_rounds", "3", "--model.sampling.max_skipped_steps", "3",
-                             "--model.validation.every_n_steps", "0",
-                             "--model.rewards", '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: ".*"}}]'),
-                   run=False)
+    cli = cli_main(
+        tiny_args(
+            tmp_path,
+            "--trainer.max_steps",
+            "2",
+            "--model.objective",
+            "DAPO",
+            "--model.sampling.max_rounds",
+            "3",
+            "--model.sampling.max_skipped_steps",
+            "3",
+            "--model.validation.every_n_steps",
+            "0",
+            "--model.rewards",
+            '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: ".*"}}]',
+        ),
+        run=False,
+    )
     before = {k: v.clone() for k, v in cli.model.policy.state_dict().items()}
     assert before
     calls = []
@@ -198,9 +300,20 @@ def test_dynamic_sampling_drops_all_equal_groups_and_a_signal_free_run_stops_wit
 
 
 def test_lora_trains_adapters_only_and_saves_a_merged_hf_model_and_the_adapter_alone(tmp_path):
-    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "3", "--model.lora", "{r: 4, alpha: 8}",
-                             "--model.optimizer.lr", "0.01",  # kl measured on every row, signal or not:
-                             "--model.update.skip_zero_advantage_rows", "false"), run=False)
+    cli = cli_main(
+        tiny_args(
+            tmp_path,
+            "--trainer.max_steps",
+            "3",
+            "--model.lora",
+            "{r: 4, alpha: 8}",
+            "--model.optimizer.lr",
+            "0.01",  # kl measured on every row, signal or not:
+            "--model.update.skip_zero_advantage_rows",
+            "false",
+        ),
+        run=False,
+    )
     base = {k: v.clone() for k, v in cli.model.policy.state_dict().items() if "lora_" not in k}
     assert base and len(base) < len(cli.model.policy.state_dict())  # base weights, and adapters beside them
     cli.fit(cli.model, datamodule=cli.datamodule)  # as `lit-gspo fit`: trainer.validate, then trainer.fit

@@ -24,9 +24,23 @@ from lit_gspo.runtime.user_errors import SettingsError
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.warm_start.steps", "0"]
-TINY = [*QUICKSTART, "--data.num_train", "32", "--data.num_val", "8", "--data.prompts_per_step", "4",
-        "--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false"]
+TINY = [
+    *QUICKSTART,
+    "--data.num_train",
+    "32",
+    "--data.num_val",
+    "8",
+    "--data.prompts_per_step",
+    "4",
+    "--model.generation.num_generations",
+    "4",
+    "--model.generation.max_new_tokens",
+    "4",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_checkpointing",
+    "false",
+]
 
 
 class ParseOnlyCLI(RLCLI):
@@ -48,6 +62,7 @@ def fit_parser():
 
 # ------------------------------------------------------------------ enumeration
 
+
 def test_every_trainer_parameter_is_classified():
     params = [p for p in inspect.signature(pl.Trainer.__init__).parameters if p != "self"]
     missing = [p for p in params if p not in TRAINER_FLAGS]
@@ -65,13 +80,15 @@ def test_every_top_level_fit_key_is_classified():
     parser = fit_parser()
     keys = {k.split(".")[0] for k in parser.get_defaults().keys()}
     keys |= set(re.findall(r"^\s+(?:-\w, )?--(\w+)\b", parser.format_help(), re.M)) - {"help"}
-    assert keys == set(TOP_LEVEL), (f"unclassified: {sorted(keys - set(TOP_LEVEL))}, "
-                                    f"classified but gone: {sorted(set(TOP_LEVEL) - keys)}")
+    assert keys == set(TOP_LEVEL), (
+        f"unclassified: {sorted(keys - set(TOP_LEVEL))}, classified but gone: {sorted(set(TOP_LEVEL) - keys)}"
+    )
     trainer_keys = {k.split(".")[1] for k in parser.get_defaults().keys() if k.startswith("trainer.")}
     assert trainer_keys == set(TRAINER_FLAGS)
 
 
 # ------------------------------------------------------------------ refused: at start, in one line
+
 
 @pytest.mark.parametrize("name", [n for n, f in TRAINER_FLAGS.items() if f.kind == REFUSED])
 def test_a_refused_flag_stops_the_start_in_one_line(name):
@@ -84,19 +101,37 @@ def test_a_refused_flag_stops_the_start_in_one_line(name):
     assert "--" in message.split(":", 1)[1] or "leave it" in message, f"says nothing to use instead: {message}"
 
 
-@pytest.mark.parametrize("args, names", [
-    (["--trainer.gradient_clip_algorithm", "value"], ["--trainer.gradient_clip_algorithm", "--model.update.max_grad_norm"]),
-    (["--trainer.check_val_every_n_epoch", "2"], ["--trainer.check_val_every_n_epoch", "--model.validation.every_n_steps"]),
-    (["--trainer.val_check_interval", "3"], ["--trainer.val_check_interval", "--model.validation.every_n_steps"]),
-    (["--optimizer", "torch.optim.SGD", "--optimizer.lr", "0.1"], ["--optimizer torch.optim.SGD", "--model.optimizer"]),
-    (["--model.lr_scheduler", "StepLR", "--model.lr_scheduler.step_size", "1", "--lr_scheduler", "ConstantLR"],
-     ["--lr_scheduler torch.optim.lr_scheduler.ConstantLR", "--model.lr_scheduler"]),
-    (["--model.update.num_minibatches", "129"], ["--model.update.num_minibatches 129", "--data.prompts_per_step 16",
-                                                 "at most 128"]),
-    (["--lr_scheduler", "ReduceLROnPlateau", "--lr_scheduler.monitor", "val/rewrd"], ["val/rewrd", "val/reward"]),
-    (["--model.lr_scheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau"],
-     ["lightning.pytorch.cli.ReduceLROnPlateau", "--model.lr_scheduler.monitor"]),
-])
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (
+            ["--trainer.gradient_clip_algorithm", "value"],
+            ["--trainer.gradient_clip_algorithm", "--model.update.max_grad_norm"],
+        ),
+        (
+            ["--trainer.check_val_every_n_epoch", "2"],
+            ["--trainer.check_val_every_n_epoch", "--model.validation.every_n_steps"],
+        ),
+        (["--trainer.val_check_interval", "3"], ["--trainer.val_check_interval", "--model.validation.every_n_steps"]),
+        (
+            ["--optimizer", "torch.optim.SGD", "--optimizer.lr", "0.1"],
+            ["--optimizer torch.optim.SGD", "--model.optimizer"],
+        ),
+        (
+            ["--model.lr_scheduler", "StepLR", "--model.lr_scheduler.step_size", "1", "--lr_scheduler", "ConstantLR"],
+            ["--lr_scheduler torch.optim.lr_scheduler.ConstantLR", "--model.lr_scheduler"],
+        ),
+        (
+            ["--model.update.num_minibatches", "129"],
+            ["--model.update.num_minibatches 129", "--data.prompts_per_step 16", "at most 128"],
+        ),
+        (["--lr_scheduler", "ReduceLROnPlateau", "--lr_scheduler.monitor", "val/rewrd"], ["val/rewrd", "val/reward"]),
+        (
+            ["--model.lr_scheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau"],
+            ["lightning.pytorch.cli.ReduceLROnPlateau", "--model.lr_scheduler.monitor"],
+        ),
+    ],
+)
 def test_an_unworkable_value_stops_the_start_in_one_line(args, names):
     """Mapped settings whose value cannot be mapped, and settings the data cannot satisfy."""
     with pytest.raises(ValueError) as err:
@@ -110,19 +145,28 @@ def test_overfit_batches_is_one_line_on_the_command_line(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_:
         main(["fit", *QUICKSTART, "--trainer.default_root_dir", str(tmp_path), "--trainer.overfit_batches", "1"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert exit_.value.code == 2 and err[-1].startswith("error: --trainer.overfit_batches 1:") and "--data.num_train" in err[-1]
+    assert (
+        exit_.value.code == 2
+        and err[-1].startswith("error: --trainer.overfit_batches 1:")
+        and "--data.num_train" in err[-1]
+    )
     assert not any("Traceback" in line for line in err)
 
 
 # ------------------------------------------------------------------ mapped
 
+
 def test_mapped_flags_land_on_lit_gspos_settings():
     cfg = parse("--trainer.gradient_clip_val", "0.5")
-    assert cfg.model["update"].max_grad_norm == 0.5  # ["update"]: Namespace.update is a method and cfg.trainer.gradient_clip_val is None
+    assert (
+        cfg.model["update"].max_grad_norm == 0.5
+    )  # ["update"]: Namespace.update is a method and cfg.trainer.gradient_clip_val is None
     cfg = parse("--model.validation.every_n_steps", "null", "--trainer.val_check_interval", "3")
     assert cfg.model.validation.every_n_steps == 3 and cfg.trainer.check_val_every_n_epoch is None
     # a config without model.optimizer (the quickstart has one: with it, --optimizer is refused above)
-    cfg = ParseOnlyCLI(RLModule, PromptDataModule, args=["--optimizer", "torch.optim.SGD", "--optimizer.lr", "0.1"], run=False).config
+    cfg = ParseOnlyCLI(
+        RLModule, PromptDataModule, args=["--optimizer", "torch.optim.SGD", "--optimizer.lr", "0.1"], run=False
+    ).config
     assert cfg.model.optimizer.class_path == "torch.optim.SGD" and cfg.model.optimizer.init_args.lr == 0.1
     assert cfg.optimizer is None
     cfg = parse("--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "2")
@@ -130,6 +174,7 @@ def test_mapped_flags_land_on_lit_gspos_settings():
 
 
 # ------------------------------------------------------------------ honoured: the Trainer the CLI builds carries them
+
 
 def _timer(trainer) -> bool:
     from lightning.pytorch.callbacks import Timer
@@ -187,14 +232,16 @@ def test_an_honoured_flag_reaches_the_trainer(name, tmp_path):
         value = str(tmp_path / "x")
     deterministic = torch.are_deterministic_algorithms_enabled()
     try:
-        cli = cli_main([*QUICKSTART, "--trainer.default_root_dir", str(tmp_path / "x"), f"--trainer.{name}", value],
-                       run=False)
+        cli = cli_main(
+            [*QUICKSTART, "--trainer.default_root_dir", str(tmp_path / "x"), f"--trainer.{name}", value], run=False
+        )
         assert OBSERVED[name](cli.trainer), f"--trainer.{name} {value} did not reach the Trainer"
     finally:
         torch.use_deterministic_algorithms(deterministic, warn_only=True)
 
 
 # ------------------------------------------------------------------ runs: the learning rate follows the schedule
+
 
 def _rows(root: Path) -> list[dict]:
     (path,) = glob.glob(str(root / "**/metrics.csv"), recursive=True)
@@ -216,11 +263,15 @@ STEP_LR = "{class_path: torch.optim.lr_scheduler.StepLR, init_args: {step_size: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", [
-    ["--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "1", "--lr_scheduler.gamma", "0.5"],
-    ["--config", f"lr_scheduler: {STEP_LR}"],                       # a top-level YAML block
-    ["--model.lr_scheduler", "StepLR", "--model.lr_scheduler.step_size", "1", "--model.lr_scheduler.gamma", "0.5"],
-], ids=["top-level flag", "top-level yaml", "model.lr_scheduler"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        ["--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "1", "--lr_scheduler.gamma", "0.5"],
+        ["--config", f"lr_scheduler: {STEP_LR}"],  # a top-level YAML block
+        ["--model.lr_scheduler", "StepLR", "--model.lr_scheduler.step_size", "1", "--model.lr_scheduler.gamma", "0.5"],
+    ],
+    ids=["top-level flag", "top-level yaml", "model.lr_scheduler"],
+)
 def test_a_scheduler_given_any_way_sets_the_learning_rate(how, tmp_path):
     _fit(tmp_path, 3, *how)
     # train/lr is read after the step's optimiser step and its scheduler step: 1e-3 × 0.5^(k+1) at RL step k
@@ -234,17 +285,42 @@ def test_a_scheduler_given_any_way_sets_the_learning_rate(how, tmp_path):
 def test_reduce_on_plateau_follows_val_reward(tmp_path):
     """threshold 10 (rel., mode max): no validation after the first counts as an improvement, so with patience 0 each
     validation in the fit after the first halves the lr; validations come after every RL step."""
-    _fit(tmp_path, 4, "--lr_scheduler", "ReduceLROnPlateau", "--lr_scheduler.monitor", "val/reward",
-         "--lr_scheduler.mode", "max", "--lr_scheduler.patience", "0", "--lr_scheduler.threshold", "10",
-         "--lr_scheduler.factor", "0.5", "--model.validation.every_n_steps", "1")
+    _fit(
+        tmp_path,
+        4,
+        "--lr_scheduler",
+        "ReduceLROnPlateau",
+        "--lr_scheduler.monitor",
+        "val/reward",
+        "--lr_scheduler.mode",
+        "max",
+        "--lr_scheduler.patience",
+        "0",
+        "--lr_scheduler.threshold",
+        "10",
+        "--lr_scheduler.factor",
+        "0.5",
+        "--model.validation.every_n_steps",
+        "1",
+    )
     assert _lrs(tmp_path) == pytest.approx([1e-3, 1e-3, 5e-4, 2.5e-4], rel=1e-6)
 
 
 @pytest.mark.slow
 def test_reduce_on_plateau_follows_a_train_metric(tmp_path):
     """train/nonfinite_steps is 0 every step: mode min never improves after the first, so each later step halves."""
-    _fit(tmp_path, 3, "--model.lr_scheduler", "lightning.pytorch.cli.ReduceLROnPlateau", "--model.lr_scheduler.monitor",
-         "train/nonfinite_steps", "--model.lr_scheduler.patience", "0", "--model.lr_scheduler.factor", "0.5")
+    _fit(
+        tmp_path,
+        3,
+        "--model.lr_scheduler",
+        "lightning.pytorch.cli.ReduceLROnPlateau",
+        "--model.lr_scheduler.monitor",
+        "train/nonfinite_steps",
+        "--model.lr_scheduler.patience",
+        "0",
+        "--model.lr_scheduler.factor",
+        "0.5",
+    )
     assert _lrs(tmp_path) == pytest.approx([1e-3, 1e-3, 5e-4], rel=1e-6)
 
 
@@ -253,8 +329,20 @@ def test_a_train_monitor_never_logged_is_one_line(tmp_path, capsys):
     from lit_gspo.tools.main import main
 
     with pytest.raises(SystemExit):
-        main(["fit", *TINY, "--trainer.max_steps", "2", "--trainer.default_root_dir", str(tmp_path),
-              "--lr_scheduler", "ReduceLROnPlateau", "--lr_scheduler.monitor", "train/rewrd"])
+        main(
+            [
+                "fit",
+                *TINY,
+                "--trainer.max_steps",
+                "2",
+                "--trainer.default_root_dir",
+                str(tmp_path),
+                "--lr_scheduler",
+                "ReduceLROnPlateau",
+                "--lr_scheduler.monitor",
+                "train/rewrd",
+            ]
+        )
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("error: --model.lr_scheduler.monitor train/rewrd: not logged") and "train/reward" in last
 
@@ -263,18 +351,31 @@ def test_a_train_monitor_never_logged_is_one_line(tmp_path, capsys):
 def test_honoured_run_flags(tmp_path):
     """inference_mode false, detect_anomaly, sync_batchnorm and enable_autolog_hparams false: the run completes with
     the same RL steps, and no hparams.yaml is written."""
-    _fit(tmp_path, 2, "--trainer.inference_mode", "false", "--trainer.detect_anomaly", "true",
-         "--trainer.sync_batchnorm", "true", "--trainer.enable_autolog_hparams", "false")
+    _fit(
+        tmp_path,
+        2,
+        "--trainer.inference_mode",
+        "false",
+        "--trainer.detect_anomaly",
+        "true",
+        "--trainer.sync_batchnorm",
+        "true",
+        "--trainer.enable_autolog_hparams",
+        "false",
+    )
     assert [int(r["step"]) for r in _rows(tmp_path) if r.get("train/reward")] == [0, 1]
     assert not glob.glob(str(tmp_path / "**/hparams.yaml"), recursive=True)
 
 
-@pytest.mark.parametrize("args, start", [
-    (["--model.generation.num_generations", "0"], "--model.generation: num_generations"),
-    (["--model.update.epochs", "0"], "--model.update: epochs"),
-    (["--trainer.limit_train_batches", "-1"], "You have passed invalid value -1 for limit_train_batches"),
-    (["--data.prompts_per_step", "0"], "--data.prompts_per_step 0: must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "args, start",
+    [
+        (["--model.generation.num_generations", "0"], "--model.generation: num_generations"),
+        (["--model.update.epochs", "0"], "--model.update: epochs"),
+        (["--trainer.limit_train_batches", "-1"], "You have passed invalid value -1 for limit_train_batches"),
+        (["--data.prompts_per_step", "0"], "--data.prompts_per_step 0: must be >= 1"),
+    ],
+)
 def test_an_invalid_value_is_one_line_not_a_traceback(args, start, tmp_path):
     """A settings group's own check, and a Trainer flag Lightning refuses, are one SettingsError at start."""
     with pytest.raises(SettingsError) as err:

@@ -90,9 +90,15 @@ def test_example_2_conversational_completions_are_message_lists():
 def test_a_multi_turn_chat_completion_lists_replies_and_observations():
     prompts = [chat("q")]
     got = R.conversation_completions(prompts, [["r1", "r2", "r3"]], [["try again", chat('{"x": 1}', "tool"), None]])
-    assert got == [[{"role": "assistant", "content": "r1"}, {"role": "user", "content": "try again"},
-                    {"role": "assistant", "content": "r2"}, {"role": "tool", "content": '{"x": 1}'},
-                    {"role": "assistant", "content": "r3"}]]
+    assert got == [
+        [
+            {"role": "assistant", "content": "r1"},
+            {"role": "user", "content": "try again"},
+            {"role": "assistant", "content": "r2"},
+            {"role": "tool", "content": '{"x": 1}'},
+            {"role": "assistant", "content": "r3"},
+        ]
+    ]
     assert R.completion_text(got[0]) == "r3"  # what the built-ins score: the last reply
 
 
@@ -101,7 +107,8 @@ def test_builtin_rewards_read_chat_completions():
     prompts = [chat("rev 21="), chat("rev 21=")]
     with no_warnings():
         scores = RewardSet([R.ExactMatch(), R.CharAccuracy(), R.FormatReward(r"\d+")]).score(
-            prompts, completions, {"answer": ["12", "12"]})
+            prompts, completions, {"answer": ["12", "12"]}
+        )
     assert scores.per_function["exact_match"].tolist() == [1.0, 0.0]
     assert scores.per_function["char_accuracy"].tolist() == pytest.approx([1.0, 0.5])
     assert scores.per_function["format_reward"].tolist() == [1.0, 1.0]
@@ -134,19 +141,28 @@ test_code_solution.__test__ = False  # not a pytest test
 
 
 def math_reward(prompts, completions, task, **kwargs):
-    return [(1.0 if check_math_solution(p, c) else -1.0) if t == "math" else None
-            for p, c, t in zip(prompts, completions, task)]
+    return [
+        (1.0 if check_math_solution(p, c) else -1.0) if t == "math" else None
+        for p, c, t in zip(prompts, completions, task)
+    ]
 
 
 def make_coding_reward(task_name: str):
     def coding_reward(prompts, completions, task, **kwargs):
-        return [(1.0 if test_code_solution(p, c) else -1.0) if t == task_name else None
-                for p, c, t in zip(prompts, completions, task)]
+        return [
+            (1.0 if test_code_solution(p, c) else -1.0) if t == task_name else None
+            for p, c, t in zip(prompts, completions, task)
+        ]
+
     return coding_reward
 
 
-TASK_ROWS = [("What is 2+2?", "math", "4"), ("Write a function that returns the sum.", "code", "def f(a, b): return a + b"),
-             ("What is 3*4?", "math", "13"), ("Write a function that returns the product.", "code", "def f(a, b): return a * b")]
+TASK_ROWS = [
+    ("What is 2+2?", "math", "4"),
+    ("Write a function that returns the sum.", "code", "def f(a, b): return a + b"),
+    ("What is 3*4?", "math", "13"),
+    ("Write a function that returns the product.", "code", "def f(a, b): return a * b"),
+]
 TASK_PROMPTS, TASKS, TASK_COMPLETIONS = (list(x) for x in zip(*TASK_ROWS))
 
 
@@ -180,6 +196,7 @@ def test_none_semantics_sum_of_the_non_none_masked_only_when_all_none():
         scores = RewardSet([a, b], weights=[2.0, 1.0]).score(["p"] * 4, ["c"] * 4)
     assert scores.total.tolist() == [2.0, 3.0, 0.0, 1.25]
     assert scores.valid.tolist() == [True, True, False, True] and scores.num_failed == 1
+
     # a failure (NaN, a non-number) still masks its sample even when another function scores it
     def c(completions, **kwargs):
         return [float("nan"), 1.0, "x", 1.0]
@@ -333,14 +350,17 @@ def words(completions, **kwargs):
     return ["yes"] * len(completions)
 
 
-@pytest.mark.parametrize("fn, said", [
-    (boom, "'boom' raised RuntimeError: reward server down"),
-    (short, "'short' returned 1 scores for 3 completions: list of 1: [1.0]"),
-    (scalar, "'scalar' returned float 1.0"),
-    (not_awaited, "'not_awaited' returned coroutine <coroutine object async_scores"),
-    (all_none, "every reward function returned None for every one of the 3 samples"),
-    (words, "'words' returned no number for any of the 3 samples: list of 3: ['yes', 'yes', 'yes']"),
-])
+@pytest.mark.parametrize(
+    "fn, said",
+    [
+        (boom, "'boom' raised RuntimeError: reward server down"),
+        (short, "'short' returned 1 scores for 3 completions: list of 1: [1.0]"),
+        (scalar, "'scalar' returned float 1.0"),
+        (not_awaited, "'not_awaited' returned coroutine <coroutine object async_scores"),
+        (all_none, "every reward function returned None for every one of the 3 samples"),
+        (words, "'words' returned no number for any of the 3 samples: list of 3: ['yes', 'yes', 'yes']"),
+    ],
+)
 def test_a_reward_failing_on_every_sample_of_the_first_call_raises(fn, said):
     rs = RewardSet([fn])
     with pytest.raises(R.RewardFunctionError) as err:
@@ -358,7 +378,9 @@ def test_a_reward_failing_on_every_sample_of_the_first_call_raises(fn, said):
 
 
 def test_the_first_call_names_every_function_that_failed_as_a_whole():
-    with pytest.raises(R.RewardFunctionError, match=r"'boom' raised RuntimeError.*; reward function 'short' returned 1"):
+    with pytest.raises(
+        R.RewardFunctionError, match=r"'boom' raised RuntimeError.*; reward function 'short' returned 1"
+    ):
         RewardSet([boom, async_scores, short]).score(["p"] * 3, ["a", "b", "c"], strict=True)
 
 
@@ -372,17 +394,21 @@ def test_partial_failures_and_a_function_for_another_task_pass_the_first_call():
     # only math rows in the first batch: the coding reward's None everywhere is legitimate
     with no_warnings():
         scores = RewardSet([math_reward, make_coding_reward("code")]).score(
-            ["What is 2+2?", "What is 3*4?"], ["4", "12"], {"task": ["math", "math"]}, strict=True)
+            ["What is 2+2?", "What is 3*4?"], ["4", "12"], {"task": ["math", "math"]}, strict=True
+        )
     assert scores.total.tolist() == [1.0, 1.0]
     # the documented Example 4 on a first batch of code rows only: nothing is scored
     with pytest.raises(R.RewardFunctionError, match="every reward function returned None for every one of the 2"):
         RewardSet([math_reward, make_coding_reward("coding")]).score(
-            TASK_PROMPTS[1::2], TASK_COMPLETIONS[1::2], {"task": ["code", "code"]}, strict=True)
+            TASK_PROMPTS[1::2], TASK_COMPLETIONS[1::2], {"task": ["code", "code"]}, strict=True
+        )
 
 
 # ---------------------------------------------------------------- through the collector (chat template, scripted replies)
-TEMPLATE = ("{% for m in messages %}<{{ m['role'][0] }}>{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<a>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'][0] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<a>{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -400,13 +426,25 @@ def scripted_engine(tokenizer, replies: list[str]):
     from lit_gspo.rl.engines import RolloutEngine
 
     class Scripted(RolloutEngine):
-        def generate(self, policy, input_ids, attention_mask, *, num_generations, max_new_tokens, pad_id, eos_id,
-                     sampling, synced_gpus, return_logprobs):
+        def generate(
+            self,
+            policy,
+            input_ids,
+            attention_mask,
+            *,
+            num_generations,
+            max_new_tokens,
+            pad_id,
+            eos_id,
+            sampling,
+            synced_gpus,
+            return_logprobs,
+        ):
             rows = input_ids.repeat_interleave(num_generations, 0)
             ids = [tokenizer(r, add_special_tokens=False)["input_ids"] + [eos_id] for r in replies]
             out = torch.full((len(rows), max_new_tokens), pad_id, dtype=torch.long)
             for i, reply in enumerate(ids):
-                out[i, :len(reply)] = torch.tensor(reply[:max_new_tokens])
+                out[i, : len(reply)] = torch.tensor(reply[:max_new_tokens])
             return torch.cat([rows, out], 1), None
 
     return Scripted()
@@ -417,7 +455,9 @@ def make_collector(tokenizer, engine, functions, G=2):
     from lit_gspo.rl.config import Generation
     from lit_gspo.rl.envs import SingleTurn
 
-    return Collector(SingleTurn(), engine, RewardSet(functions), tokenizer, Generation(num_generations=G, max_new_tokens=64))
+    return Collector(
+        SingleTurn(), engine, RewardSet(functions), tokenizer, Generation(num_generations=G, max_new_tokens=64)
+    )
 
 
 def test_the_collector_gives_chat_prompts_and_message_completions(chat_policy):
@@ -441,7 +481,9 @@ def test_the_collector_gives_chat_prompts_and_message_completions(chat_policy):
     assert batch.rewards.tolist() == [2.0, 0.0, 2.0, 0.0]  # spy + format; the third function gives None
     assert stats["rewards/spy/mean"] == 0.5 and stats["answers_logged"] == 4.0  # log_metric → train/answers_logged
     assert stats["rewards/spy/std"] == pytest.approx((4 * 0.25 / 3) ** 0.5)  # TRL's: Bessel-corrected, of 1, 0, 1, 0
-    assert math.isnan(stats["rewards/boxed_with_logs_or_none/mean"]) and math.isnan(stats["rewards/boxed_with_logs_or_none/std"])
+    assert math.isnan(stats["rewards/boxed_with_logs_or_none/mean"]) and math.isnan(
+        stats["rewards/boxed_with_logs_or_none/std"]
+    )
     assert collector.last_extra == {"answer_seen": ["12", "12", "8", "8"]}
 
 
@@ -487,10 +529,31 @@ def test_a_fit_with_a_reward_that_always_raises_stops_at_the_first_scoring(tmp_p
         calls.append(len(completions))
         raise ConnectionError("reward server at localhost:9 refused the connection")
 
-    cli = cli_main(["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path),
-                    "--trainer.max_steps", "2", "--model.warm_start.steps", "0", "--data.num_train", "16",
-                    "--data.num_val", "4", "--data.prompts_per_step", "2", "--model.generation.num_generations", "2",
-                    "--model.generation.max_new_tokens", "4", "--trainer.enable_progress_bar", "false"], run=False)
+    cli = cli_main(
+        [
+            "--config",
+            str(ROOT / "configs/quickstart.yaml"),
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.max_steps",
+            "2",
+            "--model.warm_start.steps",
+            "0",
+            "--data.num_train",
+            "16",
+            "--data.num_val",
+            "4",
+            "--data.prompts_per_step",
+            "2",
+            "--model.generation.num_generations",
+            "2",
+            "--model.generation.max_new_tokens",
+            "4",
+            "--trainer.enable_progress_bar",
+            "false",
+        ],
+        run=False,
+    )
     cli.model.collector.rewards = RewardSet([server_down])  # given through the Python API
     with pytest.raises(Exception) as err:
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)

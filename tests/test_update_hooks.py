@@ -8,8 +8,16 @@ import pytest
 import torch
 
 from lit_gspo.lightning.fp16 import GradScalerStep
-from lit_gspo.rl.learn.hooks import (FiniteGuard, Hooks, MicroStep, MismatchCorrection, RatioDiagnostics, RoutingReplay,
-                                     RoutingVolatility, UpdateHook)
+from lit_gspo.rl.learn.hooks import (
+    FiniteGuard,
+    Hooks,
+    MicroStep,
+    MismatchCorrection,
+    RatioDiagnostics,
+    RoutingReplay,
+    RoutingVolatility,
+    UpdateHook,
+)
 from lit_gspo.rl.learn.learner import Minibatch, UpdateState
 from lit_gspo.rl.learn.mismatch import OPSM, TIS, Mismatch
 from lit_gspo.rl.learn.optimizer_step import clip_then_step
@@ -21,9 +29,15 @@ def batch(sampler, advantages, old=None, mask=None) -> RolloutBatch:
     sampler = torch.tensor(sampler)
     n, t = sampler.shape
     mask = torch.ones(n, t, dtype=torch.bool) if mask is None else torch.tensor(mask, dtype=torch.bool)
-    return RolloutBatch(input_ids=torch.zeros(n, 1 + t, dtype=torch.long), attention_mask=torch.ones(n, 1 + t),
-                        prompt_length=1, completion_mask=mask, engine_logprobs=sampler,
-                        advantages=torch.tensor(advantages), old_logprobs=None if old is None else torch.tensor(old))
+    return RolloutBatch(
+        input_ids=torch.zeros(n, 1 + t, dtype=torch.long),
+        attention_mask=torch.ones(n, 1 + t),
+        prompt_length=1,
+        completion_mask=mask,
+        engine_logprobs=sampler,
+        advantages=torch.tensor(advantages),
+        old_logprobs=None if old is None else torch.tensor(old),
+    )
 
 
 def state(rollout) -> UpdateState:
@@ -36,8 +50,15 @@ def micro_step(rollout, logprobs, old=None, old_is_current=False, placeholder=Fa
     return MicroStep(rollout, placeholder, logprobs, old, old_is_current, advantages=rollout.advantages)
 
 
-MINIBATCH = Minibatch(rows=torch.arange(2), counts=Counts(tokens=4.0, seqs=2.0, max_len=2.0), epoch=1, index=2,
-                      placeholder=False, skipped_tokens=0.0, first_record=0)
+MINIBATCH = Minibatch(
+    rows=torch.arange(2),
+    counts=Counts(tokens=4.0, seqs=2.0, max_len=2.0),
+    epoch=1,
+    index=2,
+    placeholder=False,
+    skipped_tokens=0.0,
+    first_record=0,
+)
 
 
 # ------------------------------------------------------------------ MismatchCorrection
@@ -65,7 +86,7 @@ def test_with_the_sampler_as_old_every_real_micro_step_measures_the_trainer_agai
     hook = MismatchCorrection(Mismatch(old_logprobs="sampler"))
     update = state(rollout)
     hook.before_loss(update, micro_step(rollout, [[-1.5, -1.75]]))
-    (metrics, tokens), = update.records
+    ((metrics, tokens),) = update.records
     assert tokens == 2 and metrics["mismatch/log_ratio_abs_mean"] == pytest.approx(0.375)
     assert metrics["mismatch/log_ratio_abs_max"] == pytest.approx(0.5)
     hook.before_loss(update, micro_step(rollout, [[-1.5, -1.75]], placeholder=True))
@@ -106,8 +127,12 @@ def test_routing_replay_pins_the_recorded_experts_of_a_micro_batch():
 
     policy, _ = load_policy("tiny-qwen3-moe", seed=0)
     gen = torch.Generator().manual_seed(0)
-    micro = RolloutBatch(input_ids=torch.randint(3, policy.config.vocab_size, (2, 7), generator=gen), attention_mask=torch.ones(2, 7),
-                         prompt_length=3, completion_mask=torch.ones(2, 4, dtype=torch.bool))
+    micro = RolloutBatch(
+        input_ids=torch.randint(3, policy.config.vocab_size, (2, 7), generator=gen),
+        attention_mask=torch.ones(2, 7),
+        prompt_length=3,
+        completion_mask=torch.ones(2, 4, dtype=torch.bool),
+    )
     hook = RoutingReplay(policy)
     with torch.no_grad(), hook.around_micro(micro):  # no routes recorded: the router routes
         before = token_logprobs(policy, micro).logprobs
@@ -214,5 +239,3 @@ def test_the_fp16_step_clips_inside_the_optimiser_step_and_skips_an_overflow():
     assert step(CountingOptimizer(on_step=overflow), lambda: 0.75, lambda norm: True) is None
     opt = CountingOptimizer(on_step=step.clip_unscaled)
     assert step(opt, lambda: 0.75, lambda norm: False) is None and opt.steps == 0  # a non-finite loss: no step at all
-
-

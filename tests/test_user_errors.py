@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from lit_gspo.lightning.callbacks.run_lock import RunLockedError
 from lit_gspo.runtime import user_errors
 from lit_gspo.tools.main import main
-from lit_gspo.lightning.callbacks.run_lock import RunLockedError
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs/quickstart.yaml")
@@ -21,8 +21,14 @@ ENV.pop(user_errors.DEBUG_ENV, None)
 
 
 def cli(*args: str, env=ENV) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lit_gspo.tools.main", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "lit_gspo.tools.main", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def exit_code_and_error(capsys, args) -> tuple[int, list[str], str]:
@@ -36,13 +42,22 @@ def exit_code_and_error(capsys, args) -> tuple[int, list[str], str]:
 def test_a_misspelled_option_is_the_error_and_its_close_matches_not_the_usage_dump():
     proc = cli("fit", "--config", QUICKSTART, "--data.prompts_per_stp", "3")
     assert proc.returncode == 2
-    assert proc.stderr.splitlines() == ["error: unrecognized arguments: --data.prompts_per_stp 3",
-                                        "  Did you mean: --data.prompts_per_step, --data.prompt_column, --data.train_split?"]
+    assert proc.stderr.splitlines() == [
+        "error: unrecognized arguments: --data.prompts_per_stp 3",
+        "  Did you mean: --data.prompts_per_step, --data.prompt_column, --data.train_split?",
+    ]
 
 
 def test_a_bad_value_in_the_config_is_one_error_line_without_a_traceback(tmp_path):
-    proc = cli("fit", "--config", QUICKSTART, "--model.generation.num_generations", "1",
-               "--trainer.default_root_dir", str(tmp_path))
+    proc = cli(
+        "fit",
+        "--config",
+        QUICKSTART,
+        "--model.generation.num_generations",
+        "1",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: generation.num_generations=1, but GroupNormalized")
@@ -50,37 +65,74 @@ def test_a_bad_value_in_the_config_is_one_error_line_without_a_traceback(tmp_pat
 
 
 def test_debug_shows_the_traceback_and_the_usage(tmp_path):
-    proc = cli("fit", "--config", QUICKSTART, "--model.generation.num_generations", "1", "--debug",
-               "--trainer.default_root_dir", str(tmp_path))
-    assert proc.returncode == 1 and "Traceback" in proc.stderr and "ValueError: generation.num_generations=1" in proc.stderr
+    proc = cli(
+        "fit",
+        "--config",
+        QUICKSTART,
+        "--model.generation.num_generations",
+        "1",
+        "--debug",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+    )
+    assert (
+        proc.returncode == 1
+        and "Traceback" in proc.stderr
+        and "ValueError: generation.num_generations=1" in proc.stderr
+    )
     proc = cli("fit", "--data.prompts_per_stp", "3", env={**ENV, user_errors.DEBUG_ENV: "1"})
     assert proc.returncode == 2 and "usage:" in proc.stderr  # jsonargparse's own message, usage included
 
 
-@pytest.mark.parametrize("extra, expected", [
-    (["--data.train_source", "no_such_file.jsonl"], "error: 'no_such_file.jsonl' is neither a built-in task"),
-    (["--data.num_val", "-1"], "error: --data.num_val -1: must be >= 0, or null"),
-    (["--data.train_source", "{tmp}/rows.jsonl"], "error: '{tmp}/rows.jsonl' has no column 'prompt' (--data.prompt_column prompt); its columns are"),
-    # a value no type of the option accepts: jsonargparse's lines per subtype as one line naming the option and the value
-    (["--trainer.precision", "7"], "error: --trainer.precision 7: expected one of 64, 32, 16, 'transformer-engine'"),
-    (["--model.update.epochs", "abc"], "error: --model.update.epochs abc: expected an int"),
-    (["--model.lr_scheduler", "ReduceLROnPlateau"], "error: --model.lr_scheduler ReduceLROnPlateau: Multiple subclasses "
-                                                    "with name ReduceLROnPlateau. Give the full class path"),
-    (["--model.warm_start.steps", "-3"], "error: --model.warm_start: warm_start needs steps >= 0"),
-])
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--data.train_source", "no_such_file.jsonl"], "error: 'no_such_file.jsonl' is neither a built-in task"),
+        (["--data.num_val", "-1"], "error: --data.num_val -1: must be >= 0, or null"),
+        (
+            ["--data.train_source", "{tmp}/rows.jsonl"],
+            "error: '{tmp}/rows.jsonl' has no column 'prompt' (--data.prompt_column prompt); its columns are",
+        ),
+        # a value no type of the option accepts: jsonargparse's lines per subtype as one line naming the option and the value
+        (
+            ["--trainer.precision", "7"],
+            "error: --trainer.precision 7: expected one of 64, 32, 16, 'transformer-engine'",
+        ),
+        (["--model.update.epochs", "abc"], "error: --model.update.epochs abc: expected an int"),
+        (
+            ["--model.lr_scheduler", "ReduceLROnPlateau"],
+            "error: --model.lr_scheduler ReduceLROnPlateau: Multiple subclasses "
+            "with name ReduceLROnPlateau. Give the full class path",
+        ),
+        (["--model.warm_start.steps", "-3"], "error: --model.warm_start: warm_start needs steps >= 0"),
+    ],
+)
 def test_settings_paths_and_columns_checked_at_start_are_one_error(tmp_path, capsys, monkeypatch, extra, expected):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (tmp_path / "rows.jsonl").write_text('{"question": "rev 123=", "answer": "321"}\n' * 8)
     extra, expected = [e.format(tmp=tmp_path) for e in extra], expected.format(tmp=tmp_path)
-    code, errors, err = exit_code_and_error(capsys, ["fit", "--config", QUICKSTART, "--trainer.max_steps", "1",
-                                                     "--trainer.default_root_dir", str(tmp_path), *extra])
+    code, errors, err = exit_code_and_error(
+        capsys,
+        [
+            "fit",
+            "--config",
+            QUICKSTART,
+            "--trainer.max_steps",
+            "1",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            *extra,
+        ],
+    )
     assert code == 2 and len(errors) == 1 and errors[0].startswith(expected), err[-3000:]
 
 
 def test_eval_of_a_missing_checkpoint_is_one_error(tmp_path, capsys):
     code, errors, err = exit_code_and_error(capsys, ["eval", "--ckpt", str(tmp_path / "nothing.ckpt")])
-    assert code == 2 and errors == [f"error: --ckpt {tmp_path / 'nothing.ckpt'}: no such file (a run's checkpoints are "
-                                    "<run>/checkpoints/*.ckpt; its exported model is <run>/hf_model)"], err[-3000:]
+    assert code == 2 and errors == [
+        f"error: --ckpt {tmp_path / 'nothing.ckpt'}: no such file (a run's checkpoints are "
+        "<run>/checkpoints/*.ckpt; its exported model is <run>/hf_model)"
+    ], err[-3000:]
 
 
 # ------------------------------------------------------------------------------------------- the classification

@@ -3,28 +3,34 @@ construction with an error naming the value and what is valid."""
 
 import pytest
 
+from lit_gspo.lightning.module import RLModule
 from lit_gspo.rl.advantages import GAE, RLOO, BatchNormalized, GroupMean, GroupNormalized
 from lit_gspo.rl.config import Generation, RolloutDumps, Sampling, Update, Validation
-from lit_gspo.lightning.module import RLModule
 from lit_gspo.rl.objectives import PPO
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0.0"),
-    ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
-    ({"top_k": -1}, r"top_k must be >= 0 \(0: no top-k\), got -1"),
-    ({"max_prompt_length": 0}, r"max_prompt_length must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0.0"),
+        ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
+        ({"top_k": -1}, r"top_k must be >= 0 \(0: no top-k\), got -1"),
+        ({"max_prompt_length": 0}, r"max_prompt_length must be >= 1, got 0"),
+    ],
+)
 def test_generation_ranges(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Generation(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"max_grad_norm": -1.0}, r"max_grad_norm must be > 0 or null \(no clipping\), got -1.0"),
-    ({"max_grad_norm": 0.0}, r"max_grad_norm must be > 0 or null \(no clipping\), got 0.0"),
-    ({"max_nonfinite_steps": 0}, r"max_nonfinite_steps must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_grad_norm": -1.0}, r"max_grad_norm must be > 0 or null \(no clipping\), got -1.0"),
+        ({"max_grad_norm": 0.0}, r"max_grad_norm must be > 0 or null \(no clipping\), got 0.0"),
+        ({"max_nonfinite_steps": 0}, r"max_nonfinite_steps must be >= 1, got 0"),
+    ],
+)
 def test_update_ranges(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Update(**kwargs)
@@ -47,15 +53,23 @@ def test_one_generation_per_prompt_is_fine_without_groups():
     assert module.generation.num_generations == 1
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: Validation(every_n_steps=-1),
-     r"validation.every_n_steps must be >= 0 \(0: only before and after training\), got -1"),
-    (lambda: Validation(num_logged_completions=-1), r"validation.log_completions_every_n_steps and "
-                                                     r"validation.num_logged_completions must be >= 0, got None and -1"),
-    (lambda: Sampling(max_skipped_steps=0), r"sampling.max_skipped_steps must be >= 1, got 0"),
-    (lambda: Sampling(max_rounds=0), r"sampling.max_rounds must be >= 1, got 0"),
-    (lambda: RolloutDumps(every_n_steps=-2), r"rollout_dumps.every_n_steps must be >= 0 \(0: never\), got -2"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda: Validation(every_n_steps=-1),
+            r"validation.every_n_steps must be >= 0 \(0: only before and after training\), got -1",
+        ),
+        (
+            lambda: Validation(num_logged_completions=-1),
+            r"validation.log_completions_every_n_steps and "
+            r"validation.num_logged_completions must be >= 0, got None and -1",
+        ),
+        (lambda: Sampling(max_skipped_steps=0), r"sampling.max_skipped_steps must be >= 1, got 0"),
+        (lambda: Sampling(max_rounds=0), r"sampling.max_rounds must be >= 1, got 0"),
+        (lambda: RolloutDumps(every_n_steps=-2), r"rollout_dumps.every_n_steps must be >= 0 \(0: never\), got -2"),
+    ],
+)
 def test_module_ranges(make, message):
     with pytest.raises(ValueError, match=message):
         make()

@@ -26,17 +26,56 @@ def run_two_processes(root: Path, subcommand: str, *extra: str, steps: int = 4) 
     with socket.socket() as s:  # a fresh rendezvous port per run
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    argv = ["--config", str(ROOT / "configs/quickstart.yaml"), "--config", str(ROOT / "configs/engines/vllm.yaml"),
-            *extra, "--trainer.default_root_dir", str(root), "--trainer.max_steps", str(steps),
-            "--trainer.enable_progress_bar", "false", "--model.warm_start.steps", "0", "--data.num_train", "64",
-            "--data.num_val", "8", "--data.prompts_per_step", "4", "--model.generation.num_generations", "4",
-            "--model.generation.max_new_tokens", "4", "--model.optimizer.lr", "0.05", "--model.mismatch", "{}",
-            "--model.validation.every_n_steps", "2"]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT / "tests")}  # tests/rank_turns.py
-    proc = subprocess.run([sys.executable, "-m", "lit_gspo", subcommand, *argv], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=400)
-    assert proc.returncode == 0, f"{subcommand} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    argv = [
+        "--config",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--config",
+        str(ROOT / "configs/engines/vllm.yaml"),
+        *extra,
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--model.warm_start.steps",
+        "0",
+        "--data.num_train",
+        "64",
+        "--data.num_val",
+        "8",
+        "--data.prompts_per_step",
+        "4",
+        "--model.generation.num_generations",
+        "4",
+        "--model.generation.max_new_tokens",
+        "4",
+        "--model.optimizer.lr",
+        "0.05",
+        "--model.mismatch",
+        "{}",
+        "--model.validation.every_n_steps",
+        "2",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONWARNINGS": "ignore",
+        "OMP_NUM_THREADS": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "PYTHONPATH": str(ROOT / "tests"),
+    }  # tests/rank_turns.py
+    proc = subprocess.run(
+        [sys.executable, "-m", "lit_gspo", subcommand, *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, (
+        f"{subcommand} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    )
     assert "Traceback" not in proc.stderr, proc.stderr[-6000:]
     (path,) = root.glob("**/metrics.csv")
     with open(path) as f:

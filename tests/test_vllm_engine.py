@@ -10,8 +10,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 pytest.importorskip("vllm", reason="needs vLLM: pip install 'lit-gspo[vllm]' (its own environment, see .ci/run)")
 
-from lit_gspo.rl.engines import HFGenerate, VLLMEngine  # noqa: E402
 from lit_gspo.models.hf_weights import hf_weights  # noqa: E402
+from lit_gspo.rl.engines import HFGenerate, VLLMEngine  # noqa: E402
 from lit_gspo.rl.rollout import position_ids_of, token_logprobs  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -25,9 +25,18 @@ ATOL = 2e-5
 
 def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=23, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=1, intermediate_size=64, max_position_embeddings=128,
-                         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=23,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=2,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -52,9 +61,14 @@ def built(model):
     engine.sync_weights(model)  # nothing built yet: nothing to push (the build pushes)
     unbuilt = engine.llm is None and engine.last_sync_s is None
     engine.sample(model, PROMPTS, num_generations=1, max_new_tokens=4, pad_id=PAD, eos_id=EOS, greedy=True)  # builds
-    after = dict(unbuilt=unbuilt, set_num_threads=torch.set_num_threads is set_num_threads,
-                 threads=torch.get_num_threads() == threads, torch=torch.equal(torch.rand(3), expected[0]),
-                 numpy=bool((np.random.rand(3) == expected[1]).all()), random=random.random() == expected[2])
+    after = dict(
+        unbuilt=unbuilt,
+        set_num_threads=torch.set_num_threads is set_num_threads,
+        threads=torch.get_num_threads() == threads,
+        torch=torch.equal(torch.rand(3), expected[0]),
+        numpy=bool((np.random.rand(3) == expected[1]).all()),
+        random=random.random() == expected[2],
+    )
     yield engine, after
     engine.close()
 
@@ -66,8 +80,9 @@ def engine(built):
 
 def sample(engine, model, seed=0, prompts=PROMPTS, num_generations=3, **kwargs):
     torch.manual_seed(seed)
-    return engine.sample(model, prompts, num_generations=num_generations, max_new_tokens=8, pad_id=PAD, eos_id=EOS,
-                         **kwargs)
+    return engine.sample(
+        model, prompts, num_generations=num_generations, max_new_tokens=8, pad_id=PAD, eos_id=EOS, **kwargs
+    )
 
 
 def greedy(engine, model):
@@ -90,8 +105,14 @@ def test_with_top_k_and_top_p_the_logprobs_are_of_the_truncated_renormalised_dis
     batch = sample(engine, model, temperature=0.9, top_k=5, top_p=0.8, return_logprobs=True)
     P, mask = batch.prompt_length, batch.completion_mask
     with torch.no_grad():
-        logits = model(batch.input_ids, attention_mask=batch.attention_mask,
-                       position_ids=position_ids_of(batch.attention_mask)).logits[:, P - 1:-1].float() / 0.9
+        logits = (
+            model(
+                batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids_of(batch.attention_mask)
+            )
+            .logits[:, P - 1 : -1]
+            .float()
+            / 0.9
+        )
     top = logits.topk(5, -1)
     probs = top.values.softmax(-1)  # sorted descending
     kept = (probs.cumsum(-1) - probs) < 0.8  # the smallest prefix whose mass reaches 0.8 (the first always kept)
@@ -105,7 +126,7 @@ def test_a_seeded_torch_rng_samples_the_same_completions_and_another_seed_others
     first, again, other = (sample(engine, model, seed=s, temperature=1.0) for s in (0, 0, 1))
     assert torch.equal(first.input_ids, again.input_ids)
     assert not torch.equal(first.input_ids, other.input_ids)
-    rows = first.input_ids[:, first.prompt_length:]
+    rows = first.input_ids[:, first.prompt_length :]
     assert len({tuple(r.tolist()) for r in rows}) > len(PROMPTS)  # the G samples of a prompt differ
 
 
@@ -127,8 +148,14 @@ def test_the_draws_follow_the_trainers_distribution(engine):
         policy.lm_head.weight.mul_(8)  # a peaked distribution: 0.47 on one token, 0.001 on another
         probs = policy(torch.tensor([[5, 6, 7]])).logits[0, -1].float().softmax(-1)
     torch.manual_seed(1)
-    drawn = torch.cat([engine.sample(policy, [[5, 6, 7]] * 4, num_generations=250, max_new_tokens=1, pad_id=PAD,
-                                     eos_id=EOS, temperature=1.0).input_ids[:, -1] for _ in range(4)])
+    drawn = torch.cat(
+        [
+            engine.sample(
+                policy, [[5, 6, 7]] * 4, num_generations=250, max_new_tokens=1, pad_id=PAD, eos_id=EOS, temperature=1.0
+            ).input_ids[:, -1]
+            for _ in range(4)
+        ]
+    )
     frequencies = torch.bincount(drawn, minlength=len(probs)).float() / len(drawn)
     assert len(drawn) == 4000 and 0.5 * (frequencies - probs).abs().sum() < 0.04
 
@@ -155,7 +182,9 @@ def test_changed_weights_are_pushed_change_the_sample_and_equal_the_trainers_the
     batch = sample(engine, model, temperature=1.0, return_logprobs=True)
     with torch.no_grad():
         trainer = token_logprobs(model, batch).logprobs
-    torch.testing.assert_close(batch.engine_logprobs[batch.completion_mask], trainer[batch.completion_mask], atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        batch.engine_logprobs[batch.completion_mask], trainer[batch.completion_mask], atol=ATOL, rtol=0
+    )
     model.load_state_dict(saved)
     engine.sync_weights(model)
     assert engine.last_sync_s is not None
@@ -176,8 +205,9 @@ def test_an_optimiser_step_counts_as_a_change_and_sample_pushes_without_an_expli
         with torch.no_grad():
             trainer = token_logprobs(model, scored).logprobs
             assert not torch.allclose(token_logprobs(model, batch).logprobs, lp_before)
-        torch.testing.assert_close(scored.engine_logprobs[scored.completion_mask], trainer[scored.completion_mask],
-                                   atol=ATOL, rtol=0)
+        torch.testing.assert_close(
+            scored.engine_logprobs[scored.completion_mask], trainer[scored.completion_mask], atol=ATOL, rtol=0
+        )
     finally:
         model.zero_grad(set_to_none=True)
         model.load_state_dict(saved)
@@ -217,7 +247,9 @@ def test_lora_adapters_are_merged_into_what_vllm_samples_from(engine):
 def test_a_policy_of_another_shape_is_refused_naming_both(engine):
     other = tiny_llama()
     other.config.intermediate_size = 96  # only the config is compared: no forward runs
-    with pytest.raises(ValueError, match=r"built for a .*'intermediate_size': 64.*this policy is .*'intermediate_size': 96"):
+    with pytest.raises(
+        ValueError, match=r"built for a .*'intermediate_size': 64.*this policy is .*'intermediate_size': 96"
+    ):
         greedy(engine, other)
 
 
@@ -227,15 +259,25 @@ def test_under_several_trainer_processes_an_engine_split_over_ranks_is_refused_n
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
     engine = VLLMEngine(kv_cache_gb=0.05, llm_kwargs={"tensor_parallel_size": 2})
-    with pytest.raises(ValueError, match=r"one whole engine per trainer rank; llm_kwargs \{'tensor_parallel_size': 2\}"):
+    with pytest.raises(
+        ValueError, match=r"one whole engine per trainer rank; llm_kwargs \{'tensor_parallel_size': 2\}"
+    ):
         greedy(engine, model)
     assert engine.llm is None
 
 
 def test_a_head_size_vllms_cpu_attention_lacks_is_refused_naming_it():
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=23, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=23,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     with pytest.raises(ValueError, match=r"head sizes \(32, 64.*the policy's is 8 .*hidden_size 32 / 4 heads"):
-        VLLMEngine().sample(LlamaForCausalLM(config), [[3, 4]], num_generations=1, max_new_tokens=2, pad_id=PAD,
-                            eos_id=EOS, greedy=True)
+        VLLMEngine().sample(
+            LlamaForCausalLM(config), [[3, 4]], num_generations=1, max_new_tokens=2, pad_id=PAD, eos_id=EOS, greedy=True
+        )

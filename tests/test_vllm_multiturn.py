@@ -9,11 +9,11 @@ import torch
 
 pytest.importorskip("vllm", reason="needs vLLM: pip install 'lit-gspo[vllm]' (its own environment, see .ci/run)")
 
+from lit_gspo.models.loading import load_policy  # noqa: E402
 from lit_gspo.rl.collect import Collector  # noqa: E402
 from lit_gspo.rl.config import Generation  # noqa: E402
 from lit_gspo.rl.engines import HFGenerate, VLLMEngine  # noqa: E402
 from lit_gspo.rl.envs import Environment, Turn  # noqa: E402
-from lit_gspo.models.loading import load_policy  # noqa: E402
 from lit_gspo.rl.rewards import CharAccuracy, RewardSet  # noqa: E402
 from lit_gspo.rl.rollout import token_logprobs  # noqa: E402
 
@@ -42,8 +42,14 @@ def engine():
 
 
 def sample(policy, tok, engine, *, greedy: bool, G: int = 2):
-    collector = Collector(Talker(max_turns=3), engine, RewardSet([CharAccuracy()]), tok,
-                          Generation(num_generations=G, max_new_tokens=5), engine_logprobs=not greedy)
+    collector = Collector(
+        Talker(max_turns=3),
+        engine,
+        RewardSet([CharAccuracy()]),
+        tok,
+        Generation(num_generations=G, max_new_tokens=5),
+        engine_logprobs=not greedy,
+    )
     torch.manual_seed(0)
     return collector.sample(policy, ROWS, greedy=greedy)[0]
 

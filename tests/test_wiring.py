@@ -2,11 +2,11 @@
 
 import pytest
 
+from lit_gspo.lightning.module import RLModule
 from lit_gspo.rl.advantages import GAE, RLOO, GroupMean, GroupNormalized
 from lit_gspo.rl.config import Sampling
 from lit_gspo.rl.engines import HFGenerate
 from lit_gspo.rl.envs import SingleTurn
-from lit_gspo.lightning.module import RLModule
 from lit_gspo.rl.objectives import DAPO, GSPO, PPO, DrGRPO
 
 

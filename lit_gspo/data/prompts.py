@@ -16,8 +16,14 @@ from lit_gspo.runtime.user_errors import option
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 #: split names a user may give for a directory's split → the name ``datasets`` files it under (``val.jsonl`` → "validation")
-SPLIT_ALIASES = {"val": "validation", "valid": "validation", "dev": "validation", "eval": "test", "testing": "test",
-                 "training": "train"}
+SPLIT_ALIASES = {
+    "val": "validation",
+    "valid": "validation",
+    "dev": "validation",
+    "eval": "test",
+    "testing": "test",
+    "training": "train",
+}
 
 #: what ``_load_dataset`` returns: rows as written (JSON, CSV) or a ``datasets.Dataset`` (Parquet, Hub), and the columns
 Table = tuple[object, list[str]]
@@ -33,7 +39,9 @@ def read_data_file(path: Path) -> Table:
     """
     builder = FILE_BUILDERS.get(path.suffix.lower())
     if builder is None:
-        raise ValueError(f"cannot read {str(path)!r}: unsupported extension {path.suffix!r}; use one of {sorted(FILE_BUILDERS)}")
+        raise ValueError(
+            f"cannot read {str(path)!r}: unsupported extension {path.suffix!r}; use one of {sorted(FILE_BUILDERS)}"
+        )
     if builder == "parquet":
         from datasets import load_dataset
 
@@ -73,14 +81,18 @@ def _read_json(path: Path) -> list[dict]:
                 try:
                     records.append(json.loads(line))
                 except json.JSONDecodeError as err:
-                    raise ValueError(f"{path} line {number} is not valid JSON: {err.msg} (column {err.colno}); "
-                                     "give one JSON object per line, or a JSON list of objects") from None
+                    raise ValueError(
+                        f"{path} line {number} is not valid JSON: {err.msg} (column {err.colno}); "
+                        "give one JSON object per line, or a JSON list of objects"
+                    ) from None
                 numbers.append(number)
         where = lambda i: f"{path} line {numbers[i]}"  # noqa: E731
     for i, record in enumerate(records):
         if not isinstance(record, dict):
-            raise ValueError(f"{where(i)} is a JSON {type(record).__name__}, not an object: each row must be "
-                             '{"column": value, ...}')
+            raise ValueError(
+                f"{where(i)} is a JSON {type(record).__name__}, not an object: each row must be "
+                '{"column": value, ...}'
+            )
     return records
 
 
@@ -128,8 +140,10 @@ def _load_saved(path: Path, folders: dict[str, str], split: str) -> Table:
 
     folder = folders.get(SPLIT_ALIASES.get(split, split))
     if folder is None:
-        raise ValueError(f"{str(path)!r} (a dataset saved with save_to_disk) has no split {split!r}; its splits are "
-                         f"{sorted(folders)}: choose one with {option('data.train_split')} / {option('data.val_split')}")
+        raise ValueError(
+            f"{str(path)!r} (a dataset saved with save_to_disk) has no split {split!r}; its splits are "
+            f"{sorted(folders)}: choose one with {option('data.train_split')} / {option('data.val_split')}"
+        )
     dataset = load_from_disk(str(path / folder) if folder else str(path))
     return dataset, list(dataset.column_names)
 
@@ -143,12 +157,16 @@ def _load_directory_split(path: Path, split: str) -> Table:
         return _load_saved(path, saved, split)
     splits = directory_splits(path)
     if not splits:
-        raise ValueError(f"directory {str(path)!r} holds no data file: give it e.g. train.jsonl (and validation.jsonl), "
-                         f"as {sorted(FILE_BUILDERS)} files")
+        raise ValueError(
+            f"directory {str(path)!r} holds no data file: give it e.g. train.jsonl (and validation.jsonl), "
+            f"as {sorted(FILE_BUILDERS)} files"
+        )
     files = splits.get(SPLIT_ALIASES.get(split, split))
     if files is None:
-        raise ValueError(f"directory {str(path)!r} has no split {split!r}; its splits are "
-                         + ", ".join(f"{name} ({', '.join(f.name for f in found)})" for name, found in splits.items()))
+        raise ValueError(
+            f"directory {str(path)!r} has no split {split!r}; its splits are "
+            + ", ".join(f"{name} ({', '.join(f.name for f in found)})" for name, found in splits.items())
+        )
     if any(f.suffix.lower() not in FILE_BUILDERS for f in files):
         from datasets import load_dataset
 
@@ -215,13 +233,16 @@ def check_text_file(path: Path) -> None:
                 text = line.decode("utf-8")
             except UnicodeDecodeError as err:
                 raise ValueError(
-                    f"{path} line {number} is not UTF-8 text: byte {line[err.start:err.start + 1]!r} at column {err.start + 1} "
+                    f"{path} line {number} is not UTF-8 text: byte {line[err.start : err.start + 1]!r} at column {err.start + 1} "
                     f"({err.reason}). Save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 {path.name}` if it is "
-                    "Latin-1)") from None
+                    "Latin-1)"
+                ) from None
             empty = empty and not text.strip()
     if empty:
-        raise ValueError(f"{path} is empty: it holds no rows. Give a file with at least one row "
-                         f"({'one JSON object per line' if path.suffix.lower() == '.jsonl' else 'a header and rows' if path.suffix.lower() == '.csv' else 'a list of objects'})")
+        raise ValueError(
+            f"{path} is empty: it holds no rows. Give a file with at least one row "
+            f"({'one JSON object per line' if path.suffix.lower() == '.jsonl' else 'a header and rows' if path.suffix.lower() == '.csv' else 'a list of objects'})"
+        )
 
 
 def subset_indices(total: int, n: int | None, seed: int) -> list[int]:
@@ -231,9 +252,15 @@ def subset_indices(total: int, n: int | None, seed: int) -> list[int]:
     return sorted(random.Random(seed).sample(range(total), n))
 
 
-def load_prompt_rows(source: str, split: str = "train", prompt_column: str = "prompt",
-                     answer_column: str | None = "answer", n: int | None = None, seed: int = 0,
-                     **task_kwargs) -> list[dict]:
+def load_prompt_rows(
+    source: str,
+    split: str = "train",
+    prompt_column: str = "prompt",
+    answer_column: str | None = "answer",
+    n: int | None = None,
+    seed: int = 0,
+    **task_kwargs,
+) -> list[dict]:
     """Load prompt rows as dicts: every column under its own name, plus ``"prompt"`` and ``"answer"`` (unless
     ``answer_column`` is None) holding the prompt and answer columns' values. Values are as the file writes them
     (see ``read_data_file``: a CSV cell is text, ``"000"`` stays ``"000"``).
@@ -264,18 +291,27 @@ def load_prompt_rows(source: str, split: str = "train", prompt_column: str = "pr
             raise ValueError(f"built-in task {source!r} needs n (the number of prompts to generate)")
         return make_split(source, split, n, seed, **task_kwargs)
     if task_kwargs:
-        raise TypeError(f"options {sorted(task_kwargs)} only apply to built-in tasks {sorted(TASKS)}, not to {source!r}")
+        raise TypeError(
+            f"options {sorted(task_kwargs)} only apply to built-in tasks {sorted(TASKS)}, not to {source!r}"
+        )
     table, columns = _load_dataset(source, split)
     if len(table) == 0:
-        raise ValueError(f"{source!r} holds no rows{'' if Path(source).is_file() else f' in split {split!r}'}: give data with at least one row")
+        raise ValueError(
+            f"{source!r} holds no rows{'' if Path(source).is_file() else f' in split {split!r}'}: give data with at least one row"
+        )
     for setting, column in (("prompt_column", prompt_column), ("answer_column", answer_column)):
         if column is not None and column not in columns:
             raise ValueError(missing_column_message(source, setting, column, columns))
-    for setting, column, alias in (("prompt_column", prompt_column, "prompt"), ("answer_column", answer_column, "answer")):
+    for setting, column, alias in (
+        ("prompt_column", prompt_column, "prompt"),
+        ("answer_column", answer_column, "answer"),
+    ):
         if column not in (None, alias) and alias in columns:
-            raise ValueError(f"{option('data.' + setting, column)} would hide {source!r}'s own {alias!r} column (the "
-                             f"rewards get {column!r} as {alias!r}); its columns are {columns}. Rename one of the two "
-                             f"columns, or give {option('data.' + setting, alias)}")
+            raise ValueError(
+                f"{option('data.' + setting, column)} would hide {source!r}'s own {alias!r} column (the "
+                f"rewards get {column!r} as {alias!r}); its columns are {columns}. Rename one of the two "
+                f"columns, or give {option('data.' + setting, alias)}"
+            )
     indices = list(range(len(table)))
     if n is not None and n < len(table):
         indices = subset_indices(len(table), n, seed)
@@ -287,8 +323,10 @@ def load_prompt_rows(source: str, split: str = "train", prompt_column: str = "pr
         row["prompt"] = row[prompt_column]
         problem = prompt_problem(row["prompt"])
         if problem:
-            raise ValueError(f"{where} row {index}: the prompt is {problem}, got {row['prompt']!r} "
-                             f"(column {prompt_column!r}); fix or drop the row")
+            raise ValueError(
+                f"{where} row {index}: the prompt is {problem}, got {row['prompt']!r} "
+                f"(column {prompt_column!r}); fix or drop the row"
+            )
         if answer_column is not None:
             row["answer"] = row[answer_column]
         rows.append(row)
@@ -298,8 +336,21 @@ def load_prompt_rows(source: str, split: str = "train", prompt_column: str = "pr
 #: columns that usually hold a dataset's prompts / reference answers (TRL's and common Hub datasets' names), in order
 COLUMN_CANDIDATES = {
     "prompt_column": ("prompt", "question", "problem", "query", "instruction", "input", "messages", "text"),
-    "answer_column": ("answer", "ground_truth", "solution", "label", "labels", "target", "reference", "gold",
-                      "final_answer", "answers", "output", "completion", "response"),
+    "answer_column": (
+        "answer",
+        "ground_truth",
+        "solution",
+        "label",
+        "labels",
+        "target",
+        "reference",
+        "gold",
+        "final_answer",
+        "answers",
+        "output",
+        "completion",
+        "response",
+    ),
 }
 
 
@@ -336,7 +387,9 @@ def prompt_problem(prompt) -> str | None:
     if isinstance(prompt, list):
         if not prompt:
             return "empty (a list of no messages)"
-        if all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt):
+        if all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+        ):
             return None
     return "neither a string nor a list of {'role': str, 'content': str} messages"
 
@@ -351,8 +404,15 @@ def check_prompt_lengths(rows: list[dict], encode: Callable[[list[dict]], list],
             raise ValueError(f"{where(position)}: {re.sub(r'^prompt 0 ', 'the prompt ', str(err))}") from None
 
 
-def encode_prompts(tokenizer, prompts: list, *, chat_template: bool | None = None, max_prompt_length: int,
-                   system_prompt: str | None = None, tools: list[dict] | None = None) -> list[list[int]]:
+def encode_prompts(
+    tokenizer,
+    prompts: list,
+    *,
+    chat_template: bool | None = None,
+    max_prompt_length: int,
+    system_prompt: str | None = None,
+    tools: list[dict] | None = None,
+) -> list[list[int]]:
     """Token ids of each prompt, ready for generation; never truncates.
 
     With a chat template (``chat_template=True``, or None and the tokenizer has one) each prompt
@@ -370,32 +430,45 @@ def encode_prompts(tokenizer, prompts: list, *, chat_template: bool | None = Non
     has_template = bool(getattr(tokenizer, "chat_template", None))
     use_template = has_template if chat_template is None else chat_template
     if use_template and not has_template:
-        raise ValueError(f"{option(CHAT_TEMPLATE, chat_template)}, but {_tokenizer_name(tokenizer)} has no chat template: "
-                         f"give {option(CHAT_TEMPLATE, None)} (use it when there is one) or "
-                         f"{option(CHAT_TEMPLATE, False)} (prompts as plain text), or a {option('model.model')} whose "
-                         "tokenizer has one")
+        raise ValueError(
+            f"{option(CHAT_TEMPLATE, chat_template)}, but {_tokenizer_name(tokenizer)} has no chat template: "
+            f"give {option(CHAT_TEMPLATE, None)} (use it when there is one) or "
+            f"{option(CHAT_TEMPLATE, False)} (prompts as plain text), or a {option('model.model')} whose "
+            "tokenizer has one"
+        )
     encoded = []
     for i, prompt in enumerate(prompts):
         if use_template:
             messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
             if system_prompt is not None and not any(m.get("role") == "system" for m in messages):
                 messages = [{"role": "system", "content": system_prompt}, *messages]
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                 **({"tools": tools} if tools else {}))
+            text = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, **({"tools": tools} if tools else {})
+            )
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         else:
             if not isinstance(prompt, str):
-                why = (f"{_tokenizer_name(tokenizer)} has no chat template to render them with; give a "
-                       f"{option('model.model')} whose tokenizer has one, or prompts as text (a text column as "
-                       f"{option('data.prompt_column')})") if not has_template else (
-                       f"chat templating is off ({option(CHAT_TEMPLATE, chat_template)}); give "
-                       f"{option(CHAT_TEMPLATE, None)} to render them with the tokenizer's template")
+                why = (
+                    (
+                        f"{_tokenizer_name(tokenizer)} has no chat template to render them with; give a "
+                        f"{option('model.model')} whose tokenizer has one, or prompts as text (a text column as "
+                        f"{option('data.prompt_column')})"
+                    )
+                    if not has_template
+                    else (
+                        f"chat templating is off ({option(CHAT_TEMPLATE, chat_template)}); give "
+                        f"{option(CHAT_TEMPLATE, None)} to render them with the tokenizer's template"
+                    )
+                )
                 raise ValueError(f"prompt {i} is a list of chat messages, but {why}")
             text = prompt if system_prompt is None else f"{system_prompt}\n{prompt}"
             ids = tokenizer(text, add_special_tokens=True)["input_ids"]
         if len(ids) > max_prompt_length:
-            raise ValueError(f"prompt {i} is {len(ids)} tokens, longer than " + _limit_text(max_prompt_length)
-                             + " (prompts are never truncated)")
+            raise ValueError(
+                f"prompt {i} is {len(ids)} tokens, longer than "
+                + _limit_text(max_prompt_length)
+                + " (prompts are never truncated)"
+            )
         encoded.append(list(ids))
     return encoded
 
@@ -420,10 +493,21 @@ class PromptLengthLimit(int):
     new_tokens: int
     new_tokens_setting: str
 
-    def __new__(cls, value: int, setting: int, context: int | None = None, new_tokens: int = 0,
-                new_tokens_setting: str = "model.generation.max_new_tokens"):
+    def __new__(
+        cls,
+        value: int,
+        setting: int,
+        context: int | None = None,
+        new_tokens: int = 0,
+        new_tokens_setting: str = "model.generation.max_new_tokens",
+    ):
         limit = super().__new__(cls, value)
-        limit.setting, limit.context, limit.new_tokens, limit.new_tokens_setting = setting, context, new_tokens, new_tokens_setting
+        limit.setting, limit.context, limit.new_tokens, limit.new_tokens_setting = (
+            setting,
+            context,
+            new_tokens,
+            new_tokens_setting,
+        )
         return limit
 
 
@@ -433,8 +517,13 @@ def prompt_length_limit(generation, context: int) -> PromptLengthLimit:
     longer_val = (generation.val_max_new_tokens or 0) > generation.max_new_tokens
     new_tokens = generation.val_max_new_tokens if longer_val else generation.max_new_tokens
     setting = "model.generation.val_max_new_tokens" if longer_val else "model.generation.max_new_tokens"
-    return PromptLengthLimit(min(generation.max_prompt_length, context - new_tokens), generation.max_prompt_length,
-                             context, new_tokens, setting)
+    return PromptLengthLimit(
+        min(generation.max_prompt_length, context - new_tokens),
+        generation.max_prompt_length,
+        context,
+        new_tokens,
+        setting,
+    )
 
 
 def _limit_text(limit: int) -> str:
@@ -443,7 +532,9 @@ def _limit_text(limit: int) -> str:
     context, new_tokens = getattr(limit, "context", None), getattr(limit, "new_tokens", 0)
     if context is None or context - new_tokens > setting:
         return f"{option(MAX_PROMPT_LENGTH, setting)}: raise it or shorten the prompt"
-    return (f"the {int(limit)} tokens a prompt can have: {option(MAX_PROMPT_LENGTH, setting)}, but the model's context "
-            f"of {limit.context} tokens less {option(limit.new_tokens_setting, limit.new_tokens)} for the completion "
-            f"leaves {int(limit)}; shorten the prompt, lower {option(limit.new_tokens_setting)}, or use a model with a "
-            "longer context")
+    return (
+        f"the {int(limit)} tokens a prompt can have: {option(MAX_PROMPT_LENGTH, setting)}, but the model's context "
+        f"of {limit.context} tokens less {option(limit.new_tokens_setting, limit.new_tokens)} for the completion "
+        f"leaves {int(limit)}; shorten the prompt, lower {option(limit.new_tokens_setting)}, or use a model with a "
+        "longer context"
+    )

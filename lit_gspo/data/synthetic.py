@@ -41,22 +41,29 @@ SPLITS = {"train": "train", "validation": "validation", "val": "validation", "te
 
 def _check_alphabet(alphabet: str) -> None:
     if not alphabet or len(set(alphabet)) != len(alphabet):
-        raise ValueError(f"{option('data.task_kwargs', {'alphabet': alphabet})}: the alphabet must be non-empty "
-                         "with distinct characters")
+        raise ValueError(
+            f"{option('data.task_kwargs', {'alphabet': alphabet})}: the alphabet must be non-empty "
+            "with distinct characters"
+        )
 
 
 def _check_lengths(min_length: int, max_length: int) -> None:
     if not 1 <= min_length <= max_length:
-        raise ValueError(f"{option('data.task_kwargs', {'min_length': min_length, 'max_length': max_length})}: "
-                         "need 1 <= min_length <= max_length")
+        raise ValueError(
+            f"{option('data.task_kwargs', {'min_length': min_length, 'max_length': max_length})}: "
+            "need 1 <= min_length <= max_length"
+        )
 
 
-def arithmetic(rng: random.Random, digits: int = 2, ops: str = "+-", negative: bool = False,
-               template: str = "{a}{op}{b}=") -> dict:
+def arithmetic(
+    rng: random.Random, digits: int = 2, ops: str = "+-", negative: bool = False, template: str = "{a}{op}{b}="
+) -> dict:
     """One ``a op b`` problem with operands of up to ``digits`` digits; the answer is the exact result."""
     if digits < 1 or not ops or set(ops) - set("+-*"):
-        raise ValueError(f"{option('data.task_kwargs', {'digits': digits, 'ops': ops})}: arithmetic needs digits >= 1 "
-                         "and ops drawn from '+-*'")
+        raise ValueError(
+            f"{option('data.task_kwargs', {'digits': digits, 'ops': ops})}: arithmetic needs digits >= 1 "
+            "and ops drawn from '+-*'"
+        )
     a, b, op = rng.randrange(10**digits), rng.randrange(10**digits), rng.choice(ops)
     if op == "-" and not negative and a < b:
         a, b = b, a
@@ -75,15 +82,25 @@ def _random_string(rng: random.Random, min_length: int, max_length: int, alphabe
     return "".join(rng.choice(alphabet) for _ in range(rng.randint(min_length, max_length)))
 
 
-def reversal(rng: random.Random, min_length: int = 3, max_length: int = 5, alphabet: str = string.digits,
-             template: str = "rev {s}=") -> dict:
+def reversal(
+    rng: random.Random,
+    min_length: int = 3,
+    max_length: int = 5,
+    alphabet: str = string.digits,
+    template: str = "rev {s}=",
+) -> dict:
     """Reverse a random string: ``"rev 3812="`` → ``"2183"``."""
     s = _random_string(rng, min_length, max_length, alphabet)
     return {"prompt": template.format(s=s), "answer": s[::-1]}
 
 
-def sorting(rng: random.Random, min_length: int = 3, max_length: int = 5, alphabet: str = string.digits,
-            template: str = "sort {s}=") -> dict:
+def sorting(
+    rng: random.Random,
+    min_length: int = 3,
+    max_length: int = 5,
+    alphabet: str = string.digits,
+    template: str = "sort {s}=",
+) -> dict:
     """Sort the characters of a random string: ``"sort 3812="`` → ``"1238"``."""
     s = _random_string(rng, min_length, max_length, alphabet)
     return {"prompt": template.format(s=s), "answer": "".join(sorted(s))}
@@ -97,8 +114,13 @@ HIDDEN_RULES: dict[str, Callable[[str], str]] = {
 }
 
 
-def hidden_rule(rng: random.Random, length: int = 3, alphabet: str = string.digits, rules: str = "keep,reverse,rotate",
-                template: str = "? {s}=") -> dict:
+def hidden_rule(
+    rng: random.Random,
+    length: int = 3,
+    alphabet: str = string.digits,
+    rules: str = "keep,reverse,rotate",
+    template: str = "? {s}=",
+) -> dict:
     """Apply a rule the prompt does not name: ``"? 382="`` → ``"382"`` (keep), ``"283"`` (reverse) or ``"823"`` (rotate).
 
     The row's ``rule`` column says which (``string``: the string as shown); only feedback on a wrong
@@ -107,7 +129,9 @@ def hidden_rule(rng: random.Random, length: int = 3, alphabet: str = string.digi
     names = rules.split(",")
     unknown = [r for r in names if r not in HIDDEN_RULES]
     if unknown or len(names) < 2:
-        raise ValueError(f"hidden_rule rules must be two or more of {', '.join(HIDDEN_RULES)} (comma-separated), got {rules!r}")
+        raise ValueError(
+            f"hidden_rule rules must be two or more of {', '.join(HIDDEN_RULES)} (comma-separated), got {rules!r}"
+        )
     s = _random_string(rng, length, length, alphabet)
     rule = rng.choice(names)
     return {"prompt": template.format(s=s), "answer": HIDDEN_RULES[rule](s), "rule": rule, "string": s}
@@ -188,26 +212,32 @@ def make_split(name: str, split: str, n: int, seed: int = 0, **kwargs) -> list[d
         raise ValueError(f"unknown split {split!r} for synthetic task {name!r}; use one of {sorted(SPLITS)}")
     unknown = set(kwargs) - set(task.options())
     if unknown:
-        raise TypeError(f"synthetic task {name!r} got unknown options {sorted(unknown)} ({option('data.task_kwargs', kwargs)}); "
-                        f"it accepts {task.options()}")
+        raise TypeError(
+            f"synthetic task {name!r} got unknown options {sorted(unknown)} ({option('data.task_kwargs', kwargs)}); "
+            f"it accepts {task.options()}"
+        )
     if n < 0:
         raise ValueError(f"{option(_count_setting(split), n)}: must be >= 0")
     held_out = SPLITS[split] == "validation"
     space = task.size(**kwargs)
     share = HOLDOUT_FRACTION if held_out else 1 - HOLDOUT_FRACTION
     if n > space:
-        raise ValueError(f"task {name!r}{_options(kwargs)} has only {space} distinct prompts (~{int(space * share)} in its "
-                         f"{SPLITS[split]} split); cannot draw {option(_count_setting(split), n)}. Ask for fewer or widen "
-                         f"the task ({option('data.task_kwargs')}, e.g. more digits/length).")
+        raise ValueError(
+            f"task {name!r}{_options(kwargs)} has only {space} distinct prompts (~{int(space * share)} in its "
+            f"{SPLITS[split]} split); cannot draw {option(_count_setting(split), n)}. Ask for fewer or widen "
+            f"the task ({option('data.task_kwargs')}, e.g. more digits/length)."
+        )
     rng = random.Random(f"{name}:{SPLITS[split]}:{seed}")
     rows, seen = [], set()
     attempts, max_attempts = 0, 50 * n + 20 * min(space, 200_000)
     while len(rows) < n:
         attempts += 1
         if attempts > max_attempts:
-            raise ValueError(f"task {name!r}{_options(kwargs)}: found only {len(rows)} distinct {SPLITS[split]} prompts for "
-                             f"the {option(_count_setting(split), n)} asked for (the task has {space} prompts, ~{int(space * share)} in "
-                             f"this split). Ask for fewer or widen the task ({option('data.task_kwargs')}).")
+            raise ValueError(
+                f"task {name!r}{_options(kwargs)}: found only {len(rows)} distinct {SPLITS[split]} prompts for "
+                f"the {option(_count_setting(split), n)} asked for (the task has {space} prompts, ~{int(space * share)} in "
+                f"this split). Ask for fewer or widen the task ({option('data.task_kwargs')})."
+            )
         row = task.sample(rng, **kwargs)
         if row["prompt"] not in seen and is_held_out(row["prompt"]) == held_out:
             seen.add(row["prompt"])

@@ -26,8 +26,10 @@ def async_mismatch(sampling, mismatch: Mismatch | None) -> Mismatch | None:
     if mismatch is None:
         return Mismatch(old_logprobs="sampler") if want == "sampler" else Mismatch(corrections=[TIS()])
     if mismatch.old_logprobs != want:
-        raise SettingsError(f"--model.sampling.async_old_logprobs {sampling.async_old_logprobs} needs "
-                            f"--model.mismatch.old_logprobs {want}, got {mismatch.old_logprobs}: set one of them")
+        raise SettingsError(
+            f"--model.sampling.async_old_logprobs {sampling.async_old_logprobs} needs "
+            f"--model.mismatch.old_logprobs {want}, got {mismatch.old_logprobs}: set one of them"
+        )
     return mismatch
 
 
@@ -36,19 +38,25 @@ def check_async(module) -> None:
     K = module.sampling.max_staleness
     trainer = module.trainer
     if trainer.world_size > 1:
-        raise SettingsError(f"--model.sampling.max_staleness {K}: asynchronous rollouts run in one process for now; "
-                            f"this fit has {trainer.world_size} (use --model.sampling.max_staleness 0 with several "
-                            "devices or nodes)")
+        raise SettingsError(
+            f"--model.sampling.max_staleness {K}: asynchronous rollouts run in one process for now; "
+            f"this fit has {trainer.world_size} (use --model.sampling.max_staleness 0 with several "
+            "devices or nodes)"
+        )
     if module.rollout_dumps.every_n_steps:
-        raise SettingsError(f"--model.sampling.max_staleness {K} with --model.rollout_dumps.every_n_steps "
-                            f"{module.rollout_dumps.every_n_steps}: a dump's policy would not be the one that sampled "
-                            "it; set one of them to 0")
+        raise SettingsError(
+            f"--model.sampling.max_staleness {K} with --model.rollout_dumps.every_n_steps "
+            f"{module.rollout_dumps.every_n_steps}: a dump's policy would not be the one that sampled "
+            "it; set one of them to 0"
+        )
     try:
         copy.deepcopy(module.collector.engine)
     except Exception as error:  # noqa: BLE001 - a server, another process
-        raise SettingsError(f"--model.sampling.max_staleness {K}: the worker needs its own copy of --model.engine "
-                            f"{type(module.collector.engine).__name__}, which cannot be copied ({type(error).__name__}); "
-                            "use LeanSampler, HFGenerate or StaticCacheSampler") from None
+        raise SettingsError(
+            f"--model.sampling.max_staleness {K}: the worker needs its own copy of --model.engine "
+            f"{type(module.collector.engine).__name__}, which cannot be copied ({type(error).__name__}); "
+            "use LeanSampler, HFGenerate or StaticCacheSampler"
+        ) from None
 
 
 def build_async_rollouts(module) -> AsyncRollouts:
@@ -68,8 +76,13 @@ def build_async_rollouts(module) -> AsyncRollouts:
     before = torch.get_num_threads()
     main, worker = worker_threads(module.sampling.async_worker_threads)
     torch.set_num_threads(main)
-    thread = ThreadRolloutWorker(sample, module.policy, version=module.rl_step, num_threads=worker,
-                                 context=module.trainer.precision_plugin.forward_context)
+    thread = ThreadRolloutWorker(
+        sample,
+        module.policy,
+        version=module.rl_step,
+        num_threads=worker,
+        context=module.trainer.precision_plugin.forward_context,
+    )
     thread.start()
 
     def on_stop():

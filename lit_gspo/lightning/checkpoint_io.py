@@ -37,11 +37,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """Serialise ``checkpoint`` into the open file ``f`` (a hook for tests that crash mid-write)."""
         torch.save(checkpoint, f)
 
-    def load_checkpoint(self, path, map_location: Any = lambda storage, loc: storage,
-                        weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self, path, map_location: Any = lambda storage, loc: storage, weights_only: bool | None = None
+    ) -> dict[str, Any]:
         """Refuse URLs, check the recorded sha256, and say what is wrong with a file that does not load."""
-        return load_verified(path, lambda: super(AtomicCheckpointIO, self).load_checkpoint(
-            path, map_location=map_location, weights_only=weights_only))
+        return load_verified(
+            path,
+            lambda: super(AtomicCheckpointIO, self).load_checkpoint(
+                path, map_location=map_location, weights_only=weights_only
+            ),
+        )
 
     def remove_checkpoint(self, path) -> None:
         super().remove_checkpoint(path)

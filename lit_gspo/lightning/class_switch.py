@@ -72,10 +72,10 @@ def drop_replaced_init_args(args: list[str], config_tree) -> tuple[list[str], li
                 for setting in CLASS_SETTINGS:
                     if _spec_class(model.get(setting)) is not None:
                         classes.append((at, setting, _spec_class(model[setting])))
-        elif name.startswith("--model.") and name[len("--model."):] in CLASS_SETTINGS:
+        elif name.startswith("--model.") and name[len("--model.") :] in CLASS_SETTINGS:
             spec = yaml.safe_load(value) if value.lstrip().startswith("{") else value
             if _spec_class(spec) is not None:
-                classes.append((at, name[len("--model."):], _spec_class(spec)))
+                classes.append((at, name[len("--model.") :], _spec_class(spec)))
     out, notes = list(args), []
     for at, tree in configs.items():
         changed = False
@@ -83,11 +83,18 @@ def drop_replaced_init_args(args: list[str], config_tree) -> tuple[list[str], li
             for setting in CLASS_SETTINGS:
                 spec, cls = model.get(setting), _spec_class(model.get(setting))
                 later = [c for i, s, c in classes if s == setting and i > at]
-                if cls is None or not later or later[-1] is cls or not (isinstance(spec, dict) and spec.get("init_args")):
+                if (
+                    cls is None
+                    or not later
+                    or later[-1] is cls
+                    or not (isinstance(spec, dict) and spec.get("init_args"))
+                ):
                     continue
-                notes.append(f"--model.{setting}: {later[-1].__name__} replaces {cls.__name__} of a --config, whose "
-                             f"settings ({', '.join(spec['init_args'])}) are {cls.__name__}'s: {later[-1].__name__} "
-                             "starts from its own defaults")
+                notes.append(
+                    f"--model.{setting}: {later[-1].__name__} replaces {cls.__name__} of a --config, whose "
+                    f"settings ({', '.join(spec['init_args'])}) are {cls.__name__}'s: {later[-1].__name__} "
+                    "starts from its own defaults"
+                )
                 del spec["init_args"]
                 changed = True
         if changed:

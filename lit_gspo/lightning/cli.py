@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lit_gspo.lightning import class_switch, run_dir, trainer_flags
 from lit_gspo.lightning.datamodule import PromptDataModule
 from lit_gspo.lightning.module import RLModule, validation_schedule
+
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
 from lit_gspo.rl import advantages, engines, envs  # noqa: F401
 from lit_gspo.rl.config import Update
@@ -47,8 +48,10 @@ def objective_hint(message: str) -> str:
     if 'key "model.objective"' not in message:
         return ""
     names = ", ".join(sorted(cls.__name__ for cls in OBJECTIVES.values()))
-    return (f"\n  Known objectives: {names} (class names, e.g. `--model.objective GSPO`), or the dotted "
-            "import path of your own Objective subclass (`--model.objective my_pkg.MyObjective`).")
+    return (
+        f"\n  Known objectives: {names} (class names, e.g. `--model.objective GSPO`), or the dotted "
+        "import path of your own Objective subclass (`--model.objective my_pkg.MyObjective`)."
+    )
 
 
 def _fields(cls: type) -> list[str]:
@@ -75,8 +78,9 @@ def nested_key_hint(message: str) -> str:
         except (ImportError, AttributeError, TypeError, ValueError):
             continue
         close = difflib.get_close_matches(bad.group(1), fields, n=1)
-        return (f"\n  Valid fields of {key.group(1)}: {', '.join(fields)}"
-                + (f" (did you mean {key.group(1)}.{close[0]}?)" if close else ""))
+        return f"\n  Valid fields of {key.group(1)}: {', '.join(fields)}" + (
+            f" (did you mean {key.group(1)}.{close[0]}?)" if close else ""
+        )
     return ""
 
 
@@ -100,11 +104,14 @@ def one_line_value_error(message: str) -> str:
     errors = re.findall(r"^\s+- (.*)$", message, re.M) or re.findall(r"^\s+(Expected a .*?)\. Got value", message, re.M)
     if not given or not errors:
         return message
-    literals = [v.strip() for e in errors for inner in re.findall(r"typing\.Literal\[(.*)\]", e) for v in inner.split(",")]
+    literals = [
+        v.strip() for e in errors for inner in re.findall(r"typing\.Literal\[(.*)\]", e) for v in inner.split(",")
+    ]
     types = [t.rpartition(".")[2] for e in errors for t in re.findall(r"<class '([\w.]+)'>", e) if t != "NoneType"]
     others = [e for e in errors if not e.startswith("Expected a ") and "Does not validate against" not in e]
     valid = ([f"one of {', '.join(dict.fromkeys(literals))}"] if literals else []) + [
-        f"{'an' if t[0] in 'aeiou' else 'a'} {t}" for t in types]
+        f"{'an' if t[0] in 'aeiou' else 'a'} {t}" for t in types
+    ]
     nullable = " or null" if any("NoneType" in e for e in errors) else ""
     if not others and not valid:
         return message
@@ -125,8 +132,14 @@ class RLArgumentParser(LightningArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
-        hint = objective_hint(message) + nested_key_hint(message) + extras.hint_for(message) + unknown_option_hint(
-            message, [o for o in getattr(self, "_option_string_actions", {}) if o.startswith("--")])
+        hint = (
+            objective_hint(message)
+            + nested_key_hint(message)
+            + extras.hint_for(message)
+            + unknown_option_hint(
+                message, [o for o in getattr(self, "_option_string_actions", {}) if o.startswith("--")]
+            )
+        )
         if not hint:  # a hint reads the whole message; without one, the message as one line
             message = one_line_value_error(message)
         if self.exit_on_error and not user_errors.debug_requested():
@@ -159,8 +172,13 @@ class RLCLI(LightningCLI):
     beside fit/validate/test/predict; they are run by the entry point (``lit_gspo.tools.main``), not here.
     """
 
-    def __init__(self, *args, parser_class: type[LightningArgumentParser] = RLArgumentParser,
-                 other_subcommands: dict[str, ArgumentParser] | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        parser_class: type[LightningArgumentParser] = RLArgumentParser,
+        other_subcommands: dict[str, ArgumentParser] | None = None,
+        **kwargs,
+    ) -> None:
         self.other_subcommands = dict(other_subcommands or {})
         given = kwargs.get("args")
         if given is None or isinstance(given, (list, tuple)):  # rewritten before jsonargparse reads them
@@ -200,7 +218,9 @@ class RLCLI(LightningCLI):
         check_plateau(cfg.model)
         atomic_strategy(cfg.trainer)
         rl_step_progress_bars(cfg.trainer)
-        if self.subcommand == "fit":  # one run per directory: compare with the run there (lit_gspo/lightning/run_dir.py)
+        if (
+            self.subcommand == "fit"
+        ):  # one run per directory: compare with the run there (lit_gspo/lightning/run_dir.py)
             run_dir.place_fit(self)
 
     def instantiate_classes(self) -> None:
@@ -215,8 +235,14 @@ class RLCLI(LightningCLI):
             if inner is None or user_errors.is_user_error(exc):
                 raise
             found = re.search(r"<class 'lit_gspo\.[\w.]+\.(\w+)'>", str(exc))
-            group = next((f"--model.{name}: " for name, p in inspect.signature(RLModule.__init__).parameters.items()
-                          if found and re.search(rf"\b{found.group(1)}\b", str(p.annotation))), "")
+            group = next(
+                (
+                    f"--model.{name}: "
+                    for name, p in inspect.signature(RLModule.__init__).parameters.items()
+                    if found and re.search(rf"\b{found.group(1)}\b", str(p.annotation))
+                ),
+                "",
+            )
             raise SettingsError(f"{group}{inner}".strip()) from exc
 
     def before_fit(self) -> None:
@@ -239,15 +265,27 @@ class RLCLI(LightningCLI):
         return self.trainer.test(model, ckpt_path=load_export(model, ckpt_path), **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_argument("--checkpoint_every_n_steps", type=int, default=50,
-                            help="save <default_root_dir>/checkpoints/last.ckpt every n optimiser steps "
-                                 "(with trainer.enable_checkpointing; 0 = at the end of each epoch)")
-        parser.add_argument("--push_to_hub", type=str | None, default=None,
-                            help="after training, upload <default_root_dir>/hf_model (and a LoRA run's hf_adapter, "
-                                 "into adapter/) to this Hugging Face Hub model repo, e.g. my-name/my-model; off by "
-                                 "default. Checked before training: fails at once when the hub is offline")
-        parser.add_argument("--hub_private", type=bool, default=False,
-                            help="with --push_to_hub: create the repo private (an existing repo keeps its visibility)")
+        parser.add_argument(
+            "--checkpoint_every_n_steps",
+            type=int,
+            default=50,
+            help="save <default_root_dir>/checkpoints/last.ckpt every n optimiser steps "
+            "(with trainer.enable_checkpointing; 0 = at the end of each epoch)",
+        )
+        parser.add_argument(
+            "--push_to_hub",
+            type=str | None,
+            default=None,
+            help="after training, upload <default_root_dir>/hf_model (and a LoRA run's hf_adapter, "
+            "into adapter/) to this Hugging Face Hub model repo, e.g. my-name/my-model; off by "
+            "default. Checked before training: fails at once when the hub is offline",
+        )
+        parser.add_argument(
+            "--hub_private",
+            type=bool,
+            default=False,
+            help="with --push_to_hub: create the repo private (an existing repo keeps its visibility)",
+        )
 
     def after_fit(self) -> None:
         repo_id = self.config.fit.get("push_to_hub")
@@ -267,8 +305,9 @@ class RLCLI(LightningCLI):
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
         if config.get("logger") in (None, True):
-            config["logger"] = run_dir.default_logger(self.subcommand, config.get("default_root_dir") or os.getcwd(),
-                                                      cfg.get("ckpt_path"))  # validate/test: never a fit's version_N
+            config["logger"] = run_dir.default_logger(
+                self.subcommand, config.get("default_root_dir") or os.getcwd(), cfg.get("ckpt_path")
+            )  # validate/test: never a fit's version_N
         if self.subcommand in (None, "fit"):  # None: cli_main(run=False), which builds a fit
             configure_checkpointing(config, callbacks, cfg.get("checkpoint_every_n_steps", 50))
         add_progress_bar(config, callbacks)
@@ -338,10 +377,14 @@ def resolve_auto_precision_args(args: list[str]) -> tuple[list[str], str | None]
     precision, note = resolve_auto_precision(_device_type(accelerator))
     out = list(args)
     for i, how in reversed(autos):
-        if how == "config":  # the config as YAML text with the value resolved (jsonargparse checks each config it loads)
+        if (
+            how == "config"
+        ):  # the config as YAML text with the value resolved (jsonargparse checks each config it loads)
             at = i if "=" in out[i] else i + 1
             tree = _config_tree(out[at].partition("=")[2] if at == i else out[at])
-            for scope in [tree] + [v for k, v in tree.items() if k in ("fit", "validate", "test") and isinstance(v, dict)]:
+            for scope in [tree] + [
+                v for k, v in tree.items() if k in ("fit", "validate", "test") and isinstance(v, dict)
+            ]:
                 if isinstance(scope.get("trainer"), dict) and scope["trainer"].get("precision") == AUTO:
                     scope["trainer"]["precision"] = precision
             text = yaml.safe_dump(tree, sort_keys=False)
@@ -368,14 +411,18 @@ def schedule_validation(model, trainer) -> None:
     validation = settings_group(model, "validation")
     n, interval = validation.get("every_n_steps"), trainer.get("val_check_interval")
     if n is not None and interval is not None and validation_schedule(n)["val_check_interval"] != interval:
-        raise ValueError(f"--model.validation.every_n_steps {n} and --trainer.val_check_interval {interval} disagree: "
-                         "give one (both count RL steps)")
+        raise ValueError(
+            f"--model.validation.every_n_steps {n} and --trainer.val_check_interval {interval} disagree: "
+            "give one (both count RL steps)"
+        )
     if n is None and isinstance(interval, float):
         return  # a fraction of a data epoch: Lightning's own meaning, with check_val_every_n_epoch
     every_epochs = trainer.get("check_val_every_n_epoch")
     if every_epochs not in (None, 1):
-        raise SettingsError(f"--trainer.check_val_every_n_epoch {every_epochs}: validation counts RL steps here (one "
-                            "Lightning batch is one RL step): use --model.validation.every_n_steps N")
+        raise SettingsError(
+            f"--trainer.check_val_every_n_epoch {every_epochs}: validation counts RL steps here (one "
+            "Lightning batch is one RL step): use --model.validation.every_n_steps N"
+        )
     if n is None:
         n = DEFAULT_VAL_EVERY_N_STEPS if interval is None else interval
     validation["every_n_steps"] = n
@@ -393,7 +440,12 @@ def check_settings_groups(model) -> None:
         cls = next((c for c in typing.get_args(hint) or (hint,) if dataclasses.is_dataclass(c)), None)
         group = model.get(name)
         # the plain-valued groups of rl/config.py (others, e.g. Mismatch, hold class specs that only instantiation builds)
-        if cls is None or cls.__module__ != "lit_gspo.rl.config" or not isinstance(group, Namespace) or "class_path" in group:
+        if (
+            cls is None
+            or cls.__module__ != "lit_gspo.rl.config"
+            or not isinstance(group, Namespace)
+            or "class_path" in group
+        ):
             continue
         try:
             cls(**group.as_dict())
@@ -410,14 +462,18 @@ def map_trainer_flags(model, trainer) -> None:
     ``accumulate_grad_batches`` → refused: ``model.update.micro_batch_size`` accumulates within a minibatch."""
     clip, algorithm = trainer.get("gradient_clip_val"), trainer.get("gradient_clip_algorithm")
     if algorithm not in (None, "norm"):
-        raise ValueError(f"--trainer.gradient_clip_algorithm {algorithm}: lit_gspo clips the gradient norm only "
-                         "(--model.update.max_grad_norm); use norm, or leave it unset")
+        raise ValueError(
+            f"--trainer.gradient_clip_algorithm {algorithm}: lit_gspo clips the gradient norm only "
+            "(--model.update.max_grad_norm); use norm, or leave it unset"
+        )
     if clip is not None:
         update = settings_group(model, "update")
         given = update.get("max_grad_norm")
         if given not in (None, Update.max_grad_norm) and float(given) != float(clip):
-            raise ValueError(f"--trainer.gradient_clip_val {clip} and --model.update.max_grad_norm {given} disagree: "
-                             "give one (both clip the gradient norm of each optimiser step)")
+            raise ValueError(
+                f"--trainer.gradient_clip_val {clip} and --model.update.max_grad_norm {given} disagree: "
+                "give one (both clip the gradient norm of each optimiser step)"
+            )
         update["max_grad_norm"] = float(clip) if clip > 0 else None  # Lightning's 0: no clipping
         trainer["gradient_clip_val"], trainer["gradient_clip_algorithm"] = None, None
     # accumulate_grad_batches: refused in one line by trainer_flags.refuse_unsupported
@@ -442,9 +498,11 @@ def map_top_level_optimisation(cfg) -> None:
             continue
         own = model.get(key)
         if isinstance(own, Namespace):  # given in the config or on the command line (the defaults are callables / None)
-            raise SettingsError(f"--{key} {_class_name(given)} and --model.{key} {_class_name(own)} both given: give one, "
-                                f"as --model.{key} (RLModule optimises by hand; the top-level --{key} is read as "
-                                f"--model.{key})")
+            raise SettingsError(
+                f"--{key} {_class_name(given)} and --model.{key} {_class_name(own)} both given: give one, "
+                f"as --model.{key} (RLModule optimises by hand; the top-level --{key} is read as "
+                f"--model.{key})"
+            )
         model[key] = given
         cfg[key] = None
         rank_zero_info(f"note: --{key} {_class_name(given)} read as --model.{key} (recorded there in the run's config)")
@@ -463,8 +521,10 @@ def check_plateau(model) -> None:
     if isinstance(cls, type) and issubclass(cls, torch.optim.lr_scheduler.ReduceLROnPlateau):
         # a single-turn run validates reward and length; a multi-turn environment's names are checked at set-up
         single_turn = model.get("environment") is None
-        check_plateau_monitor((scheduler.get("init_args") or Namespace()).get("monitor"),
-                              ["val/reward", "val/response_length"] if single_turn else None)
+        check_plateau_monitor(
+            (scheduler.get("init_args") or Namespace()).get("monitor"),
+            ["val/reward", "val/response_length"] if single_turn else None,
+        )
 
 
 def _group_value(model, name: str, key: str):
@@ -487,9 +547,11 @@ def check_rows_per_step(model, data) -> None:
     if isinstance(prompts, int) and prompts < 1:
         raise SettingsError(f"--data.prompts_per_step {prompts}: must be >= 1 (prompts sampled per RL step)")
     if isinstance(prompts, int) and minibatches > prompts * generations:
-        raise SettingsError(f"--model.update.num_minibatches {minibatches}: more minibatches than the {prompts * generations} "
-                            f"rows of an RL step (--data.prompts_per_step {prompts} × --model.generation.num_generations "
-                            f"{generations}); use at most {prompts * generations}, or more prompts per step")
+        raise SettingsError(
+            f"--model.update.num_minibatches {minibatches}: more minibatches than the {prompts * generations} "
+            f"rows of an RL step (--data.prompts_per_step {prompts} × --model.generation.num_generations "
+            f"{generations}); use at most {prompts * generations}, or more prompts per step"
+        )
 
 
 def rl_step_progress_bars(trainer) -> None:
@@ -497,7 +559,9 @@ def rl_step_progress_bars(trainer) -> None:
     callbacks = trainer.get("callbacks") or []
     for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
         if isinstance(callback, Namespace) and callback.get("class_path") in (
-                "lightning.pytorch.callbacks.RichProgressBar", "lightning.pytorch.callbacks.progress.rich_progress.RichProgressBar"):
+            "lightning.pytorch.callbacks.RichProgressBar",
+            "lightning.pytorch.callbacks.progress.rich_progress.RichProgressBar",
+        ):
             callback["class_path"] = "lit_gspo.lightning.progress.RLRichProgressBar"
 
 
@@ -507,8 +571,11 @@ def atomic_strategy(trainer) -> None:
     process: ``data_parallel_size`` = nodes × devices, ``tensor_parallel_size`` 1. (Lightning's ``auto`` makes the mesh
     tensor-parallel over the devices; lit_gspo shards over data-parallel ranks only.)"""
     strategy = trainer.get("strategy")
-    plain = ("lightning.pytorch.strategies.ModelParallelStrategy", "lightning.pytorch.strategies.model_parallel.ModelParallelStrategy",
-             "ModelParallelStrategy")
+    plain = (
+        "lightning.pytorch.strategies.ModelParallelStrategy",
+        "lightning.pytorch.strategies.model_parallel.ModelParallelStrategy",
+        "ModelParallelStrategy",
+    )
     atomic = "lit_gspo.lightning.strategy.AtomicModelParallelStrategy"
     if isinstance(strategy, str) and strategy in plain + (atomic,):
         strategy = trainer["strategy"] = Namespace(class_path=atomic, init_args=Namespace())
@@ -563,12 +630,21 @@ def add_progress_bar(config: dict, callbacks: list) -> None:
         callbacks.append(RLProgressBar())
 
 
-def cli_main(args: list[str] | None = None, run: bool = True,
-             other_subcommands: dict[str, ArgumentParser] | None = None) -> RLCLI:
+def cli_main(
+    args: list[str] | None = None, run: bool = True, other_subcommands: dict[str, ArgumentParser] | None = None
+) -> RLCLI:
     """``args`` None: LightningCLI reads ``sys.argv``."""
-    cli = RLCLI(RLModule, PromptDataModule, seed_everything_default=0, trainer_defaults=TRAINER_DEFAULTS,
-                save_config_callback=run_dir.RunConfigCallback,  # also <root>/run_config.yaml, and in each checkpoint
-                save_config_kwargs={"overwrite": True}, args=args, run=run, other_subcommands=other_subcommands)
+    cli = RLCLI(
+        RLModule,
+        PromptDataModule,
+        seed_everything_default=0,
+        trainer_defaults=TRAINER_DEFAULTS,
+        save_config_callback=run_dir.RunConfigCallback,  # also <root>/run_config.yaml, and in each checkpoint
+        save_config_kwargs={"overwrite": True},
+        args=args,
+        run=run,
+        other_subcommands=other_subcommands,
+    )
     if run:  # finished on this rank (a failure raised above): ranks are done together
         # the engine (a vLLM) freed while the trainer's process group lives: `validate`/`test` keep it after their
         # loop, and vLLM's own teardown at exit would find its groups gone with the trainer's
@@ -576,4 +652,3 @@ def cli_main(args: list[str] | None = None, run: bool = True,
         if cli.trainer.world_size > 1:
             end_process_group()
     return cli
-

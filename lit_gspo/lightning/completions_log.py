@@ -39,12 +39,21 @@ def prompt_text(prompt) -> str:
 
 def table(step: int, rows: list[dict], replies: list[str], rewards: list[float]) -> list[list]:
     """One ``COLUMNS`` row per completion."""
-    return [[step, prompt_text(row.get("prompt", "")), reply, float(reward), "" if row.get("answer") is None else str(row["answer"])]
-            for row, reply, reward in zip(rows, replies, rewards)]
+    return [
+        [
+            step,
+            prompt_text(row.get("prompt", "")),
+            reply,
+            float(reward),
+            "" if row.get("answer") is None else str(row["answer"]),
+        ]
+        for row, reply, reward in zip(rows, replies, rewards)
+    ]
 
 
 def markdown(data: list[list]) -> str:
     """A Markdown table (TensorBoard renders it); cells on one line, ``|`` escaped."""
+
     def cell(value) -> str:
         text = f"{value:.4g}" if isinstance(value, float) else str(value)
         return text.replace("|", "\\|").replace("\n", "<br>")
@@ -56,20 +65,35 @@ def markdown(data: list[list]) -> str:
 def _clip(text: str, width: int) -> str:
     """One line of at most ``width`` characters (newlines as ⏎, the cut marked with …)."""
     text = str(text).replace("\r", "").replace("\n", "⏎")
-    return text if len(text) <= width else text[:width - 1] + "…"
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def terminal_table(step: int, split: str, rows: list[dict], replies: list[str], rewards: list[float],
-                   per_function: dict[str, list[float]], width: int = 48) -> str:
+def terminal_table(
+    step: int,
+    split: str,
+    rows: list[dict],
+    replies: list[str],
+    rewards: list[float],
+    per_function: dict[str, list[float]],
+    width: int = 48,
+) -> str:
     """The completions as a text table for the terminal: prompt, completion, reward, then each function's score
     (``-`` where it failed or gave None); prompts and completions cut to ``width`` characters."""
     header = ["prompt", "completion", "reward", *per_function]
-    body = [[_clip(prompt_text(row.get("prompt", "")), width), _clip(reply, width), f"{float(reward):.3f}",
-             *("-" if value != value else f"{value:.3f}" for value in (scores[i] for scores in per_function.values()))]
-            for i, (row, reply, reward) in enumerate(zip(rows, replies, rewards))]
+    body = [
+        [
+            _clip(prompt_text(row.get("prompt", "")), width),
+            _clip(reply, width),
+            f"{float(reward):.3f}",
+            *("-" if value != value else f"{value:.3f}" for value in (scores[i] for scores in per_function.values())),
+        ]
+        for i, (row, reply, reward) in enumerate(zip(rows, replies, rewards))
+    ]
     widths = [max(len(line[c]) for line in [header, *body]) for c in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) if c < 2 else cell.rjust(w) for c, (cell, w) in enumerate(zip(line, widths)))
-             for line in [header, *body]]
+    lines = [
+        "  ".join(cell.ljust(w) if c < 2 else cell.rjust(w) for c, (cell, w) in enumerate(zip(line, widths)))
+        for line in [header, *body]
+    ]
     title = f"step {step}: {split} completions, greedy, the first {len(body)} held-out prompts"
     return "\n".join([title, *lines])
 
@@ -101,7 +125,9 @@ def truncate_after(path: Path, step: int) -> int:
     return len(body) - len(kept)
 
 
-def log_completions(loggers: list[Logger], step: int, rows: list[dict], replies: list[str], rewards: list[float]) -> None:
+def log_completions(
+    loggers: list[Logger], step: int, rows: list[dict], replies: list[str], rewards: list[float]
+) -> None:
     """Log ``rows``' completions ``replies`` and their ``rewards`` at ``step`` to each logger (call on rank 0 only)."""
     if not rows:
         return

@@ -20,10 +20,10 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from lit_gspo.lightning.seed import resolve_seed
-from lit_gspo.runtime.user_errors import option
 from lit_gspo.data.prompts import SPLIT_ALIASES, directory_splits, load_prompt_rows, subset_indices
 from lit_gspo.data.synthetic import TASKS
+from lit_gspo.lightning.seed import resolve_seed
+from lit_gspo.runtime.user_errors import option
 
 #: sizes of a built-in task when num_train / num_val are None (files and datasets are used whole)
 TASK_NUM_TRAIN, TASK_NUM_VAL = 1000, 64
@@ -89,9 +89,11 @@ class ResumableSampler(DistributedSampler):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if (state["seed"], state["num_rows"]) != (self.seed, self.num_rows):
-            raise ValueError(f"cannot resume: the checkpoint's training data had {state['num_rows']} rows shuffled with "
-                             f"seed {state['seed']}, this run's has {self.num_rows} rows and seed {self.seed} "
-                             f"({option('data.seed')}, {option('data.num_train')} and the data must be the run's)")
+            raise ValueError(
+                f"cannot resume: the checkpoint's training data had {state['num_rows']} rows shuffled with "
+                f"seed {state['seed']}, this run's has {self.num_rows} rows and seed {self.seed} "
+                f"({option('data.seed')}, {option('data.num_train')} and the data must be the run's)"
+            )
         self.epoch, self.position = state["epoch"], state["position"]
 
 
@@ -106,7 +108,7 @@ class RowBatches:
         return math.ceil(len(self.rows) / self.batch_size)
 
     def __iter__(self):
-        return (self.rows[i:i + self.batch_size] for i in range(0, len(self.rows), self.batch_size))
+        return (self.rows[i : i + self.batch_size] for i in range(0, len(self.rows), self.batch_size))
 
 
 class PromptLoader(DataLoader):
@@ -115,8 +117,14 @@ class PromptLoader(DataLoader):
     def __init__(self, rows: list[dict], batch_size: int, sampler: ResumableSampler) -> None:
         # a private generator: each new iterator draws its base seed from it, not from the global torch RNG
         # (so re-creating the iterator after a resume does not shift the sampling RNG stream)
-        super().__init__(RowDataset(rows), batch_size=batch_size, sampler=sampler, collate_fn=_identity, drop_last=True,
-                         generator=torch.Generator().manual_seed(sampler.seed))
+        super().__init__(
+            RowDataset(rows),
+            batch_size=batch_size,
+            sampler=sampler,
+            collate_fn=_identity,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(sampler.seed),
+        )
 
     def __iter__(self):
         sampler = self.sampler
@@ -170,28 +178,50 @@ class PromptDataModule(LightningDataModule):
         val_fraction: the share of a file/dataset held out when ``val_source`` is None.
     """
 
-    def __init__(self, train_source: str = "arithmetic", val_source: str | None = None, prompt_column: str = "prompt",
-                 answer_column: str | None = "answer", num_train: int | None = None, num_val: int | None = None,
-                 task_kwargs: dict | None = None, prompts_per_step: int = 8, val_batch_size: int = 64, seed: int | None = None,
-                 train_split: str = "train", val_split: str = "validation", val_fraction: float = 0.1) -> None:
+    def __init__(
+        self,
+        train_source: str = "arithmetic",
+        val_source: str | None = None,
+        prompt_column: str = "prompt",
+        answer_column: str | None = "answer",
+        num_train: int | None = None,
+        num_val: int | None = None,
+        task_kwargs: dict | None = None,
+        prompts_per_step: int = 8,
+        val_batch_size: int = 64,
+        seed: int | None = None,
+        train_split: str = "train",
+        val_split: str = "validation",
+        val_fraction: float = 0.1,
+    ) -> None:
         super().__init__()
         if prompts_per_step < 1 or val_batch_size < 1:
             bad = "prompts_per_step" if prompts_per_step < 1 else "val_batch_size"
-            raise ValueError(f"{option('data.' + bad, {'prompts_per_step': prompts_per_step, 'val_batch_size': val_batch_size}[bad])}: must be >= 1 (prompts per batch)")
+            raise ValueError(
+                f"{option('data.' + bad, {'prompts_per_step': prompts_per_step, 'val_batch_size': val_batch_size}[bad])}: must be >= 1 (prompts per batch)"
+            )
         if not 0 < val_fraction < 1:
-            raise ValueError(f"{option('data.val_fraction', val_fraction)}: must be in (0, 1) (the share of a file "
-                             "held out for validation when there is no val_source)")
+            raise ValueError(
+                f"{option('data.val_fraction', val_fraction)}: must be in (0, 1) (the share of a file "
+                "held out for validation when there is no val_source)"
+            )
         for name, n in (("num_train", num_train), ("num_val", num_val)):
             if n is not None and n < 0:
-                raise ValueError(f"{option('data.' + name, n)}: must be >= 0, or null (every row of a file; a "
-                             "task's default size)")
+                raise ValueError(
+                    f"{option('data.' + name, n)}: must be >= 0, or null (every row of a file; a task's default size)"
+                )
         self.save_hyperparameters()
         self.train_source, self.val_source = train_source, val_source
         self.prompt_column, self.answer_column = prompt_column, answer_column
         self.num_train, self.num_val = num_train, num_val
         self.task_kwargs = dict(task_kwargs or {})
         self.prompts_per_step, self.val_batch_size = prompts_per_step, val_batch_size
-        self.seed, self.train_split, self.val_split, self.val_fraction = resolve_seed(seed), train_split, val_split, val_fraction
+        self.seed, self.train_split, self.val_split, self.val_fraction = (
+            resolve_seed(seed),
+            train_split,
+            val_split,
+            val_fraction,
+        )
         self.train_rows: list[dict] | None = None
         self.val_rows: list[dict] | None = None
         self._origin: dict[str, Origin] = {}
@@ -202,13 +232,22 @@ class PromptDataModule(LightningDataModule):
         n = getattr(self, limit)
         if source in TASKS:
             n = (TASK_NUM_TRAIN if limit == "num_train" else TASK_NUM_VAL) if n is None else n
-            rows = load_prompt_rows(source, split, self.prompt_column, self.answer_column, n=n, seed=self.seed, **self.task_kwargs)
-            return rows, f"{len(rows)} rows from task {source!r} ({split} split)", (f"task {source!r} ({split} split)",
-                                                                                    list(range(len(rows))))
+            rows = load_prompt_rows(
+                source, split, self.prompt_column, self.answer_column, n=n, seed=self.seed, **self.task_kwargs
+            )
+            return (
+                rows,
+                f"{len(rows)} rows from task {source!r} ({split} split)",
+                (f"task {source!r} ({split} split)", list(range(len(rows)))),
+            )
         rows = load_prompt_rows(source, split, self.prompt_column, self.answer_column, seed=self.seed)
         indices = subset_indices(len(rows), n, self.seed)
         kept = [rows[i] for i in indices]
-        return kept, _count(kept, rows, option(f"data.{limit}", n)) + f" from {_name(source, split)}", (_name(source, split), indices)
+        return (
+            kept,
+            _count(kept, rows, option(f"data.{limit}", n)) + f" from {_name(source, split)}",
+            (_name(source, split), indices),
+        )
 
     def _directory_val_split(self) -> str | None:
         """The split of a ``train_source`` directory that serves as validation when ``val_source`` is None: ``val_split``
@@ -227,16 +266,22 @@ class PromptDataModule(LightningDataModule):
         own_split = self._directory_val_split()
         if self.val_source is not None or self.train_source in TASKS or own_split is not None:
             train, train_text, train_origin = self._load(self.train_source, self.train_split, "num_train")
-            val, val_text, val_origin = self._load(self.val_source or self.train_source, own_split or self.val_split, "num_val")
+            val, val_text, val_origin = self._load(
+                self.val_source or self.train_source, own_split or self.val_split, "num_val"
+            )
             if own_split is not None:
                 files = ", ".join(f.name for f in directory_splits(Path(self.train_source))[own_split])
                 val_text += f" ({files}: the directory's own {own_split} split, so no training row is held out)"
             if len(train) < self.prompts_per_step:
-                raise ValueError(f"{self.train_source!r} gave {len(train)} training prompts ({train_text}), fewer than "
-                                 f"{option('data.prompts_per_step', self.prompts_per_step)}: give more rows or a smaller "
-                                 f"{option('data.prompts_per_step')}")
+                raise ValueError(
+                    f"{self.train_source!r} gave {len(train)} training prompts ({train_text}), fewer than "
+                    f"{option('data.prompts_per_step', self.prompts_per_step)}: give more rows or a smaller "
+                    f"{option('data.prompts_per_step')}"
+                )
         else:
-            rows = load_prompt_rows(self.train_source, self.train_split, self.prompt_column, self.answer_column, seed=self.seed)
+            rows = load_prompt_rows(
+                self.train_source, self.train_split, self.prompt_column, self.answer_column, seed=self.seed
+            )
             order = list(range(len(rows)))
             random.Random(self.seed).shuffle(order)
             cap = HELD_OUT_MAX if self.num_val is None else self.num_val
@@ -247,17 +292,25 @@ class PromptDataModule(LightningDataModule):
                     f"({option('data.val_fraction', self.val_fraction)}, at most {cap}), which leaves {len(rows) - n_val} "
                     f"for training, fewer than {option('data.prompts_per_step', self.prompts_per_step)}. Give more rows, "
                     f"a smaller {option('data.prompts_per_step')} or {option('data.val_fraction')}, or the validation "
-                    f"rows as {option('data.val_source')} FILE")
+                    f"rows as {option('data.val_source')} FILE"
+                )
             val = [rows[i] for i in sorted(order[:n_val])]
             rest = [rows[i] for i in sorted(order[n_val:])]
             train = rest[: self.num_train]
             name = _name(self.train_source, self.train_split)
             train_origin, val_origin = (name, sorted(order[n_val:])[: len(train)]), (name, sorted(order[:n_val]))
-            train_text = _count(train, rest, option("data.num_train", self.num_train)) + f" from {_name(self.train_source, self.train_split)}"
-            val_text = f"{len(val)} rows held out of it ({option('data.val_fraction', self.val_fraction)}, at most {cap})"
+            train_text = (
+                _count(train, rest, option("data.num_train", self.num_train))
+                + f" from {_name(self.train_source, self.train_split)}"
+            )
+            val_text = (
+                f"{len(val)} rows held out of it ({option('data.val_fraction', self.val_fraction)}, at most {cap})"
+            )
             if len(train) < self.prompts_per_step:
-                raise ValueError(f"{option('data.num_train', self.num_train)} keeps {len(train)} training prompts, "
-                                 f"fewer than {option('data.prompts_per_step', self.prompts_per_step)}")
+                raise ValueError(
+                    f"{option('data.num_train', self.num_train)} keeps {len(train)} training prompts, "
+                    f"fewer than {option('data.prompts_per_step', self.prompts_per_step)}"
+                )
         rank_zero_info(f"train: {train_text}, val: {val_text}")
         self.train_rows, self.val_rows = train, val
         self._origin = {"train": train_origin, "val": val_origin}
@@ -279,8 +332,10 @@ class PromptDataModule(LightningDataModule):
         self.setup()
         rank, world_size = self._rank()
         if len(self.train_rows) // world_size < self.prompts_per_step:
-            raise ValueError(f"{len(self.train_rows)} training prompts over {world_size} processes cannot fill one batch "
-                             f"of {option('data.prompts_per_step', self.prompts_per_step)} on each")
+            raise ValueError(
+                f"{len(self.train_rows)} training prompts over {world_size} processes cannot fill one batch "
+                f"of {option('data.prompts_per_step', self.prompts_per_step)} on each"
+            )
         sampler = ResumableSampler(len(self.train_rows), seed=self.seed, rank=rank, world_size=world_size)
         return PromptLoader(self.train_rows, self.prompts_per_step, sampler)
 

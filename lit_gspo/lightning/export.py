@@ -55,7 +55,9 @@ def save_hf_model(module, path: Path, gathered: Gathered | None = None) -> None:
         save_pretrained(module, merged_for_saving(module.policy), path, None)
     else:  # the base model under the adapters, saved with the merged weights in place of its own
         save_pretrained(module, module.policy.get_base_model(), path, gathered.merged)
-    save_pretrained(module, module.policy, adapter_path(path), state_dict, "the LoRA adapter")  # a PeftModel saves that only
+    save_pretrained(
+        module, module.policy, adapter_path(path), state_dict, "the LoRA adapter"
+    )  # a PeftModel saves that only
 
 
 def save_pretrained(module, model: nn.Module, path: Path, state_dict: dict | None, what: str = "the policy") -> None:
@@ -66,7 +68,9 @@ def save_pretrained(module, model: nn.Module, path: Path, state_dict: dict | Non
             model.config.architectures = [unsharded_class(model).__name__]
             model.config.save_pretrained(tmp)
         module.tokenizer.save_pretrained(tmp)
-        save_export_config(module.trainer if module._attached() else None, tmp)  # the settings travel with a copy (eval)
+        save_export_config(
+            module.trainer if module._attached() else None, tmp
+        )  # the settings travel with a copy (eval)
     rank_zero_info(f"saved {what} in Hugging Face format to {path}")
 
 
@@ -91,13 +95,24 @@ def save_rollout(module, rollout) -> None:
     if not trainer.is_global_zero:
         return
     group = opt.param_groups[0]
-    meta = {"temperature": module.generation.temperature, "max_len": module.learner.max_len,
-            "group_size": module.generation.num_generations, "update": asdict(module.learner.cfg),
-            "objective": repr(module.objective), "objective_class": type(module.objective).__name__,
-            "advantage": type(module.advantage).__name__, "model": str(module.hparams.model),
-            "model_config": module.hparams.model_config, "lora": module.lora is not None, "seed": module.seed,
-            "optimizer": type(opt).__name__,
-            "optimizer_hparams": {k: v for k, v in group.items() if k != "params" and isinstance(v, (int, float, bool, tuple))},
-            "world_size": trainer.world_size, "policy": policy_dir(path).name if with_policy else None}
+    meta = {
+        "temperature": module.generation.temperature,
+        "max_len": module.learner.max_len,
+        "group_size": module.generation.num_generations,
+        "update": asdict(module.learner.cfg),
+        "objective": repr(module.objective),
+        "objective_class": type(module.objective).__name__,
+        "advantage": type(module.advantage).__name__,
+        "model": str(module.hparams.model),
+        "model_config": module.hparams.model_config,
+        "lora": module.lora is not None,
+        "seed": module.seed,
+        "optimizer": type(opt).__name__,
+        "optimizer_hparams": {
+            k: v for k, v in group.items() if k != "params" and isinstance(v, (int, float, bool, tuple))
+        },
+        "world_size": trainer.world_size,
+        "policy": policy_dir(path).name if with_policy else None,
+    }
     write_rollout(path, replace(rollout, old_logprobs=old), module.rl_step, meta)
     rank_zero_info(f"saved the rollout of step {module.rl_step} to {path}")

@@ -106,8 +106,11 @@ def logged_before(rl_step: int) -> Callable[[dict], bool]:
 
 def newest_version(root: str) -> int | None:
     """The largest N of ``<root>/version_N`` (None: none yet)."""
-    found = [int(m.group(1)) for name in (os.listdir(root) if os.path.isdir(root) else [])
-             if (m := re.fullmatch(r"version_(\d+)", name)) and os.path.isdir(os.path.join(root, name))]
+    found = [
+        int(m.group(1))
+        for name in (os.listdir(root) if os.path.isdir(root) else [])
+        if (m := re.fullmatch(r"version_(\d+)", name)) and os.path.isdir(os.path.join(root, name))
+    ]
     return max(found) if found else None
 
 

@@ -14,8 +14,8 @@ validation, the RL-step counter in checkpoints, and saving the policy.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,15 +30,15 @@ from lit_gspo.lightning import export
 from lit_gspo.lightning.async_rollouts import StopAsyncRollouts, async_mismatch, build_async_rollouts, check_async
 from lit_gspo.lightning.callbacks import run_callbacks
 from lit_gspo.lightning.completions_log import due, log_completions, terminal_table
+from lit_gspo.lightning.fp16 import GradScalerStep
 from lit_gspo.lightning.progress import optimizer_steps_per_rl_step, total_rl_steps
 from lit_gspo.lightning.quiet import silence_lightning_noise
+from lit_gspo.lightning.seed import resolve_seed
 from lit_gspo.lightning.strategy import check_strategy
 from lit_gspo.models.policies import build_policies
 from lit_gspo.rl.advantages import AdvantageEstimator, get_advantage
 from lit_gspo.rl.collect import Collector
 from lit_gspo.rl.collect.async_rollouts import AsyncRollouts, staleness_tagged
-from lit_gspo.lightning.fp16 import GradScalerStep
-from lit_gspo.lightning.seed import resolve_seed
 from lit_gspo.rl.config import Generation, LoRA, RolloutDumps, Routing, Sampling, Update, Validation, WarmStart
 from lit_gspo.rl.engines import RolloutEngine, default_engine
 from lit_gspo.rl.envs import Environment, SingleTurn
@@ -123,17 +123,35 @@ class RLModule(LightningModule):
     ):
         super().__init__()
         silence_lightning_noise()  # before Trainer.fit checks its configuration (lit_gspo/lightning/quiet.py says what and why)
-        self.save_hyperparameters(ignore=["objective", "optimizer", "lr_scheduler", "rewards", "environment", "engine",
-                                          "advantage", "mismatch"])
+        self.save_hyperparameters(
+            ignore=[
+                "objective",
+                "optimizer",
+                "lr_scheduler",
+                "rewards",
+                "environment",
+                "engine",
+                "advantage",
+                "mismatch",
+            ]
+        )
         self.automatic_optimization = False
         self.objective = objective if objective is not None else GSPO()
         self.advantage = advantage if advantage is not None else get_advantage(self.objective.paper_advantage)
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         # copies: the defaults above are one instance for every module (several fits run in one process: ablate)
         generation, update, sampling, validation, routing, rollout_dumps, warm_start = (
-            replace(group) if group is not None else kind() for group, kind in (
-                (generation, Generation), (update, Update), (sampling, Sampling), (validation, Validation),
-                (routing, Routing), (rollout_dumps, RolloutDumps), (warm_start, WarmStart)))
+            replace(group) if group is not None else kind()
+            for group, kind in (
+                (generation, Generation),
+                (update, Update),
+                (sampling, Sampling),
+                (validation, Validation),
+                (routing, Routing),
+                (rollout_dumps, RolloutDumps),
+                (warm_start, WarmStart),
+            )
+        )
         self.generation, self.warm_start_cfg = generation, warm_start
         self.sampling, self.validation = sampling, validation
         self.routing, self.rollout_dumps, self.lora = routing, rollout_dumps, lora
@@ -145,9 +163,16 @@ class RLModule(LightningModule):
         self._warm_started = False  # saved in checkpoints: a resume never warm-starts again
         self._warned_precision = False
 
-        models = build_policies(model, model_config=model_config, gguf_file=gguf_file, seed=self.seed, lora=lora,
-                                gradient_checkpointing=gradient_checkpointing,
-                                reference=self.objective.beta > 0 or kl_to_ref, critic=self.objective.needs_critic)
+        models = build_policies(
+            model,
+            model_config=model_config,
+            gguf_file=gguf_file,
+            seed=self.seed,
+            lora=lora,
+            gradient_checkpointing=gradient_checkpointing,
+            reference=self.objective.beta > 0 or kl_to_ref,
+            critic=self.objective.needs_critic,
+        )
         if self.routing.replay and not models.is_moe:
             raise ValueError(f"routing.replay needs an MoE policy with top-k routers; {model!r} has none")
         self.policy, self.tokenizer, self.value_head = models.policy, models.tokenizer, models.value_head
@@ -157,17 +182,30 @@ class RLModule(LightningModule):
         mismatch = async_mismatch(self.sampling, mismatch)  # K >= 1: π_old chosen once (sampler, or proximal + TIS)
         self._async: AsyncRollouts | None = None  # K >= 1: the rollout worker of this fit (docs/async.md)
         self._default_engine = None if engine is not None else default_engine("cpu")  # resolved for the device in setup
-        self.collector = Collector(environment or SingleTurn(), engine or self._default_engine,
-                                   RewardSet(list(rewards) if rewards else [ExactMatch()], reward_weights),
-                                   self.tokenizer, self.generation, dynamic_sampling=dynamic,
-                                   max_sampling_rounds=self.sampling.max_rounds, engine_logprobs=mismatch is not None)
+        self.collector = Collector(
+            environment or SingleTurn(),
+            engine or self._default_engine,
+            RewardSet(list(rewards) if rewards else [ExactMatch()], reward_weights),
+            self.tokenizer,
+            self.generation,
+            dynamic_sampling=dynamic,
+            max_sampling_rounds=self.sampling.max_rounds,
+            engine_logprobs=mismatch is not None,
+        )
         self.learner = Learner(
-            self.policy, self.objective, update, value_head=self.value_head, reference=models.reference,
+            self.policy,
+            self.objective,
+            update,
+            value_head=self.value_head,
+            reference=models.reference,
             temperature=self.generation.temperature,
             max_len=self.generation.max_new_tokens * self.collector.environment.max_turns,
-            group_size=self.generation.num_generations, routing_replay=self.routing.replay,
+            group_size=self.generation.num_generations,
+            routing_replay=self.routing.replay,
             record_routing=models.is_moe and self.routing.track_volatility,
-            gradient_checkpointing=gradient_checkpointing, mismatch=mismatch)
+            gradient_checkpointing=gradient_checkpointing,
+            mismatch=mismatch,
+        )
         self._refill_generator = torch.Generator().manual_seed(self.seed)
         self._scaled_step: GradScalerStep | None = None  # fp16: set in setup from Lightning's precision plugin
 
@@ -180,7 +218,9 @@ class RLModule(LightningModule):
             self.collector.trainer_state = self._reward_trainer_state()
             self.collector.engine.sync_weights(self.policy)
             sync_s = self.collector.engine.last_sync_s  # an engine with its own copy of the weights (VLLMEngine)
-            rollout, stats = self.collector.collect(self.policy, rows, self._refill_rows, synced_gpus=self._synced_gpus())
+            rollout, stats = self.collector.collect(
+                self.policy, rows, self._refill_rows, synced_gpus=self._synced_gpus()
+            )
             stats["time/rollout_s"] = time.perf_counter() - start
             if sync_s is not None:
                 stats["time/weight_sync_s"] = sync_s
@@ -193,9 +233,16 @@ class RLModule(LightningModule):
             every = self.rollout_dumps.every_n_steps
             if every and self.rl_step and self.rl_step % every == 0:
                 self.save_rollout(rollout)
-            stats.update(self.learner.learn(rollout, self.optimizers(), self._scheduler_per_step(),
-                                            backward=self.manual_backward, step=self._scaled_step,
-                                            world_size=self.trainer.world_size))
+            stats.update(
+                self.learner.learn(
+                    rollout,
+                    self.optimizers(),
+                    self._scheduler_per_step(),
+                    backward=self.manual_backward,
+                    step=self._scaled_step,
+                    world_size=self.trainer.world_size,
+                )
+            )
             stats["time/update_s"] = time.perf_counter() - start
         if self._async is not None:  # the worker's next rollouts use the weights after this step
             self._async.publish(self.policy, self.rl_step + 1)
@@ -227,14 +274,22 @@ class RLModule(LightningModule):
         trainer = self.trainer
         if trainer.max_steps is not None and trainer.max_steps >= 0 and self.global_step >= trainer.max_steps:
             return True
-        last_epoch = trainer.max_epochs is not None and trainer.max_epochs >= 0 and trainer.current_epoch + 1 >= trainer.max_epochs
+        last_epoch = (
+            trainer.max_epochs is not None
+            and trainer.max_epochs >= 0
+            and trainer.current_epoch + 1 >= trainer.max_epochs
+        )
         return last_epoch and trainer.is_last_batch
 
     def _reward_trainer_state(self) -> TrainerState:
         """What TRL passes its reward functions as ``trainer_state``: the RL step, the run's length, the epoch."""
         trainer = self.trainer
-        return TrainerState(global_step=self.rl_step, max_steps=total_rl_steps(trainer, self) or 0,
-                            epoch=float(trainer.current_epoch), num_train_epochs=max(trainer.max_epochs or 0, 0))
+        return TrainerState(
+            global_step=self.rl_step,
+            max_steps=total_rl_steps(trainer, self) or 0,
+            epoch=float(trainer.current_epoch),
+            num_train_epochs=max(trainer.max_epochs or 0, 0),
+        )
 
     def _anything_to_learn(self, rollout) -> bool:
         """Whether any rank kept a sample (collective under several processes: every rank decides the same; a rank
@@ -252,15 +307,22 @@ class RLModule(LightningModule):
                 f"{self._skipped_in_a_row} RL steps in a row had nothing to learn from (frac_zero_std_groups="
                 f"{stats.get('frac_zero_std_groups', float('nan')):.2f}, reward_failed={stats.get('reward_failed', 0):.0f}): "
                 "every group's rewards were equal or every reward failed. Check the reward functions, or raise "
-                f"sampling.max_skipped_steps={self.sampling.max_skipped_steps}" + (f". The last reward error: {errors[0]}" if errors else ""))
+                f"sampling.max_skipped_steps={self.sampling.max_skipped_steps}"
+                + (f". The last reward error: {errors[0]}" if errors else "")
+            )
 
     def log_step(self, stats: dict, rollout, batch_size: int) -> None:
         """``train/*`` over every rank (a step without some metric logs NaN for it, not its last value) and the progress bar."""
-        stats = reduce_step_stats(stats, None if rollout is None else rollout.rewards,
-                                  None if rollout is None else rollout.completion_mask.sum(1))
+        stats = reduce_step_stats(
+            stats,
+            None if rollout is None else rollout.rewards,
+            None if rollout is None else rollout.completion_mask.sum(1),
+        )
         # fp32, as self.log stores them: the logged values are those of earlier runs bit for bit
-        values = {f"train/{k}" if not k.startswith("time/") else k: float(torch.tensor(float(v), dtype=torch.float32))
-                  for k, v in stats.items()}
+        values = {
+            f"train/{k}" if not k.startswith("time/") else k: float(torch.tensor(float(v), dtype=torch.float32))
+            for k, v in stats.items()
+        }
         values.update({k: float("nan") for k in self._logged_keys - values.keys()})
         self._logged_keys |= values.keys()
         # The row goes to the loggers now, before ModelCheckpoint saves this step in on_train_batch_end (Lightning
@@ -273,8 +335,14 @@ class RLModule(LightningModule):
                 logger.save()
         self.log_dict(values, on_step=True, on_epoch=False, batch_size=batch_size, logger=False)
         self._step_plateau(values, "train")
-        self.log_dict({"reward": float(stats["reward"]), "clip": float(stats.get("clip_frac", 0.0))},
-                      prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=batch_size)
+        self.log_dict(
+            {"reward": float(stats["reward"]), "clip": float(stats.get("clip_frac", 0.0))},
+            prog_bar=True,
+            logger=False,
+            on_step=True,
+            on_epoch=False,
+            batch_size=batch_size,
+        )
 
     def _refill_rows(self, count: int) -> list[dict]:
         pool = self.trainer.datamodule.train_rows
@@ -290,8 +358,11 @@ class RLModule(LightningModule):
 
     def _synced_gpus(self) -> bool:
         """Sharded parameters (FSDP2 over several processes): every rank must take part in every forward."""
-        return self._attached() and self.trainer.world_size > 1 and isinstance(self.trainer.strategy,
-                                                                                         ModelParallelStrategy)
+        return (
+            self._attached()
+            and self.trainer.world_size > 1
+            and isinstance(self.trainer.strategy, ModelParallelStrategy)
+        )
 
     # ------------------------------------------------------------------ Lightning plumbing
     def configure_optimizers(self):
@@ -302,8 +373,9 @@ class RLModule(LightningModule):
         if self.scheduler_factory is None:
             return opt
         scheduler = self.scheduler_factory(opt)
-        self._plateau_monitor = plateau_monitor(scheduler, ["val/reward", "val/response_length"] + [
-            f"val/{k}" for k in self._episode_metric_keys()])
+        self._plateau_monitor = plateau_monitor(
+            scheduler, ["val/reward", "val/response_length"] + [f"val/{k}" for k in self._episode_metric_keys()]
+        )
         # the learner steps a schedule after each optimiser step; a ReduceLROnPlateau is stepped by _step_plateau
         return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -318,8 +390,10 @@ class RLModule(LightningModule):
         if not monitor or not monitor.startswith(f"{split}/") or self.trainer.state.fn != "fit":
             return
         if monitor not in values:
-            raise SettingsError(f"--model.lr_scheduler.monitor {monitor}: not logged; the {split}/* metrics are "
-                                + ", ".join(sorted(k for k in values if k.startswith(f"{split}/"))))
+            raise SettingsError(
+                f"--model.lr_scheduler.monitor {monitor}: not logged; the {split}/* metrics are "
+                + ", ".join(sorted(k for k in values if k.startswith(f"{split}/")))
+            )
         value = float(values[monitor])
         if value == value:  # NaN (a step that logged nothing for it): not a measurement
             self.lr_schedulers().step(value)
@@ -334,8 +408,10 @@ class RLModule(LightningModule):
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         self._scaled_step = GradScalerStep(scaler) if scaler is not None else None
         if stage == "fit" and self.trainer.log_every_n_steps > 1:
-            rank_zero_info(f"train/* metrics every {self.trainer.log_every_n_steps} RL steps (log_every_n_steps; 1: every "
-                           "step, as `lit-gspo fit` does)")
+            rank_zero_info(
+                f"train/* metrics every {self.trainer.log_every_n_steps} RL steps (log_every_n_steps; 1: every "
+                "step, as `lit-gspo fit` does)"
+            )
         # the default engine depends on the device, known now; an engine given or set since is kept
         if self.collector.engine is self._default_engine:
             engine = default_engine(self.trainer.strategy.root_device, sharded=self._synced_gpus())
@@ -343,7 +419,9 @@ class RLModule(LightningModule):
                 self.collector.engine = self._default_engine = engine
         deterministic_on_cpu(self.trainer.strategy.root_device.type)  # before the warm start's first backward
         advice = bf16_on_cpu_warning(self.trainer.precision, self.trainer.strategy.root_device.type)
-        if advice and not self._warned_precision:  # bf16 emulated on this CPU: slower than fp32 (once: validate, then fit)
+        if (
+            advice and not self._warned_precision
+        ):  # bf16 emulated on this CPU: slower than fp32 (once: validate, then fit)
             self._warned_precision = True
             rank_zero_warn(advice, category=SlowPrecisionWarning)
 
@@ -383,8 +461,11 @@ class RLModule(LightningModule):
         if rows:
             self.collector.rewards.check(list(rows[0]))
         for split in ("train", "val"):
-            check_prompt_lengths(getattr(dm, f"{split}_rows", None) or [], lambda r: self.collector.encode(self.policy, r),
-                                 lambda i: dm.describe_row(split, i) if hasattr(dm, "describe_row") else f"{split} row {i}")
+            check_prompt_lengths(
+                getattr(dm, f"{split}_rows", None) or [],
+                lambda r: self.collector.encode(self.policy, r),
+                lambda i: dm.describe_row(split, i) if hasattr(dm, "describe_row") else f"{split} row {i}",
+            )
 
     def on_train_start(self) -> None:
         self._warm_start_once()  # a fit without a validation before it (trainer.fit alone)
@@ -423,9 +504,15 @@ class RLModule(LightningModule):
         if self.warm_start_cfg.steps <= 0:
             return
         with torch.inference_mode(False), torch.enable_grad():  # validation hooks run under inference mode
-            loss = warm_start(self.policy, self.tokenizer, self.trainer.datamodule.train_rows,
-                              lambda rows: self.collector.encode(self.policy, rows), self.warm_start_cfg, self.seed,
-                              environment=self.collector.environment)
+            loss = warm_start(
+                self.policy,
+                self.tokenizer,
+                self.trainer.datamodule.train_rows,
+                lambda rows: self.collector.encode(self.policy, rows),
+                self.warm_start_cfg,
+                self.seed,
+                environment=self.collector.environment,
+            )
         rank_zero_info(f"warm start: {self.warm_start_cfg.steps} supervised steps, last loss {loss:.4f}")
         if self.ref_policy is not None:  # the reference is the policy RL starts from
             self.ref_policy.load_state_dict(self.policy.state_dict())
@@ -451,14 +538,16 @@ class RLModule(LightningModule):
 
     def validation_step(self, rows: list[dict], batch_idx: int) -> None:
         """Greedy completions of this rank's share of the held-out batch, scored; reduced at the epoch's end."""
-        rows = rows[self.global_rank::self.trainer.world_size]
+        rows = rows[self.global_rank :: self.trainer.world_size]
         if not rows:  # every rank runs every step: FSDP2's sharded forward needs all of them
             return
         # Lightning validates under inference mode; FSDP2 on one device makes its unsharded parameters at their first
         # forward and keeps them: as inference tensors they could not be written in training ("Inference tensors do not
         # track version counter"). no_grad is what sampling needs.
         with torch.inference_mode(False), torch.no_grad():
-            batch, replies, stats = self.collector.sample(self.policy, rows, greedy=True, synced_gpus=self._synced_gpus())
+            batch, replies, stats = self.collector.sample(
+                self.policy, rows, greedy=True, synced_gpus=self._synced_gpus()
+            )
         self._val.add(rows, batch, stats)
         room = max(self.validation.num_logged_completions - len(self._val_shown[0]), 0)
         for part, new in zip(self._val_shown, (rows, replies, batch.rewards.tolist())):
@@ -485,16 +574,21 @@ class RLModule(LightningModule):
         # fp64 tensors: Lightning keeps their dtype (a float would be stored as fp32); the same value on every rank
         self.log_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}, sync_dist=True)
         # sync_dist: the same step on every rank, the mean validation time (Lightning warns about epoch-level logs without it)
-        self.log_dict({"step": float(self.rl_step), "time/val_s": time.perf_counter() - self._val_start}, sync_dist=True)
+        self.log_dict(
+            {"step": float(self.rl_step), "time/val_s": time.perf_counter() - self._val_start}, sync_dist=True
+        )
         self._step_plateau(metrics, split)
         if due(self.rl_step, self.validation.log_completions_every_n_steps) and self.trainer.is_global_zero:
             log_completions(self.loggers, self.rl_step, *self._val_shown)
             if self.validation.print_completions and self._val_shown[0]:
                 bar = self.trainer.progress_bar_callback  # prints above its bars, not into them
-                (bar.print if bar is not None else print)(terminal_table(self.rl_step, split, *self._val_shown,
-                                                                         self._val_shown_scores))
-        rank_zero_info(f"step {self.rl_step}: {split}/reward = {metrics[f'{split}/reward']:.4f} "
-                       f"({time.perf_counter() - self._val_start:.1f} s)")
+                (bar.print if bar is not None else print)(
+                    terminal_table(self.rl_step, split, *self._val_shown, self._val_shown_scores)
+                )
+        rank_zero_info(
+            f"step {self.rl_step}: {split}/reward = {metrics[f'{split}/reward']:.4f} "
+            f"({time.perf_counter() - self._val_start:.1f} s)"
+        )
 
     def on_validation_end(self) -> None:
         restore_local_rng_state(self._rng_before_validation)
@@ -509,8 +603,11 @@ class RLModule(LightningModule):
         environment = self.collector.environment
         if environment.max_turns == 1:
             return []
-        return (["turns", "success"] + [f"success_turn{k}" for k in range(1, environment.max_turns + 1)]
-                + list(environment.metric_names))
+        return (
+            ["turns", "success"]
+            + [f"success_turn{k}" for k in range(1, environment.max_turns + 1)]
+            + list(environment.metric_names)
+        )
 
     def load_trained_policy(self, path: str | Path) -> None:
         """The policy's weights from a run's Hugging Face export (``<run>/hf_model``), to validate or test it: the run's
@@ -518,7 +615,9 @@ class RLModule(LightningModule):
         from transformers import AutoModelForCausalLM
 
         if self.lora is not None:
-            raise ValueError(f"{path}: a LoRA run's hf_model holds the merged weights; validate it without --model.lora")
+            raise ValueError(
+                f"{path}: a LoRA run's hf_model holds the merged weights; validate it without --model.lora"
+            )
         trained = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32)
         self.policy.load_state_dict(trained.state_dict())
         self._warm_started = True
@@ -540,12 +639,14 @@ def check_stages_fit(objective: Objective, advantage: AdvantageEstimator, genera
         raise ValueError(
             f"{type(advantage).__name__} {'needs' if advantage.needs_values else 'does not use'} a critic's "
             f"values, and {type(objective).__name__} {'has' if objective.needs_critic else 'has no'} critic: "
-            "use GAE with PPO, and GroupNormalized, GroupMean, BatchNormalized or RLOO with the others")
+            "use GAE with PPO, and GroupNormalized, GroupMean, BatchNormalized or RLOO with the others"
+        )
     if advantage.needs_groups and generation.num_generations < 2:
         raise ValueError(
             f"generation.num_generations={generation.num_generations}, but {type(advantage).__name__} compares "
             "the completions of a prompt with each other (Â = 0 for a group of 1, nothing is learned): use "
-            "num_generations >= 2, or an estimator without groups (GAE with PPO)")
+            "num_generations >= 2, or an estimator without groups (GAE with PPO)"
+        )
 
 
 def plateau_monitor(scheduler, val_metrics: list[str] | None) -> str | None:
@@ -560,13 +661,17 @@ def check_plateau_monitor(monitor: str | None, val_metrics: list[str] | None) ->
     """Refused in one line: no monitor (torch's ReduceLROnPlateau), a monitor that is neither ``train/*`` nor one of
     ``val_metrics`` (None: any ``val/*``)."""
     if monitor is None:
-        raise SettingsError("--model.lr_scheduler torch.optim.lr_scheduler.ReduceLROnPlateau has no monitor: use "
-                            "lightning.pytorch.cli.ReduceLROnPlateau with --model.lr_scheduler.monitor val/reward "
-                            "--model.lr_scheduler.mode max")
+        raise SettingsError(
+            "--model.lr_scheduler torch.optim.lr_scheduler.ReduceLROnPlateau has no monitor: use "
+            "lightning.pytorch.cli.ReduceLROnPlateau with --model.lr_scheduler.monitor val/reward "
+            "--model.lr_scheduler.mode max"
+        )
     if not (monitor.startswith("train/") or (monitor in val_metrics if val_metrics else monitor.startswith("val/"))):
         names = ", ".join(val_metrics or ["val/reward", "val/response_length"])
-        raise SettingsError(f"--model.lr_scheduler.monitor {monitor}: never logged; monitor one of {names} (after each "
-                            "validation) or a train/* metric (each RL step)")
+        raise SettingsError(
+            f"--model.lr_scheduler.monitor {monitor}: never logged; monitor one of {names} (after each "
+            "validation) or a train/* metric (each RL step)"
+        )
     return monitor
 
 
@@ -583,8 +688,13 @@ def check_validation_schedule(trainer, every_n_steps: int) -> None:
     """``RLModule(validation=Validation(every_n_steps=n))`` under a Trainer that schedules otherwise: one line naming
     the Trainer flags."""
     want = validation_schedule(every_n_steps)
-    have = {"val_check_interval": trainer.val_check_interval, "check_val_every_n_epoch": trainer.check_val_every_n_epoch}
+    have = {
+        "val_check_interval": trainer.val_check_interval,
+        "check_val_every_n_epoch": trainer.check_val_every_n_epoch,
+    }
     if have != want:
-        raise ValueError(f"validation.every_n_steps={every_n_steps} needs Trainer(val_check_interval="
-                         f"{want['val_check_interval']}, check_val_every_n_epoch=None) (one Lightning batch is one RL "
-                         f"step); this Trainer has {have}. Set those on the Trainer, or leave validation.every_n_steps=None")
+        raise ValueError(
+            f"validation.every_n_steps={every_n_steps} needs Trainer(val_check_interval="
+            f"{want['val_check_interval']}, check_val_every_n_epoch=None) (one Lightning batch is one RL "
+            f"step); this Trainer has {have}. Set those on the Trainer, or leave validation.every_n_steps=None"
+        )

@@ -84,6 +84,10 @@ class RLRichProgressBar(RichProgressBar):
     def _show_rl_steps(self, trainer, pl_module) -> None:
         if self.progress is None or self.train_progress_bar_id is None:
             return
-        self.progress.update(self.train_progress_bar_id, description=self.DESCRIPTION,
-                             total=total_rl_steps(trainer, pl_module), completed=getattr(pl_module, "rl_step", 0))
+        self.progress.update(
+            self.train_progress_bar_id,
+            description=self.DESCRIPTION,
+            total=total_rl_steps(trainer, pl_module),
+            completed=getattr(pl_module, "rl_step", 0),
+        )
         self.refresh()

@@ -57,10 +57,26 @@ EXPORT_CONFIG = "lit_gspo_config.yaml"
 EXPORTS = ("hf_model", "hf_adapter")
 
 #: keys (and their sub-keys) that may differ between a run and its resume
-IGNORED = ("config", "ckpt_path", "weights_only", "trainer.max_steps", "trainer.max_epochs", "trainer.max_time",
-           "trainer.min_steps", "trainer.min_epochs", "trainer.default_root_dir", "trainer.enable_progress_bar",
-           "trainer.enable_model_summary", "trainer.logger", "trainer.callbacks", "trainer.log_every_n_steps",
-           "trainer.profiler", "checkpoint_every_n_steps", "push_to_hub", "hub_private")
+IGNORED = (
+    "config",
+    "ckpt_path",
+    "weights_only",
+    "trainer.max_steps",
+    "trainer.max_epochs",
+    "trainer.max_time",
+    "trainer.min_steps",
+    "trainer.min_epochs",
+    "trainer.default_root_dir",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "trainer.logger",
+    "trainer.callbacks",
+    "trainer.log_every_n_steps",
+    "trainer.profiler",
+    "checkpoint_every_n_steps",
+    "push_to_hub",
+    "hub_private",
+)
 
 
 # ---------------------------------------------------------------------------------------------------- comparing
@@ -80,8 +96,11 @@ def settings_of_run(path: Path, defaults: dict) -> dict:
     earlier lit_gspo ran as a setting added since behaves by default, so resuming it is not a change of settings."""
     tree = load_yaml(path)
     saved = flatten(tree)
-    unknown = {key: value for key, value in defaults.items()
-               if not any(s == key or s.startswith(key + ".") or key.startswith(s + ".") for s in saved)}
+    unknown = {
+        key: value
+        for key, value in defaults.items()
+        if not any(s == key or s.startswith(key + ".") or key.startswith(s + ".") for s in saved)
+    }
     return {**saved, **unknown}
 
 
@@ -188,10 +207,16 @@ def _place_fresh(root: Path, given: bool, current: dict, saved_settings) -> Plac
     free = next(d for d in siblings(root, given) if not holds_run(d))
     saved = saved_config_path(root)
     diffs = differences(saved_settings(saved), current) if saved else None
-    what = ("a run with other settings (" + describe(diffs) + ")" if diffs else
-            "a run with these settings (--ckpt_path last resumes it)" if diffs is not None else "a run")
-    return Placement(free, f"{root} holds {what}; this run writes to {free} "
-                           "(--trainer.default_root_dir chooses the directory)")
+    what = (
+        "a run with other settings (" + describe(diffs) + ")"
+        if diffs
+        else "a run with these settings (--ckpt_path last resumes it)"
+        if diffs is not None
+        else "a run"
+    )
+    return Placement(
+        free, f"{root} holds {what}; this run writes to {free} (--trainer.default_root_dir chooses the directory)"
+    )
 
 
 def _place_resume_last(root: Path, given: bool, current: dict, saved_settings) -> Placement:
@@ -207,12 +232,15 @@ def _place_resume_last(root: Path, given: bool, current: dict, saved_settings) -
         return Placement(root, None)
     if same:
         run = max(same, key=_newest_checkpoint_time)
-        return Placement(run, f"resuming the run in {run}, the one with these settings "
-                              f"({root} holds a run with other settings)")
+        return Placement(
+            run, f"resuming the run in {run}, the one with these settings ({root} holds a run with other settings)"
+        )
     first = runs[0]
-    raise RunDirError(f"--ckpt_path last: {first} holds a run with other settings than this fit's: {describe(diffs[first])}"
-                      f". A resume continues a run with its own settings (they are in {saved_config_path(first)}); "
-                      "to train with these settings, start a new run (without --ckpt_path)")
+    raise RunDirError(
+        f"--ckpt_path last: {first} holds a run with other settings than this fit's: {describe(diffs[first])}"
+        f". A resume continues a run with its own settings (they are in {saved_config_path(first)}); "
+        "to train with these settings, start a new run (without --ckpt_path)"
+    )
 
 
 def run_of_checkpoint(path: Path) -> Path:
@@ -222,16 +250,20 @@ def run_of_checkpoint(path: Path) -> Path:
 
 def _place_resume_from_file(root: Path, given: bool, current: dict, path: Path, saved_settings) -> Placement:
     if not path.exists():
-        raise RunDirError(f"--ckpt_path {path}: no such file (a run's checkpoints are <run>/checkpoints/*.ckpt; "
-                          "--ckpt_path last takes the newest of this run)")
+        raise RunDirError(
+            f"--ckpt_path {path}: no such file (a run's checkpoints are <run>/checkpoints/*.ckpt; "
+            "--ckpt_path last takes the newest of this run)"
+        )
     run = run_of_checkpoint(path)
     saved = saved_config_path(run)
     diffs = differences(saved_settings(saved), current) if saved else {}
     if diffs:
-        raise RunDirError(f"--ckpt_path {path}: the run that wrote it had other settings than this fit's: "
-                          f"{describe(diffs)}. A resume continues a run with its own settings (they are in {saved}); "
-                          "to train from these weights with other settings, start a new run from an exported model "
-                          "(--model.model <run>/hf_model)")
+        raise RunDirError(
+            f"--ckpt_path {path}: the run that wrote it had other settings than this fit's: "
+            f"{describe(diffs)}. A resume continues a run with its own settings (they are in {saved}); "
+            "to train from these weights with other settings, start a new run from an exported model "
+            "(--model.model <run>/hf_model)"
+        )
     if root.resolve() == run.resolve():
         return Placement(root, None)
     return _place_fresh(root, given, current, saved_settings)  # the checkpoint's run resumed into another directory
@@ -296,8 +328,11 @@ def lock_placement(placement: Placement, root: Path, given: bool, ckpt_path: str
         except RunLockedError:
             continue
         holder = str(first_error).split(" is in use by another run (", 1)[-1].split("). Two runs", 1)[0]
-        return Placement(candidate, f"{busy} is in use by another fit ({holder}); this run writes to {candidate} "
-                                    "(--trainer.default_root_dir chooses the directory)")
+        return Placement(
+            candidate,
+            f"{busy} is in use by another fit ({holder}); this run writes to {candidate} "
+            "(--trainer.default_root_dir chooses the directory)",
+        )
     raise first_error
 
 
@@ -318,16 +353,23 @@ class SaveRunConfig(SaveConfigCallback):
             if not self.save_to_log_dir and not self.overwrite:
                 path = os.path.join(trainer.default_root_dir, self.config_filename)
                 if trainer.strategy.broadcast(trainer.is_global_zero and os.path.isfile(path)):
-                    raise RuntimeError(f"{path} exists: not overwriting the config of a previous run (delete it, or "
-                                       'give LightningCLI save_config_kwargs={"overwrite": True})')
+                    raise RuntimeError(
+                        f"{path} exists: not overwriting the config of a previous run (delete it, or "
+                        'give LightningCLI save_config_kwargs={"overwrite": True})'
+                    )
         super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
         """Rank 0 only (Lightning calls it there): the config to ``default_root_dir`` when the logger has no directory."""
         if not self.save_to_log_dir:
             os.makedirs(trainer.default_root_dir, exist_ok=True)
-            self.parser.save(self.config, os.path.join(trainer.default_root_dir, self.config_filename),
-                             skip_none=False, overwrite=self.overwrite, multifile=self.multifile)
+            self.parser.save(
+                self.config,
+                os.path.join(trainer.default_root_dir, self.config_filename),
+                skip_none=False,
+                overwrite=self.overwrite,
+                multifile=self.multifile,
+            )
 
 
 class RunConfigCallback(SaveRunConfig):
@@ -400,8 +442,11 @@ def config_for(model: str) -> FoundConfig | None:
         run = run_of_checkpoint(path)
     elif path.is_dir():
         if (path / EXPORT_CONFIG).is_file():
-            return FoundConfig((path / EXPORT_CONFIG).read_text(), f"{path / EXPORT_CONFIG} (saved with the model)",
-                               path / EXPORT_CONFIG)
+            return FoundConfig(
+                (path / EXPORT_CONFIG).read_text(),
+                f"{path / EXPORT_CONFIG} (saved with the model)",
+                path / EXPORT_CONFIG,
+            )
         run = path.parent
     else:
         return None
@@ -426,7 +471,6 @@ def _checkpoint_entry(path: Path, key: str):
     except Exception:  # an old-format or unreadable file: the run directory's config, and the loader reports the rest
         return None
     return checkpoint.get(key) if isinstance(checkpoint, dict) else None
-
 
 
 # ---------------------------------------------------------------------------------------------------- metrics

@@ -18,11 +18,12 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 from lit_gspo.runtime.files import fsync_dir
 
-FSDP1_MESSAGE = ("FSDPStrategy (FSDP1) is not supported by lit_gspo: Lightning's FSDP1 with manual optimisation is "
-                 "broken (Lightning #19626, #19685). Use FSDP2 instead: --trainer.strategy "
-                 "lightning.pytorch.strategies.ModelParallelStrategy --trainer.strategy.data_parallel_size <devices> "
-                 "--trainer.strategy.tensor_parallel_size 1 (see configs/scale/fsdp2_cpu.yaml and fsdp2_cuda.yaml).")
-
+FSDP1_MESSAGE = (
+    "FSDPStrategy (FSDP1) is not supported by lit_gspo: Lightning's FSDP1 with manual optimisation is "
+    "broken (Lightning #19626, #19685). Use FSDP2 instead: --trainer.strategy "
+    "lightning.pytorch.strategies.ModelParallelStrategy --trainer.strategy.data_parallel_size <devices> "
+    "--trainer.strategy.tensor_parallel_size 1 (see configs/scale/fsdp2_cpu.yaml and fsdp2_cuda.yaml)."
+)
 
 
 def is_fsdp1_strategy(strategy: Any) -> bool:
@@ -60,7 +61,6 @@ def strategy_from_path(strategy: Any) -> Any:
 def check_strategy(strategy: Any) -> None:
     if is_fsdp1_strategy(strategy):
         raise ValueError(FSDP1_MESSAGE)
-
 
 
 class AtomicModelParallelStrategy(ModelParallelStrategy):

@@ -43,14 +43,20 @@ def _is(*values) -> Callable[[Any], bool]:
 #: ``lightning.pytorch.Trainer``'s parameters (``self`` aside).
 TRAINER_FLAGS: dict[str, Flag] = {
     "accelerator": Flag(HONOURED, "cpu, gpu/cuda, auto", example="cpu"),
-    "strategy": Flag(HONOURED, "ddp, ModelParallelStrategy (FSDP2, made atomic); FSDPStrategy (FSDP1) is refused",
-                     example="auto"),
+    "strategy": Flag(
+        HONOURED, "ddp, ModelParallelStrategy (FSDP2, made atomic); FSDPStrategy (FSDP1) is refused", example="auto"
+    ),
     "devices": Flag(HONOURED, "processes per node", example=1),
     "num_nodes": Flag(HONOURED, "nodes", example=1),
-    "precision": Flag(HONOURED, "Lightning's precision plugin; `auto`: bf16-mixed where bf16 is native, 32-true elsewhere",
-                      example="bf16-mixed"),
+    "precision": Flag(
+        HONOURED,
+        "Lightning's precision plugin; `auto`: bf16-mixed where bf16 is native, 32-true elsewhere",
+        example="bf16-mixed",
+    ),
     "logger": Flag(HONOURED, "default: metrics.csv (RunCSVLogger, continued by a resume); false: none", example=False),
-    "callbacks": Flag(HONOURED, "ModelCheckpoint, EarlyStopping, LearningRateMonitor, RichProgressBar (counts RL steps), ..."),
+    "callbacks": Flag(
+        HONOURED, "ModelCheckpoint, EarlyStopping, LearningRateMonitor, RichProgressBar (counts RL steps), ..."
+    ),
     "fast_dev_run": Flag(HONOURED, "one RL step and one validation batch; writes nothing", example=True),
     "max_epochs": Flag(HONOURED, "epochs of the prompt set", example=1),
     "min_epochs": Flag(HONOURED, "EarlyStopping cannot stop before", example=1),
@@ -60,46 +66,86 @@ TRAINER_FLAGS: dict[str, Flag] = {
     "limit_train_batches": Flag(HONOURED, "RL steps per epoch", example=2),
     "limit_val_batches": Flag(HONOURED, "batches of data.val_batch_size held-out prompts per validation", example=1),
     "limit_test_batches": Flag(HONOURED, "batches of held-out prompts for `lit-gspo test`", example=1),
-    "limit_predict_batches": Flag(REFUSED, "lit-gspo has no predict: `lit-gspo eval` writes completions (--limit)",
-                                  accepts=_is(None), example=2),
-    "overfit_batches": Flag(REFUSED, "lit_gspo's prompt loader is not cut by Lightning: to train on a few prompts use "
-                                     "--data.num_train N (and --data.num_val N)", accepts=_is(0, 0.0, None), example=1),
-    "val_check_interval": Flag(MAPPED, "an int is model.validation.every_n_steps (RL steps); a float keeps Lightning's "
-                                       "fraction of an epoch", example=3),
-    "check_val_every_n_epoch": Flag(MAPPED, "None when validation counts RL steps (set by the CLI); with a float "
-                                            "val_check_interval, Lightning's meaning", example=None),
+    "limit_predict_batches": Flag(
+        REFUSED, "lit-gspo has no predict: `lit-gspo eval` writes completions (--limit)", accepts=_is(None), example=2
+    ),
+    "overfit_batches": Flag(
+        REFUSED,
+        "lit_gspo's prompt loader is not cut by Lightning: to train on a few prompts use "
+        "--data.num_train N (and --data.num_val N)",
+        accepts=_is(0, 0.0, None),
+        example=1,
+    ),
+    "val_check_interval": Flag(
+        MAPPED,
+        "an int is model.validation.every_n_steps (RL steps); a float keeps Lightning's fraction of an epoch",
+        example=3,
+    ),
+    "check_val_every_n_epoch": Flag(
+        MAPPED,
+        "None when validation counts RL steps (set by the CLI); with a float val_check_interval, Lightning's meaning",
+        example=None,
+    ),
     "num_sanity_val_steps": Flag(HONOURED, "0 by default (fit validates fully before the first update)", example=1),
     "log_every_n_steps": Flag(HONOURED, "train/* rows every n RL steps (1 by default)", example=2),
-    "enable_checkpointing": Flag(HONOURED, "<root>/checkpoints/last.ckpt every --checkpoint_every_n_steps", example=False),
+    "enable_checkpointing": Flag(
+        HONOURED, "<root>/checkpoints/last.ckpt every --checkpoint_every_n_steps", example=False
+    ),
     "enable_progress_bar": Flag(HONOURED, "the RL-step bar", example=False),
     "enable_model_summary": Flag(HONOURED, "off by default", example=True),
-    "accumulate_grad_batches": Flag(REFUSED, "one Lightning batch is one RL step, and its update is K epochs × M minibatches "
-                                             "(--model.update.epochs, --model.update.num_minibatches); a minibatch too large "
-                                             "for memory is accumulated over --model.update.micro_batch_size rows",
-                                    accepts=_is(1, None), example=4),
-    "gradient_clip_val": Flag(MAPPED, "model.update.max_grad_norm (the learner clips after each minibatch; 0: none)",
-                              example=0.5),
+    "accumulate_grad_batches": Flag(
+        REFUSED,
+        "one Lightning batch is one RL step, and its update is K epochs × M minibatches "
+        "(--model.update.epochs, --model.update.num_minibatches); a minibatch too large "
+        "for memory is accumulated over --model.update.micro_batch_size rows",
+        accepts=_is(1, None),
+        example=4,
+    ),
+    "gradient_clip_val": Flag(
+        MAPPED, "model.update.max_grad_norm (the learner clips after each minibatch; 0: none)", example=0.5
+    ),
     "gradient_clip_algorithm": Flag(MAPPED, "norm only (model.update.max_grad_norm); value is refused", example="norm"),
-    "deterministic": Flag(HONOURED, "torch's deterministic algorithms (on CPU lit_gspo turns them on, warn_only)",
-                          example=True),
+    "deterministic": Flag(
+        HONOURED, "torch's deterministic algorithms (on CPU lit_gspo turns them on, warn_only)", example=True
+    ),
     "benchmark": Flag(HONOURED, "cudnn.benchmark", example=False),
     "inference_mode": Flag(HONOURED, "validation under inference_mode (true) or no_grad (false)", example=False),
-    "use_distributed_sampler": Flag(REFUSED, "the prompt loader always shards rows by rank itself (a DistributedSampler "
-                                             "Lightning leaves alone): leave it unset", accepts=_is(True, None), example=False),
+    "use_distributed_sampler": Flag(
+        REFUSED,
+        "the prompt loader always shards rows by rank itself (a DistributedSampler "
+        "Lightning leaves alone): leave it unset",
+        accepts=_is(True, None),
+        example=False,
+    ),
     "profiler": Flag(HONOURED, "simple, advanced, pytorch: profiles Lightning's hooks", example="simple"),
-    "detect_anomaly": Flag(HONOURED, "autograd anomaly detection around the run (manual backward included)", example=True),
-    "barebones": Flag(REFUSED, "lit-gspo fit always writes metrics.csv, a checkpoint and a progress bar: turn them off with "
-                               "--trainer.logger false, --trainer.enable_checkpointing false, "
-                               "--trainer.enable_progress_bar false", accepts=_is(False, None), example=True),
+    "detect_anomaly": Flag(
+        HONOURED, "autograd anomaly detection around the run (manual backward included)", example=True
+    ),
+    "barebones": Flag(
+        REFUSED,
+        "lit-gspo fit always writes metrics.csv, a checkpoint and a progress bar: turn them off with "
+        "--trainer.logger false, --trainer.enable_checkpointing false, "
+        "--trainer.enable_progress_bar false",
+        accepts=_is(False, None),
+        example=True,
+    ),
     "plugins": Flag(HONOURED, "precision and checkpoint-IO plugins, as in Lightning"),
     "sync_batchnorm": Flag(HONOURED, "Lightning converts BatchNorm layers (a causal LM has none)", example=True),
-    "reload_dataloaders_every_n_epochs": Flag(REFUSED, "the prompt loader draws a new seeded order every epoch itself, "
-                                                       "and its position is saved in checkpoints: leave it 0",
-                                              accepts=_is(0, None), example=1),
+    "reload_dataloaders_every_n_epochs": Flag(
+        REFUSED,
+        "the prompt loader draws a new seeded order every epoch itself, "
+        "and its position is saved in checkpoints: leave it 0",
+        accepts=_is(0, None),
+        example=1,
+    ),
     "default_root_dir": Flag(HONOURED, "the run directory (one run per directory)", example="runs/x"),
     "enable_autolog_hparams": Flag(HONOURED, "the loggers get the module's hyperparameters", example=False),
-    "model_registry": Flag(REFUSED, "lit_gspo does not upload to Lightning's model registry: --push_to_hub REPO uploads "
-                                    "the exported model", accepts=_is(None), example="my-model"),
+    "model_registry": Flag(
+        REFUSED,
+        "lit_gspo does not upload to Lightning's model registry: --push_to_hub REPO uploads the exported model",
+        accepts=_is(None),
+        example="my-model",
+    ),
 }
 
 #: The top-level keys of ``lit-gspo fit`` (beside ``trainer``).
@@ -111,8 +157,11 @@ TOP_LEVEL: dict[str, Flag] = {
     "model": Flag(HONOURED, "RLModule's settings"),
     "data": Flag(HONOURED, "PromptDataModule's settings"),
     "optimizer": Flag(MAPPED, "model.optimizer (given both ways: refused)"),
-    "lr_scheduler": Flag(MAPPED, "model.lr_scheduler (given both ways: refused); stepped after every optimiser step, "
-                                 "a ReduceLROnPlateau when its monitored metric is logged"),
+    "lr_scheduler": Flag(
+        MAPPED,
+        "model.lr_scheduler (given both ways: refused); stepped after every optimiser step, "
+        "a ReduceLROnPlateau when its monitored metric is logged",
+    ),
     "ckpt_path": Flag(HONOURED, "resume (`last`: <root>/checkpoints/last.ckpt)"),
     "weights_only": Flag(HONOURED, "torch.load's weights_only when resuming"),
     "checkpoint_every_n_steps": Flag(HONOURED, "lit_gspo's: last.ckpt every n optimiser steps"),

@@ -69,9 +69,7 @@ def tiny_qwen3_moe_config(
 ) -> Qwen3MoeConfig:
     """A small ``Qwen3MoeConfig``: every layer sparse, 8 experts, top-2, ``output_router_logits=False``."""
     if not 1 <= num_experts_per_tok <= num_experts:
-        raise ValueError(
-            f"num_experts_per_tok={num_experts_per_tok} must be between 1 and num_experts={num_experts}"
-        )
+        raise ValueError(f"num_experts_per_tok={num_experts_per_tok} must be between 1 and num_experts={num_experts}")
     kwargs.setdefault("output_router_logits", False)
     return Qwen3MoeConfig(
         vocab_size=vocab_size,

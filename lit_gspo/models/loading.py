@@ -19,8 +19,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,9 +43,14 @@ BUILTIN_MODELS: dict[str, Callable[..., Any]] = {
 }
 
 DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "fp32": torch.float32, "32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "16": torch.float16,
 }
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -193,11 +199,13 @@ def _ensure_pad_token(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
 def load_checkpoint_policy(policy: nn.Module, path: str) -> None:
     """The policy's weights from a Lightning checkpoint of an ``RLModule`` run (keys ``policy.*``)."""
     if Path(path).is_dir():
-        raise ValueError(f"{path} is a directory: a sharded (distributed) checkpoint. Evaluate the run's hf_model/ "
-                         "instead, or consolidate it first (lightning.pytorch.utilities.consolidate_checkpoint)")
+        raise ValueError(
+            f"{path} is a directory: a sharded (distributed) checkpoint. Evaluate the run's hf_model/ "
+            "instead, or consolidate it first (lightning.pytorch.utilities.consolidate_checkpoint)"
+        )
     # the run's own checkpoint, as `fit --ckpt_path` loads it (it holds RNG states, not only tensors)
     checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    state = {k[len("policy."):]: v for k, v in checkpoint["state_dict"].items() if k.startswith("policy.")}
+    state = {k[len("policy.") :]: v for k, v in checkpoint["state_dict"].items() if k.startswith("policy.")}
     if not state:
         raise ValueError(f"{path} holds no policy.* weights: not a checkpoint of an RLModule run")
     policy.load_state_dict(state)

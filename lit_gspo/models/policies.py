@@ -29,16 +29,25 @@ class Policies:
         return bool(moe_routers(self.policy))
 
 
-def build_policies(model: str, *, model_config: dict | None = None, gguf_file: str | None = None, seed: int = 0,
-                   lora=None, gradient_checkpointing: bool = False, reference: bool = True,
-                   critic: bool = False) -> Policies:
+def build_policies(
+    model: str,
+    *,
+    model_config: dict | None = None,
+    gguf_file: str | None = None,
+    seed: int = 0,
+    lora=None,
+    gradient_checkpointing: bool = False,
+    reference: bool = True,
+    critic: bool = False,
+) -> Policies:
     """Load ``model`` (``lit_gspo.models.loading.load_policy``), add LoRA adapters (``lora``: a ``LoRA`` config) and
     gradient checkpointing, copy the frozen reference when asked, and the critic's head (in this order: the head's
     initial weights come from the global RNG after the policy's)."""
     policy, tokenizer = load_policy(model, gguf_file=gguf_file, config_overrides=model_config, seed=seed)
     if lora is not None:
-        policy = apply_lora(policy, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
-                            target_modules=tuple(lora.target_modules))
+        policy = apply_lora(
+            policy, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=tuple(lora.target_modules)
+        )
     if gradient_checkpointing:
         enable_gradient_checkpointing(policy)
     ref: nn.Module | str | None = None

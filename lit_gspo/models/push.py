@@ -16,18 +16,30 @@ class HubPushError(UserError, RuntimeError):
 def check_can_push(repo_id: str) -> None:
     """Fail before training, not after it, when ``repo_id`` cannot be pushed to: the hub is offline or unreachable."""
     if "/" not in repo_id.strip("/"):
-        raise HubPushError(f"push_to_hub={repo_id!r}: give a repo id with its owner, e.g. `--push_to_hub my-name/my-model`")
+        raise HubPushError(
+            f"push_to_hub={repo_id!r}: give a repo id with its owner, e.g. `--push_to_hub my-name/my-model`"
+        )
     if hub_offline():
-        raise HubPushError(f"push_to_hub={repo_id!r}, but HF_HUB_OFFLINE is set: unset it, or leave out --push_to_hub "
-                           "and upload the export later (`hf upload <repo_id> <run>/hf_model`)")
+        raise HubPushError(
+            f"push_to_hub={repo_id!r}, but HF_HUB_OFFLINE is set: unset it, or leave out --push_to_hub "
+            "and upload the export later (`hf upload <repo_id> <run>/hf_model`)"
+        )
     reason = hub_unreachable()
     if reason:
-        raise HubPushError(f"push_to_hub={repo_id!r}, but {reason}. Check the network, or leave out --push_to_hub and "
-                           "upload the export later (`hf upload <repo_id> <run>/hf_model`)")
+        raise HubPushError(
+            f"push_to_hub={repo_id!r}, but {reason}. Check the network, or leave out --push_to_hub and "
+            "upload the export later (`hf upload <repo_id> <run>/hf_model`)"
+        )
 
 
-def push_export(root: str | os.PathLike, repo_id: str, *, private: bool = False, token: str | None = None,
-                commit_message: str | None = None) -> list[str]:
+def push_export(
+    root: str | os.PathLike,
+    repo_id: str,
+    *,
+    private: bool = False,
+    token: str | None = None,
+    commit_message: str | None = None,
+) -> list[str]:
     """Upload ``<root>/hf_model`` to the hub model repo ``repo_id`` (created if needed, ``private`` then), and
     ``<root>/hf_adapter`` (a LoRA run's adapter alone) into its ``adapter/`` folder. Returns the commit URLs.
 
@@ -48,6 +60,13 @@ def push_export(root: str | os.PathLike, repo_id: str, *, private: bool = False,
     urls = [huggingface_hub.upload_folder(repo_id=repo_id, folder_path=export, commit_message=message, token=token)]
     adapter = root / "hf_adapter"
     if (adapter / "adapter_config.json").is_file():
-        urls.append(huggingface_hub.upload_folder(repo_id=repo_id, folder_path=adapter, path_in_repo="adapter",
-                                                  commit_message=message + " (LoRA adapter)", token=token))
+        urls.append(
+            huggingface_hub.upload_folder(
+                repo_id=repo_id,
+                folder_path=adapter,
+                path_in_repo="adapter",
+                commit_message=message + " (LoRA adapter)",
+                token=token,
+            )
+        )
     return [str(getattr(url, "commit_url", url)) for url in urls]

@@ -174,9 +174,7 @@ def replay_routing(model: nn.Module, recorded: RoutingRecord) -> Iterator[None]:
         raise ValueError(f"record has {recorded.num_layers} MoE layers but the model has {len(routers)} routers")
     unsupported = sorted({type(r).__name__ for r in routers} - SOFTMAX_TOPK_ROUTERS)
     if unsupported:
-        raise NotImplementedError(
-            f"routing replay supports {sorted(SOFTMAX_TOPK_ROUTERS)}, not {unsupported}"
-        )
+        raise NotImplementedError(f"routing replay supports {sorted(SOFTMAX_TOPK_ROUTERS)}, not {unsupported}")
     flat = [idx.reshape(-1, idx.shape[-1]) for idx in recorded.indices]
     handles = []
 
@@ -217,13 +215,13 @@ def changed_slots(before: RoutingRecord, after: RoutingRecord) -> list[torch.Ten
             f"records differ: {before.num_layers} layers {before.shape} vs {after.num_layers} layers {after.shape}"
         )
     k = before.shape[-1] if before.num_layers else 0
-    return [k - (a.unsqueeze(-1) == b.to(a.device).unsqueeze(-2)).any(-1).sum(-1)
-            for a, b in zip(before.indices, after.indices)]
+    return [
+        k - (a.unsqueeze(-1) == b.to(a.device).unsqueeze(-2)).any(-1).sum(-1)
+        for a, b in zip(before.indices, after.indices)
+    ]
 
 
-def routing_volatility(
-    before: RoutingRecord, after: RoutingRecord, mask: torch.Tensor | None = None
-) -> float:
+def routing_volatility(before: RoutingRecord, after: RoutingRecord, mask: torch.Tensor | None = None) -> float:
     """Share of (token, layer, top-k slot) expert choices that differ between two records (see :func:`changed_slots`).
 
     ``mask`` ((B, T), bool or 0/1) restricts the count to valid tokens, e.g. the completion mask. Returns a float
@@ -232,8 +230,11 @@ def routing_volatility(
     changed = total = 0.0
     for per_token in changed_slots(before, after):
         k = before.shape[-1]
-        m = torch.ones_like(per_token, dtype=torch.float32) if mask is None else \
-            mask.to(device=per_token.device, dtype=torch.float32).reshape(per_token.shape)
+        m = (
+            torch.ones_like(per_token, dtype=torch.float32)
+            if mask is None
+            else mask.to(device=per_token.device, dtype=torch.float32).reshape(per_token.shape)
+        )
         changed += float((per_token * m).sum())
         total += float(m.sum()) * k
     return changed / total if total else 0.0

@@ -27,7 +27,7 @@ from lit_gspo.runtime.registry import Registered
 if TYPE_CHECKING:
     from lit_gspo.rl.rollout import RolloutBatch
 
-ADVANTAGES: dict[str, type["AdvantageEstimator"]] = {}
+ADVANTAGES: dict[str, type[AdvantageEstimator]] = {}
 
 
 def _grouped(rewards: Tensor, group_size: int) -> Tensor:
@@ -35,8 +35,9 @@ def _grouped(rewards: Tensor, group_size: int) -> Tensor:
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D (N,), got shape {tuple(rewards.shape)}")
     if group_size < 1 or rewards.numel() % group_size:
-        raise ValueError(f"the number of rewards N={rewards.numel()} must be a positive multiple of "
-                         f"group_size={group_size}")
+        raise ValueError(
+            f"the number of rewards N={rewards.numel()} must be a positive multiple of group_size={group_size}"
+        )
     if not torch.isfinite(rewards).all():
         raise ValueError(f"rewards must be finite, got {rewards.tolist()}")
     return rewards.float().reshape(-1, group_size)
@@ -48,8 +49,9 @@ def _zero_constant_groups(adv: Tensor, grouped: Tensor) -> Tensor:
     return torch.where(constant, torch.zeros_like(adv), adv).reshape(-1)
 
 
-def group_advantages(rewards: Tensor, group_size: int, scale: Literal["group", "batch", "none"] = "group",
-                     eps: float = 1e-6) -> Tensor:
+def group_advantages(
+    rewards: Tensor, group_size: int, scale: Literal["group", "batch", "none"] = "group", eps: float = 1e-6
+) -> Tensor:
     """(R − group mean) / (std + eps), std of the group (``group``), of the batch (``batch``) or 1 (``none``)."""
     grouped = _grouped(rewards, group_size)  # (N/G, G)
     centred = grouped - grouped.mean(1, keepdim=True)
@@ -75,8 +77,7 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     return _zero_constant_groups(grouped - baseline, grouped)
 
 
-def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95
-        ) -> tuple[Tensor, Tensor]:
+def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation over the valid (right-padded) tokens of each row.
 
         δ_t = r_t + γ V_{t+1} m_{t+1} − V_t,   Â_t = δ_t + γ λ m_{t+1} Â_{t+1},   returns = Â + V
@@ -84,8 +85,10 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
     token count as 0 (the episode ends there).
     """
     if rewards.shape != values.shape or rewards.shape != mask.shape or rewards.dim() != 2:
-        raise ValueError(f"rewards, values and mask must share a (B, T) shape, got {tuple(rewards.shape)}, "
-                         f"{tuple(values.shape)} and {tuple(mask.shape)}")
+        raise ValueError(
+            f"rewards, values and mask must share a (B, T) shape, got {tuple(rewards.shape)}, "
+            f"{tuple(values.shape)} and {tuple(mask.shape)}"
+        )
     m = mask.bool()
     zero = torch.zeros((), dtype=torch.float32, device=rewards.device)
     r = torch.where(m, rewards.float(), zero)  # (B, T)
@@ -118,7 +121,7 @@ class AdvantageEstimator(Registered, register=False):
     needs_values: ClassVar[bool] = False
     needs_groups: ClassVar[bool] = False
 
-    def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
+    def __call__(self, rollout: RolloutBatch, group_size: int) -> Tensor:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -131,7 +134,7 @@ class GroupBaseline(AdvantageEstimator, register=False):
     scale: ClassVar[str] = "group"
     needs_groups = True
 
-    def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
+    def __call__(self, rollout: RolloutBatch, group_size: int) -> Tensor:
         return group_advantages(rollout.rewards, group_size, scale=self.scale)
 
 
@@ -159,7 +162,7 @@ class RLOO(AdvantageEstimator):
     name = "rloo"
     needs_groups = True
 
-    def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
+    def __call__(self, rollout: RolloutBatch, group_size: int) -> Tensor:
         return rloo_advantages(rollout.rewards, group_size)
 
 
@@ -181,7 +184,7 @@ class GAE(AdvantageEstimator):
     def __repr__(self) -> str:
         return f"GAE(gamma={self.gamma}, lam={self.lam}, whiten={self.whiten})"
 
-    def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
+    def __call__(self, rollout: RolloutBatch, group_size: int) -> Tensor:
         values, mask = rollout.old_values, rollout.completion_mask
         if values is None:
             raise ValueError("GAE needs the critic's values (rollout.old_values): use an objective with a critic (PPO)")
@@ -192,8 +195,13 @@ class GAE(AdvantageEstimator):
             advantages, rollout.returns = gae(token_rewards, values, mask, gamma=self.gamma, lam=self.lam)
         else:  # multi-turn: the environment's tokens are skipped, as if the replies were one sequence
             index, packed_mask = pack_policy_tokens(mask)
-            packed = gae(rollout.token_rewards.gather(1, index), values.gather(1, index), packed_mask,
-                         gamma=self.gamma, lam=self.lam)
+            packed = gae(
+                rollout.token_rewards.gather(1, index),
+                values.gather(1, index),
+                packed_mask,
+                gamma=self.gamma,
+                lam=self.lam,
+            )
             advantages, rollout.returns = (torch.zeros_like(values).scatter(1, index, x * packed_mask) for x in packed)
         valid = advantages[mask]
         if self.whiten and valid.numel() > 1:
@@ -233,7 +241,7 @@ class TurnGroupNormalized(AdvantageEstimator):
     def __repr__(self) -> str:
         return f"TurnGroupNormalized(gamma={self.gamma}, eps={self.eps})"
 
-    def __call__(self, rollout: "RolloutBatch", group_size: int) -> Tensor:
+    def __call__(self, rollout: RolloutBatch, group_size: int) -> Tensor:
         if rollout.turn_ids is None:
             return group_advantages(rollout.rewards, group_size, eps=self.eps)
         _grouped(rollout.rewards, group_size)  # validates the layout and that rewards are finite
@@ -241,7 +249,9 @@ class TurnGroupNormalized(AdvantageEstimator):
         turns = int(turn_ids[mask].max()) + 1 if mask.any() else 1
         rewards = torch.zeros(len(rollout), turns, dtype=torch.float32, device=mask.device)
         rewards.scatter_add_(1, turn_ids.clamp(max=turns - 1), torch.where(mask, rollout.token_rewards.float(), 0.0))
-        present = torch.zeros_like(rewards, dtype=torch.long).scatter_add_(1, turn_ids.clamp(max=turns - 1), mask.long()) > 0
+        present = (
+            torch.zeros_like(rewards, dtype=torch.long).scatter_add_(1, turn_ids.clamp(max=turns - 1), mask.long()) > 0
+        )
         returns = rewards.clone()  # (N, K) return-to-go of each reply
         for k in reversed(range(turns - 1)):
             returns[:, k] += self.gamma * returns[:, k + 1]
@@ -261,6 +271,8 @@ def get_advantage(name: str, **kwargs) -> AdvantageEstimator:
     by_class = {cls.__name__: cls for cls in ADVANTAGES.values()}
     cls = ADVANTAGES.get(name) or by_class.get(name)
     if cls is None:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid: {', '.join(ADVANTAGES)} "
-                         f"(or the class names {', '.join(by_class)})")
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; valid: {', '.join(ADVANTAGES)} "
+            f"(or the class names {', '.join(by_class)})"
+        )
     return cls(**kwargs)

@@ -33,10 +33,13 @@ class Generation:
         if self.val_max_new_tokens is not None and self.val_max_new_tokens < 1:
             raise ValueError(f"val_max_new_tokens must be >= 1 or null, got {self.val_max_new_tokens}")
         if self.num_generations < 1 or self.max_new_tokens < 1:
-            raise ValueError(f"num_generations and max_new_tokens must be >= 1, got {self.num_generations} "
-                             f"and {self.max_new_tokens}")
+            raise ValueError(
+                f"num_generations and max_new_tokens must be >= 1, got {self.num_generations} and {self.max_new_tokens}"
+            )
         if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (greedy decoding is used for validation), got {self.temperature}")
+            raise ValueError(
+                f"temperature must be > 0 (greedy decoding is used for validation), got {self.temperature}"
+            )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p} (1: no nucleus cut; 0 would sample nothing)")
         if self.top_k < 0:
@@ -89,12 +92,15 @@ class Update:
             raise ValueError(f"epochs and num_minibatches must be >= 1, got {self.epochs} and {self.num_minibatches}")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or null, got {self.micro_batch_size}")
-        if self.micro_batch_tokens not in (None, "auto") and not (isinstance(self.micro_batch_tokens, int)
-                                                                  and self.micro_batch_tokens >= 1):
+        if self.micro_batch_tokens not in (None, "auto") and not (
+            isinstance(self.micro_batch_tokens, int) and self.micro_batch_tokens >= 1
+        ):
             raise ValueError(f"micro_batch_tokens must be >= 1, 'auto' or null, got {self.micro_batch_tokens!r}")
         if self.shuffle not in ("groups", "rows"):
             raise ValueError(f"shuffle must be 'groups' or 'rows', got {self.shuffle!r}")
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:  # a negative norm would turn descent into ascent
+        if (
+            self.max_grad_norm is not None and not self.max_grad_norm > 0
+        ):  # a negative norm would turn descent into ascent
             raise ValueError(f"max_grad_norm must be > 0 or null (no clipping), got {self.max_grad_norm}")
         if self.max_nonfinite_steps < 1:
             raise ValueError(f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
@@ -117,8 +123,10 @@ class WarmStart:
 
     def __post_init__(self):
         if self.steps < 0 or self.batch_size < 1 or not self.lr > 0:
-            raise ValueError(f"warm_start needs steps >= 0 (0: none), batch_size >= 1 and lr > 0, got steps={self.steps}, "
-                             f"batch_size={self.batch_size}, lr={self.lr}")
+            raise ValueError(
+                f"warm_start needs steps >= 0 (0: none), batch_size >= 1 and lr > 0, got steps={self.steps}, "
+                f"batch_size={self.batch_size}, lr={self.lr}"
+            )
 
 
 @dataclass
@@ -168,7 +176,9 @@ class Sampling:
         if self.max_staleness < 0:
             raise ValueError(f"sampling.max_staleness must be >= 0 (0: synchronous), got {self.max_staleness}")
         if self.async_old_logprobs not in ("sampler", "proximal"):
-            raise ValueError(f"sampling.async_old_logprobs must be 'sampler' or 'proximal', got {self.async_old_logprobs!r}")
+            raise ValueError(
+                f"sampling.async_old_logprobs must be 'sampler' or 'proximal', got {self.async_old_logprobs!r}"
+            )
         if self.async_worker_threads is not None and self.async_worker_threads < 1:
             raise ValueError(f"sampling.async_worker_threads must be >= 1 or null, got {self.async_worker_threads}")
 
@@ -194,11 +204,14 @@ class Validation:
 
     def __post_init__(self):
         if self.every_n_steps is not None and self.every_n_steps < 0:
-            raise ValueError(f"validation.every_n_steps must be >= 0 (0: only before and after training), got "
-                             f"{self.every_n_steps}")
+            raise ValueError(
+                f"validation.every_n_steps must be >= 0 (0: only before and after training), got {self.every_n_steps}"
+            )
         if (self.log_completions_every_n_steps or 0) < 0 or self.num_logged_completions < 0:
-            raise ValueError(f"validation.log_completions_every_n_steps and validation.num_logged_completions must be "
-                             f">= 0, got {self.log_completions_every_n_steps} and {self.num_logged_completions}")
+            raise ValueError(
+                f"validation.log_completions_every_n_steps and validation.num_logged_completions must be "
+                f">= 0, got {self.log_completions_every_n_steps} and {self.num_logged_completions}"
+            )
 
 
 @dataclass
@@ -229,4 +242,3 @@ class RolloutDumps:
     def __post_init__(self):
         if self.every_n_steps < 0:
             raise ValueError(f"rollout_dumps.every_n_steps must be >= 0 (0: never), got {self.every_n_steps}")
-

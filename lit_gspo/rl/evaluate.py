@@ -43,7 +43,7 @@ def default_ks(n: int) -> list[int]:
 
 def _batches(rows: list[dict], size: int):
     for start in range(0, len(rows), size):
-        yield rows[start:start + size]
+        yield rows[start : start + size]
 
 
 def _failed(batch) -> torch.Tensor:
@@ -58,8 +58,14 @@ def _aggregate_stats(stats: list[tuple[int, dict[str, float]]]) -> dict[str, flo
     left out: a mean of the batches' standard deviations is not the standard deviation over the episodes."""
     out = {"reward_failed": sum(s.get("reward_failed", 0.0) for _, s in stats)}
     for name in sorted({k for _, s in stats for k in s if not k.endswith("/std")} - {"reward_failed"}):
-        pairs = [(w * (s.get(name.replace("success_", "reached_"), 0.0) if name.startswith("success_turn") else 1.0), s[name])
-                 for w, s in stats if name in s and math.isfinite(s[name])]
+        pairs = [
+            (
+                w * (s.get(name.replace("success_", "reached_"), 0.0) if name.startswith("success_turn") else 1.0),
+                s[name],
+            )
+            for w, s in stats
+            if name in s and math.isfinite(s[name])
+        ]
         total = sum(w for w, _ in pairs)
         out[name] = sum(w * v for w, v in pairs) / total if total > 0 else float("nan")
     return out
@@ -78,7 +84,9 @@ class GreedyTally:
 
     def __init__(self, episode_keys: list[str] | tuple[str, ...] = ()) -> None:
         self.episode_keys = list(episode_keys)
-        self.sums = torch.zeros(3 + 2 * len(self.episode_keys), dtype=torch.float64)  # Σ R, prompts, tokens, (Σ v·w, Σ w)…
+        self.sums = torch.zeros(
+            3 + 2 * len(self.episode_keys), dtype=torch.float64
+        )  # Σ R, prompts, tokens, (Σ v·w, Σ w)…
 
     def add(self, rows: list, batch, stats: dict[str, float]) -> None:
         self.sums[0] += float(batch.rewards.sum())
@@ -88,7 +96,7 @@ class GreedyTally:
             if key in stats:  # success_turn{k} is a rate over the episodes that reached turn k
                 reached = stats[key.replace("success_", "reached_")] if key.startswith("success_turn") else 1.0
                 weight = len(rows) * reached
-                self.sums[3 + 2 * j: 5 + 2 * j] += torch.tensor([stats[key] * weight, weight], dtype=torch.float64)
+                self.sums[3 + 2 * j : 5 + 2 * j] += torch.tensor([stats[key] * weight, weight], dtype=torch.float64)
 
     def reduce(self, all_reduce=None, prefix: str = "val") -> dict[str, float]:
         """The means over every prompt seen (``all_reduce``: sums a tensor over ranks, e.g.
@@ -103,9 +111,20 @@ class GreedyTally:
 
 
 @torch.no_grad()
-def evaluate(policy: nn.Module, collector: Collector, rows: list[dict], *, greedy: bool = True, samples: int = 0,
-             ks: list[int] | None = None, temperature: float | None = None, threshold: float = 1.0,
-             greedy_batch_size: int = 64, sample_batch_size: int = 8, seed: int | None = 0) -> dict:
+def evaluate(
+    policy: nn.Module,
+    collector: Collector,
+    rows: list[dict],
+    *,
+    greedy: bool = True,
+    samples: int = 0,
+    ks: list[int] | None = None,
+    temperature: float | None = None,
+    threshold: float = 1.0,
+    greedy_batch_size: int = 64,
+    sample_batch_size: int = 8,
+    seed: int | None = 0,
+) -> dict:
     """Greedy and sampled metrics of ``policy`` on ``rows`` with ``collector``'s environment, engine and rewards.
 
     Args:
@@ -127,7 +146,9 @@ def evaluate(policy: nn.Module, collector: Collector, rows: list[dict], *, greed
     if not rows:
         raise ValueError("no rows to evaluate")
     if samples < 0 or greedy_batch_size < 1 or sample_batch_size < 1:
-        raise ValueError(f"samples must be >= 0 and batch sizes >= 1, got {samples}, {greedy_batch_size}, {sample_batch_size}")
+        raise ValueError(
+            f"samples must be >= 0 and batch sizes >= 1, got {samples}, {greedy_batch_size}, {sample_batch_size}"
+        )
     ks = default_ks(samples) if ks is None else sorted(set(ks))
     if samples and any(not 1 <= k <= samples for k in ks):
         raise ValueError(f"every k of pass@k must be in [1, samples={samples}], got {ks}")
@@ -141,8 +162,9 @@ def evaluate(policy: nn.Module, collector: Collector, rows: list[dict], *, greed
         if samples:
             if seed is not None:
                 torch.manual_seed(seed)
-            result["sampled"] = _sampled(policy, collector, rows, per_prompt, samples, ks, temperature, threshold,
-                                         sample_batch_size)
+            result["sampled"] = _sampled(
+                policy, collector, rows, per_prompt, samples, ks, temperature, threshold, sample_batch_size
+            )
     finally:
         policy.train(was_training)
     result["per_prompt"] = per_prompt
@@ -162,15 +184,20 @@ def _greedy(policy, collector, rows, per_prompt, threshold, batch_size) -> dict:
         stats.append((len(chunk), batch_stats))
     g = collector.generation
     means = tally.reduce(prefix="greedy")
-    return {"reward": means["greedy/reward"], "accuracy": float(torch.cat(solved).float().mean()),
-            "response_length": means["greedy/response_length"], "max_new_tokens": g.val_max_new_tokens or g.max_new_tokens,
-            **_aggregate_stats(stats)}
+    return {
+        "reward": means["greedy/reward"],
+        "accuracy": float(torch.cat(solved).float().mean()),
+        "response_length": means["greedy/response_length"],
+        "max_new_tokens": g.val_max_new_tokens or g.max_new_tokens,
+        **_aggregate_stats(stats),
+    }
 
 
 def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold, batch_size) -> dict:
     original = collector.generation
-    collector.generation = dataclasses.replace(original, num_generations=n,
-                                               temperature=original.temperature if temperature is None else temperature)
+    collector.generation = dataclasses.replace(
+        original, num_generations=n, temperature=original.temperature if temperature is None else temperature
+    )
     try:
         rewards, solved, lengths, stats = [], [], [], []
         for start, chunk in zip(range(0, len(rows), batch_size), _batches(rows, batch_size)):
@@ -187,8 +214,14 @@ def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold,
     finally:
         collector.generation = original
     counts = torch.cat(solved).sum(1).tolist()  # c_i per prompt
-    out = {"samples": n, "temperature": g.temperature, "max_new_tokens": g.max_new_tokens, "top_p": g.top_p,
-           "top_k": g.top_k, f"mean@{n}": float(torch.cat(rewards).mean())}
+    out = {
+        "samples": n,
+        "temperature": g.temperature,
+        "max_new_tokens": g.max_new_tokens,
+        "top_p": g.top_p,
+        "top_k": g.top_k,
+        f"mean@{n}": float(torch.cat(rewards).mean()),
+    }
     for k in ks:
         out[f"pass@{k}"] = sum(pass_at_k(n, int(c), k) for c in counts) / len(counts)
     out["response_length"] = float(torch.cat(lengths).mean())
@@ -202,8 +235,11 @@ def format_table(result: dict) -> str:
     rows = []
     if "greedy" in result:
         g = result["greedy"]
-        rows += [("greedy", "reward (mean)", g["reward"]), ("greedy", "accuracy", g["accuracy"]),
-                 ("greedy", "response length", g["response_length"])]
+        rows += [
+            ("greedy", "reward (mean)", g["reward"]),
+            ("greedy", "accuracy", g["accuracy"]),
+            ("greedy", "response length", g["response_length"]),
+        ]
         rows += [("greedy", key, g[key]) for key in EPISODE_KEYS if key in g]
         if g["reward_failed"]:
             rows.append(("greedy", "reward failed (samples)", g["reward_failed"]))

@@ -18,7 +18,6 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 
-
 @dataclass
 class RolloutBatch:
     """One rollout batch: tokens, masks, the old-policy snapshot and what the update needs."""
@@ -34,14 +33,18 @@ class RolloutBatch:
     ref_logprobs: Tensor | None = None  # (N, T) fp32
     old_values: Tensor | None = None  # (N, T) fp32, PPO critic
     returns: Tensor | None = None  # (N, T) fp32, PPO critic
-    turn_ids: Tensor | None = None  # (N, T) long, multi-turn: the 0-based reply each completion token belongs to or follows
-    token_rewards: Tensor | None = None  # (N, T) fp32, multi-turn: each reply's reward on its last token; sums to rewards
+    turn_ids: Tensor | None = (
+        None  # (N, T) long, multi-turn: the 0-based reply each completion token belongs to or follows
+    )
+    token_rewards: Tensor | None = (
+        None  # (N, T) fp32, multi-turn: each reply's reward on its last token; sums to rewards
+    )
     routing: Any = None  # RoutingRecord of the old-policy pass, (N, P + T, k) per MoE layer; select/trimmed slice it
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def select(self, index: Tensor) -> "RolloutBatch":
+    def select(self, index: Tensor) -> RolloutBatch:
         """Rows ``index`` of every per-row tensor, and of the routing record (``RoutingRecord[rows]``)."""
         out = {}
         for f in fields(self):
@@ -51,7 +54,7 @@ class RolloutBatch:
             out[f.name] = value
         return replace(self, **out)
 
-    def to(self, device: torch.device | str) -> "RolloutBatch":
+    def to(self, device: torch.device | str) -> RolloutBatch:
         """Every tensor (and the routing record) on ``device``; ``self`` when all already are."""
         device = torch.device(device)
         moved = {}
@@ -62,7 +65,7 @@ class RolloutBatch:
                 moved[f.name] = value.to(device)
         return replace(self, **moved) if moved else self
 
-    def trimmed(self) -> "RolloutBatch":
+    def trimmed(self) -> RolloutBatch:
         """Drop prompt columns that are padding in every row and completion columns no row uses."""
         P = self.prompt_length
         first_real = int((self.attention_mask[:, :P].sum(0) > 0).long().argmax()) if P else 0
@@ -72,11 +75,11 @@ class RolloutBatch:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name in ("input_ids", "attention_mask"):
-                value = value[:, first_real:P + used]
+                value = value[:, first_real : P + used]
             elif isinstance(value, Tensor) and value.dim() == 2:  # (N, T) completion-aligned
                 value = value[:, :used]
             elif f.name == "routing" and value is not None:  # RoutingRecord over input_ids' columns: (N, P + T, k)
-                value = type(value)([t[:, first_real:P + used] for t in value.indices])
+                value = type(value)([t[:, first_real : P + used] for t in value.indices])
             out[f.name] = value
         out["prompt_length"] = P - first_real
         return replace(self, **out)
@@ -103,8 +106,13 @@ def concat_rollouts(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
             t = b.completion_mask.shape[1]
             if f.name in ("input_ids", "attention_mask"):
                 fill = pad_id if f.name == "input_ids" else 0
-                value = torch.cat([pad(value[:, :b.prompt_length], P - b.prompt_length, 0, fill),
-                                   pad(value[:, b.prompt_length:], 0, T - t, fill)], 1)
+                value = torch.cat(
+                    [
+                        pad(value[:, : b.prompt_length], P - b.prompt_length, 0, fill),
+                        pad(value[:, b.prompt_length :], 0, T - t, fill),
+                    ],
+                    1,
+                )
             elif value.dim() == 2:
                 value = pad(value, 0, T - t, False if value.dtype == torch.bool else 0)
             parts.append(value)
@@ -124,7 +132,7 @@ def micro_batch_rows(batch: RolloutBatch, max_rows: int | None = None, max_token
     max_rows = max_rows or n
     if not max_tokens:
         return [torch.arange(start, min(start + max_rows, n)) for start in range(0, n, max_rows)]
-    prompt_len = batch.attention_mask[:, :batch.prompt_length].sum(1).cpu()
+    prompt_len = batch.attention_mask[:, : batch.prompt_length].sum(1).cpu()
     used = torch.arange(1, batch.completion_mask.shape[1] + 1)
     completion_len = (batch.completion_mask.cpu() * used).amax(1)  # index of the last used column + 1
     order = torch.argsort(prompt_len + completion_len, descending=True, stable=True)
@@ -147,8 +155,8 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     attn = torch.zeros((len(sequences), width), dtype=torch.long)
     for row, seq in enumerate(sequences):
         if seq:
-            ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
-            attn[row, width - len(seq):] = 1
+            ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            attn[row, width - len(seq) :] = 1
     return ids, attn
 
 
@@ -174,9 +182,17 @@ def position_ids_of(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(1) - 1).clamp(min=0)
 
 
-def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float = 1.0, with_entropy: bool = False,
-                   value_head: nn.Module | None = None, max_chunk_elements: int = 2**26,
-                   share_prompts: bool = False, pack: bool = False) -> TokenForward:
+def token_logprobs(
+    model: nn.Module,
+    batch: RolloutBatch,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    value_head: nn.Module | None = None,
+    max_chunk_elements: int = 2**26,
+    share_prompts: bool = False,
+    pack: bool = False,
+) -> TokenForward:
     """log π(y_t | y_<t) of every completion token, gathering chunk by chunk in fp32.
 
     The backbone runs once; the LM head and log-softmax run over chunks of positions so that at
@@ -192,16 +208,18 @@ def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float 
         hidden = completion_states_shared_prompts(model, batch)
     if hidden is None:
         hidden = _decoder_output_through_root(model, batch.input_ids, batch.attention_mask)
-        hidden = hidden[:, P - 1:P - 1 + T]  # the state that predicts completion token t
-    targets = batch.input_ids[:, P:P + T]
+        hidden = hidden[:, P - 1 : P - 1 + T]  # the state that predicts completion token t
+    targets = batch.input_ids[:, P : P + T]
     head = model.get_output_embeddings()
     if type(head.weight).__name__ == "DTensor":
-        raise RuntimeError("the LM head weight is still sharded after the root's forward: do not set "
-                           "reshard_after_forward=True on the root fully_shard (lit_gspo.runtime.sharding.apply_fsdp2)")
+        raise RuntimeError(
+            "the LM head weight is still sharded after the root's forward: do not set "
+            "reshard_after_forward=True on the root fully_shard (lit_gspo.runtime.sharding.apply_fsdp2)"
+        )
     chunk = max(1, max_chunk_elements // max(1, hidden.shape[0] * head.weight.shape[0]))
     logps, ents = [], []
     for start in range(0, T, chunk):
-        h, y = hidden[:, start:start + chunk], targets[:, start:start + chunk]
+        h, y = hidden[:, start : start + chunk], targets[:, start : start + chunk]
         args = (h, y, head.weight, head.bias, temperature, with_entropy)
         if torch.is_grad_enabled() and chunk < T:  # the chunk's (B, c, V) logits are recomputed in backward
             logp, entropy = checkpoint(_chunk_logprobs_and_entropy, *args, use_reentrant=False)
@@ -212,9 +230,11 @@ def token_logprobs(model: nn.Module, batch: RolloutBatch, *, temperature: float 
             ents.append(entropy)
     values = value_head(hidden.float()).squeeze(-1) if value_head is not None else None
     empty = hidden.new_zeros(hidden.shape[0], 0, dtype=torch.float32)
-    return TokenForward(logprobs=torch.cat(logps, 1) if logps else empty,
-                        entropy=(torch.cat(ents, 1) if ents else empty) if with_entropy else None,
-                        values=values)
+    return TokenForward(
+        logprobs=torch.cat(logps, 1) if logps else empty,
+        entropy=(torch.cat(ents, 1) if ents else empty) if with_entropy else None,
+        values=values,
+    )
 
 
 def completion_states_packed(model: nn.Module, batch: RolloutBatch) -> Tensor:
@@ -232,7 +252,7 @@ def completion_states_packed(model: nn.Module, batch: RolloutBatch) -> Tensor:
     hidden = _decoder_output_through_root(model, ids, None, position_ids=positions)[0]  # (S, H)
     where = torch.zeros(real.shape, dtype=torch.long, device=real.device)  # (N, P + T): each real token's place in S
     where[real] = torch.arange(ids.shape[1], device=real.device)
-    return hidden[where[:, P - 1:P - 1 + T]]  # padding positions read token 0's state: masked out of every loss
+    return hidden[where[:, P - 1 : P - 1 + T]]  # padding positions read token 0's state: masked out of every loss
 
 
 def completion_states_shared_prompts(model: nn.Module, batch: RolloutBatch) -> Tensor | None:
@@ -258,16 +278,26 @@ def completion_states_shared_prompts(model: nn.Module, batch: RolloutBatch) -> T
     states = prompt_states[row_to_prompt, -1:]  # (N, 1, H): predicts completion token 0
     if T > 1:  # completion tokens 0..T-2 predict tokens 1..T-1
         cache.batch_select_indices(row_to_prompt)
-        mask = batch.attention_mask[:, :P + T - 1]
-        completion_states = _decoder_output_through_root(model, batch.input_ids[:, P:P + T - 1], mask,
-                                                         position_ids=position_ids_of(mask)[:, P:],
-                                                         past_key_values=cache)
+        mask = batch.attention_mask[:, : P + T - 1]
+        completion_states = _decoder_output_through_root(
+            model,
+            batch.input_ids[:, P : P + T - 1],
+            mask,
+            position_ids=position_ids_of(mask)[:, P:],
+            past_key_values=cache,
+        )
         states = torch.cat([states, completion_states], 1)
     return states
 
 
-def _decoder_output_through_root(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None, *,
-                                 position_ids: Tensor | None = None, past_key_values: Any = None) -> Tensor:
+def _decoder_output_through_root(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    *,
+    position_ids: Tensor | None = None,
+    past_key_values: Any = None,
+) -> Tensor:
     """The decoder's last hidden state, running the *root* module's forward.
 
     Going through the root keeps every wrapper's hooks in play (FSDP2, PEFT, Routing Replay). Under
@@ -284,10 +314,14 @@ def _decoder_output_through_root(model: nn.Module, input_ids: Tensor, attention_
 
     handle = model.get_decoder().register_forward_hook(keep)
     try:
-        model(input_ids=input_ids, attention_mask=attention_mask,
-              position_ids=position_ids_of(attention_mask) if position_ids is None else position_ids,
-              past_key_values=past_key_values, use_cache=past_key_values is not None,
-              logits_to_keep=torch.zeros(0, dtype=torch.long, device=input_ids.device))
+        model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_of(attention_mask) if position_ids is None else position_ids,
+            past_key_values=past_key_values,
+            use_cache=past_key_values is not None,
+            logits_to_keep=torch.zeros(0, dtype=torch.long, device=input_ids.device),
+        )
     finally:
         handle.remove()
     return captured["hidden"]
@@ -299,13 +333,16 @@ def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: fl
         return logits if temperature == 1.0 else logits / temperature
 
 
-def _chunk_logprobs_and_entropy(hidden: Tensor, targets: Tensor, weight: Tensor, bias: Tensor | None, temperature: float,
-                                with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+def _chunk_logprobs_and_entropy(
+    hidden: Tensor, targets: Tensor, weight: Tensor, bias: Tensor | None, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
     """One LM-head matmul and one softmax serve the log-probs and the entropy."""
     return target_logprobs_and_entropy(_logits(hidden, weight, bias, temperature), targets, with_entropy)
 
 
-def target_logprobs_and_entropy(logits: Tensor, targets: Tensor, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+def target_logprobs_and_entropy(
+    logits: Tensor, targets: Tensor, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
     """log softmax(z)[y] (with grad) and, if asked, the entropy of softmax(z) (detached), for (B, c, V) fp32 logits z."""
     if torch.is_grad_enabled() and logits.requires_grad:
         logp, entropy = _TargetLogprob.apply(logits, targets, with_entropy)

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from lit_gspo.runtime.checkpoint_files import load_verified, save_hashed
 from lit_gspo.models.routing import RoutingRecord
 from lit_gspo.rl.rollout import RolloutBatch
+from lit_gspo.runtime.checkpoint_files import load_verified, save_hashed
 
 FORMAT = 1
 OPTIMIZER_FILE = "optimizer.pt"
@@ -46,11 +46,20 @@ def policy_dir(path: str | Path) -> Path:
 
 def save_rollout(path: str | Path, rollout: RolloutBatch, step: int, meta: dict | None = None) -> Path:
     """Write ``rollout`` (every tensor on CPU) and ``meta`` (plain data) to ``path`` atomically."""
-    tensors = {f.name: getattr(rollout, f.name).detach().cpu() for f in fields(rollout)
-               if isinstance(getattr(rollout, f.name), torch.Tensor)}
+    tensors = {
+        f.name: getattr(rollout, f.name).detach().cpu()
+        for f in fields(rollout)
+        if isinstance(getattr(rollout, f.name), torch.Tensor)
+    }
     routing = None if rollout.routing is None else [t.detach().cpu() for t in rollout.routing.indices]
-    payload = {"format": FORMAT, "step": int(step), "prompt_length": int(rollout.prompt_length), "tensors": tensors,
-               "routing": routing, "meta": dict(meta or {})}
+    payload = {
+        "format": FORMAT,
+        "step": int(step),
+        "prompt_length": int(rollout.prompt_length),
+        "tensors": tensors,
+        "routing": routing,
+        "meta": dict(meta or {}),
+    }
     save_hashed(payload, path)
     return Path(path)
 

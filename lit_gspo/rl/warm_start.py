@@ -13,21 +13,30 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from lit_gspo.rl.collect.episodes import Episode, assemble, step_all
 from lit_gspo.rl.config import WarmStart
 from lit_gspo.rl.envs import Environment, SingleTurn
-from lit_gspo.rl.collect.episodes import Episode, assemble, step_all
 from lit_gspo.rl.rollout import RolloutBatch, left_pad, token_logprobs
 
 
-def warm_start(policy: nn.Module, tokenizer, rows: list[dict], encode: Callable[[list[dict]], list[list[int]]],
-               cfg: WarmStart, seed: int, environment: Environment | None = None) -> float:
+def warm_start(
+    policy: nn.Module,
+    tokenizer,
+    rows: list[dict],
+    encode: Callable[[list[dict]], list[list[int]]],
+    cfg: WarmStart,
+    seed: int,
+    environment: Environment | None = None,
+) -> float:
     """``cfg.steps`` AdamW steps of −mean log π(demonstrated replies + EOS | prompt, observations) on random rows
     that have a demonstration; returns the last loss."""
     environment = environment or SingleTurn()
     rows = [r for r in rows if environment.demonstration(r) is not None]
     if not rows:
-        raise ValueError(f"warm_start needs training rows with a demonstration ({type(environment).__name__}: "
-                         "by default an 'answer' column); the training data has none")
+        raise ValueError(
+            f"warm_start needs training rows with a demonstration ({type(environment).__name__}: "
+            "by default an 'answer' column); the training data has none"
+        )
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr)
     generator = torch.Generator().manual_seed(seed)
     policy.train()
@@ -45,7 +54,9 @@ def warm_start(policy: nn.Module, tokenizer, rows: list[dict], encode: Callable[
     return float(loss.detach())
 
 
-def demonstration_batch(environment: Environment, tokenizer, rows: list[dict], prompt_ids: list[list[int]]) -> RolloutBatch:
+def demonstration_batch(
+    environment: Environment, tokenizer, rows: list[dict], prompt_ids: list[list[int]]
+) -> RolloutBatch:
     """Each row's demonstrated episode: its replies (+ EOS, loss mask 1) and the environment's answers (mask 0)."""
     eos = tokenizer.eos_token_id
     episodes = []
@@ -58,11 +69,17 @@ def demonstration_batch(environment: Environment, tokenizer, rows: list[dict], p
                 break
             step_all(environment, [episode], [reply])
             if episode.done:
-                raise ValueError(f"{type(environment).__name__} ended the demonstration {replies!r} after reply {k + 1} "
-                                 f"on row {row!r}; a demonstration's replies must all be answered")
+                raise ValueError(
+                    f"{type(environment).__name__} ended the demonstration {replies!r} after reply {k + 1} "
+                    f"on row {row!r}; a demonstration's replies must all be answered"
+                )
             episode.add_observation(environment.encode_observation(tokenizer, episode.turns[-1].observation, True))
         episodes.append(episode)
     ids, attn = left_pad(prompt_ids, tokenizer.pad_token_id)
-    prompts = RolloutBatch(input_ids=ids, attention_mask=attn, prompt_length=ids.shape[1],
-                           completion_mask=torch.zeros(len(rows), 0, dtype=torch.bool))
+    prompts = RolloutBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        prompt_length=ids.shape[1],
+        completion_mask=torch.zeros(len(rows), 0, dtype=torch.bool),
+    )
     return assemble(prompts, episodes, tokenizer.pad_token_id)

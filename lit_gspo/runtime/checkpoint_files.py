@@ -48,7 +48,8 @@ def refuse_remote(path: Any) -> None:
             f"ckpt_path={text!r} is a remote URL; checkpoints are loaded from local files only (Lightning would unpickle "
             "a downloaded checkpoint without the safe loader, which can run arbitrary code, and nothing would check its "
             f"content). Download it, with its {SHA256_SUFFIX} file if it has one, and pass the local path: "
-            "--ckpt_path /path/to/last.ckpt")
+            "--ckpt_path /path/to/last.ckpt"
+        )
 
 
 class _HashingWriter:
@@ -82,15 +83,16 @@ def _recorded_digests(path: Path) -> set[str]:
     return {line.split()[0].lower() for line in text.splitlines() if line.strip()}
 
 
-
 def verify_checkpoint(path: str | Path) -> None:
     """Raise :class:`CheckpointError` if the file at ``path`` is empty or differs from the hash recorded beside it."""
     path = Path(path)
     if not path.is_file():
         return  # a missing file is Lightning's FileNotFoundError; a directory is a distributed checkpoint
     if path.stat().st_size == 0:
-        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): its write did not complete. Resume from another "
-                              "checkpoint, or start the run again without --ckpt_path")
+        raise CheckpointError(
+            f"checkpoint {path} is empty (0 bytes): its write did not complete. Resume from another "
+            "checkpoint, or start the run again without --ckpt_path"
+        )
     expected = _recorded_digests(path)
     if expected:
         actual = _file_sha256(path)
@@ -98,27 +100,34 @@ def verify_checkpoint(path: str | Path) -> None:
             raise CheckpointError(
                 f"checkpoint {path} does not match its hash in {sha256_path(path)} (sha256 {actual}, recorded "
                 f"{' or '.join(sorted(expected))}): the file is corrupt or truncated, or was changed after it was written. "
-                f"Resume from another checkpoint; if you changed it on purpose, delete {sha256_path(path).name}")
+                f"Resume from another checkpoint; if you changed it on purpose, delete {sha256_path(path).name}"
+            )
 
 
 def describe_load_error(path: Path, err: BaseException) -> str | None:
     """What a failed ``torch.load`` of ``path`` means, or None when the error is not about the file's content."""
     if isinstance(err, EOFError) or (path.is_file() and not zipfile.is_zipfile(path)):
-        return (f"checkpoint {path} is corrupt or truncated: it is not a complete torch checkpoint (a zip archive; "
-                f"reading it raised {type(err).__name__})")
+        return (
+            f"checkpoint {path} is corrupt or truncated: it is not a complete torch checkpoint (a zip archive; "
+            f"reading it raised {type(err).__name__})"
+        )
     if isinstance(err, RuntimeError) and ("PytorchStreamReader" in str(err) or "zip archive" in str(err)):
         return f"checkpoint {path} is corrupt or truncated: {str(err).splitlines()[0]}"
     if isinstance(err, pickle.UnpicklingError):
-        detail = [line.strip() for line in str(err).splitlines()
-                  if ("Unsupported" in line or "GLOBAL" in line or "error:" in line) and "weights_only" not in line]
+        detail = [
+            line.strip()
+            for line in str(err).splitlines()
+            if ("Unsupported" in line or "GLOBAL" in line or "error:" in line) and "weights_only" not in line
+        ]
         reason = detail[-1] if detail else "its pickle could not be read"
         if "GLOBAL" in reason or "global" in reason:
-            return (f"checkpoint {path} holds Python objects that are not loaded ({reason}): only tensors and plain "
-                    "data are read from checkpoints, so that loading one cannot run code. It was not written by "
-                    "lit_gspo or comes from an untrusted source")
+            return (
+                f"checkpoint {path} holds Python objects that are not loaded ({reason}): only tensors and plain "
+                "data are read from checkpoints, so that loading one cannot run code. It was not written by "
+                "lit_gspo or comes from an untrusted source"
+            )
         return f"checkpoint {path} is corrupt: its content is not a readable checkpoint ({reason})"
     return None
-
 
 
 def save_hashed(obj: Any, path: str | Path, write: Callable[[Any, Any], None] = torch.save) -> None:

@@ -78,17 +78,29 @@ def check_ranks_resume_alike(ckpt_path: Any, global_step: int, root_dir: Any) ->
     """
     if world_size() == 1:
         return
-    mine = (None if ckpt_path is None else str(ckpt_path), int(global_step), os.path.abspath(str(root_dir)),
-            socket.gethostname())
+    mine = (
+        None if ckpt_path is None else str(ckpt_path),
+        int(global_step),
+        os.path.abspath(str(root_dir)),
+        socket.gethostname(),
+    )
     parts = gather_objects(mine)
     if len({(path is None, step) for path, step, _, _ in parts}) == 1:
         return
-    lines = [f"  rank {rank} on {host}: " + (f"resumed from {path} at step {step}" if path else
-                                             f"found no checkpoint (default_root_dir {root}), starts at step {step}")
-             for rank, (path, step, root, host) in enumerate(parts)]
-    raise RuntimeError("the ranks did not resume from the same checkpoint:\n" + "\n".join(lines) + "\nEvery node must "
-                       "see rank 0's --trainer.default_root_dir (a shared file system), or be given a --ckpt_path "
-                       "file it can read; otherwise the ranks train from different steps and their collectives hang.")
+    lines = [
+        f"  rank {rank} on {host}: "
+        + (
+            f"resumed from {path} at step {step}"
+            if path
+            else f"found no checkpoint (default_root_dir {root}), starts at step {step}"
+        )
+        for rank, (path, step, root, host) in enumerate(parts)
+    ]
+    raise RuntimeError(
+        "the ranks did not resume from the same checkpoint:\n" + "\n".join(lines) + "\nEvery node must "
+        "see rank 0's --trainer.default_root_dir (a shared file system), or be given a --ckpt_path "
+        "file it can read; otherwise the ranks train from different steps and their collectives hang."
+    )
 
 
 def reduce_weighted_means(records: list[tuple[dict, float]]) -> dict[str, float]:
@@ -131,7 +143,11 @@ def reduce_step_stats(stats: dict[str, float], rewards: Tensor | None, lengths: 
     """
     if world_size() == 1:
         return stats
-    mine = (stats, [] if rewards is None else rewards.float().tolist(), [] if lengths is None else lengths.float().tolist())
+    mine = (
+        stats,
+        [] if rewards is None else rewards.float().tolist(),
+        [] if lengths is None else lengths.float().tolist(),
+    )
     parts = gather_objects(mine)
     out: dict[str, float] = {}
     keys = {k for s, _, _ in parts for k in s}

@@ -22,7 +22,15 @@ from types import ModuleType
 from lit_gspo.runtime.user_errors import UserError
 
 #: importable name → the extra that installs it
-EXTRAS = {"peft": "lora", "gguf": "gguf", "accelerate": "gguf", "bitsandbytes": "bnb", "matplotlib": "plot", "trl": "bench", "vllm": "vllm"}
+EXTRAS = {
+    "peft": "lora",
+    "gguf": "gguf",
+    "accelerate": "gguf",
+    "bitsandbytes": "bnb",
+    "matplotlib": "plot",
+    "trl": "bench",
+    "vllm": "vllm",
+}
 
 
 class MissingExtraError(UserError, ImportError):

@@ -27,7 +27,6 @@ def write_text_atomically(path: Path, text: str) -> None:
             tmp.unlink()
 
 
-
 def fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -87,4 +86,5 @@ def export_is_complete(path: str | Path) -> bool:
     """A Hugging Face model directory with its config and weights (what ``save_pretrained`` writes)."""
     path = Path(path)
     return (path / "config.json").is_file() and any(
-        any(path.glob(pattern)) for pattern in ("*.safetensors", "pytorch_model*.bin", "adapter_model.*"))
+        any(path.glob(pattern)) for pattern in ("*.safetensors", "pytorch_model*.bin", "adapter_model.*")
+    )

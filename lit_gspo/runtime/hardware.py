@@ -66,17 +66,20 @@ def bf16_on_cpu_warning(precision, device_type: str, flags: Iterable[str] | None
     """
     if not (str(precision).startswith("bf16") and device_type == "cpu") or cpu_has_native_bf16(flags):
         return None
-    return (f"precision={precision!r} on a CPU without native bf16 matmuls (no AMX, no AVX512-BF16): bf16 "
-            "is emulated here and runs slower than fp32 (about 3x on an AVX-512 Ice Lake). Pass "
-            "`--trainer.precision 32-true` for speed; log-probs and ratios are fp32 either way.")
+    return (
+        f"precision={precision!r} on a CPU without native bf16 matmuls (no AMX, no AVX512-BF16): bf16 "
+        "is emulated here and runs slower than fp32 (about 3x on an AVX-512 Ice Lake). Pass "
+        "`--trainer.precision 32-true` for speed; log-probs and ratios are fp32 either way."
+    )
 
 
 #: ``--trainer.precision auto``: resolved at start by :func:`resolve_auto_precision`.
 AUTO = "auto"
 
 
-def resolve_auto_precision(device_type: str, flags: Iterable[str] | None = None,
-                           cuda_bf16: bool | None = None) -> tuple[str, str]:
+def resolve_auto_precision(
+    device_type: str, flags: Iterable[str] | None = None, cuda_bf16: bool | None = None
+) -> tuple[str, str]:
     """What ``precision: auto`` means on ``device_type`` ("cuda", "cpu", ...): ``bf16-mixed`` where bf16 matmuls are
     native (a CUDA GPU that supports bf16, a CPU with AMX-BF16 or AVX512-BF16), ``32-true`` elsewhere (bf16 emulated
     on a CPU is slower than fp32: about 3x on an AVX-512 Ice Lake). Returns (precision, the one line that says why).
@@ -90,8 +93,11 @@ def resolve_auto_precision(device_type: str, flags: Iterable[str] | None = None,
     elif device_type == "cpu":
         found = sorted(NATIVE_BF16_FLAGS & set(cpu_flags() if flags is None else flags))
         native = bool(found)
-        why = (f"this CPU has {'/'.join(found)}" if native else
-               "this CPU has no native bf16 (no AMX, no AVX512-BF16): bf16 would be emulated, slower than fp32")
+        why = (
+            f"this CPU has {'/'.join(found)}"
+            if native
+            else "this CPU has no native bf16 (no AMX, no AVX512-BF16): bf16 would be emulated, slower than fp32"
+        )
     else:
         native, why = False, f"bf16 is not known to be native on {device_type}"
     precision = "bf16-mixed" if native else "32-true"

@@ -71,6 +71,8 @@ def hub_unreachable(timeout_s: float | None = None) -> str | None:
 
 
 def offline_hint(what: str) -> str:
-    return (f"{what} is not in the local Hugging Face cache. Check the network, or download it where there is one "
-            "(the cache is shared through HF_HOME) and set HF_HUB_OFFLINE=1, or give a local path instead "
-            f"(LIT_GSPO_HUB_TIMEOUT sets how long the hub is tried: {DEFAULT_TIMEOUT_S:g} s by default)")
+    return (
+        f"{what} is not in the local Hugging Face cache. Check the network, or download it where there is one "
+        "(the cache is shared through HF_HOME) and set HF_HUB_OFFLINE=1, or give a local path instead "
+        f"(LIT_GSPO_HUB_TIMEOUT sets how long the hub is tried: {DEFAULT_TIMEOUT_S:g} s by default)"
+    )

@@ -75,8 +75,9 @@ class LocalShardUpdates:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._global_numel = {id(p._local_tensor): p.numel() for g in self.param_groups for p in g["params"]
-                              if _is_dtensor(p)}
+        self._global_numel = {
+            id(p._local_tensor): p.numel() for g in self.param_groups for p in g["params"] if _is_dtensor(p)
+        }
         swapped = self._swap_in_shards()
         try:
             super().step()
@@ -137,7 +138,9 @@ class LocalShardUpdates:
                             template = current.get(key)
                             local = value.to_local()
                             if template is None or not isinstance(template, Tensor):
-                                raise ValueError(f"optimizer state {key!r} of a sharded parameter has no local template")
+                                raise ValueError(
+                                    f"optimizer state {key!r} of a sharded parameter has no local template"
+                                )
                             container[key] = local.reshape(-1)[: template.numel()].view(template.shape).clone()
                 state_dict["state"][index] = entry
         return super().load_state_dict(state_dict, *args, **kwargs)
@@ -206,8 +209,10 @@ def _rebuild(subclass: type, optimizer: torch.optim.Optimizer) -> torch.optim.Op
     if not differing:
         return aware
     if not differing.keys() <= accepted.keys():
-        raise ValueError(f"shard_aware cannot rebuild {type(optimizer).__name__} with its {sorted(differing)}: its "
-                         "constructor does not take them all")
+        raise ValueError(
+            f"shard_aware cannot rebuild {type(optimizer).__name__} with its {sorted(differing)}: its "
+            "constructor does not take them all"
+        )
     return subclass(groups, **settings, **differing)
 
 

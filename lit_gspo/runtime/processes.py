@@ -30,8 +30,6 @@ def pid_alive(pid: int, start: str | None = None) -> bool:
     return True
 
 
-
-
 def end_with_parent() -> None:
     """This process gets SIGKILL when its parent ends (Linux ``prctl(PR_SET_PDEATHSIG)``): a rank that Lightning's
     launcher (or torchrun) started never outlives a rank 0 that failed and exited, even when it is stuck outside any

@@ -30,8 +30,9 @@ def register_class(registry: dict[str, type], cls: type, kind: str) -> None:
     if taken is not None and qualified(taken) != qualified(cls):
         raise ValueError(
             f"{kind} name {cls.name!r} is taken by {qualified(taken)}; {qualified(cls)} cannot register under it. Give "
-            f"it a name of its own (class attribute name = \"...\"), or define it with register=False "
-            f"(class {cls.__name__}(..., register=False)) to use it by class path only")
+            f'it a name of its own (class attribute name = "..."), or define it with register=False '
+            f"(class {cls.__name__}(..., register=False)) to use it by class path only"
+        )
     registry[cls.name] = cls
 
 

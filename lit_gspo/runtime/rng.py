@@ -17,8 +17,13 @@ def local_rng_state(refill_generator: torch.Generator | None = None) -> dict[str
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "python": random.getstate(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -33,11 +38,15 @@ def rng_states(refill_generator: torch.Generator | None = None) -> list[dict[str
     return gather_objects(local_rng_state(refill_generator))
 
 
-def restore_rng_states(states: list[dict[str, Any]], rank: int, refill_generator: torch.Generator | None = None) -> None:
+def restore_rng_states(
+    states: list[dict[str, Any]], rank: int, refill_generator: torch.Generator | None = None
+) -> None:
     """Restore this rank's RNG states saved by :func:`rng_states` (needs the same number of ranks)."""
     if rank >= len(states):
-        raise ValueError(f"the checkpoint holds RNG states of {len(states)} processes; this is rank {rank}: resume with "
-                         "the same number of processes to continue exactly")
+        raise ValueError(
+            f"the checkpoint holds RNG states of {len(states)} processes; this is rank {rank}: resume with "
+            "the same number of processes to continue exactly"
+        )
     restore_local_rng_state(states[rank], refill_generator)
 
 
@@ -45,7 +54,9 @@ def restore_local_rng_state(state: dict[str, Any], refill_generator: torch.Gener
     """Restore this process's RNG states saved by :func:`local_rng_state`."""
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    np.random.set_state(
+        (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     if "cuda" in state and torch.cuda.is_available():

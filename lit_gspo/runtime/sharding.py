@@ -84,7 +84,8 @@ def _data_parallel_mesh(mesh):
             raise ValueError(
                 f"lit_gspo shards with FSDP2 over the data-parallel dimension only; the ModelParallelStrategy mesh has "
                 f"tensor_parallel_size={tp_size}. Set --trainer.strategy.data_parallel_size {mesh.size()} "
-                "--trainer.strategy.tensor_parallel_size 1.")
+                "--trainer.strategy.tensor_parallel_size 1."
+            )
         return dp
     return mesh
 

@@ -59,8 +59,10 @@ def mark_started() -> None:
 
 def debug_requested() -> bool:
     """``--debug`` / ``LIT_GSPO_DEBUG=1`` (or jsonargparse's own ``JSONARGPARSE_DEBUG``)."""
-    return any(os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
-               for name in (DEBUG_ENV, "JSONARGPARSE_DEBUG"))
+    return any(
+        os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+        for name in (DEBUG_ENV, "JSONARGPARSE_DEBUG")
+    )
 
 
 def _raised_by_lit_gspo(exc: BaseException) -> bool:
@@ -108,10 +110,11 @@ def run_reporting(main, *args):
 def parser_error(message: str) -> None:
     """A command-line mistake (an unknown option, a bad value, a misspelled key): the message and its hints, not
     the ~95-line usage dump; ``--help`` lists the options. Exits with code 2."""
-    hinted = "\n  " in message  # the CLI parser's hints: close options, valid fields, known objectives, the extra to install
+    hinted = (
+        "\n  " in message
+    )  # the CLI parser's hints: close options, valid fields, known objectives, the extra to install
     print(f"error: {message}" + ("" if hinted else " (--help lists every option)"), file=sys.stderr, flush=True)
     raise SystemExit(EXIT_CODE)
-
 
 
 def option(setting: str, value=...) -> str:

@@ -39,10 +39,10 @@ from pathlib import Path
 import yaml
 from jsonargparse import ArgumentParser
 
-from lit_gspo.tools.ablate_report import SUMMARY_COLUMNS, summarise_run, write_report
-from lit_gspo.lightning.quiet import CLI_ARGS_WARNING
-from lit_gspo.lightning.cli import cli_main
 from lit_gspo.lightning.callbacks.signals import RunInterrupted
+from lit_gspo.lightning.cli import cli_main
+from lit_gspo.lightning.quiet import CLI_ARGS_WARNING
+from lit_gspo.tools.ablate_report import SUMMARY_COLUMNS, summarise_run, write_report
 
 SEED_KEYS = ("seed_everything", "model.seed", "data.seed")
 
@@ -77,8 +77,20 @@ def load_ablation(path: str | Path) -> Ablation:
     raw = yaml.safe_load(path.read_text())
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected a mapping")
-    unknown = set(raw) - {"name", "base", "arms", "seeds", "output_dir", "report_dir", "overrides", "seed_keys",
-                          "target_reward", "target_metric", "collapse_fraction", "description"}
+    unknown = set(raw) - {
+        "name",
+        "base",
+        "arms",
+        "seeds",
+        "output_dir",
+        "report_dir",
+        "overrides",
+        "seed_keys",
+        "target_reward",
+        "target_metric",
+        "collapse_fraction",
+        "description",
+    }
     if unknown:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
     for key in ("base", "arms", "seeds"):
@@ -103,13 +115,21 @@ def load_ablation(path: str | Path) -> Ablation:
     if isinstance(base, str) and not Path(base).exists():
         raise FileNotFoundError(f"{path}: base config {base!r} not found (paths are relative to the working directory)")
     output_dir = Path(raw.get("output_dir") or f"runs/ablate/{name}")
-    return Ablation(name=name, base=base, arms=arms, seeds=[int(s) for s in raw["seeds"]], output_dir=output_dir,
-                    report_dir=Path(raw.get("report_dir") or output_dir), overrides=dict(raw.get("overrides") or {}),
-                    seed_keys=tuple(raw.get("seed_keys") or SEED_KEYS),
-                    target_reward=float(raw.get("target_reward", 0.5)),
-                    target_metric=str(raw.get("target_metric", "val/reward")),
-                    collapse_fraction=float(raw.get("collapse_fraction", 0.5)),
-                    description=str(raw.get("description") or ""), source=path)
+    return Ablation(
+        name=name,
+        base=base,
+        arms=arms,
+        seeds=[int(s) for s in raw["seeds"]],
+        output_dir=output_dir,
+        report_dir=Path(raw.get("report_dir") or output_dir),
+        overrides=dict(raw.get("overrides") or {}),
+        seed_keys=tuple(raw.get("seed_keys") or SEED_KEYS),
+        target_reward=float(raw.get("target_reward", 0.5)),
+        target_metric=str(raw.get("target_metric", "val/reward")),
+        collapse_fraction=float(raw.get("collapse_fraction", 0.5)),
+        description=str(raw.get("description") or ""),
+        source=path,
+    )
 
 
 def _flag_value(value) -> str:
@@ -169,10 +189,14 @@ def run_ablation(ab: Ablation, *, only: list[str] | None = None, report_only: bo
                 run_one(args)
             except BaseException as exc:  # a failed arm is reported, not fatal (SystemExit from argument errors too)
                 if isinstance(exc, (KeyboardInterrupt, RunInterrupted)):  # the user stopped the ablation, not the arm
-                    (run_dir / "status.json").write_text(json.dumps({"status": "interrupted", "error": str(exc),
-                                                                     "wall_s": time.perf_counter() - start}))
-                    print(f"[ablate] stopped by a signal during arm {arm.name}, seed {seed}; the runs after it were "
-                          "not started", flush=True)
+                    (run_dir / "status.json").write_text(
+                        json.dumps({"status": "interrupted", "error": str(exc), "wall_s": time.perf_counter() - start})
+                    )
+                    print(
+                        f"[ablate] stopped by a signal during arm {arm.name}, seed {seed}; the runs after it were "
+                        "not started",
+                        flush=True,
+                    )
                     raise
                 status = {"status": "failed", "error": f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]}
                 (run_dir / "error.txt").write_text(traceback.format_exc())
@@ -182,9 +206,14 @@ def run_ablation(ab: Ablation, *, only: list[str] | None = None, report_only: bo
     rows, curves = [], {}
     for seed in ab.seeds:
         for arm in arms:
-            row, curve = summarise_run(run_dir_of(ab, arm, seed), arm=arm.name, seed=seed,
-                                       target=ab.target_reward, target_metric=ab.target_metric,
-                                       collapse_fraction=ab.collapse_fraction)
+            row, curve = summarise_run(
+                run_dir_of(ab, arm, seed),
+                arm=arm.name,
+                seed=seed,
+                target=ab.target_reward,
+                target_metric=ab.target_metric,
+                collapse_fraction=ab.collapse_fraction,
+            )
             rows.append(row)
             curves[(arm.name, seed)] = curve
     ab.report_dir.mkdir(parents=True, exist_ok=True)
@@ -225,7 +254,9 @@ def _fmt(value) -> str:
 
 def make_parser() -> ArgumentParser:
     """The ``lit-gspo ablate`` arguments (the entry point also lists this parser in ``lit-gspo --help``)."""
-    parser = ArgumentParser(prog="lit-gspo ablate", description="Every arm × seed of one base fit config, then a report.")
+    parser = ArgumentParser(
+        prog="lit-gspo ablate", description="Every arm × seed of one base fit config, then a report."
+    )
     parser.add_argument("--config", type=str, required=True, help="the ablation YAML (configs/ablate/<name>.yaml)")
     parser.add_argument("--output_dir", type=str, help="override output_dir (runs)")
     parser.add_argument("--report_dir", type=str, help="override report_dir (summary.csv, report.md, plots)")

@@ -20,33 +20,92 @@ from pathlib import Path
 from lit_gspo.runtime.extras import MissingExtraError, pyplot
 
 SUMMARY_COLUMNS = [
-    "arm", "seed", "status", "initial_val_reward", "final_val_reward", "best_val_reward", "steps_to_target", "final_train_reward",
-    "mean_train_reward", "mean_clip_frac", "mean_kl", "mean_response_length", "mean_grad_norm", "mean_entropy",
-    "mean_seq_logratio_std", "mean_seq_logratio_len_corr", "mean_routing_volatility", "mean_rerouted_tokens",
-    "mean_abs_logratio_rerouted", "mean_abs_logratio_kept", "num_steps", "collapsed",
-    "wall_s", "error",
+    "arm",
+    "seed",
+    "status",
+    "initial_val_reward",
+    "final_val_reward",
+    "best_val_reward",
+    "steps_to_target",
+    "final_train_reward",
+    "mean_train_reward",
+    "mean_clip_frac",
+    "mean_kl",
+    "mean_response_length",
+    "mean_grad_norm",
+    "mean_entropy",
+    "mean_seq_logratio_std",
+    "mean_seq_logratio_len_corr",
+    "mean_routing_volatility",
+    "mean_rerouted_tokens",
+    "mean_abs_logratio_rerouted",
+    "mean_abs_logratio_kept",
+    "num_steps",
+    "collapsed",
+    "wall_s",
+    "error",
 ]
 #: train metrics kept per step in curves.csv and averaged into ``mean_<name>``
-CURVE_METRICS = ["reward", "clip_frac", "kl", "response_length", "grad_norm", "entropy", "ratio/seq_logratio_std",
-                 "ratio/seq_logratio_len_corr", "routing_volatility", "routing/rerouted_tokens",
-                 "routing/abs_logratio_rerouted", "routing/abs_logratio_kept"]
-MEAN_COLUMNS = {"mean_train_reward": "reward", "mean_clip_frac": "clip_frac", "mean_kl": "kl",
-                "mean_response_length": "response_length", "mean_grad_norm": "grad_norm", "mean_entropy": "entropy",
-                "mean_seq_logratio_std": "ratio/seq_logratio_std",
-                "mean_seq_logratio_len_corr": "ratio/seq_logratio_len_corr",
-                "mean_routing_volatility": "routing_volatility", "mean_rerouted_tokens": "routing/rerouted_tokens",
-                "mean_abs_logratio_rerouted": "routing/abs_logratio_rerouted",
-                "mean_abs_logratio_kept": "routing/abs_logratio_kept"}
+CURVE_METRICS = [
+    "reward",
+    "clip_frac",
+    "kl",
+    "response_length",
+    "grad_norm",
+    "entropy",
+    "ratio/seq_logratio_std",
+    "ratio/seq_logratio_len_corr",
+    "routing_volatility",
+    "routing/rerouted_tokens",
+    "routing/abs_logratio_rerouted",
+    "routing/abs_logratio_kept",
+]
+MEAN_COLUMNS = {
+    "mean_train_reward": "reward",
+    "mean_clip_frac": "clip_frac",
+    "mean_kl": "kl",
+    "mean_response_length": "response_length",
+    "mean_grad_norm": "grad_norm",
+    "mean_entropy": "entropy",
+    "mean_seq_logratio_std": "ratio/seq_logratio_std",
+    "mean_seq_logratio_len_corr": "ratio/seq_logratio_len_corr",
+    "mean_routing_volatility": "routing_volatility",
+    "mean_rerouted_tokens": "routing/rerouted_tokens",
+    "mean_abs_logratio_rerouted": "routing/abs_logratio_rerouted",
+    "mean_abs_logratio_kept": "routing/abs_logratio_kept",
+}
 #: MoE columns, in a table of their own (``Learner.measure_routing``)
-ROUTING_COLUMNS = ["mean_routing_volatility", "mean_rerouted_tokens", "mean_abs_logratio_rerouted", "mean_abs_logratio_kept"]
+ROUTING_COLUMNS = [
+    "mean_routing_volatility",
+    "mean_rerouted_tokens",
+    "mean_abs_logratio_rerouted",
+    "mean_abs_logratio_kept",
+]
 #: columns averaged over seeds in the report table
-REPORT_COLUMNS = ["initial_val_reward", "final_val_reward", "best_val_reward", "steps_to_target", "final_train_reward", "mean_clip_frac",
-                  "mean_kl", "mean_response_length", "mean_grad_norm", "mean_seq_logratio_std",
-                  "mean_seq_logratio_len_corr", "mean_routing_volatility", "wall_s"]
-PLOTS = [("reward", "train/reward (moving mean of 5 steps)"), ("clip_frac", "train/clip_frac"),
-         ("grad_norm", "train/grad_norm"), ("response_length", "train/response_length"), ("kl", "train/kl"),
-         ("ratio/seq_logratio_std", "std over sequences of Σ_t log r_t"),
-         ("routing_volatility", "train/routing_volatility")]
+REPORT_COLUMNS = [
+    "initial_val_reward",
+    "final_val_reward",
+    "best_val_reward",
+    "steps_to_target",
+    "final_train_reward",
+    "mean_clip_frac",
+    "mean_kl",
+    "mean_response_length",
+    "mean_grad_norm",
+    "mean_seq_logratio_std",
+    "mean_seq_logratio_len_corr",
+    "mean_routing_volatility",
+    "wall_s",
+]
+PLOTS = [
+    ("reward", "train/reward (moving mean of 5 steps)"),
+    ("clip_frac", "train/clip_frac"),
+    ("grad_norm", "train/grad_norm"),
+    ("response_length", "train/response_length"),
+    ("kl", "train/kl"),
+    ("ratio/seq_logratio_std", "std over sequences of Σ_t log r_t"),
+    ("routing_volatility", "train/routing_volatility"),
+]
 
 
 def metrics_file(run_dir: Path) -> Path | None:
@@ -85,8 +144,15 @@ def _mean(values):
     return sum(values) / len(values) if values else None
 
 
-def summarise_run(run_dir: Path, *, arm: str, seed: int, target: float, target_metric: str = "val/reward",
-                  collapse_fraction: float = 0.5) -> tuple[dict, dict]:
+def summarise_run(
+    run_dir: Path,
+    *,
+    arm: str,
+    seed: int,
+    target: float,
+    target_metric: str = "val/reward",
+    collapse_fraction: float = 0.5,
+) -> tuple[dict, dict]:
     """The summary row and the curves of one run directory."""
     row: dict = {"arm": arm, "seed": seed, "status": "missing", "error": ""}
     status_file = run_dir / "status.json"
@@ -114,7 +180,7 @@ def summarise_run(run_dir: Path, *, arm: str, seed: int, target: float, target_m
         keys = [k for k in (csv.DictReader(f).fieldnames or []) if k.startswith("train/ratio/")]
     with open(path) as f:
         table = list(csv.DictReader(f))
-    row["ratio_means"] = {k[len("train/ratio/"):]: _mean([_float(r.get(k)) for r in table]) for k in keys}
+    row["ratio_means"] = {k[len("train/ratio/") :]: _mean([_float(r.get(k)) for r in table]) for k in keys}
     losses = [v for _, v in curves.get("train/loss", [])]
     nan_loss = any(not math.isfinite(v) for v in losses)
     best, final = row["best_val_reward"], row["final_val_reward"]
@@ -150,14 +216,21 @@ def paired_by_seed(rows: list[dict], arms: list[str], column: str = "final_val_r
         lines.append(f"| {seed} | " + " | ".join("–" if c is None else f"{c:.3f}" for c in cells) + " |")
     lines += ["", f"| arm − {arms[0]} | seeds | mean Δ ± s.e. | ahead / level / behind |", "|---|---|---|---|"]
     for arm in arms[1:]:
-        deltas = _finite([value[(arm, seed)] - value[(arms[0], seed)] for seed in seeds
-                          if value.get((arm, seed)) is not None and value.get((arms[0], seed)) is not None])
+        deltas = _finite(
+            [
+                value[(arm, seed)] - value[(arms[0], seed)]
+                for seed in seeds
+                if value.get((arm, seed)) is not None and value.get((arms[0], seed)) is not None
+            ]
+        )
         if not deltas:
             continue
         se = statistics.stdev(deltas) / math.sqrt(len(deltas)) if len(deltas) > 1 else float("nan")
         ahead, behind = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
-        lines.append(f"| {arm} | {len(deltas)} | {statistics.fmean(deltas):+.3f} ± {se:.3f} | "
-                     f"{ahead} / {len(deltas) - ahead - behind} / {behind} |")
+        lines.append(
+            f"| {arm} | {len(deltas)} | {statistics.fmean(deltas):+.3f} ± {se:.3f} | "
+            f"{ahead} / {len(deltas) - ahead - behind} / {behind} |"
+        )
     return lines
 
 
@@ -178,14 +251,15 @@ def write_curves(path: Path, curves: dict) -> None:
                 for step, v in curve.get(key, []):
                     by_step.setdefault(step, {})[key] = v
             for step in sorted(by_step):
-                writer.writerow([arm, seed, step] + [f"{by_step[step][k]:.6g}" if k in by_step[step] else ""
-                                                     for k in keys])
+                writer.writerow(
+                    [arm, seed, step] + [f"{by_step[step][k]:.6g}" if k in by_step[step] else "" for k in keys]
+                )
 
 
 def _smooth(values: list[float], window: int) -> list[float]:
     out = []
     for i in range(len(values)):
-        chunk = _finite(values[max(0, i - window + 1):i + 1])
+        chunk = _finite(values[max(0, i - window + 1) : i + 1])
         out.append(sum(chunk) / len(chunk) if chunk else float("nan"))
     return out
 
@@ -254,8 +328,11 @@ def write_report(ab, rows: list[dict], curves: dict, arms: list[str]) -> None:
     if ab.description:
         lines += [ab.description.strip(), ""]
     base = ab.base if isinstance(ab.base, str) else "(inline)"
-    lines += [f"Config: `{ab.source}` (base `{base}`), seeds {ab.seeds}. Reproduce with "
-              f"`lit-gspo ablate --config {ab.source}`.", ""]
+    lines += [
+        f"Config: `{ab.source}` (base `{base}`), seeds {ab.seeds}. Reproduce with "
+        f"`lit-gspo ablate --config {ab.source}`.",
+        "",
+    ]
     if ab.overrides:
         lines += ["Common overrides: " + ", ".join(f"`{k}={v}`" for k, v in ab.overrides.items()), ""]
     lines += ["| arm | objective | overrides |", "|---|---|---|"]
@@ -264,42 +341,70 @@ def write_report(ab, rows: list[dict], curves: dict, arms: list[str]) -> None:
             over = ", ".join(f"`{k}={v}`" for k, v in arm.overrides.items()) or "–"
             lines.append(f"| {arm.name} | {arm.objective or '(base)'} | {over} |")
     lines += ["", "## Results (mean ± std over seeds)", ""]
-    lines += ["| arm | ok runs | " + " | ".join(REPORT_COLUMNS) + " | reached target | collapsed |",
-              "|---" * (len(REPORT_COLUMNS) + 5) + "|"]
+    lines += [
+        "| arm | ok runs | " + " | ".join(REPORT_COLUMNS) + " | reached target | collapsed |",
+        "|---" * (len(REPORT_COLUMNS) + 5) + "|",
+    ]
     for arm in arms:
         mine = [r for r in rows if r["arm"] == arm]
         ok = [r for r in mine if r.get("status") == "ok"]
         cells = [_mean_pm([r.get(c) for r in ok]) for c in REPORT_COLUMNS]
         reached = sum(r.get("steps_to_target") is not None for r in ok)
         collapsed = sum(bool(r.get("collapsed")) for r in ok)
-        lines.append(f"| {arm} | {len(ok)}/{len(mine)} | " + " | ".join(cells) + f" | {reached}/{len(ok)} | "
-                     f"{collapsed}/{len(ok)} |")
+        lines.append(
+            f"| {arm} | {len(ok)}/{len(mine)} | " + " | ".join(cells) + f" | {reached}/{len(ok)} | "
+            f"{collapsed}/{len(ok)} |"
+        )
     if any(_finite([r.get("mean_rerouted_tokens") for r in rows])):
-        lines += ["", "MoE routing after each RL step (mean over steps, then mean ± std over seeds): the share of expert "
-                  "choices changed (`routing_volatility`), of completion tokens with a changed expert in some layer "
-                  "(`rerouted_tokens`), and the mean |log π_θ − log π_old| over those tokens and over the others.", "",
-                  *_arm_table(rows, arms, ROUTING_COLUMNS, lambda row, column: row.get(column))]
+        lines += [
+            "",
+            "MoE routing after each RL step (mean over steps, then mean ± std over seeds): the share of expert "
+            "choices changed (`routing_volatility`), of completion tokens with a changed expert in some layer "
+            "(`rerouted_tokens`), and the mean |log π_θ − log π_old| over those tokens and over the others.",
+            "",
+            *_arm_table(rows, arms, ROUTING_COLUMNS, lambda row, column: row.get(column)),
+        ]
     paired = paired_by_seed(rows, arms)
     if paired:
-        lines += ["", "## Final val/reward, paired by seed", "",
-                  "Every arm of a seed starts from the same weights; Δ is an arm minus the first arm on the same seed, "
-                  "± its standard error over seeds.", "", *paired]
-    ratio_keys = sorted({k for r in rows for k in (r.get("ratio_means") or {})
-                         if ("_len" in k or "_pos" in k) and not k.endswith("_corr")},
-                        key=_bucket_order)
+        lines += [
+            "",
+            "## Final val/reward, paired by seed",
+            "",
+            "Every arm of a seed starts from the same weights; Δ is an arm minus the first arm on the same seed, "
+            "± its standard error over seeds.",
+            "",
+            *paired,
+        ]
+    ratio_keys = sorted(
+        {
+            k
+            for r in rows
+            for k in (r.get("ratio_means") or {})
+            if ("_len" in k or "_pos" in k) and not k.endswith("_corr")
+        },
+        key=_bucket_order,
+    )
     if ratio_keys:
-        lines += ["", "Ratio diagnostics by length / position bucket (mean over steps, then mean ± std over seeds): "
-                  "`seq_logratio_std_lenA-B` = std of Σ_t log r_t over sequences of length A..B; "
-                  "`token_ratio_var_posA-B` = variance of r_t at positions A..B.", "",
-                  *_arm_table(rows, arms, ratio_keys, lambda row, key: (row.get("ratio_means") or {}).get(key))]
+        lines += [
+            "",
+            "Ratio diagnostics by length / position bucket (mean over steps, then mean ± std over seeds): "
+            "`seq_logratio_std_lenA-B` = std of Σ_t log r_t over sequences of length A..B; "
+            "`token_ratio_var_posA-B` = variance of r_t at positions A..B.",
+            "",
+            *_arm_table(rows, arms, ratio_keys, lambda row, key: (row.get("ratio_means") or {}).get(key)),
+        ]
     failed = [r for r in rows if r.get("status") != "ok"]
     if failed:
         lines += ["", "Failed runs: " + "; ".join(f"{r['arm']} seed {r['seed']}: {r.get('error')}" for r in failed)]
-    lines += ["", f"steps_to_target: first RL step with `{ab.target_metric}` ≥ {ab.target_reward} (mean over the seeds "
-              f"that reached it). collapsed: non-finite loss, or final val/reward < {ab.collapse_fraction} × best. "
-              "mean_*: mean over RL steps of the `train/` metric; `seq_logratio` = Σ_t log r_t per sequence "
-              "(log of the product of token ratios, measured in the minibatches after the step's first optimiser "
-              "step; see `lit_gspo/rl/learn/diagnostics.py`). Per-run numbers: `summary.csv`; curves: `curves.csv`.", ""]
+    lines += [
+        "",
+        f"steps_to_target: first RL step with `{ab.target_metric}` ≥ {ab.target_reward} (mean over the seeds "
+        f"that reached it). collapsed: non-finite loss, or final val/reward < {ab.collapse_fraction} × best. "
+        "mean_*: mean over RL steps of the `train/` metric; `seq_logratio` = Σ_t log r_t per sequence "
+        "(log of the product of token ratios, measured in the minibatches after the step's first optimiser "
+        "step; see `lit_gspo/rl/learn/diagnostics.py`). Per-run numbers: `summary.csv`; curves: `curves.csv`.",
+        "",
+    ]
     reading = out / "reading.md"
     if reading.exists():
         lines += ["## Reading", "", reading.read_text().strip(), ""]

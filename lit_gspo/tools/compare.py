@@ -38,8 +38,10 @@ import shlex
 
 from jsonargparse import ArgumentParser
 
-DESCRIPTION = ("Replay one saved rollout through several objectives from the same weights: gradients, cosines, "
-               "clipping, tokens with gradient, ratio spread after K off-policy minibatch steps.")
+DESCRIPTION = (
+    "Replay one saved rollout through several objectives from the same weights: gradients, cosines, "
+    "clipping, tokens with gradient, ratio spread after K off-policy minibatch steps."
+)
 
 
 def default_specs() -> list[str]:
@@ -52,31 +54,70 @@ def default_specs() -> list[str]:
 def make_parser() -> ArgumentParser:
     """The ``lit-gspo compare`` arguments (``lit-gspo --help`` lists this parser's description)."""
     parser = ArgumentParser(prog="lit-gspo compare", description=DESCRIPTION)
-    parser.add_argument("--rollout", type=str, required=True,
-                        help="a rollout file of a fit run with --model.rollout_dumps.every_n_steps N: <run>/rollouts/step_K.pt")
-    parser.add_argument("--model", type=str | None, default=None,
-                        help="the weights to replay from: an HF dir, a built-in name, a hub id, or the run's .ckpt of that "
-                             "step (null: the rollout's own <run>/rollouts/step_K_policy/, the policy that sampled it)")
-    parser.add_argument("--objectives", type=str, nargs="+", default=None,
-                        help="registered objectives, each NAME or NAME:key=value,... e.g. gspo grpo dapo "
-                             "grpo:aggregation=token-mean gspo:clip_high=5e-4 (null: every registered objective "
-                             f"without a critic: {' '.join(default_specs())})")
-    parser.add_argument("--minibatch_steps", type=int, default=4,
-                        help="K: the off-policy optimiser steps each objective takes on the rollout (the first is on-policy)")
-    parser.add_argument("--num_minibatches", type=int | None, default=None,
-                        help="M: minibatches the rollout is split into; K/M epochs (null: K, one epoch)")
-    parser.add_argument("--optimizer", type=str | None, default=None,
-                        help="torch.optim class of the replay's fresh optimiser (null: the run's, else AdamW)")
-    parser.add_argument("--lr", type=float | None, default=None,
-                        help="its learning rate (null: the run's when the rollout was saved, else 1e-3)")
-    parser.add_argument("--optimizer_state", type=bool, default=True,
-                        help="start from the run's optimiser state saved with the policy (step_K_policy/optimizer.pt: "
-                             "Adam's moments), as the run's next minibatch step would; false, or none saved: a fresh state")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the minibatch order (the same for every objective)")
+    parser.add_argument(
+        "--rollout",
+        type=str,
+        required=True,
+        help="a rollout file of a fit run with --model.rollout_dumps.every_n_steps N: <run>/rollouts/step_K.pt",
+    )
+    parser.add_argument(
+        "--model",
+        type=str | None,
+        default=None,
+        help="the weights to replay from: an HF dir, a built-in name, a hub id, or the run's .ckpt of that "
+        "step (null: the rollout's own <run>/rollouts/step_K_policy/, the policy that sampled it)",
+    )
+    parser.add_argument(
+        "--objectives",
+        type=str,
+        nargs="+",
+        default=None,
+        help="registered objectives, each NAME or NAME:key=value,... e.g. gspo grpo dapo "
+        "grpo:aggregation=token-mean gspo:clip_high=5e-4 (null: every registered objective "
+        f"without a critic: {' '.join(default_specs())})",
+    )
+    parser.add_argument(
+        "--minibatch_steps",
+        type=int,
+        default=4,
+        help="K: the off-policy optimiser steps each objective takes on the rollout (the first is on-policy)",
+    )
+    parser.add_argument(
+        "--num_minibatches",
+        type=int | None,
+        default=None,
+        help="M: minibatches the rollout is split into; K/M epochs (null: K, one epoch)",
+    )
+    parser.add_argument(
+        "--optimizer",
+        type=str | None,
+        default=None,
+        help="torch.optim class of the replay's fresh optimiser (null: the run's, else AdamW)",
+    )
+    parser.add_argument(
+        "--lr",
+        type=float | None,
+        default=None,
+        help="its learning rate (null: the run's when the rollout was saved, else 1e-3)",
+    )
+    parser.add_argument(
+        "--optimizer_state",
+        type=bool,
+        default=True,
+        help="start from the run's optimiser state saved with the policy (step_K_policy/optimizer.pt: "
+        "Adam's moments), as the run's next minibatch step would; false, or none saved: a fresh state",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the minibatch order (the same for every objective)"
+    )
     parser.add_argument("--device", type=str, default="cpu", help="e.g. cpu, cuda")
-    parser.add_argument("--out", type=str | None, default=None,
-                        help="output folder: report.md, compare.json, gradient_cosine.png, ratio_spread.png (the plots need the "
-                             "plot extra; null: <run>/rollouts/compare_step_K/)")
+    parser.add_argument(
+        "--out",
+        type=str | None,
+        default=None,
+        help="output folder: report.md, compare.json, gradient_cosine.png, ratio_spread.png (the plots need the "
+        "plot extra; null: <run>/rollouts/compare_step_K/)",
+    )
     return parser
 
 
@@ -86,7 +127,17 @@ def main(argv: list[str]) -> dict:
     from lit_gspo.tools.compare_replay import run_compare
 
     command = "lit-gspo compare " + shlex.join(argv)
-    return run_compare(ns.rollout, model=ns.model, objectives=ns.objectives, minibatch_steps=ns.minibatch_steps,
-                       num_minibatches=ns.num_minibatches, optimizer=ns.optimizer, lr=ns.lr,
-                       optimizer_state=ns.optimizer_state, seed=ns.seed,
-                       device=ns.device, out=ns.out, command=command)
+    return run_compare(
+        ns.rollout,
+        model=ns.model,
+        objectives=ns.objectives,
+        minibatch_steps=ns.minibatch_steps,
+        num_minibatches=ns.num_minibatches,
+        optimizer=ns.optimizer,
+        lr=ns.lr,
+        optimizer_state=ns.optimizer_state,
+        seed=ns.seed,
+        device=ns.device,
+        out=ns.out,
+        command=command,
+    )

@@ -15,13 +15,14 @@ from torch import Tensor
 
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.learn.diagnostics import sequence_log_ratio
-from lit_gspo.runtime.hardware import deterministic_on_cpu
 from lit_gspo.rl.learn.hooks import UpdateHook
 from lit_gspo.rl.learn.learner import Learner, Minibatch, UpdateState
 from lit_gspo.rl.objectives import OBJECTIVES, Counts, LossOutput, Objective, aggregate, get_objective
 from lit_gspo.rl.rollout import RolloutBatch
-from lit_gspo.tools.compare import default_specs
 from lit_gspo.rl.rollout_io import load_optimizer_state, load_rollout, policy_dir
+from lit_gspo.runtime.hardware import deterministic_on_cpu
+from lit_gspo.tools.compare import default_specs
+
 
 class PolicyGradient(Objective, register=False):
     """The plain policy gradient: ℓ = −Σ_i Σ_t m_it Â_it log π_θ(y_it) / N_tokens (no ratio, no clip)."""
@@ -29,8 +30,9 @@ class PolicyGradient(Objective, register=False):
     name = "pg"
     zero_advantage_has_no_gradient = True
 
-    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                    counts: Counts, **extra) -> LossOutput:
+    def policy_loss(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, counts: Counts, **extra
+    ) -> LossOutput:
         zero = torch.zeros((), device=logprobs.device)
         return LossOutput(aggregate(-advantages * logprobs, mask, "token-mean", counts), {"clip_frac": zero})
 
@@ -59,7 +61,9 @@ class _RecordingObjective:
     def __getattr__(self, name):
         return getattr(self.objective, name)
 
-    def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, **kwargs) -> LossOutput:
+    def __call__(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, **kwargs
+    ) -> LossOutput:
         if logprobs.requires_grad:
             logprobs.retain_grad()
         out = self.objective(logprobs, old_logprobs, advantages, mask, **kwargs)
@@ -79,15 +83,23 @@ class MinibatchGradients(UpdateHook):
         calls, self.objective.calls = self.objective.calls, []
         tokens = max(minibatch.counts.tokens, 1.0)  # every valid token of the minibatch, skipped rows included
         with_grad = sum(float((lp.grad.ne(0) & m).sum()) for lp, m, _, _ in calls if lp.grad is not None)
-        self.steps.append({"grad": grad, "grad_norm": float(grad.double().norm()),
-                           "clip_frac": sum(cf * n for _, _, cf, n in calls) / tokens, "grad_token_share": with_grad / tokens})
+        self.steps.append(
+            {
+                "grad": grad,
+                "grad_norm": float(grad.double().norm()),
+                "clip_frac": sum(cf * n for _, _, cf, n in calls) / tokens,
+                "grad_token_share": with_grad / tokens,
+            }
+        )
 
 
 class ReplayLearner(Learner):
     """The Learner with given minibatch orders (:meth:`Learner.minibatch_order`), recording each minibatch's gradient
     before clipping (the :class:`MinibatchGradients` hook), so ``learn`` runs exactly as in ``fit``."""
 
-    def __init__(self, policy: torch.nn.Module, objective: Objective, update: Update, *, orders: list[Tensor], **kwargs):
+    def __init__(
+        self, policy: torch.nn.Module, objective: Objective, update: Update, *, orders: list[Tensor], **kwargs
+    ):
         self.orders, self.steps = list(orders), []
         recording = _RecordingObjective(objective)
         super().__init__(policy, recording, update, hooks=[MinibatchGradients(policy, recording, self.steps)], **kwargs)
@@ -115,8 +127,13 @@ class _Optimizer:
 
 def flat_grad(model: torch.nn.Module) -> Tensor:
     """Every trainable parameter's gradient (0 where none), flattened, fp32 on CPU."""
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().flatten().cpu()
-                      for p in model.parameters() if p.requires_grad])
+    return torch.cat(
+        [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().flatten().cpu()
+            for p in model.parameters()
+            if p.requires_grad
+        ]
+    )
 
 
 def cosine(a: Tensor, b: Tensor) -> float:
@@ -136,10 +153,13 @@ def ratio_spread(logprobs: Tensor, start: Tensor, mask: Tensor) -> dict[str, flo
     outside = (geo.exp() < 1 - gspo.clip_low) | (geo.exp() > 1 + gspo.clip_high)
     token_ratio = (logprobs.double() - start.double())[mask.bool()].exp()
     token_out = (token_ratio < 1 - grpo.clip_low) | (token_ratio > 1 + grpo.clip_high)
-    std = (lambda x: float(x.std(unbiased=False)) if x.numel() >= 2 else float("nan"))
-    return {"seq_logratio_std": std(sums), "seq_geo_logratio_std": std(geo),
-            "seqs_outside_gspo_clip": float(outside.double().mean()) if len(geo) else float("nan"),
-            "tokens_outside_grpo_clip": float(token_out.double().mean()) if token_out.numel() else float("nan")}
+    std = lambda x: float(x.std(unbiased=False)) if x.numel() >= 2 else float("nan")
+    return {
+        "seq_logratio_std": std(sums),
+        "seq_geo_logratio_std": std(geo),
+        "seqs_outside_gspo_clip": float(outside.double().mean()) if len(geo) else float("nan"),
+        "tokens_outside_grpo_clip": float(token_out.double().mean()) if token_out.numel() else float("nan"),
+    }
 
 
 def load_model(model: str | None, rollout_file: Path, meta: dict):
@@ -149,14 +169,18 @@ def load_model(model: str | None, rollout_file: Path, meta: dict):
     if model is None:
         found = policy_dir(rollout_file)
         if not found.is_dir():
-            raise FileNotFoundError(f"{found} not found (the run saved no policy with the rollout): pass --model, the "
-                                    "weights that sampled it (an HF dir or the run's .ckpt of that step)")
+            raise FileNotFoundError(
+                f"{found} not found (the run saved no policy with the rollout): pass --model, the "
+                "weights that sampled it (an HF dir or the run's .ckpt of that step)"
+            )
         model = str(found)
     if model.endswith(".ckpt"):
         from lit_gspo.models.loading import load_checkpoint_policy
 
         if meta.get("lora"):
-            raise ValueError("a LoRA run's .ckpt holds adapters: pass the rollout's step_K_policy/ or hf_model/ (merged)")
+            raise ValueError(
+                "a LoRA run's .ckpt holds adapters: pass the rollout's step_K_policy/ or hf_model/ (merged)"
+            )
         policy, _ = load_policy(meta["model"], config_overrides=meta.get("model_config"), seed=meta.get("seed", 0))
         load_checkpoint_policy(policy, model)
     else:
@@ -177,7 +201,9 @@ def make_optimizer(params, name: str, hparams: dict) -> torch.optim.Optimizer:
 
     cls = getattr(torch.optim, name, None)
     if cls is None:
-        raise ValueError(f"--optimizer {name!r} is not a torch.optim class (the run's may be bitsandbytes': pass e.g. AdamW)")
+        raise ValueError(
+            f"--optimizer {name!r} is not a torch.optim class (the run's may be bitsandbytes': pass e.g. AdamW)"
+        )
     accepted = inspect.signature(cls.__init__).parameters
     return cls(params, **{k: v for k, v in hparams.items() if k in accepted and k != "params"})
 
@@ -210,15 +236,23 @@ def load_replay(rollout: str | Path, model: str | None = None, device: str = "cp
     dev = torch.device(device)
     deterministic_on_cpu(dev.type)  # as fit does
     policy.to(dev).train()  # as in fit (Lightning's train mode)
-    moved = {f.name: getattr(batch, f.name).to(dev) for f in dataclasses.fields(batch)
-             if isinstance(getattr(batch, f.name), Tensor)}
+    moved = {
+        f.name: getattr(batch, f.name).to(dev)
+        for f in dataclasses.fields(batch)
+        if isinstance(getattr(batch, f.name), Tensor)
+    }
     batch = dataclasses.replace(batch, **{**moved, "old_logprobs": None})  # the Learner computes its own
-    learner_kwargs = dict(temperature=meta.get("temperature", 1.0), max_len=meta.get("max_len", batch.completion_mask.shape[1]),
-                          group_size=meta.get("group_size", 1))
+    learner_kwargs = dict(
+        temperature=meta.get("temperature", 1.0),
+        max_len=meta.get("max_len", batch.completion_mask.shape[1]),
+        group_size=meta.get("group_size", 1),
+    )
     return Replay(rollout_file, batch, payload, policy, model_source, learner_kwargs)
 
 
-def replay_optimizer(replay: Replay, optimizer: str | None = None, lr: float | None = None, optimizer_state: bool = True):
+def replay_optimizer(
+    replay: Replay, optimizer: str | None = None, lr: float | None = None, optimizer_state: bool = True
+):
     """(name, hyperparameters, saved state or None) of the replay's optimiser: the run's class and hyperparameters
     (else AdamW, lr 1e-3) with ``lr`` if given, and the run's state saved with the policy when ``optimizer_state``."""
     meta = replay.meta
@@ -227,11 +261,15 @@ def replay_optimizer(replay: Replay, optimizer: str | None = None, lr: float | N
     opt_hparams.setdefault("lr", 1e-3)
     saved_state = None
     if optimizer_state and Path(replay.model_source).is_dir() and opt_name == meta.get("optimizer"):
-        saved_state = load_optimizer_state(replay.model_source)  # the run's optimiser as it was when the rollout was sampled
+        saved_state = load_optimizer_state(
+            replay.model_source
+        )  # the run's optimiser as it was when the rollout was sampled
     return opt_name, opt_hparams, saved_state
 
 
-def fresh_optimizer(policy: torch.nn.Module, name: str, hparams: dict, saved_state: dict | None) -> torch.optim.Optimizer:
+def fresh_optimizer(
+    policy: torch.nn.Module, name: str, hparams: dict, saved_state: dict | None
+) -> torch.optim.Optimizer:
     """:func:`make_optimizer` over the trainable parameters, from a copy of ``saved_state`` (lr: ``hparams``') if given."""
     opt = make_optimizer([p for p in policy.parameters() if p.requires_grad], name, hparams)
     if saved_state is not None:
@@ -241,10 +279,20 @@ def fresh_optimizer(policy: torch.nn.Module, name: str, hparams: dict, saved_sta
     return opt
 
 
-def run_compare(rollout: str, model: str | None = None, objectives: list[str] | None = None, minibatch_steps: int = 4,
-                num_minibatches: int | None = None, optimizer: str | None = None, lr: float | None = None,
-                optimizer_state: bool = True, seed: int = 0,
-                device: str = "cpu", out: str | None = None, command: str | None = None) -> dict:
+def run_compare(
+    rollout: str,
+    model: str | None = None,
+    objectives: list[str] | None = None,
+    minibatch_steps: int = 4,
+    num_minibatches: int | None = None,
+    optimizer: str | None = None,
+    lr: float | None = None,
+    optimizer_state: bool = True,
+    seed: int = 0,
+    device: str = "cpu",
+    out: str | None = None,
+    command: str | None = None,
+) -> dict:
     """Run the comparison; write report.md, compare.json and the plots under ``out``; returns what compare.json holds."""
     from lit_gspo.tools.compare_report import write_outputs
 
@@ -263,13 +311,21 @@ def run_compare(rollout: str, model: str | None = None, objectives: list[str] | 
     saved_old = payload["tensors"].get("old_logprobs")
     init = {k: v.detach().clone() for k, v in policy.state_dict().items()}
     mask = batch.completion_mask
-    base = Learner(policy, PolicyGradient(), update_of(meta, epochs=minibatch_steps // M, num_minibatches=M), **learner_kwargs)
+    base = Learner(
+        policy, PolicyGradient(), update_of(meta, epochs=minibatch_steps // M, num_minibatches=M), **learner_kwargs
+    )
     start_logprobs = base.old_logprobs(batch, torch.arange(len(batch)))  # π_θ0 over the whole rollout
-    weights_gap = (float((start_logprobs.cpu() - saved_old).abs()[mask.cpu()].max()) if saved_old is not None and mask.any()
-                   else float("nan"))
+    weights_gap = (
+        float((start_logprobs.cpu() - saved_old).abs()[mask.cpu()].max())
+        if saved_old is not None and mask.any()
+        else float("nan")
+    )
     if weights_gap > 1e-3:
-        print(f"compare: the weights' log-probs differ from the rollout's saved old log-probs by up to {weights_gap:.3g}: "
-              "not the policy that sampled it. The replay starts on-policy for these weights all the same.", flush=True)
+        print(
+            f"compare: the weights' log-probs differ from the rollout's saved old log-probs by up to {weights_gap:.3g}: "
+            "not the policy that sampled it. The replay starts on-policy for these weights all the same.",
+            flush=True,
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         orders = [base.minibatch_order(len(batch)) for _ in range(base.cfg.epochs)]
@@ -290,30 +346,49 @@ def run_compare(rollout: str, model: str | None = None, objectives: list[str] | 
 
     pg = on_policy(PolicyGradient())
     size = -(-len(batch) // M)  # the Learner's minibatch size
-    minibatch_pg = [on_policy(PolicyGradient(), order[start:start + size])["grad"]  # PG of each step's rows at θ0
-                    for order in orders for start in range(0, len(batch), size)]
+    minibatch_pg = [
+        on_policy(PolicyGradient(), order[start : start + size])["grad"]  # PG of each step's rows at θ0
+        for order in orders
+        for start in range(0, len(batch), size)
+    ]
     results = {}
     for label, objective in specs:
         print(f"compare: {label} ({objective!r})", flush=True)
         first = on_policy(objective)
         spreads = [ratio_spread(start_logprobs.cpu(), start_logprobs.cpu(), mask.cpu())]
-        replay = learner(objective, update_of(meta, epochs=minibatch_steps // M, num_minibatches=M),
-                         [o.clone() for o in orders])
-        after = lambda: spreads.append(ratio_spread(replay.old_logprobs(batch, torch.arange(len(batch))).cpu(),
-                                                    start_logprobs.cpu(), mask.cpu()))
+        replay = learner(
+            objective, update_of(meta, epochs=minibatch_steps // M, num_minibatches=M), [o.clone() for o in orders]
+        )
+        after = lambda: spreads.append(
+            ratio_spread(replay.old_logprobs(batch, torch.arange(len(batch))).cpu(), start_logprobs.cpu(), mask.cpu())
+        )
         opt = fresh_optimizer(policy, opt_name, opt_hparams, saved_state)
         metrics = replay.learn(batch.select(torch.arange(len(batch))), _Optimizer(policy, opt, after))
         steps = replay.steps
         results[label] = {
-            "objective": repr(objective), "aggregation": getattr(objective, "aggregation", None),
-            "on_policy": {"grad_norm": first["grad_norm"], "cos_pg": cosine(first["grad"], pg["grad"]),
-                          "clip_frac": first["clip_frac"], "grad_token_share": first["grad_token_share"], "loss": first["loss"]},
-            "steps": [{"grad_norm": s["grad_norm"], "cos_pg": cosine(s["grad"], pg_k),
-                       "cos_own_on_policy": cosine(s["grad"], first["grad"]), "clip_frac": s["clip_frac"],
-                       "grad_token_share": s["grad_token_share"]} for s, pg_k in zip(steps, minibatch_pg)],
+            "objective": repr(objective),
+            "aggregation": getattr(objective, "aggregation", None),
+            "on_policy": {
+                "grad_norm": first["grad_norm"],
+                "cos_pg": cosine(first["grad"], pg["grad"]),
+                "clip_frac": first["clip_frac"],
+                "grad_token_share": first["grad_token_share"],
+                "loss": first["loss"],
+            },
+            "steps": [
+                {
+                    "grad_norm": s["grad_norm"],
+                    "cos_pg": cosine(s["grad"], pg_k),
+                    "cos_own_on_policy": cosine(s["grad"], first["grad"]),
+                    "clip_frac": s["clip_frac"],
+                    "grad_token_share": s["grad_token_share"],
+                }
+                for s, pg_k in zip(steps, minibatch_pg)
+            ],
             "spread": spreads,  # after 0..K optimiser steps
             "nonfinite_steps": metrics["nonfinite_steps"],
-            "_grad": first["grad"], "_last_grad": steps[-1]["grad"],
+            "_grad": first["grad"],
+            "_last_grad": steps[-1]["grad"],
         }
     names = ["pg"] + labels
     grads = [pg["grad"]] + [results[label]["_grad"] for label in labels]
@@ -322,18 +397,36 @@ def run_compare(rollout: str, model: str | None = None, objectives: list[str] | 
         results[label].pop("_grad")
     valid = mask.cpu()
     report = {
-        "command": command, "rollout": str(rollout_file), "step": payload["step"], "model": model_source,
-        "rows": len(batch), "tokens": int(valid.sum()), "rows_with_nonzero_advantage": int(
-            ((batch.advantages.cpu() != 0) if batch.advantages.dim() == 1 else ((batch.advantages.cpu() != 0) & valid).any(1)).sum()),
+        "command": command,
+        "rollout": str(rollout_file),
+        "step": payload["step"],
+        "model": model_source,
+        "rows": len(batch),
+        "tokens": int(valid.sum()),
+        "rows_with_nonzero_advantage": int(
+            (
+                (batch.advantages.cpu() != 0)
+                if batch.advantages.dim() == 1
+                else ((batch.advantages.cpu() != 0) & valid).any(1)
+            ).sum()
+        ),
         "mean_reward": float(batch.rewards.mean()) if batch.rewards is not None else None,
         "mean_length": float(valid.sum(1).float().mean()),
-        "weights_gap": weights_gap, "run": {k: meta.get(k) for k in ("objective", "advantage", "model", "update", "temperature")},
-        "settings": {"minibatch_steps": minibatch_steps, "num_minibatches": M, "epochs": minibatch_steps // M,
-                     "optimizer": opt_name, "optimizer_hparams": opt_hparams, "optimizer_state": saved_state is not None,
-                     "seed": seed, "device": str(dev),
-                     "max_grad_norm": base.cfg.max_grad_norm,
-                     "gspo_clip": [OBJECTIVES["gspo"]().clip_low, OBJECTIVES["gspo"]().clip_high],
-                     "grpo_clip": [OBJECTIVES["grpo"]().clip_low, OBJECTIVES["grpo"]().clip_high]},
+        "weights_gap": weights_gap,
+        "run": {k: meta.get(k) for k in ("objective", "advantage", "model", "update", "temperature")},
+        "settings": {
+            "minibatch_steps": minibatch_steps,
+            "num_minibatches": M,
+            "epochs": minibatch_steps // M,
+            "optimizer": opt_name,
+            "optimizer_hparams": opt_hparams,
+            "optimizer_state": saved_state is not None,
+            "seed": seed,
+            "device": str(dev),
+            "max_grad_norm": base.cfg.max_grad_norm,
+            "gspo_clip": [OBJECTIVES["gspo"]().clip_low, OBJECTIVES["gspo"]().clip_high],
+            "grpo_clip": [OBJECTIVES["grpo"]().clip_low, OBJECTIVES["grpo"]().clip_high],
+        },
         "pg": {"grad_norm": pg["grad_norm"], "grad_token_share": pg["grad_token_share"]},
         "objectives": results,
         "cosine_on_policy": {"labels": names, "matrix": [[cosine(a, b) for b in grads] for a in grads]},
@@ -345,5 +438,15 @@ def run_compare(rollout: str, model: str | None = None, objectives: list[str] | 
     return report
 
 
-__all__ = ["PolicyGradient", "Replay", "ReplayLearner", "flat_grad", "fresh_optimizer", "load_replay",
-           "parse_spec", "ratio_spread", "replay_optimizer", "run_compare"]
+__all__ = [
+    "PolicyGradient",
+    "Replay",
+    "ReplayLearner",
+    "flat_grad",
+    "fresh_optimizer",
+    "load_replay",
+    "parse_spec",
+    "ratio_spread",
+    "replay_optimizer",
+    "run_compare",
+]

@@ -34,12 +34,12 @@ from typing import Literal
 import torch
 from jsonargparse import ArgumentParser
 
+from lit_gspo.lightning import run_dir
+from lit_gspo.lightning.cli import RLCLI, TRAINER_DEFAULTS
+from lit_gspo.lightning.quiet import CLI_ARGS_WARNING
 from lit_gspo.models.loading import load_checkpoint_policy
 from lit_gspo.rl.evaluate import evaluate, format_table
-from lit_gspo.lightning.quiet import CLI_ARGS_WARNING
-from lit_gspo.lightning import run_dir
 from lit_gspo.runtime import user_errors
-from lit_gspo.lightning.cli import RLCLI, TRAINER_DEFAULTS
 from lit_gspo.runtime.user_errors import SettingsError
 
 DESCRIPTION = "Greedy accuracy, mean@n and pass@k of a checkpoint or HF model on a dataset, with the run's rewards."
@@ -55,29 +55,58 @@ class EvalCLI(RLCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         super().add_arguments_to_parser(parser)
-        parser.add_argument("--ckpt", type=str | None, default=None,
-                            help="a run's .ckpt, or an HF model dir (e.g. <run>/hf_model), .gguf, GGUF alias or hub id "
-                                 "(null: model.model as configured)")
-        parser.add_argument("--split", type=Literal["validation", "train"], default="validation",
-                            help="the data module's held-out rows (as val/reward) or its training rows")
+        parser.add_argument(
+            "--ckpt",
+            type=str | None,
+            default=None,
+            help="a run's .ckpt, or an HF model dir (e.g. <run>/hf_model), .gguf, GGUF alias or hub id "
+            "(null: model.model as configured)",
+        )
+        parser.add_argument(
+            "--split",
+            type=Literal["validation", "train"],
+            default="validation",
+            help="the data module's held-out rows (as val/reward) or its training rows",
+        )
         parser.add_argument("--limit", type=int | None, default=None, help="only the first n rows of the split")
         parser.add_argument("--greedy", type=bool, default=True, help="score one greedy completion per prompt")
-        parser.add_argument("--samples", type=int | None, default=None,
-                            help="n completions per prompt for mean@n and pass@k (null: model.generation.num_generations; "
-                                 "0: none)")
-        parser.add_argument("--k", type=list[int] | None, default=None,
-                            help="the k of pass@k, e.g. [1,8] (null: 1, 2, 4, ... up to n)")
-        parser.add_argument("--temperature", type=float | None, default=None,
-                            help="sampling temperature (null: model.generation.temperature)")
-        parser.add_argument("--threshold", type=float, default=1.0, help="a completion is solved when its reward is >= this")
-        parser.add_argument("--greedy_batch_size", type=int | None, default=None,
-                            help="prompts per greedy generate call (null: data.val_batch_size)")
-        parser.add_argument("--sample_batch_size", type=int | None, default=None,
-                            help="prompts per sampled generate call, n completions each (null: data.prompts_per_step)")
-        parser.add_argument("--output", type=str | None, default=None, help="the JSON file (null: next to the checkpoint)")
+        parser.add_argument(
+            "--samples",
+            type=int | None,
+            default=None,
+            help="n completions per prompt for mean@n and pass@k (null: model.generation.num_generations; 0: none)",
+        )
+        parser.add_argument(
+            "--k", type=list[int] | None, default=None, help="the k of pass@k, e.g. [1,8] (null: 1, 2, 4, ... up to n)"
+        )
+        parser.add_argument(
+            "--temperature",
+            type=float | None,
+            default=None,
+            help="sampling temperature (null: model.generation.temperature)",
+        )
+        parser.add_argument(
+            "--threshold", type=float, default=1.0, help="a completion is solved when its reward is >= this"
+        )
+        parser.add_argument(
+            "--greedy_batch_size",
+            type=int | None,
+            default=None,
+            help="prompts per greedy generate call (null: data.val_batch_size)",
+        )
+        parser.add_argument(
+            "--sample_batch_size",
+            type=int | None,
+            default=None,
+            help="prompts per sampled generate call, n completions each (null: data.prompts_per_step)",
+        )
+        parser.add_argument(
+            "--output", type=str | None, default=None, help="the JSON file (null: next to the checkpoint)"
+        )
         parser.add_argument("--show", type=int, default=3, help="print this many greedy completions")
-        parser.add_argument("--device", type=str | None, default=None,
-                            help="e.g. cpu, cuda, cuda:1 (null: from trainer.accelerator)")
+        parser.add_argument(
+            "--device", type=str | None, default=None, help="e.g. cpu, cuda, cuda:1 (null: from trainer.accelerator)"
+        )
         # a fit config, and the config.yaml a fit saves, carry these: read, not used
         parser.add_argument("--ckpt_path", type=str | None, default=None, help="fit's resume path: ignored here")
         parser.add_argument("--weights_only", type=bool | None, default=None, help="fit's: ignored here")
@@ -135,8 +164,10 @@ def load(argv: list[str]) -> EvalCLI:
     argv = list(argv)
     ckpt, given = _option(argv, "--ckpt"), _option(argv, "--config")
     if ckpt and ckpt.endswith(".ckpt") and not Path(ckpt).exists():
-        raise SettingsError(f"--ckpt {ckpt}: no such file (a run's checkpoints are <run>/checkpoints/*.ckpt; its "
-                            "exported model is <run>/hf_model)")
+        raise SettingsError(
+            f"--ckpt {ckpt}: no such file (a run's checkpoints are <run>/checkpoints/*.ckpt; its "
+            "exported model is <run>/hf_model)"
+        )
     found = run_dir.config_for(ckpt) if ckpt else None
     if found is None and given is None:
         _check_named_without_run(argv, ckpt)
@@ -146,9 +177,16 @@ def load(argv: list[str]) -> EvalCLI:
     with warnings.catch_warnings():
         # `lit-gspo eval` consumed sys.argv and hands the rest over as `args`: no mistake here
         warnings.filterwarnings("ignore", message=CLI_ARGS_WARNING)
-        cli = EvalCLI(_module_class(), _datamodule_class(), seed_everything_default=0, trainer_defaults=TRAINER_DEFAULTS,
-                      args=argv, run=False, save_config_callback=None,
-                      parser_kwargs={"prog": "lit-gspo eval", "description": DESCRIPTION})
+        cli = EvalCLI(
+            _module_class(),
+            _datamodule_class(),
+            seed_everything_default=0,
+            trainer_defaults=TRAINER_DEFAULTS,
+            args=argv,
+            run=False,
+            save_config_callback=None,
+            parser_kwargs={"prog": "lit-gspo eval", "description": DESCRIPTION},
+        )
     if found is not None:
         _check_against_run(cli, found, argv, given)
     cfg = cli.config
@@ -179,24 +217,36 @@ def _check_named_without_run(argv: list[str], ckpt: str | None) -> None:
     raise SettingsError(
         f"{source} has no saved run settings (no lit_gspo_config.yaml beside it, no run_config.yaml in its run), so "
         f"{' and '.join(missing)} to score it with are unknown: give --config <the fit's config>, or "
-        + " and ".join({"the prompts": "--data.train_source TASK_OR_FILE (or --data.val_source FILE)",
-                        "the rewards": "--model.rewards '[REWARD, ...]' (e.g. '[lit_gspo.rl.rewards.ExactMatch]')"}[m] for m in missing))
+        + " and ".join(
+            {
+                "the prompts": "--data.train_source TASK_OR_FILE (or --data.val_source FILE)",
+                "the rewards": "--model.rewards '[REWARD, ...]' (e.g. '[lit_gspo.rl.rewards.ExactMatch]')",
+            }[m]
+            for m in missing
+        )
+    )
 
 
 def _check_against_run(cli: EvalCLI, found: run_dir.FoundConfig, argv: list[str], given: str | None) -> None:
     """List the scoring settings that differ from the run's; refuse those that come from a ``--config`` file."""
     current = run_dir.load_yaml(run_dir.dump(cli.parser, cli.config))
-    diffs = {k: v for k, v in run_dir.differences(run_dir.load_yaml(found.text), current, ignored=()).items()
-             if any(k == p or k.startswith(p + ".") for p in SCORE_KEYS)}
+    diffs = {
+        k: v
+        for k, v in run_dir.differences(run_dir.load_yaml(found.text), current, ignored=()).items()
+        if any(k == p or k.startswith(p + ".") for p in SCORE_KEYS)
+    }
     options = {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")}
-    named = {k: v for k, v in diffs.items() if any(k == o or k.startswith(o + ".") or o.startswith(k + ".") for o in options)}
+    named = {
+        k: v for k, v in diffs.items() if any(k == o or k.startswith(o + ".") or o.startswith(k + ".") for o in options)
+    }
     unnamed = {k: v for k, v in diffs.items() if k not in named}
     if unnamed:
         raise SettingsError(
             f"--config {given} differs from the config of the run that wrote {cli.config.get('ckpt')} ({found.origin}) "
             f"in {run_dir.describe(unnamed)}: the score would not be the run's (other held-out prompts, rewards or "
             "seed). Leave out --config to score with the run's config, or give these settings as options "
-            "(e.g. --seed_everything N) to score with them knowingly")
+            "(e.g. --seed_everything N) to score with them knowingly"
+        )
     if named:
         print(f"eval: the run's settings overridden by options: {run_dir.describe(named)}", flush=True)
 
@@ -263,17 +313,34 @@ def run(cli: EvalCLI) -> dict:
     user_errors.mark_started()  # settings, data and rewards checked: an error from here on is reported with its traceback
     start = time.perf_counter()
     with _precision_context(cfg.get("trainer.precision"), device):
-        result = evaluate(policy, module.collector, rows, greedy=cfg.greedy, samples=samples, ks=cfg.k,
-                          temperature=cfg.temperature, threshold=cfg.threshold,
-                          greedy_batch_size=cfg.greedy_batch_size or dm.val_batch_size,
-                          sample_batch_size=cfg.sample_batch_size or dm.prompts_per_step, seed=module.seed)
+        result = evaluate(
+            policy,
+            module.collector,
+            rows,
+            greedy=cfg.greedy,
+            samples=samples,
+            ks=cfg.k,
+            temperature=cfg.temperature,
+            threshold=cfg.threshold,
+            greedy_batch_size=cfg.greedy_batch_size or dm.val_batch_size,
+            sample_batch_size=cfg.sample_batch_size or dm.prompts_per_step,
+            seed=module.seed,
+        )
     seconds = time.perf_counter() - start
     source = cfg.get("ckpt") or cfg.get("model.model")
     data = (dm.val_source or dm.train_source) if cfg.split == "validation" else dm.train_source
-    header = {"model": source, "split": cfg.split, "data": data, "rewards": list(module.collector.rewards.names),
-              "environment": repr(module.collector.environment), "engine": repr(module.collector.engine),
-              "precision": str(cfg.get("trainer.precision")), "device": str(device), "seed": module.seed,
-              "seconds": seconds}
+    header = {
+        "model": source,
+        "split": cfg.split,
+        "data": data,
+        "rewards": list(module.collector.rewards.names),
+        "environment": repr(module.collector.environment),
+        "engine": repr(module.collector.engine),
+        "precision": str(cfg.get("trainer.precision")),
+        "device": str(device),
+        "seed": module.seed,
+        "seconds": seconds,
+    }
     result = {**header, **result}
     print(f"eval: {source} on {len(rows)} {cfg.split} prompts of {data} ({seconds:.1f} s)")
     print(format_table(result))

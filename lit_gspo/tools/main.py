@@ -47,16 +47,20 @@ def _main(args: list[str], from_sys_argv: bool) -> None:
         command(args[0]).main(args[1:])
         return
     if args and args[0] in NOT_COMMANDS:
-        print(f"lit-gspo {args[0]}: not a command. `lit-gspo validate --config <run config> --ckpt_path <ckpt or hf_model>` "
-              "gives val/reward; `lit-gspo eval --ckpt <run>/hf_model` writes greedy completions, accuracy and pass@k "
-              "(lit-gspo eval --help)", file=sys.stderr)
+        print(
+            f"lit-gspo {args[0]}: not a command. `lit-gspo validate --config <run config> --ckpt_path <ckpt or hf_model>` "
+            "gives val/reward; `lit-gspo eval --ckpt <run>/hf_model` writes greedy completions, accuracy and pass@k "
+            "(lit-gspo eval --help)",
+            file=sys.stderr,
+        )
         sys.exit(2)
     if args and args[0] in ("validate", "test"):
         args = with_run_config(args)
     if from_sys_argv:  # LightningCLI reads sys.argv itself (without --debug); its --help lists COMMANDS beside fit
         sys.argv = sys.argv[:1] + args
-    cli_main(None if from_sys_argv else args,
-             other_subcommands={name: command(name).make_parser() for name in COMMANDS})
+    cli_main(
+        None if from_sys_argv else args, other_subcommands={name: command(name).make_parser() for name in COMMANDS}
+    )
 
 
 def with_run_config(args: list[str]) -> list[str]:

@@ -38,10 +38,20 @@ PINNED_ENV = {
 }
 
 QUICKSTART = ["--config", "configs/quickstart.yaml", "--model.validation.every_n_steps", "10"]
-MOE = ["--model.model", "tiny-qwen3-moe",
-       "--model.model_config", "{hidden_size: 64, num_hidden_layers: 2, moe_intermediate_size: 32}",
-       "--model.update.num_minibatches", "4", "--model.update.skip_zero_advantage_rows", "false",
-       "--model.objective", "GRPO", "--model.routing.replay", "true"]
+MOE = [
+    "--model.model",
+    "tiny-qwen3-moe",
+    "--model.model_config",
+    "{hidden_size: 64, num_hidden_layers: 2, moe_intermediate_size: 32}",
+    "--model.update.num_minibatches",
+    "4",
+    "--model.update.skip_zero_advantage_rows",
+    "false",
+    "--model.objective",
+    "GRPO",
+    "--model.routing.replay",
+    "true",
+]
 
 #: name -> (extra ``fit`` arguments, optimiser steps per RL step)
 RUNS: dict[str, tuple[list[str], int]] = {
@@ -56,8 +66,16 @@ RUNS: dict[str, tuple[list[str], int]] = {
 
 def fit_args(name: str, run_dir: Path) -> list[str]:
     extra, steps_per_rl_step = RUNS[name]
-    return [*QUICKSTART, *extra, "--trainer.max_steps", str(RL_STEPS * steps_per_rl_step),
-            "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false"]
+    return [
+        *QUICKSTART,
+        *extra,
+        "--trainer.max_steps",
+        str(RL_STEPS * steps_per_rl_step),
+        "--trainer.default_root_dir",
+        str(run_dir),
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
 
 
 def run(name: str) -> dict:
@@ -70,8 +88,11 @@ def run(name: str) -> dict:
         if proc.returncode:
             raise RuntimeError(f"golden run {name!r} failed ({' '.join(cmd)}):\n{proc.stderr[-4000:]}")
         (metrics_file,) = run_dir.glob("**/metrics.csv")
-        return {"args": fit_args(name, Path("RUN_DIR")), "metrics": logged_values(metrics_file),
-                "weights_sha256": weights_hash(run_dir / "hf_model")}
+        return {
+            "args": fit_args(name, Path("RUN_DIR")),
+            "metrics": logged_values(metrics_file),
+            "weights_sha256": weights_hash(run_dir / "hf_model"),
+        }
 
 
 def logged_values(path: Path) -> dict[str, dict[str, str]]:
@@ -79,8 +100,11 @@ def logged_values(path: Path) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     with open(path) as f:
         for row in csv.DictReader(f):
-            values = {k: repr(float(v)) for k, v in row.items()
-                      if v not in ("", None) and (k.startswith("train/") or k.startswith("val/"))}
+            values = {
+                k: repr(float(v))
+                for k, v in row.items()
+                if v not in ("", None) and (k.startswith("train/") or k.startswith("val/"))
+            }
             if values:
                 out.setdefault(row["step"], {}).update(values)
     return out

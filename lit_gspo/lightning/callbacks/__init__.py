@@ -26,12 +26,34 @@ from lit_gspo.lightning.callbacks.run_lock import OneRunPerDirectory, RunLock, R
 from lit_gspo.lightning.callbacks.signals import RunInterrupted, SaveOnSignal
 from lit_gspo.lightning.callbacks.temporaries import CleanKilledWrites
 
-__all__ = ["AtomicCheckpoints", "CleanKilledWrites", "CloseEngine", "ContinueLogsOnResume", "EndWithLauncher", "ExplainCollectiveTimeout",
-           "LastCheckpoint", "OneRunPerDirectory", "ResumeAlike", "RunInterrupted", "RunLock", "RunLockedError",
-           "SaveOnSignal", "run_callbacks"]
+__all__ = [
+    "AtomicCheckpoints",
+    "CleanKilledWrites",
+    "CloseEngine",
+    "ContinueLogsOnResume",
+    "EndWithLauncher",
+    "ExplainCollectiveTimeout",
+    "LastCheckpoint",
+    "OneRunPerDirectory",
+    "ResumeAlike",
+    "RunInterrupted",
+    "RunLock",
+    "RunLockedError",
+    "SaveOnSignal",
+    "run_callbacks",
+]
 
 
 def run_callbacks() -> list[Callback]:
     """The callbacks every fit gets, one job each (the order above matters: the lock before the cleanup)."""
-    return [EndWithLauncher(), AtomicCheckpoints(), OneRunPerDirectory(), CleanKilledWrites(), ResumeAlike(),
-            SaveOnSignal(), ContinueLogsOnResume(), ExplainCollectiveTimeout(), CloseEngine()]
+    return [
+        EndWithLauncher(),
+        AtomicCheckpoints(),
+        OneRunPerDirectory(),
+        CleanKilledWrites(),
+        ResumeAlike(),
+        SaveOnSignal(),
+        ContinueLogsOnResume(),
+        ExplainCollectiveTimeout(),
+        CloseEngine(),
+    ]

@@ -23,9 +23,15 @@ class ExplainCollectiveTimeout(Callback):
     """A collective that timed out is another rank stuck or dead: say so, and which setting bounds the wait."""
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        if trainer.world_size > 1 and not isinstance(exception, RunInterrupted) and (
-                "timed out" in str(exception).lower() or "timeout" in type(exception).__name__.lower()):
-            print(f"\n[rank {trainer.global_rank}] a collective timed out: another rank is stuck or died (in its "
-                  "reward, its data, ...). The limit is the strategy's timeout (Lightning's default 30 min), e.g. "
-                  "--trainer.strategy lightning.pytorch.strategies.DDPStrategy --trainer.strategy.timeout 0:05:00",
-                  file=sys.stderr, flush=True)
+        if (
+            trainer.world_size > 1
+            and not isinstance(exception, RunInterrupted)
+            and ("timed out" in str(exception).lower() or "timeout" in type(exception).__name__.lower())
+        ):
+            print(
+                f"\n[rank {trainer.global_rank}] a collective timed out: another rank is stuck or died (in its "
+                "reward, its data, ...). The limit is the strategy's timeout (Lightning's default 30 min), e.g. "
+                "--trainer.strategy lightning.pytorch.strategies.DDPStrategy --trainer.strategy.timeout 0:05:00",
+                file=sys.stderr,
+                flush=True,
+            )

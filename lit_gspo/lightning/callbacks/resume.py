@@ -19,7 +19,6 @@ class ResumeAlike(Callback):
             check_ranks_resume_alike(trainer.ckpt_path, trainer.global_step, trainer.default_root_dir)
 
 
-
 class ContinueLogsOnResume(Callback):
     """A resume continues the run's ``metrics.csv`` and ``completions.csv``: the rows logged after the checkpoint it
     starts from (a killed run's last steps) are cut, since the resume logs those steps again: each step appears once."""
@@ -35,9 +34,10 @@ class ContinueLogsOnResume(Callback):
         dropped = writer.truncate(logged_before(rl_step))
         dropped_completions = truncate_after(Path(writer.log_dir) / FILE_NAME, rl_step)
         if dropped or dropped_completions:
-            rank_zero_info(f"{writer.log_dir}: dropped {dropped} metrics row(s) and {dropped_completions} completion "
-                           "row(s) logged after the checkpoint; this run logs those steps again")
-
+            rank_zero_info(
+                f"{writer.log_dir}: dropped {dropped} metrics row(s) and {dropped_completions} completion "
+                "row(s) logged after the checkpoint; this run logs those steps again"
+            )
 
 
 def _continued_writer(trainer):

@@ -16,7 +16,7 @@ from pathlib import Path
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_gspo.runtime.processes import process_start, pid_alive
+from lit_gspo.runtime.processes import pid_alive, process_start
 from lit_gspo.runtime.user_errors import UserError
 
 try:
@@ -83,10 +83,17 @@ class RunLock:
                 os.close(fd)
                 raise RunLockedError(self._message(holder))
             if holder and holder.get("pid") not in (None, os.getpid()):
-                rank_zero_info(f"took over the run lock {self.path} of PID {holder.get('pid')} on {holder.get('host')}, "
-                               "a run that ended without releasing it")
-            info = {"pid": os.getpid(), "host": socket.gethostname(), "start": process_start(os.getpid()),
-                    "started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv}
+                rank_zero_info(
+                    f"took over the run lock {self.path} of PID {holder.get('pid')} on {holder.get('host')}, "
+                    "a run that ended without releasing it"
+                )
+            info = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "start": process_start(os.getpid()),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "argv": sys.argv,
+            }
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(info).encode(), 0)
             self._fd = fd
@@ -108,11 +115,19 @@ class RunLock:
             return False
 
     def _message(self, holder: dict) -> str:
-        who = (f"PID {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}: "
-               f"{' '.join(map(str, holder.get('argv') or [])) or '?'}") if holder else "details not written yet"
-        return (f"{self.path.parent} is in use by another run ({who}). Two runs in one default_root_dir would overwrite "
-                "each other's checkpoints, metrics and hf_model: wait for that run to end or stop it, or give this one "
-                f"another --trainer.default_root_dir. (The lock is {self.path}; it is released when that process ends.)")
+        who = (
+            (
+                f"PID {holder.get('pid')} on {holder.get('host')}, started {holder.get('started')}: "
+                f"{' '.join(map(str, holder.get('argv') or [])) or '?'}"
+            )
+            if holder
+            else "details not written yet"
+        )
+        return (
+            f"{self.path.parent} is in use by another run ({who}). Two runs in one default_root_dir would overwrite "
+            "each other's checkpoints, metrics and hf_model: wait for that run to end or stop it, or give this one "
+            f"another --trainer.default_root_dir. (The lock is {self.path}; it is released when that process ends.)"
+        )
 
     def release(self) -> None:
         if self._fd is None:
@@ -142,7 +157,6 @@ def _alive(holder: dict) -> bool:
         return True
     pid = holder.get("pid")
     return isinstance(pid, int) and pid_alive(pid, holder.get("start"))
-
 
 
 class OneRunPerDirectory(Callback):

@@ -35,14 +35,12 @@ class RunInterrupted(SystemExit):
         return self.message
 
 
-
 def last_checkpoint_path(trainer) -> str:
     """Where ``--ckpt_path last`` looks: ``ModelCheckpoint``'s ``last.ckpt``, else ``<default_root_dir>/checkpoints``."""
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint) and callback.dirpath:
             return os.path.join(str(callback.dirpath), callback.CHECKPOINT_NAME_LAST + callback.FILE_EXTENSION)
     return os.path.join(str(trainer.default_root_dir), "checkpoints", "last.ckpt")
-
 
 
 def _agree(trainer, value: int) -> int:
@@ -82,8 +80,11 @@ class _SecondSignalWatchdog:
                 for signum in data:
                     count += signum in STOP_SIGNALS
                     if count >= 2 and not self._done.wait(self.grace_s):
-                        os.write(2, f"\n{signal.Signals(signum).name} received twice and the run is blocked: exiting "
-                                    f"now with code {128 + signum}, without saving\n".encode())
+                        os.write(
+                            2,
+                            f"\n{signal.Signals(signum).name} received twice and the run is blocked: exiting "
+                            f"now with code {128 + signum}, without saving\n".encode(),
+                        )
                         os._exit(128 + signum)  # the ranks this process launched end with it (end_with_parent)
         finally:
             os.close(self._read_fd)
@@ -94,7 +95,6 @@ class _SecondSignalWatchdog:
         if replaced != self._write_fd:  # someone replaced ours meanwhile: keep theirs
             signal.set_wakeup_fd(replaced)
         os.close(self._write_fd)  # the thread reads EOF and ends
-
 
 
 class SaveOnSignal(Callback):
@@ -127,12 +127,18 @@ class SaveOnSignal(Callback):
     def _on_signal(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
         if self._received:
-            raise RunInterrupted(128 + signum, f"{name} received a second time: stopped without saving; the last "
-                                               "checkpoint written is intact")
+            raise RunInterrupted(
+                128 + signum,
+                f"{name} received a second time: stopped without saving; the last checkpoint written is intact",
+            )
         self._received = signum
         if self._run_trainer is None or self._run_trainer.is_global_zero:
-            print(f"\n{name} received: finishing this RL step, then saving a checkpoint and exiting with code "
-                  f"{128 + signum} (send it again to stop at once, without saving)", file=sys.stderr, flush=True)
+            print(
+                f"\n{name} received: finishing this RL step, then saving a checkpoint and exiting with code "
+                f"{128 + signum} (send it again to stop at once, without saving)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if trainer.state.fn != "fit":
@@ -151,8 +157,10 @@ class SaveOnSignal(Callback):
 
     def _on_signal_evaluating(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
-        message = (f"{name} received while validating: stopped (nothing was trained, nothing to save); exit code "
-                   f"{128 + signum}")
+        message = (
+            f"{name} received while validating: stopped (nothing was trained, nothing to save); exit code "
+            f"{128 + signum}"
+        )
         if self._run_trainer is None or self._run_trainer.is_global_zero:
             print(f"\n{message}", file=sys.stderr, flush=True)
         raise RunInterrupted(128 + signum, message)
@@ -187,9 +195,11 @@ class SaveOnSignal(Callback):
         path = last_checkpoint_path(trainer)
         trainer.save_checkpoint(path, weights_only=False)
         step = getattr(pl_module, "rl_step", None)
-        message = (f"{signal.Signals(signum).name}: saved a checkpoint after "
-                   f"{'' if step is None else f'RL step {step}, '}optimiser step {trainer.global_step} to {path}; "
-                   f"resume with --ckpt_path {path}. Exiting with code {128 + signum}.")
+        message = (
+            f"{signal.Signals(signum).name}: saved a checkpoint after "
+            f"{'' if step is None else f'RL step {step}, '}optimiser step {trainer.global_step} to {path}; "
+            f"resume with --ckpt_path {path}. Exiting with code {128 + signum}."
+        )
         if trainer.is_global_zero:
             print(message, file=sys.stderr, flush=True)
         raise RunInterrupted(128 + signum, message)
@@ -197,8 +207,10 @@ class SaveOnSignal(Callback):
     def on_fit_end(self, trainer, pl_module) -> None:
         signum = _agree(trainer, self._received)
         if signum:  # received after the last step: the final validation and export were finished first
-            message = (f"{signal.Signals(signum).name} received after the last step: the run is complete "
-                       f"(its export is in {trainer.default_root_dir}); exiting with code {128 + signum}.")
+            message = (
+                f"{signal.Signals(signum).name} received after the last step: the run is complete "
+                f"(its export is in {trainer.default_root_dir}); exiting with code {128 + signum}."
+            )
             if trainer.is_global_zero:
                 print(message, file=sys.stderr, flush=True)
             raise RunInterrupted(128 + signum, message)
@@ -212,7 +224,9 @@ class SaveOnSignal(Callback):
     def _end(self) -> None:
         for signum, handler in self._previous.items():  # unless Lightning's teardown already restored its own
             if threading.current_thread() is threading.main_thread() and signal.getsignal(signum) in (
-                    self._on_signal, self._on_signal_evaluating):
+                self._on_signal,
+                self._on_signal_evaluating,
+            ):
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self._previous.clear()
         if self._watchdog is not None:

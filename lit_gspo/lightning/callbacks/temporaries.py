@@ -30,9 +30,10 @@ def clean_stale_temporaries(directories: list[Path]) -> list[Path]:
                 remove(path)
                 removed.append(path)
     if removed:
-        rank_zero_info(f"removed {len(removed)} temporary file(s) left by killed writes: {', '.join(map(str, removed))}")
+        rank_zero_info(
+            f"removed {len(removed)} temporary file(s) left by killed writes: {', '.join(map(str, removed))}"
+        )
     return removed
-
 
 
 class CleanKilledWrites(Callback):
@@ -43,6 +44,11 @@ class CleanKilledWrites(Callback):
         if stage != "fit" or not trainer.is_global_zero:
             return
         root = Path(trainer.default_root_dir)
-        clean_stale_temporaries([root, root / "checkpoints"] + [
-            Path(cb.dirpath) for cb in trainer.checkpoint_callbacks
-            if isinstance(cb, ModelCheckpoint) and cb.dirpath and "://" not in str(cb.dirpath)])
+        clean_stale_temporaries(
+            [root, root / "checkpoints"]
+            + [
+                Path(cb.dirpath)
+                for cb in trainer.checkpoint_callbacks
+                if isinstance(cb, ModelCheckpoint) and cb.dirpath and "://" not in str(cb.dirpath)
+            ]
+        )

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-
 #: ``sampling.async_old_logprobs``: what the ratio's denominator π_old is under K ≥ 1
 ASYNC_OLD_LOGPROBS = ("sampler", "proximal")
 
@@ -112,9 +111,17 @@ class ThreadRolloutWorker(RolloutWorker):
         poll_s: how often a waiting side looks whether the other is still alive.
     """
 
-    def __init__(self, sample: SampleFn, policy: nn.Module, *, version: int = 0, num_threads: int | None = None,
-                 context: Callable[[], object] = nullcontext, name: str = "lit-gspo-rollout-worker",
-                 poll_s: float = 0.05):
+    def __init__(
+        self,
+        sample: SampleFn,
+        policy: nn.Module,
+        *,
+        version: int = 0,
+        num_threads: int | None = None,
+        context: Callable[[], object] = nullcontext,
+        name: str = "lit-gspo-rollout-worker",
+        poll_s: float = 0.05,
+    ):
         self.sample, self.policy, self.version, self.num_threads = sample, policy, version, num_threads
         self.context, self.name, self.poll_s = context, name, poll_s
         self._inbox: queue.Queue = queue.Queue()
@@ -159,12 +166,15 @@ class ThreadRolloutWorker(RolloutWorker):
                 item = self._outbox.get(timeout=self.poll_s)
             except queue.Empty:
                 if not self.alive:  # ended without a word (stopped, or killed by something uncatchable)
-                    raise WorkerFailed(f"the rollout worker ({self.name}) is not running: "
-                                       f"{'it was stopped' if self._stop.is_set() else 'it died'}") from self.error
+                    raise WorkerFailed(
+                        f"the rollout worker ({self.name}) is not running: "
+                        f"{'it was stopped' if self._stop.is_set() else 'it died'}"
+                    ) from self.error
                 continue
             if isinstance(item, BaseException):
-                raise WorkerFailed(f"the rollout worker ({self.name}) failed: {type(item).__name__}: "
-                                   f"{one_line(item)}") from item
+                raise WorkerFailed(
+                    f"the rollout worker ({self.name}) failed: {type(item).__name__}: {one_line(item)}"
+                ) from item
             return item
 
     def pause(self):
@@ -256,8 +266,12 @@ class AsyncRollouts:
         self.dropped_total += dropped
         self.histogram[staleness] += 1
         runs = sum(self.histogram.values())
-        stats = {"staleness": float(staleness), "async/dropped": float(dropped),
-                 "async/dropped_total": float(self.dropped_total), "time/rollout_wait_s": time.perf_counter() - start}
+        stats = {
+            "staleness": float(staleness),
+            "async/dropped": float(dropped),
+            "async/dropped_total": float(self.dropped_total),
+            "time/rollout_wait_s": time.perf_counter() - start,
+        }
         stats.update({f"async/staleness_hist_{k}": self.histogram[k] / runs for k in range(self.max_staleness + 1)})
         return produced, stats
 
@@ -292,4 +306,3 @@ def worker_threads(num_threads: int | None) -> tuple[int, int]:
     total = torch.get_num_threads()
     worker = num_threads or max(1, total // 2)
     return max(1, total - worker) if num_threads is None else total, worker
-

@@ -1,14 +1,14 @@
 """collect: Environment × RolloutEngine → scored episodes, refilled when groups carry no signal.
 
-    prompt ids  = environment.encode(rows)                      (rendered once, never truncated)
-    episodes    = engine.sample(policy, prompt ids, G per prompt), then, while the environment answers
-                  and max_turns allows, its observation appended and the next reply sampled (lit_gspo.rl.collect.episodes)
-    rewards     = Σ_k w_k · reward_k(prompt, last reply, **columns) + Σ_turns the environment's turn reward
-                  (TRL's reward contract: chat prompts give message-list completions; the first scoring
-                  of a run fails at once when a reward function fails as a whole: RewardSet.score strict)
-    a sample a reward function failed on keeps its row (groups stay whole) with loss mask 0 and its
-    group's mean valid reward, so it moves neither the group's mean nor anyone's advantage
-    dynamic sampling: drop groups whose rewards are all equal, sample new prompts, ≤ max_rounds rounds"""
+prompt ids  = environment.encode(rows)                      (rendered once, never truncated)
+episodes    = engine.sample(policy, prompt ids, G per prompt), then, while the environment answers
+              and max_turns allows, its observation appended and the next reply sampled (lit_gspo.rl.collect.episodes)
+rewards     = Σ_k w_k · reward_k(prompt, last reply, **columns) + Σ_turns the environment's turn reward
+              (TRL's reward contract: chat prompts give message-list completions; the first scoring
+              of a run fails at once when a reward function fails as a whole: RewardSet.score strict)
+a sample a reward function failed on keeps its row (groups stay whole) with loss mask 0 and its
+group's mean valid reward, so it moves neither the group's mean nor anyone's advantage
+dynamic sampling: drop groups whose rewards are all equal, sample new prompts, ≤ max_rounds rounds"""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ import torch
 from torch import Tensor, nn
 
 from lit_gspo.data.prompts import prompt_length_limit
+from lit_gspo.rl.collect.episodes import Episode, assemble, episode_stats, replies_of, step_all
 from lit_gspo.rl.config import Generation
-from lit_gspo.runtime.user_errors import option
 from lit_gspo.rl.engines import RolloutEngine
 from lit_gspo.rl.envs import Environment
-from lit_gspo.rl.collect.episodes import Episode, assemble, episode_stats, replies_of, step_all
 from lit_gspo.rl.rewards import RewardSet, TrainerState, conversation_completions
 from lit_gspo.rl.rollout import RolloutBatch, concat_rollouts
+from lit_gspo.runtime.user_errors import option
 
 
 class Collector:
@@ -39,13 +39,25 @@ class Collector:
             where it failed or gave None).
     """
 
-    def __init__(self, environment: Environment, engine: RolloutEngine, rewards: RewardSet, tokenizer,
-                 generation: Generation, dynamic_sampling: bool = False, max_sampling_rounds: int = 4,
-                 engine_logprobs: bool = False):
+    def __init__(
+        self,
+        environment: Environment,
+        engine: RolloutEngine,
+        rewards: RewardSet,
+        tokenizer,
+        generation: Generation,
+        dynamic_sampling: bool = False,
+        max_sampling_rounds: int = 4,
+        engine_logprobs: bool = False,
+    ):
         if max_sampling_rounds < 1:
             raise ValueError(f"max_sampling_rounds must be >= 1, got {max_sampling_rounds}")
         self.environment, self.engine, self.rewards, self.tokenizer = environment, engine, rewards, tokenizer
-        self.generation, self.dynamic_sampling, self.max_sampling_rounds = generation, dynamic_sampling, max_sampling_rounds
+        self.generation, self.dynamic_sampling, self.max_sampling_rounds = (
+            generation,
+            dynamic_sampling,
+            max_sampling_rounds,
+        )
         self.engine_logprobs = engine_logprobs  # keep the sampler's log-probs of sampled tokens (mismatch correction)
         self.trainer_state: TrainerState | None = None
         self.last_extra: dict[str, list] = {}
@@ -60,12 +72,15 @@ class Collector:
         context = _context_length(policy, g)
         if context - new_tokens < 1:
             limit = prompt_length_limit(g, context)
-            raise ValueError(f"{option(limit.new_tokens_setting, new_tokens)} leaves no room for a prompt in the "
-                             f"model's context of {context} tokens")
+            raise ValueError(
+                f"{option(limit.new_tokens_setting, new_tokens)} leaves no room for a prompt in the "
+                f"model's context of {context} tokens"
+            )
         return self.environment.encode(self.tokenizer, rows, max_prompt_length=prompt_length_limit(g, context))
 
-    def sample(self, policy: nn.Module, rows: list[dict], *, greedy: bool = False, synced_gpus: bool = False
-               ) -> tuple[RolloutBatch, list[str], dict[str, float]]:
+    def sample(
+        self, policy: nn.Module, rows: list[dict], *, greedy: bool = False, synced_gpus: bool = False
+    ) -> tuple[RolloutBatch, list[str], dict[str, float]]:
         """Run the episodes of ``rows`` (G per row, or one greedy) and score them.
 
         Returns the batch, each episode's last reply and the step's stats.
@@ -76,34 +91,61 @@ class Collector:
         prompt_ids = self.encode(policy, rows)
         batch = self._generate(policy, prompt_ids, group, max_new_tokens, greedy, synced_gpus)
         pad_id = self.tokenizer.pad_token_id
-        completion_ids = batch.input_ids[:, batch.prompt_length:].masked_fill(~batch.completion_mask, pad_id)
+        completion_ids = batch.input_ids[:, batch.prompt_length :].masked_fill(~batch.completion_mask, pad_id)
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         episode_rows = [r for r in rows for _ in range(group)]
         context = _context_length(policy, self.generation)
-        episodes = [Episode(row, env.reset(row), budget=min(env.max_episode_tokens or context, context - len(ids)))
-                    for row, ids in zip(episode_rows, (p for p in prompt_ids for _ in range(group)))]
+        episodes = [
+            Episode(row, env.reset(row), budget=min(env.max_episode_tokens or context, context - len(ids)))
+            for row, ids in zip(episode_rows, (p for p in prompt_ids for _ in range(group)))
+        ]
         for episode, ids, logprobs, text in zip(episodes, *replies_of(batch), texts):
-            episode.add_reply(ids[:episode.budget], None if logprobs is None else logprobs[:episode.budget], text)
+            episode.add_reply(ids[: episode.budget], None if logprobs is None else logprobs[: episode.budget], text)
         step_all(env, episodes, texts)
         if env.max_turns > 1:
-            self._continue_episodes(policy, episodes, [p for p in prompt_ids for _ in range(group)], max_new_tokens,
-                                    greedy, synced_gpus)
+            self._continue_episodes(
+                policy, episodes, [p for p in prompt_ids for _ in range(group)], max_new_tokens, greedy, synced_gpus
+            )
             batch = assemble(batch, episodes, pad_id)
         for episode in episodes:
             episode.truncated = episode.truncated or not episode.done
         batch.rewards, batch.token_rewards, stats = self._score(batch, episodes, group, max_new_tokens)
         return batch, [e.replies[-1] for e in episodes], stats
 
-    def _generate(self, policy: nn.Module, prompt_ids: list[list[int]], group: int, max_new_tokens: int,
-                  greedy: bool, synced_gpus: bool) -> RolloutBatch:
+    def _generate(
+        self,
+        policy: nn.Module,
+        prompt_ids: list[list[int]],
+        group: int,
+        max_new_tokens: int,
+        greedy: bool,
+        synced_gpus: bool,
+    ) -> RolloutBatch:
         g = self.generation
-        return self.engine.sample(policy, prompt_ids, num_generations=group, max_new_tokens=max_new_tokens,
-                                  pad_id=self.tokenizer.pad_token_id, eos_id=self.tokenizer.eos_token_id,
-                                  temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, greedy=greedy,
-                                  synced_gpus=synced_gpus, return_logprobs=self.engine_logprobs and not greedy)
+        return self.engine.sample(
+            policy,
+            prompt_ids,
+            num_generations=group,
+            max_new_tokens=max_new_tokens,
+            pad_id=self.tokenizer.pad_token_id,
+            eos_id=self.tokenizer.eos_token_id,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            top_k=g.top_k,
+            greedy=greedy,
+            synced_gpus=synced_gpus,
+            return_logprobs=self.engine_logprobs and not greedy,
+        )
 
-    def _continue_episodes(self, policy: nn.Module, episodes: list[Episode], prompt_ids: list[list[int]],
-                           max_new_tokens: int, greedy: bool, synced_gpus: bool) -> None:
+    def _continue_episodes(
+        self,
+        policy: nn.Module,
+        episodes: list[Episode],
+        prompt_ids: list[list[int]],
+        max_new_tokens: int,
+        greedy: bool,
+        synced_gpus: bool,
+    ) -> None:
         """Turns 2..max_turns: append each observation, sample the next reply on exactly the ids so far."""
         env, tok = self.environment, self.tokenizer
         eos = set(tok.eos_token_id if isinstance(tok.eos_token_id, list) else [tok.eos_token_id])
@@ -112,8 +154,11 @@ class Collector:
             for i, episode in enumerate(episodes):
                 if episode.done:
                     continue
-                ids = env.encode_observation(tok, episode.turns[-1].observation,
-                                             reply_ended_with_eos=episode.reply_ids[-1:] and episode.reply_ids[-1] in eos)
+                ids = env.encode_observation(
+                    tok,
+                    episode.turns[-1].observation,
+                    reply_ended_with_eos=episode.reply_ids[-1:] and episode.reply_ids[-1] in eos,
+                )
                 if len(ids) + 1 > episode.budget:  # no room for the observation and one reply token: the episode ends
                     episode.truncated = True
                     if len(ids) + 1 > episode.budget + len(episode.ids) and not self._warned_long_observation:
@@ -124,7 +169,9 @@ class Collector:
                             f"(max_episode_tokens={env.max_episode_tokens}, context "
                             f"{_context_length(policy, self.generation)}): such episodes end there, truncated "
                             "(train/truncated_episodes counts them). Shorten the observation or raise the budget",
-                            RuntimeWarning, stacklevel=2)
+                            RuntimeWarning,
+                            stacklevel=2,
+                        )
                     continue
                 episode.add_observation(ids)
                 active.append(episode)
@@ -134,16 +181,19 @@ class Collector:
             if not active:  # every rank must call generate as often as the others under synced_gpus
                 self._generate(policy, [[tok.eos_token_id]], 1, 1, greedy, synced_gpus)
                 continue
-            batch = self._generate(policy, contexts, 1, min(max_new_tokens, max(e.budget for e in active)),
-                                   greedy, synced_gpus)
+            batch = self._generate(
+                policy, contexts, 1, min(max_new_tokens, max(e.budget for e in active)), greedy, synced_gpus
+            )
             for episode, ids, logprobs in zip(active, *replies_of(batch)):
-                ids = ids[:episode.budget]
-                episode.add_reply(ids, None if logprobs is None else logprobs[:len(ids)],
-                                  tok.decode(ids, skip_special_tokens=True))
+                ids = ids[: episode.budget]
+                episode.add_reply(
+                    ids, None if logprobs is None else logprobs[: len(ids)], tok.decode(ids, skip_special_tokens=True)
+                )
             step_all(env, active, [e.replies[-1] for e in active])
 
-    def _score(self, batch: RolloutBatch, episodes: list[Episode], group: int, max_new_tokens: int
-               ) -> tuple[Tensor, Tensor | None, dict[str, float]]:
+    def _score(
+        self, batch: RolloutBatch, episodes: list[Episode], group: int, max_new_tokens: int
+    ) -> tuple[Tensor, Tensor | None, dict[str, float]]:
         """Episode rewards: the reward functions' score of the last reply plus every turn's own reward.
 
         A sample a reward function failed on keeps its row (groups stay whole) with loss mask 0 and its
@@ -156,10 +206,17 @@ class Collector:
         columns["turns"] = [len(e.replies) for e in episodes]
         columns["replies"] = [list(e.replies) for e in episodes]
         prompts = [r["prompt"] for r in rows]
-        completions = conversation_completions(prompts, [e.replies for e in episodes],
-                                               [[t.observation for t in e.turns] for e in episodes])
-        scores = self.rewards.score(prompts, completions, columns, completion_ids=[e.reply_ids for e in episodes],
-                                    trainer_state=self.trainer_state, strict=not self._scored)
+        completions = conversation_completions(
+            prompts, [e.replies for e in episodes], [[t.observation for t in e.turns] for e in episodes]
+        )
+        scores = self.rewards.score(
+            prompts,
+            completions,
+            columns,
+            completion_ids=[e.reply_ids for e in episodes],
+            trainer_state=self.trainer_state,
+            strict=not self._scored,
+        )
         self._scored = True
         self.last_extra = scores.extra
         self.last_per_function = {name: values.tolist() for name, values in scores.per_function.items()}
@@ -187,8 +244,9 @@ class Collector:
             stats.update(episode_stats(episodes))
         return rewards.to(device), token_rewards, stats  # the advantages are computed where the rollout lives
 
-    def collect(self, policy: nn.Module, rows: list[dict], refill: Callable[[int], list[dict]], synced_gpus: bool = False
-                ) -> tuple[RolloutBatch | None, dict[str, float]]:
+    def collect(
+        self, policy: nn.Module, rows: list[dict], refill: Callable[[int], list[dict]], synced_gpus: bool = False
+    ) -> tuple[RolloutBatch | None, dict[str, float]]:
         """Sample and score ``rows``; with dynamic sampling, drop all-equal groups and refill (bounded rounds).
 
         Returns the trimmed rollout (None when dynamic sampling kept no group) and the step's stats.
@@ -217,14 +275,20 @@ class Collector:
             stats.update(reward=float("nan"), response_length=float("nan"))
             return None, stats
         all_rewards = torch.cat([b.rewards for b in kept])
-        stats.update(reward=float(rollout.rewards.mean()), reward_std=float(rollout.rewards.std()) if len(rollout) > 1 else 0.0,
-                     response_length=float(rollout.completion_mask.sum(1).float().mean()),
-                     reward_all_groups=float(all_rewards.mean()))
+        stats.update(
+            reward=float(rollout.rewards.mean()),
+            reward_std=float(rollout.rewards.std()) if len(rollout) > 1 else 0.0,
+            response_length=float(rollout.completion_mask.sum(1).float().mean()),
+            reward_all_groups=float(all_rewards.mean()),
+        )
         return rollout.trimmed(), stats
 
 
 def _context_length(policy: nn.Module, generation: Generation) -> int:
-    return getattr(policy.config, "max_position_embeddings", None) or generation.max_prompt_length + generation.max_new_tokens
+    return (
+        getattr(policy.config, "max_position_embeddings", None)
+        or generation.max_prompt_length + generation.max_new_tokens
+    )
 
 
 def fill_failed_with_group_mean(rewards: Tensor, valid: Tensor, group: int) -> Tensor:

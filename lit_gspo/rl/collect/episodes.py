@@ -74,14 +74,20 @@ def step_all(environment: Environment, episodes: list[Episode], texts: list[str]
         episode.state["turn"] = len(episode.replies)
         turn = environment.step(episode.row, text, episode.state)
         if not isinstance(turn, Turn):
-            raise TypeError(f"{type(environment).__name__}.step must return a lit_gspo.rl.envs.Turn, got "
-                            f"{type(turn).__name__}: {turn!r}")
+            raise TypeError(
+                f"{type(environment).__name__}.step must return a lit_gspo.rl.envs.Turn, got "
+                f"{type(turn).__name__}: {turn!r}"
+            )
         if turn.reward is not None and not isinstance(turn.reward, (int, float)):
-            raise TypeError(f"{type(environment).__name__}.step returned reward={turn.reward!r} "
-                            f"({type(turn.reward).__name__}); a turn's reward is a float or None")
+            raise TypeError(
+                f"{type(environment).__name__}.step returned reward={turn.reward!r} "
+                f"({type(turn.reward).__name__}); a turn's reward is a float or None"
+            )
         if not turn.done and turn.observation is None:
-            raise ValueError(f"{type(environment).__name__}.step returned done=False without an observation: "
-                             "a continuing episode needs something for the policy to answer")
+            raise ValueError(
+                f"{type(environment).__name__}.step returned done=False without an observation: "
+                "a continuing episode needs something for the policy to answer"
+            )
         episode.turns.append(turn)
 
 
@@ -102,19 +108,24 @@ def assemble(first: RolloutBatch, episodes: list[Episode], pad_id: int) -> Rollo
         turn_ids[i, :n] = torch.tensor(e.turn_ids, dtype=torch.long)
         logprobs[i, :n] = torch.tensor(e.engine_logprobs, dtype=torch.float32)
     device = first.input_ids.device
-    return RolloutBatch(input_ids=torch.cat([first.input_ids[:, :P], ids.to(device)], 1),
-                        attention_mask=torch.cat([first.attention_mask[:, :P], real.to(device)], 1),
-                        prompt_length=P, completion_mask=policy.to(device),
-                        engine_logprobs=None if first.engine_logprobs is None else logprobs.to(device),
-                        turn_ids=turn_ids.to(device))
+    return RolloutBatch(
+        input_ids=torch.cat([first.input_ids[:, :P], ids.to(device)], 1),
+        attention_mask=torch.cat([first.attention_mask[:, :P], real.to(device)], 1),
+        prompt_length=P,
+        completion_mask=policy.to(device),
+        engine_logprobs=None if first.engine_logprobs is None else logprobs.to(device),
+        turn_ids=turn_ids.to(device),
+    )
 
 
 def episode_stats(episodes: list[Episode]) -> dict[str, float]:
     """Turns per episode, truncations, success per turn index (of the episodes that reached it) and after feedback
     (of the episodes that reached turn 2), summed metrics."""
     n = len(episodes)
-    stats = {"turns": sum(len(e.replies) for e in episodes) / n,
-             "truncated_episodes": sum(e.truncated or not e.turns[-1].done for e in episodes) / n}
+    stats = {
+        "turns": sum(len(e.replies) for e in episodes) / n,
+        "truncated_episodes": sum(e.truncated or not e.turns[-1].done for e in episodes) / n,
+    }
     for k in range(max(len(e.turns) for e in episodes)):
         known = [e.turns[k].success for e in episodes if len(e.turns) > k and e.turns[k].success is not None]
         if known:

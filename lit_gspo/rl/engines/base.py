@@ -30,7 +30,9 @@ class RolloutEngine:
 
     def __init__(self, attn_implementation: str | None = None):
         if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
-            raise ValueError(f"attn_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, got {attn_implementation!r}")
+            raise ValueError(
+                f"attn_implementation must be one of {ATTENTION_IMPLEMENTATIONS}, got {attn_implementation!r}"
+            )
         self.attn_implementation = attn_implementation
 
     def __repr__(self) -> str:
@@ -43,9 +45,20 @@ class RolloutEngine:
         """Free what the engine holds beyond the policy (a server, a KV cache); the next rollout starts it again.
         Called when a fit ends or fails; nothing to do for the built-ins."""
 
-    def generate(self, policy: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, num_generations: int,
-                 max_new_tokens: int, pad_id: int, eos_id: int | list[int], sampling: dict, synced_gpus: bool,
-                 return_logprobs: bool) -> tuple[Tensor, Tensor | None]:
+    def generate(
+        self,
+        policy: nn.Module,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        *,
+        num_generations: int,
+        max_new_tokens: int,
+        pad_id: int,
+        eos_id: int | list[int],
+        sampling: dict,
+        synced_gpus: bool,
+        return_logprobs: bool,
+    ) -> tuple[Tensor, Tensor | None]:
         """Sample from left-padded prompts (N, P), each once in ``input_ids``.
 
         Returns (sequences, logprobs): sequences (N·G, P + T) group-major, the prompt then the completion
@@ -56,9 +69,22 @@ class RolloutEngine:
         raise NotImplementedError
 
     @torch.no_grad()
-    def sample(self, policy: nn.Module, prompt_ids: list[list[int]], *, num_generations: int, max_new_tokens: int,
-               pad_id: int, eos_id: int | list[int], temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-               greedy: bool = False, synced_gpus: bool = False, return_logprobs: bool = False) -> RolloutBatch:
+    def sample(
+        self,
+        policy: nn.Module,
+        prompt_ids: list[list[int]],
+        *,
+        num_generations: int,
+        max_new_tokens: int,
+        pad_id: int,
+        eos_id: int | list[int],
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        greedy: bool = False,
+        synced_gpus: bool = False,
+        return_logprobs: bool = False,
+    ) -> RolloutBatch:
         """Completions of ``prompt_ids`` as a rollout batch: prompts left-padded to P, completions right-padded
         to T (columns no row uses trimmed), ``completion_mask`` 1 through the first EOS, rows group-major."""
         ids, attn = left_pad(prompt_ids, pad_id)
@@ -69,9 +95,18 @@ class RolloutEngine:
         try:
             sampling = {} if greedy else dict(temperature=temperature, top_p=top_p, top_k=top_k)
             with attention_implementation(policy, self.attn_implementation), weights_cast_once(device.type):
-                out, logprobs = self.generate(policy, ids, attn, num_generations=num_generations,
-                                              max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id,
-                                              sampling=sampling, synced_gpus=synced_gpus, return_logprobs=return_logprobs)
+                out, logprobs = self.generate(
+                    policy,
+                    ids,
+                    attn,
+                    num_generations=num_generations,
+                    max_new_tokens=max_new_tokens,
+                    pad_id=pad_id,
+                    eos_id=eos_id,
+                    sampling=sampling,
+                    synced_gpus=synced_gpus,
+                    return_logprobs=return_logprobs,
+                )
         finally:
             policy.train(was_training)
         ids = ids.repeat_interleave(num_generations, 0)
@@ -84,5 +119,10 @@ class RolloutEngine:
         completions, mask = completions[:, :used], mask[:, :used]
         if logprobs is not None:
             logprobs = logprobs[:, :used].float().masked_fill(~mask, 0.0)
-        return RolloutBatch(input_ids=torch.cat([ids, completions], 1), attention_mask=torch.cat([attn, mask.long()], 1),
-                            prompt_length=prompt_length, completion_mask=mask, engine_logprobs=logprobs)
+        return RolloutBatch(
+            input_ids=torch.cat([ids, completions], 1),
+            attention_mask=torch.cat([attn, mask.long()], 1),
+            prompt_length=prompt_length,
+            completion_mask=mask,
+            engine_logprobs=logprobs,
+        )

@@ -56,8 +56,16 @@ GQA_EAGER = "lit_gqa_eager"
 ATTENTION_IMPLEMENTATIONS = (None, "eager", GQA_EAGER, "sdpa", "flash_attention_2", "flex_attention")
 
 
-def gqa_eager_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                        scaling: float, dropout: float = 0.0, **kwargs) -> tuple[Tensor, None]:
+def gqa_eager_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[Tensor, None]:
     """Eager attention for grouped-query heads that does not copy K and V once per query head.
 
     HF's eager path expands each layer's keys and values n_rep = heads / kv_heads times
@@ -123,10 +131,22 @@ def weights_cast_once(device_type: str):
 
 
 @torch.no_grad()
-def fast_generate(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, num_generations: int = 1,
-                  max_new_tokens: int, eos_id: int | list[int], pad_id: int, do_sample: bool = True,
-                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                  generator: torch.Generator | None = None, return_logprobs: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+def fast_generate(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    num_generations: int = 1,
+    max_new_tokens: int,
+    eos_id: int | list[int],
+    pad_id: int,
+    do_sample: bool = True,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    generator: torch.Generator | None = None,
+    return_logprobs: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     """Sample ``num_generations`` completions for each (left-padded) prompt row.
 
     Returns (N·G, P + T) token ids; with ``return_logprobs`` also (N·G, T) fp32 log-probs of the sampled
@@ -143,8 +163,14 @@ def fast_generate(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *
     positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
 
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, past_key_values=cache,
-                use_cache=True, logits_to_keep=1)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
     logits = out.logits[:, -1].float()  # (N, V)
     if G > 1:  # share the prompt's cache among its G completions
         cache.batch_repeat_interleave(G)
@@ -176,8 +202,14 @@ def fast_generate(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, *
             cache.batch_select_indices(keep)
             active, nxt, attn, next_pos = active[keep], nxt[keep], attn[keep], next_pos[keep]
         attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], 1)
-        out = model(input_ids=nxt[:, None], attention_mask=attn, position_ids=next_pos, past_key_values=cache,
-                    use_cache=True, logits_to_keep=1)
+        out = model(
+            input_ids=nxt[:, None],
+            attention_mask=attn,
+            position_ids=next_pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         logits = out.logits[:, -1].float()
         next_pos = next_pos + 1
     prompts = input_ids.repeat_interleave(G, 0) if G > 1 else input_ids

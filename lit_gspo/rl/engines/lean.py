@@ -7,8 +7,8 @@ import warnings
 from torch import Tensor, nn
 
 from lit_gspo.rl.engines.base import RolloutEngine
-from lit_gspo.rl.engines.hf import generate_with_hf
 from lit_gspo.rl.engines.fast_generate import fast_generate
+from lit_gspo.rl.engines.hf import generate_with_hf
 
 
 class LeanSampler(RolloutEngine):
@@ -19,16 +19,46 @@ class LeanSampler(RolloutEngine):
     synchronised loop keeps ranks that finish early in step with the others.
     """
 
-    def generate(self, policy: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, num_generations: int,
-                 max_new_tokens: int, pad_id: int, eos_id: int | list[int], sampling: dict, synced_gpus: bool,
-                 return_logprobs: bool) -> tuple[Tensor, Tensor | None]:
+    def generate(
+        self,
+        policy: nn.Module,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        *,
+        num_generations: int,
+        max_new_tokens: int,
+        pad_id: int,
+        eos_id: int | list[int],
+        sampling: dict,
+        synced_gpus: bool,
+        return_logprobs: bool,
+    ) -> tuple[Tensor, Tensor | None]:
         if synced_gpus:
-            warnings.warn("LeanSampler samples with transformers' generate under sharded parameters (synced_gpus)",
-                          stacklevel=2)
-            return generate_with_hf(policy, input_ids, attention_mask, num_generations=num_generations,
-                                    max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id, sampling=sampling,
-                                    synced_gpus=True, return_logprobs=return_logprobs)
-        out = fast_generate(policy, input_ids, attention_mask, num_generations=num_generations,
-                            max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, do_sample=bool(sampling),
-                            return_logprobs=return_logprobs, **sampling)
+            warnings.warn(
+                "LeanSampler samples with transformers' generate under sharded parameters (synced_gpus)", stacklevel=2
+            )
+            return generate_with_hf(
+                policy,
+                input_ids,
+                attention_mask,
+                num_generations=num_generations,
+                max_new_tokens=max_new_tokens,
+                pad_id=pad_id,
+                eos_id=eos_id,
+                sampling=sampling,
+                synced_gpus=True,
+                return_logprobs=return_logprobs,
+            )
+        out = fast_generate(
+            policy,
+            input_ids,
+            attention_mask,
+            num_generations=num_generations,
+            max_new_tokens=max_new_tokens,
+            eos_id=eos_id,
+            pad_id=pad_id,
+            do_sample=bool(sampling),
+            return_logprobs=return_logprobs,
+            **sampling,
+        )
         return out if return_logprobs else (out, None)

@@ -45,8 +45,14 @@ def round_up(length: int, multiple: int) -> int:
 
 def decode_logits(model: nn.Module, cache, tokens: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
     """One decoding step on the static cache: fp32 logits (R, V) of the next token."""
-    out = model(input_ids=tokens, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
-                logits_to_keep=1)
+    out = model(
+        input_ids=tokens,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
     return out.logits[:, -1].float()
 
 
@@ -64,8 +70,13 @@ class StaticCacheSampler(RolloutEngine):
     with sliding-window or other non-full-attention cache layers samples with the lean sampler's loop.
     """
 
-    def __init__(self, attn_implementation: str | None = None, compile: bool | None = None,
-                 max_cache_len: int | None = None, finished_check_every: int = 8):
+    def __init__(
+        self,
+        attn_implementation: str | None = None,
+        compile: bool | None = None,
+        max_cache_len: int | None = None,
+        finished_check_every: int = 8,
+    ):
         super().__init__(attn_implementation)
         if finished_check_every < 1:
             raise ValueError(f"finished_check_every must be ≥ 1, got {finished_check_every}")
@@ -75,8 +86,10 @@ class StaticCacheSampler(RolloutEngine):
         self._compiled_step = None
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(attn_implementation={self.attn_implementation!r}, compile={self.compile!r}, "
-                f"max_cache_len={self.max_cache_len!r})")
+        return (
+            f"{type(self).__name__}(attn_implementation={self.attn_implementation!r}, compile={self.compile!r}, "
+            f"max_cache_len={self.max_cache_len!r})"
+        )
 
     def close(self) -> None:
         self.caches.clear()
@@ -101,28 +114,55 @@ class StaticCacheSampler(RolloutEngine):
 
         cache = self.caches.get(rows)
         layer = cache.layers[0] if cache is not None else None
-        if (layer is None or layer.max_cache_len < length or layer.keys.dtype != like.dtype
-                or layer.keys.device != like.device):
+        if (
+            layer is None
+            or layer.max_cache_len < length
+            or layer.keys.dtype != like.dtype
+            or layer.keys.device != like.device
+        ):
             self.caches.pop(rows, None)  # free the old one before allocating
             # normal tensors, not inference ones: validation (inference mode) and training rollouts share the cache
             with torch.inference_mode(False):
                 cache = StaticCache(config=policy.config, max_cache_len=length)
                 for layer in cache.layers:
-                    layer.lazy_initialization(like.new_empty(rows, *like.shape[1:]),
-                                              like_values.new_empty(rows, *like_values.shape[1:]))
+                    layer.lazy_initialization(
+                        like.new_empty(rows, *like.shape[1:]), like_values.new_empty(rows, *like_values.shape[1:])
+                    )
             self.caches[rows] = cache
             self.caches_built += 1
         return cache
 
-    def generate(self, policy: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, num_generations: int,
-                 max_new_tokens: int, pad_id: int, eos_id: int | list[int], sampling: dict, synced_gpus: bool,
-                 return_logprobs: bool) -> tuple[Tensor, Tensor | None]:
+    def generate(
+        self,
+        policy: nn.Module,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        *,
+        num_generations: int,
+        max_new_tokens: int,
+        pad_id: int,
+        eos_id: int | list[int],
+        sampling: dict,
+        synced_gpus: bool,
+        return_logprobs: bool,
+    ) -> tuple[Tensor, Tensor | None]:
         if synced_gpus:
-            warnings.warn("StaticCacheSampler samples with transformers' generate under sharded parameters (synced_gpus)",
-                          stacklevel=2)
-            return generate_with_hf(policy, input_ids, attention_mask, num_generations=num_generations,
-                                    max_new_tokens=max_new_tokens, pad_id=pad_id, eos_id=eos_id, sampling=sampling,
-                                    synced_gpus=True, return_logprobs=return_logprobs)
+            warnings.warn(
+                "StaticCacheSampler samples with transformers' generate under sharded parameters (synced_gpus)",
+                stacklevel=2,
+            )
+            return generate_with_hf(
+                policy,
+                input_ids,
+                attention_mask,
+                num_generations=num_generations,
+                max_new_tokens=max_new_tokens,
+                pad_id=pad_id,
+                eos_id=eos_id,
+                sampling=sampling,
+                synced_gpus=True,
+                return_logprobs=return_logprobs,
+            )
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
@@ -131,19 +171,39 @@ class StaticCacheSampler(RolloutEngine):
         G, rows = num_generations, input_ids.shape[0] * num_generations
         needed = P + max_new_tokens
         if self.max_cache_len is not None and needed > self.max_cache_len:
-            raise ValueError(f"max_cache_len={self.max_cache_len} is shorter than the prompt ({P} tokens) + "
-                             f"max_new_tokens ({max_new_tokens})")
+            raise ValueError(
+                f"max_cache_len={self.max_cache_len} is shorter than the prompt ({P} tokens) + "
+                f"max_new_tokens ({max_new_tokens})"
+            )
 
         positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
         prefill = DynamicCache(config=policy.config)
-        out = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, past_key_values=prefill,
-                     use_cache=True, logits_to_keep=1)
+        out = policy(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            past_key_values=prefill,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         if not all(type(layer) is DynamicLayer for layer in prefill.layers):  # sliding window, linear attention, ...
-            warnings.warn("StaticCacheSampler samples with the lean sampler's loop: the model's cache has layers other "
-                          "than full attention", stacklevel=2)
-            out = fast_generate(policy, input_ids, attention_mask, num_generations=G, max_new_tokens=max_new_tokens,
-                                eos_id=eos_id, pad_id=pad_id, do_sample=bool(sampling), return_logprobs=return_logprobs,
-                                **sampling)
+            warnings.warn(
+                "StaticCacheSampler samples with the lean sampler's loop: the model's cache has layers other "
+                "than full attention",
+                stacklevel=2,
+            )
+            out = fast_generate(
+                policy,
+                input_ids,
+                attention_mask,
+                num_generations=G,
+                max_new_tokens=max_new_tokens,
+                eos_id=eos_id,
+                pad_id=pad_id,
+                do_sample=bool(sampling),
+                return_logprobs=return_logprobs,
+                **sampling,
+            )
             return out if return_logprobs else (out, None)
         logits = out.logits[:, -1].float().repeat_interleave(G, 0)  # (rows, V)
 

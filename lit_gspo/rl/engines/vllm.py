@@ -62,13 +62,22 @@ class VLLMEngine(RolloutEngine):
         llm_kwargs: further arguments of ``vllm.LLM`` (e.g. ``{block_size: 64}``).
     """
 
-    def __init__(self, dtype: str = "auto", max_model_len: int | None = None, kv_cache_gb: float = 1.0,
-                 num_threads: int | None = None, enforce_eager: bool = True, llm_kwargs: dict | None = None):
+    def __init__(
+        self,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        kv_cache_gb: float = 1.0,
+        num_threads: int | None = None,
+        enforce_eager: bool = True,
+        llm_kwargs: dict | None = None,
+    ):
         super().__init__(attn_implementation=None)
         if dtype not in DTYPES:
             raise ValueError(f"VLLMEngine dtype must be one of {DTYPES}, got {dtype!r}")
         if max_model_len is not None and max_model_len < 2:
-            raise ValueError(f"VLLMEngine max_model_len must be >= 2 (a prompt token and a new one), got {max_model_len}")
+            raise ValueError(
+                f"VLLMEngine max_model_len must be >= 2 (a prompt token and a new one), got {max_model_len}"
+            )
         if not kv_cache_gb > 0:
             raise ValueError(f"VLLMEngine kv_cache_gb must be > 0, got {kv_cache_gb}")
         if num_threads is not None and num_threads < 1:
@@ -83,8 +92,10 @@ class VLLMEngine(RolloutEngine):
         self._pushed = None  # weights_version() of the policy at the last push
 
     def __repr__(self) -> str:
-        return (f"VLLMEngine(dtype={self.dtype!r}, max_model_len={self.max_model_len}, kv_cache_gb={self.kv_cache_gb}, "
-                f"num_threads={self.num_threads}, enforce_eager={self.enforce_eager})")
+        return (
+            f"VLLMEngine(dtype={self.dtype!r}, max_model_len={self.max_model_len}, kv_cache_gb={self.kv_cache_gb}, "
+            f"num_threads={self.num_threads}, enforce_eager={self.enforce_eager})"
+        )
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self, policy: nn.Module) -> None:
@@ -111,30 +122,52 @@ class VLLMEngine(RolloutEngine):
         self.last_sync_s = time.perf_counter() - start
 
     # ------------------------------------------------------------------ sampling
-    def generate(self, policy: nn.Module, input_ids: Tensor, attention_mask: Tensor, *, num_generations: int,
-                 max_new_tokens: int, pad_id: int, eos_id: int | list[int], sampling: dict, synced_gpus: bool,
-                 return_logprobs: bool) -> tuple[Tensor, Tensor | None]:
+    def generate(
+        self,
+        policy: nn.Module,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        *,
+        num_generations: int,
+        max_new_tokens: int,
+        pad_id: int,
+        eos_id: int | list[int],
+        sampling: dict,
+        synced_gpus: bool,
+        return_logprobs: bool,
+    ) -> tuple[Tensor, Tensor | None]:
         vllm = _import_vllm()
         if self.llm is None:
             self._build(policy)
         if _shape(_base_config(policy)) != self._shape:
-            raise ValueError(f"VLLMEngine was built for a {self._shape} model, this policy is {_shape(_base_config(policy))}: "
-                             "one engine per architecture (close() it to build another)")
+            raise ValueError(
+                f"VLLMEngine was built for a {self._shape} model, this policy is {_shape(_base_config(policy))}: "
+                "one engine per architecture (close() it to build another)"
+            )
         if self._pushed is None or world_size() == 1:
             # the build's push, and in one process a no-op after the trainer's own call that keeps direct users (eval,
             # tests) fresh. Under several processes only the trainer's calls push (every rank at once): a multi-turn
             # rollout calls this once per turn, and the ranks' episodes may take different numbers of turns
             self.sync_weights(policy)
         eos = eos_id if isinstance(eos_id, list) else [eos_id]
-        prompts = [vllm.TokensPrompt(prompt_token_ids=ids[mask.bool()].tolist())
-                   for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())]
+        prompts = [
+            vllm.TokensPrompt(prompt_token_ids=ids[mask.bool()].tolist())
+            for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())
+        ]
         # one seed per prompt, from torch's RNG (greedy draws none); vLLM gives a prompt's n samples seed + 0..n-1
         base = int(torch.randint(0, 2**31 - len(prompts) * num_generations, ())) if sampling else None
-        params = [vllm.SamplingParams(n=num_generations, max_tokens=max_new_tokens, stop_token_ids=eos,
-                                      logprobs=0 if return_logprobs else None, detokenize=False,
-                                      seed=None if base is None else base + i * num_generations,
-                                      **_sampling_args(sampling))
-                  for i in range(len(prompts))]
+        params = [
+            vllm.SamplingParams(
+                n=num_generations,
+                max_tokens=max_new_tokens,
+                stop_token_ids=eos,
+                logprobs=0 if return_logprobs else None,
+                detokenize=False,
+                seed=None if base is None else base + i * num_generations,
+                **_sampling_args(sampling),
+            )
+            for i in range(len(prompts))
+        ]
         with torch_threads(self.num_threads):
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
         replies = [c for out in outputs for c in out.outputs]  # group-major: prompt 0's n samples, then prompt 1's
@@ -142,13 +175,14 @@ class VLLMEngine(RolloutEngine):
         completions = torch.full((len(replies), width), pad_id, dtype=torch.long)
         logprobs = torch.zeros((len(replies), width), dtype=torch.float32) if return_logprobs else None
         for row, c in enumerate(replies):
-            completions[row, :len(c.token_ids)] = torch.tensor(c.token_ids, dtype=torch.long)
+            completions[row, : len(c.token_ids)] = torch.tensor(c.token_ids, dtype=torch.long)
             if logprobs is not None:
-                logprobs[row, :len(c.token_ids)] = torch.tensor([step[t].logprob for step, t in zip(c.logprobs, c.token_ids)])
+                logprobs[row, : len(c.token_ids)] = torch.tensor(
+                    [step[t].logprob for step, t in zip(c.logprobs, c.token_ids)]
+                )
         prompt_rows = input_ids.cpu().repeat_interleave(num_generations, 0)
         device = input_ids.device
-        return (torch.cat([prompt_rows, completions], 1).to(device),
-                None if logprobs is None else logprobs.to(device))
+        return (torch.cat([prompt_rows, completions], 1).to(device), None if logprobs is None else logprobs.to(device))
 
     # ------------------------------------------------------------------ the engine itself
     def _build(self, policy: nn.Module) -> None:
@@ -158,15 +192,19 @@ class VLLMEngine(RolloutEngine):
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         device = next(policy.parameters()).device
         if device.type == "cpu" and head_dim not in CPU_HEAD_SIZES:
-            raise ValueError(f"vLLM's CPU attention supports head sizes {CPU_HEAD_SIZES}; the policy's is {head_dim} "
-                             f"(hidden_size {config.hidden_size} / {config.num_attention_heads} heads): set head_dim "
-                             "or num_attention_heads in model_config, or sample with another engine")
+            raise ValueError(
+                f"vLLM's CPU attention supports head sizes {CPU_HEAD_SIZES}; the policy's is {head_dim} "
+                f"(hidden_size {config.hidden_size} / {config.num_attention_heads} heads): set head_dim "
+                "or num_attention_heads in model_config, or sample with another engine"
+            )
         if world_size() > 1:
             _check_one_engine_per_rank(self.llm_kwargs)
         live = _LIVE[0]() if _LIVE else None
         if live is not None and live is not self and live.llm is not None:
-            raise RuntimeError("another VLLMEngine holds a vLLM in this process; vLLM keeps global state, and freeing "
-                               "one engine breaks the other: call .close() on it first")
+            raise RuntimeError(
+                "another VLLMEngine holds a vLLM in this process; vLLM keeps global state, and freeing "
+                "one engine breaks the other: call .close() on it first"
+            )
         dtype = _trainer_dtype(policy, device.type) if self.dtype == "auto" else self.dtype
         max_model_len = self.max_model_len or config.max_position_embeddings
         llm_kwargs = dict(self.llm_kwargs)
@@ -181,13 +219,25 @@ class VLLMEngine(RolloutEngine):
         start = time.perf_counter()
         # inference mode whatever the caller's (Lightning validates under it, trains without): vLLM's tensors are then
         # inference tensors, which only inference mode may update in place (sync_weights pushes under it too)
-        with (tempfile.TemporaryDirectory(prefix="lit_gspo_vllm_") as directory, _kept_process_state(),
-              _launcher_ranks(device), torch.inference_mode()):
+        with (
+            tempfile.TemporaryDirectory(prefix="lit_gspo_vllm_") as directory,
+            _kept_process_state(),
+            _launcher_ranks(device),
+            torch.inference_mode(),
+        ):
             config.save_pretrained(directory)
-            self.llm = vllm.LLM(model=directory, load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
-                                max_model_len=max_model_len, enforce_eager=self.enforce_eager,
-                                kv_cache_memory_bytes=int(self.kv_cache_gb * 2**30), generation_config="vllm",
-                                logprobs_mode="processed_logprobs", **llm_kwargs)
+            self.llm = vllm.LLM(
+                model=directory,
+                load_format="dummy",
+                skip_tokenizer_init=True,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                enforce_eager=self.enforce_eager,
+                kv_cache_memory_bytes=int(self.kv_cache_gb * 2**30),
+                generation_config="vllm",
+                logprobs_mode="processed_logprobs",
+                **llm_kwargs,
+            )
         self.startup_s = time.perf_counter() - start
         self.resolved_dtype, self._shape = dtype, _shape(config)
         self._pushed = None
@@ -236,8 +286,11 @@ def _sampling_args(sampling: dict) -> dict:
     """``Generation``'s settings as vLLM's: empty (greedy) → temperature 0; top_k 0 is "off" in both."""
     if not sampling:
         return {"temperature": 0.0}
-    return {"temperature": float(sampling["temperature"]), "top_p": float(sampling["top_p"]),
-            "top_k": int(sampling["top_k"])}
+    return {
+        "temperature": float(sampling["temperature"]),
+        "top_p": float(sampling["top_p"]),
+        "top_k": int(sampling["top_k"]),
+    }
 
 
 def _base_config(policy: nn.Module):
@@ -248,8 +301,17 @@ def _base_config(policy: nn.Module):
 
 def _shape(config) -> dict:
     """What must match for a policy's weights to load into the engine's model."""
-    keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-            "head_dim", "intermediate_size", "tie_word_embeddings")
+    keys = (
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+        "tie_word_embeddings",
+    )
     return {k: getattr(config, k, None) for k in keys}
 
 
@@ -291,11 +353,16 @@ def _check_one_engine_per_rank(llm_kwargs: dict) -> None:
     """Under several trainer processes each rank's engine is a whole model (vLLM's "external data parallel"): a
     tensor- or pipeline-parallel engine would need its ranks to sample the same prompts, which the trainer's ranks
     do not."""
-    split = {k: llm_kwargs[k] for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
-             if llm_kwargs.get(k, 1) != 1}
+    split = {
+        k: llm_kwargs[k]
+        for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+        if llm_kwargs.get(k, 1) != 1
+    }
     if split:
-        raise ValueError(f"VLLMEngine under DDP/FSDP2 runs one whole engine per trainer rank; llm_kwargs {split} "
-                         "would split one engine over ranks that sample different prompts: leave them at 1")
+        raise ValueError(
+            f"VLLMEngine under DDP/FSDP2 runs one whole engine per trainer rank; llm_kwargs {split} "
+            "would split one engine over ranks that sample different prompts: leave them at 1"
+        )
 
 
 @contextlib.contextmanager
@@ -331,8 +398,10 @@ def _trainer_process_group_kept() -> Iterator[None]:
         return
     parallel_state = require("vllm.distributed.parallel_state", "VLLMEngine")
     if not all(hasattr(parallel_state, name) for name in ("destroy_distributed_environment", "_WORLD", "_NODE_COUNT")):
-        raise RuntimeError(f"this vLLM ({require('vllm', 'VLLMEngine').__version__}) tears down its process groups "
-                           "otherwise than 0.32 does: freeing its engine could end the trainer's process group")
+        raise RuntimeError(
+            f"this vLLM ({require('vllm', 'VLLMEngine').__version__}) tears down its process groups "
+            "otherwise than 0.32 does: freeing its engine could end the trainer's process group"
+        )
     destroy_all = parallel_state.destroy_distributed_environment
 
     def destroy_vllms_groups_only() -> None:

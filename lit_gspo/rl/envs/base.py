@@ -1,11 +1,11 @@
 """The Environment protocol: a dataset row becomes the policy's first prompt; the environment answers each reply.
 
-    state = environment.reset(row)                       once per episode (one row of the rollout)
-    prompt = environment.prompt(row)                     rendered through the chat template once
-    repeat:  reply  = the policy's sampled tokens        (loss mask 1)
-             turn   = environment.step(row, reply, state)
-             turn.observation, if not done               rendered and tokenised once (loss mask 0)
-    until turn.done, ``max_turns`` replies, or the episode's token budget is spent
+state = environment.reset(row)                       once per episode (one row of the rollout)
+prompt = environment.prompt(row)                     rendered through the chat template once
+repeat:  reply  = the policy's sampled tokens        (loss mask 1)
+         turn   = environment.step(row, reply, state)
+         turn.observation, if not done               rendered and tokenised once (loss mask 0)
+until turn.done, ``max_turns`` replies, or the episode's token budget is spent
 """
 
 from __future__ import annotations
@@ -64,8 +64,14 @@ class Environment:
     #: the keys of ``Turn.metrics`` this environment reports; validation logs them as ``val/<key>`` too
     metric_names: tuple[str, ...] = ()
 
-    def __init__(self, system_prompt: str | None = None, chat_template: bool | None = None, max_turns: int = 1,
-                 max_episode_tokens: int | None = None, demonstration: Sequence[str] | None = None):
+    def __init__(
+        self,
+        system_prompt: str | None = None,
+        chat_template: bool | None = None,
+        max_turns: int = 1,
+        max_episode_tokens: int | None = None,
+        demonstration: Sequence[str] | None = None,
+    ):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if max_episode_tokens is not None and max_episode_tokens < 1:
@@ -77,8 +83,10 @@ class Environment:
         self.demonstration_templates = None if demonstration is None else list(demonstration)
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(system_prompt={self.system_prompt!r}, chat_template={self.chat_template!r}, "
-                f"max_turns={self.max_turns})")
+        return (
+            f"{type(self).__name__}(system_prompt={self.system_prompt!r}, chat_template={self.chat_template!r}, "
+            f"max_turns={self.max_turns})"
+        )
 
     def reset(self, row: dict) -> dict:
         """The state of a new episode on ``row`` (passed to every :meth:`step`; the trainer adds ``turn``)."""
@@ -100,8 +108,10 @@ class Environment:
         try:
             return [template.format(**row) for template in self.demonstration_templates]
         except KeyError as err:
-            raise ValueError(f"{type(self).__name__} demonstration {self.demonstration_templates!r} names the column "
-                             f"{err}, which the row does not have; its columns are {sorted(row)}") from None
+            raise ValueError(
+                f"{type(self).__name__} demonstration {self.demonstration_templates!r} names the column "
+                f"{err}, which the row does not have; its columns are {sorted(row)}"
+            ) from None
 
     def tools(self) -> list[dict] | None:
         """JSON schemas of the tools offered to the policy (passed to the chat template's ``tools=``), or None."""
@@ -113,23 +123,30 @@ class Environment:
 
     def encode(self, tokenizer, rows: list[dict], max_prompt_length: int) -> list[list[int]]:
         """Token ids of the first prompts of ``rows`` (rendered once, never truncated)."""
-        return encode_prompts(tokenizer, [self.prompt(row) for row in rows], chat_template=self.chat_template,
-                              max_prompt_length=max_prompt_length, system_prompt=self.system_prompt,
-                              tools=self.tools())
+        return encode_prompts(
+            tokenizer,
+            [self.prompt(row) for row in rows],
+            chat_template=self.chat_template,
+            max_prompt_length=max_prompt_length,
+            system_prompt=self.system_prompt,
+            tools=self.tools(),
+        )
 
     def encode_observation(self, tokenizer, observation: Conversation, reply_ended_with_eos: bool) -> list[int]:
         """Token ids appended after a reply: the observation and, with a chat template, the turn's closing
         and the next generation prompt, rendered once and tokenised once."""
         if not self.uses_chat_template(tokenizer):
             if not isinstance(observation, str):
-                raise ValueError(f"{type(self).__name__} returned chat messages as an observation, but chat "
-                                 f"templating is off (chat_template={self.chat_template!r}); return text")
+                raise ValueError(
+                    f"{type(self).__name__} returned chat messages as an observation, but chat "
+                    f"templating is off (chat_template={self.chat_template!r}); return text"
+                )
             return list(tokenizer(observation, add_special_tokens=False)["input_ids"])
         messages = [{"role": "user", "content": observation}] if isinstance(observation, str) else list(observation)
         closing, text = chat_continuation(tokenizer, messages, self.tools())
         eos_text = tokenizer.eos_token or ""
         if reply_ended_with_eos and eos_text and closing.startswith(eos_text):
-            closing = closing[len(eos_text):]  # the sampled EOS already closed the reply
+            closing = closing[len(eos_text) :]  # the sampled EOS already closed the reply
         return list(tokenizer(closing + text, add_special_tokens=False)["input_ids"])
 
 
@@ -156,7 +173,9 @@ def chat_continuation(tokenizer, messages: list[dict], tools: list[dict] | None 
     before = tokenizer.apply_chat_template(base, tokenize=False, **kwargs)
     after = tokenizer.apply_chat_template(base + messages, tokenize=False, add_generation_prompt=True, **kwargs)
     if not after.startswith(before):
-        raise ValueError("the tokenizer's chat template does not render a conversation as a prefix of its continuation, "
-                         "so observations cannot be appended token-exactly; set the environment's chat_template=False "
-                         "and return text observations")
-    return before[before.rindex(_SENTINEL) + len(_SENTINEL):], after[len(before):]
+        raise ValueError(
+            "the tokenizer's chat template does not render a conversation as a prefix of its continuation, "
+            "so observations cannot be appended token-exactly; set the environment's chat_template=False "
+            "and return text observations"
+        )
+    return before[before.rindex(_SENTINEL) + len(_SENTINEL) :], after[len(before) :]

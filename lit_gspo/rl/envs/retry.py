@@ -29,8 +29,9 @@ class RetryWithFeedback(Environment):
         max_turns: the most replies per episode (the first try included).
     """
 
-    def __init__(self, feedback: str = " {hint}=", blank: str = "_", retry_penalty: float = 0.0, max_turns: int = 3,
-                 **kwargs):
+    def __init__(
+        self, feedback: str = " {hint}=", blank: str = "_", retry_penalty: float = 0.0, max_turns: int = 3, **kwargs
+    ):
         super().__init__(max_turns=max_turns, **kwargs)
         if "{hint}" not in feedback:
             raise ValueError(f"feedback must contain '{{hint}}', got {feedback!r}")
@@ -41,8 +42,10 @@ class RetryWithFeedback(Environment):
         self.feedback, self.blank, self.retry_penalty = feedback, blank, retry_penalty
 
     def __repr__(self) -> str:
-        return (f"RetryWithFeedback(feedback={self.feedback!r}, blank={self.blank!r}, "
-                f"retry_penalty={self.retry_penalty}, max_turns={self.max_turns})")
+        return (
+            f"RetryWithFeedback(feedback={self.feedback!r}, blank={self.blank!r}, "
+            f"retry_penalty={self.retry_penalty}, max_turns={self.max_turns})"
+        )
 
     def hint(self, reply: str, answer: str) -> str:
         """``reply`` aligned to ``answer``'s length, each wrong character replaced by the blank."""
@@ -57,5 +60,9 @@ class RetryWithFeedback(Environment):
             return Turn(done=True, success=True)
         if state["turn"] >= self.max_turns:
             return Turn(done=True, success=False)
-        return Turn(observation=self.feedback.format(hint=self.hint(reply, answer)), done=False,
-                    reward=CharAccuracy(strip=False).score(reply, answer) - 1.0 - self.retry_penalty, success=False)
+        return Turn(
+            observation=self.feedback.format(hint=self.hint(reply, answer)),
+            done=False,
+            reward=CharAccuracy(strip=False).score(reply, answer) - 1.0 - self.retry_penalty,
+            success=False,
+        )

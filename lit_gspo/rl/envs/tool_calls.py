@@ -79,11 +79,13 @@ class HermesFormat(CallFormat):
 
     def describe(self, schemas: list[dict]) -> str:
         listed = "\n".join(json.dumps(schema) for schema in schemas)
-        return ("You can call functions to help with the user's request. Their signatures, as JSON schemas, are "
-                f"inside <tools></tools>:\n<tools>\n{listed}\n</tools>\n"
-                "To call a function, write a JSON object with its name and arguments inside <tool_call></tool_call>:\n"
-                '<tool_call>\n{"name": <function-name>, "arguments": <arguments-object>}\n</tool_call>\n'
-                "The results come back in the next message. When you know the answer, reply without a tool call.")
+        return (
+            "You can call functions to help with the user's request. Their signatures, as JSON schemas, are "
+            f"inside <tools></tools>:\n<tools>\n{listed}\n</tools>\n"
+            "To call a function, write a JSON object with its name and arguments inside <tool_call></tool_call>:\n"
+            '<tool_call>\n{"name": <function-name>, "arguments": <arguments-object>}\n</tool_call>\n'
+            "The results come back in the next message. When you know the answer, reply without a tool call."
+        )
 
     def results_text(self, results: list[str]) -> str:
         return "".join(f"\n<tool_response>\n{result}\n</tool_response>" for result in results) + "\n"
@@ -91,7 +93,9 @@ class HermesFormat(CallFormat):
 
 def _from_json(value) -> ToolCall:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return ToolCall("", error=f'a tool call must be a JSON object {{"name": ..., "arguments": {{...}}}}, got {value!r:.200}')
+        return ToolCall(
+            "", error=f'a tool call must be a JSON object {{"name": ..., "arguments": {{...}}}}, got {value!r:.200}'
+        )
     arguments = value.get("arguments", {})
     if isinstance(arguments, str):  # some models write the arguments object as a JSON string
         try:
@@ -99,7 +103,9 @@ def _from_json(value) -> ToolCall:
         except json.JSONDecodeError:
             pass
     if not isinstance(arguments, dict):
-        return ToolCall(value["name"], error=f"the arguments of {value['name']!r} must be a JSON object, got {arguments!r:.200}")
+        return ToolCall(
+            value["name"], error=f"the arguments of {value['name']!r} must be a JSON object, got {arguments!r:.200}"
+        )
     return ToolCall(value["name"], arguments)
 
 
@@ -115,7 +121,7 @@ class PlainFormat(CallFormat):
         for match in _CALL.finditer(reply):
             line_start = reply.rfind("\n", 0, match.start()) + 1
             rest = match.group(1)
-            if reply[line_start:match.start()].strip() == "" or _NAME_AND_PAREN.match(rest):
+            if reply[line_start : match.start()].strip() == "" or _NAME_AND_PAREN.match(rest):
                 calls.append(_read_call(_call_text(rest)))
         return calls
 
@@ -129,9 +135,11 @@ class PlainFormat(CallFormat):
             lines += [f"    {name}: {spec.get('description', '')}" for name, spec in properties.items()]
         first = schemas[0]["function"]
         example = ", ".join(f'{name}="..."' for name in first["parameters"].get("required", [])[:1])
-        lines += ["To call a tool, write a line that starts with CALL, for example:",
-                  f"CALL {first['name']}({example})",
-                  "The result comes back in the next message. When you know the answer, reply without CALL."]
+        lines += [
+            "To call a tool, write a line that starts with CALL, for example:",
+            f"CALL {first['name']}({example})",
+            "The result comes back in the next message. When you know the answer, reply without CALL.",
+        ]
         return "\n".join(lines)
 
     def results_text(self, results: list[str]) -> str:
@@ -176,5 +184,7 @@ def get_call_format(call_format: str | CallFormat) -> CallFormat:
     if isinstance(call_format, CallFormat):
         return call_format
     if call_format not in CALL_FORMATS:
-        raise ValueError(f"unknown call_format {call_format!r}; use one of {sorted(CALL_FORMATS)} or a CallFormat instance")
+        raise ValueError(
+            f"unknown call_format {call_format!r}; use one of {sorted(CALL_FORMATS)} or a CallFormat instance"
+        )
     return CALL_FORMATS[call_format]()

@@ -15,8 +15,15 @@ from collections.abc import Callable
 
 from lit_gspo.runtime.imports import import_path
 
-JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": (list, tuple),
-              "object": dict, "null": type(None)}
+JSON_TYPES = {
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "array": (list, tuple),
+    "object": dict,
+    "null": type(None),
+}
 
 
 class ToolError(Exception):
@@ -28,8 +35,10 @@ def resolve_tool(tool: str | Callable) -> Callable:
     if callable(tool):
         return tool
     if not isinstance(tool, str) or "." not in tool:
-        raise ValueError(f"a tool is a function or the import path of one (e.g. 'lit_gspo.rl.envs.calculator.calculator'), "
-                         f"got {tool!r}")
+        raise ValueError(
+            f"a tool is a function or the import path of one (e.g. 'lit_gspo.rl.envs.calculator.calculator'), "
+            f"got {tool!r}"
+        )
     try:
         function = import_path(tool)
     except (ImportError, AttributeError) as err:
@@ -47,9 +56,11 @@ def tool_schema(function: Callable) -> dict:
         return get_json_schema(function)
     except Exception as err:  # noqa: BLE001 — TypeHintParsingException, DocstringParsingException, ...
         name = getattr(function, "__qualname__", repr(function))
-        raise ValueError(f"the tool {name} (from {getattr(function, '__module__', '?')}) has no usable JSON schema: {err}. "
-                         "A tool needs a type hint on every argument and a Google-style docstring with a description "
-                         "and an Args: section describing each argument") from None
+        raise ValueError(
+            f"the tool {name} (from {getattr(function, '__module__', '?')}) has no usable JSON schema: {err}. "
+            "A tool needs a type hint on every argument and a Google-style docstring with a description "
+            "and an Args: section describing each argument"
+        ) from None
 
 
 def bind_arguments(function: Callable, schema: dict, args: tuple, arguments: dict) -> inspect.BoundArguments:
@@ -75,8 +86,10 @@ def _type_problem(value, spec: dict) -> str | None:
         if spec.get("nullable"):
             types.append("null")
         known = [t for t in types if t in JSON_TYPES]
-        fits = any(isinstance(value, JSON_TYPES[t]) and not (isinstance(value, bool) and t in ("integer", "number"))
-                   for t in known)
+        fits = any(
+            isinstance(value, JSON_TYPES[t]) and not (isinstance(value, bool) and t in ("integer", "number"))
+            for t in known
+        )
         if known and not fits:
             return f"expected {' or '.join(known)}, got {type(value).__name__}"
     if "enum" in spec and value not in spec["enum"]:

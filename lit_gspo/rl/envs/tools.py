@@ -20,8 +20,14 @@ from collections.abc import Callable, Sequence
 from lit_gspo.data import encode_prompts
 from lit_gspo.rl.envs.base import Conversation, Environment, Turn
 from lit_gspo.rl.envs.tool_calls import CallFormat, ToolCall, get_call_format
-from lit_gspo.rl.envs.tool_functions import (ToolError, bind_arguments, call_with_timeout, resolve_tool, result_text,
-                                          tool_schema)
+from lit_gspo.rl.envs.tool_functions import (
+    ToolError,
+    bind_arguments,
+    call_with_timeout,
+    resolve_tool,
+    result_text,
+    tool_schema,
+)
 
 
 class ToolUse(Environment):
@@ -44,18 +50,34 @@ class ToolUse(Environment):
 
     metric_names = ("tool_calls", "tool_errors")
 
-    def __init__(self, tools: Sequence[str | Callable] = ("lit_gspo.rl.envs.calculator.calculator",),
-                 call_format: str | CallFormat = "hermes", timeout: float = 5.0, max_calls_per_turn: int = 4,
-                 max_result_chars: int = 2000, tools_in_system_prompt: bool | None = None,
-                 system_prompt: str | None = None, chat_template: bool | None = None, max_turns: int = 3,
-                 max_episode_tokens: int | None = None, demonstration: Sequence[str] | None = None):
-        super().__init__(system_prompt=system_prompt, chat_template=chat_template, max_turns=max_turns,
-                         max_episode_tokens=max_episode_tokens, demonstration=demonstration)
+    def __init__(
+        self,
+        tools: Sequence[str | Callable] = ("lit_gspo.rl.envs.calculator.calculator",),
+        call_format: str | CallFormat = "hermes",
+        timeout: float = 5.0,
+        max_calls_per_turn: int = 4,
+        max_result_chars: int = 2000,
+        tools_in_system_prompt: bool | None = None,
+        system_prompt: str | None = None,
+        chat_template: bool | None = None,
+        max_turns: int = 3,
+        max_episode_tokens: int | None = None,
+        demonstration: Sequence[str] | None = None,
+    ):
+        super().__init__(
+            system_prompt=system_prompt,
+            chat_template=chat_template,
+            max_turns=max_turns,
+            max_episode_tokens=max_episode_tokens,
+            demonstration=demonstration,
+        )
         if isinstance(tools, (str, bytes)) or not tools:
             raise ValueError(f"ToolUse needs a non-empty list of tools (functions or import paths), got {tools!r}")
         if timeout <= 0 or max_calls_per_turn < 1 or max_result_chars < 1:
-            raise ValueError(f"need timeout > 0, max_calls_per_turn >= 1 and max_result_chars >= 1, got timeout={timeout}, "
-                             f"max_calls_per_turn={max_calls_per_turn}, max_result_chars={max_result_chars}")
+            raise ValueError(
+                f"need timeout > 0, max_calls_per_turn >= 1 and max_result_chars >= 1, got timeout={timeout}, "
+                f"max_calls_per_turn={max_calls_per_turn}, max_result_chars={max_result_chars}"
+            )
         functions = [resolve_tool(tool) for tool in tools]
         self.schemas = [tool_schema(function) for function in functions]
         names = [schema["function"]["name"] for schema in self.schemas]
@@ -68,8 +90,10 @@ class ToolUse(Environment):
         self.tools_in_system_prompt = tools_in_system_prompt
 
     def __repr__(self) -> str:
-        return (f"ToolUse(tools={list(self.functions)}, call_format={type(self.call_format).__name__}, "
-                f"timeout={self.timeout}, max_turns={self.max_turns})")
+        return (
+            f"ToolUse(tools={list(self.functions)}, call_format={type(self.call_format).__name__}, "
+            f"timeout={self.timeout}, max_turns={self.max_turns})"
+        )
 
     def tools(self) -> list[dict]:
         return self.schemas
@@ -78,12 +102,14 @@ class ToolUse(Environment):
         calls = self.call_format.parse(reply)
         if not calls:
             return Turn(done=True, metrics={"tool_calls": 0.0, "tool_errors": 0.0})
-        answers = [self.call(call) for call in calls[:self.max_calls_per_turn]]
+        answers = [self.call(call) for call in calls[: self.max_calls_per_turn]]
         skipped = (f"Error: only {self.max_calls_per_turn} tool calls are run per reply; this one was not", False)
         answers += [skipped] * (len(calls) - len(answers))
         observation = [{"role": "tool", "name": call.name, "content": text} for call, (text, _) in zip(calls, answers)]
         errors = sum(not ok for _, ok in answers)
-        return Turn(observation=observation, done=False, metrics={"tool_calls": float(len(calls)), "tool_errors": float(errors)})
+        return Turn(
+            observation=observation, done=False, metrics={"tool_calls": float(len(calls)), "tool_errors": float(errors)}
+        )
 
     def call(self, call: ToolCall) -> tuple[str, bool]:
         """Run one call: (the text the model reads, whether it succeeded). Never raises for the tool's faults."""
@@ -108,14 +134,21 @@ class ToolUse(Environment):
     def encode(self, tokenizer, rows: list[dict], max_prompt_length: int) -> list[list[int]]:
         if not self.describes_tools_in_text(tokenizer):
             if not self.uses_chat_template(tokenizer):
-                raise ValueError("tools_in_system_prompt=False but chat templating is off, so the model would never "
-                                 "see the tools; use tools_in_system_prompt=None or True")
+                raise ValueError(
+                    "tools_in_system_prompt=False but chat templating is off, so the model would never "
+                    "see the tools; use tools_in_system_prompt=None or True"
+                )
             return super().encode(tokenizer, rows, max_prompt_length)
         instructions = self.call_format.describe(self.schemas)
         system = instructions if self.system_prompt is None else f"{self.system_prompt}\n\n{instructions}"
         prompts = [_with_system(self.prompt(row), instructions) for row in rows]
-        return encode_prompts(tokenizer, prompts, chat_template=self.chat_template, max_prompt_length=max_prompt_length,
-                              system_prompt=system)
+        return encode_prompts(
+            tokenizer,
+            prompts,
+            chat_template=self.chat_template,
+            max_prompt_length=max_prompt_length,
+            system_prompt=system,
+        )
 
     def encode_observation(self, tokenizer, observation: Conversation, reply_ended_with_eos: bool) -> list[int]:
         if isinstance(observation, list) and not self.uses_chat_template(tokenizer):
@@ -126,8 +159,9 @@ class ToolUse(Environment):
 def template_renders_tools(tokenizer, schemas: list[dict]) -> bool:
     """True when the tokenizer's chat template writes ``tools=`` into the prompt (SmolLM2's ignores them)."""
     messages = [{"role": "user", "content": "x"}]
-    return (tokenizer.apply_chat_template(messages, tokenize=False, tools=schemas)
-            != tokenizer.apply_chat_template(messages, tokenize=False))
+    return tokenizer.apply_chat_template(messages, tokenize=False, tools=schemas) != tokenizer.apply_chat_template(
+        messages, tokenize=False
+    )
 
 
 def _with_system(prompt: Conversation, instructions: str) -> Conversation:

@@ -84,18 +84,35 @@ class RatioStats:
     def compute(self, max_len: int, num_buckets: int = 3) -> dict[str, float]:
         """The metrics over everything added (all NaN when nothing was)."""
         empty = torch.zeros(0, dtype=torch.float64)
-        cat = (lambda xs: torch.cat(xs) if xs else empty)
-        return ratio_diagnostics(cat(self.seq_sums), cat(self.lengths), cat(self.token_log_ratios),
-                                 cat(self.positions), max_len=max_len, num_buckets=num_buckets)
+        cat = lambda xs: torch.cat(xs) if xs else empty
+        return ratio_diagnostics(
+            cat(self.seq_sums),
+            cat(self.lengths),
+            cat(self.token_log_ratios),
+            cat(self.positions),
+            max_len=max_len,
+            num_buckets=num_buckets,
+        )
 
 
-def ratio_diagnostics(seq_log_ratios: Tensor, lengths: Tensor, token_log_ratios: Tensor, positions: Tensor, *,
-                      max_len: int, num_buckets: int = 3) -> dict[str, float]:
+def ratio_diagnostics(
+    seq_log_ratios: Tensor,
+    lengths: Tensor,
+    token_log_ratios: Tensor,
+    positions: Tensor,
+    *,
+    max_len: int,
+    num_buckets: int = 3,
+) -> dict[str, float]:
     """The metrics of the module docstring from per-sequence (Σ log r, |y|) and per-token (log r, position)."""
     s, L = seq_log_ratios.double(), lengths.double()
-    absmax = (lambda x: float(x.abs().max()) if x.numel() else NAN)
-    out = {"seq_logratio_std": _std(s), "seq_logratio_absmax": absmax(s), "seq_geo_logratio_std": _std(s / L.clamp(min=1)),
-           "seq_logratio_len_corr": pearson(s.abs(), L)}
+    absmax = lambda x: float(x.abs().max()) if x.numel() else NAN
+    out = {
+        "seq_logratio_std": _std(s),
+        "seq_logratio_absmax": absmax(s),
+        "seq_geo_logratio_std": _std(s / L.clamp(min=1)),
+        "seq_logratio_len_corr": pearson(s.abs(), L),
+    }
     for lo, hi in buckets(max_len, num_buckets, start=1):
         sel = s[(L >= lo) & (L <= hi)]
         out[f"seq_logratio_std_len{lo}-{hi}"] = _std(sel)

@@ -1,17 +1,17 @@
 """What an update does besides loss → backward → step: named hooks with one protocol, called by ``Learner.learn``.
 
-    before_update(update)                  the update's rollout and records, before the first epoch
-    around_micro(micro)                    a context around one micro-batch's forward and backward
-    before_loss(update, step)              a micro-batch's π_θ and π_old are known; its advantages may change
-    after_backward(update, minibatch)      the minibatch's gradient is complete, not yet clipped
-    may_step(update, minibatch, loss, grad_norm)   whether the optimiser may step (every hook must agree)
-    metrics(update)                        the step's metrics, after the last epoch
+before_update(update)                  the update's rollout and records, before the first epoch
+around_micro(micro)                    a context around one micro-batch's forward and backward
+before_loss(update, step)              a micro-batch's π_θ and π_old are known; its advantages may change
+after_backward(update, minibatch)      the minibatch's gradient is complete, not yet clipped
+may_step(update, minibatch, loss, grad_norm)   whether the optimiser may step (every hook must agree)
+metrics(update)                        the step's metrics, after the last epoch
 
-    MismatchCorrection   the sampler–trainer mismatch layer (``mismatch.py``): corrected rollout, OPSM, measures
-    RoutingReplay        MoE: the old pass's experts in the update's forward (and in backward's recomputation)
-    RoutingVolatility    MoE: how far the update moved the routing (``Learner.measure_routing``)
-    RatioDiagnostics     how far the product of token ratios drifts (``diagnostics.py``)
-    FiniteGuard          no optimiser step on a NaN/inf loss or gradient norm; ``max_nonfinite_steps`` in a row raise
+MismatchCorrection   the sampler–trainer mismatch layer (``mismatch.py``): corrected rollout, OPSM, measures
+RoutingReplay        MoE: the old pass's experts in the update's forward (and in backward's recomputation)
+RoutingVolatility    MoE: how far the update moved the routing (``Learner.measure_routing``)
+RatioDiagnostics     how far the product of token ratios drifts (``diagnostics.py``)
+FiniteGuard          no optimiser step on a NaN/inf loss or gradient norm; ``max_nonfinite_steps`` in a row raise
 """
 
 from __future__ import annotations
@@ -171,13 +171,20 @@ class FiniteGuard(UpdateHook):
             self.in_a_row = 0
             return True
         self.in_a_row += 1
-        where = (f"update {self.updates} (epoch {minibatch.epoch + 1}, minibatch {minibatch.index + 1} of this rollout): "
-                 f"loss={loss}, grad_norm={grad_norm}")
-        warnings.warn(f"non-finite {where}; skipped the optimiser step ({self.in_a_row} in a row, "
-                      f"the run stops at max_nonfinite_steps={self.limit})", RuntimeWarning, stacklevel=2)
+        where = (
+            f"update {self.updates} (epoch {minibatch.epoch + 1}, minibatch {minibatch.index + 1} of this rollout): "
+            f"loss={loss}, grad_norm={grad_norm}"
+        )
+        warnings.warn(
+            f"non-finite {where}; skipped the optimiser step ({self.in_a_row} in a row, "
+            f"the run stops at max_nonfinite_steps={self.limit})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         if self.in_a_row >= self.limit:
             raise RuntimeError(
                 f"{self.in_a_row} optimiser steps in a row had a non-finite loss or gradient norm (last: {where}); "
                 "no weights were changed by them. Lower the learning rate, check the rewards and the objective for "
-                f"NaN/inf, or raise update.max_nonfinite_steps={self.limit}")
+                f"NaN/inf, or raise update.max_nonfinite_steps={self.limit}"
+            )
         return False

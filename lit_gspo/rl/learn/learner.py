@@ -29,19 +29,27 @@ from lit_gspo.models import checkpointing_active
 from lit_gspo.models.lora import reference_mode
 from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, rerouted_tokens, routing_volatility
 from lit_gspo.rl.config import Update
-from lit_gspo.rl.learn.hooks import (FiniteGuard, Hooks, MicroStep, MismatchCorrection, RatioDiagnostics, RoutingReplay,
-                                     RoutingVolatility, UpdateHook)
+from lit_gspo.rl.learn.hooks import (
+    FiniteGuard,
+    Hooks,
+    MicroStep,
+    MismatchCorrection,
+    RatioDiagnostics,
+    RoutingReplay,
+    RoutingVolatility,
+    UpdateHook,
+)
 from lit_gspo.rl.learn.mismatch import Mismatch
 from lit_gspo.rl.learn.old_policy import OldPolicy, old_policy_for
 from lit_gspo.rl.learn.optimizer_step import clip_then_step
 from lit_gspo.rl.objectives import Counts, Objective
 from lit_gspo.rl.rollout import RolloutBatch, TokenForward, micro_batch_rows, token_logprobs
+from lit_gspo.runtime.collectives import all_reduce_sum, reduce_weighted_means, sum_over_ranks
+from lit_gspo.runtime.sharding import is_sharded
 from lit_gspo.runtime.token_budget import token_budget
 
 #: attention kernels that skip the other rows' blocks of a packed sequence (varlen / block-sparse)
 PACKING_KERNELS = ("flash_attention_2", "flash_attention_3", "flex_attention")
-from lit_gspo.runtime.collectives import all_reduce_sum, reduce_weighted_means, sum_over_ranks
-from lit_gspo.runtime.sharding import is_sharded
 
 
 @dataclass
@@ -94,11 +102,24 @@ class Learner:
         hooks: more :class:`~lit_gspo.rl.learn.hooks.UpdateHook`\\ s, called after the built-in ones.
     """
 
-    def __init__(self, policy: nn.Module, objective: Objective, update: Update, *, value_head: nn.Module | None = None,
-                 reference: nn.Module | str | None = None, temperature: float = 1.0, max_len: int = 1,
-                 group_size: int = 1, routing_replay: bool = False, record_routing: bool = False,
-                 gradient_checkpointing: bool = False, mismatch: Mismatch | None = None,
-                 old_policy: OldPolicy | None = None, hooks: list[UpdateHook] = ()):
+    def __init__(
+        self,
+        policy: nn.Module,
+        objective: Objective,
+        update: Update,
+        *,
+        value_head: nn.Module | None = None,
+        reference: nn.Module | str | None = None,
+        temperature: float = 1.0,
+        max_len: int = 1,
+        group_size: int = 1,
+        routing_replay: bool = False,
+        record_routing: bool = False,
+        gradient_checkpointing: bool = False,
+        mismatch: Mismatch | None = None,
+        old_policy: OldPolicy | None = None,
+        hooks: list[UpdateHook] = (),
+    ):
         if reference is not None and not isinstance(reference, nn.Module) and reference != "adapters_off":
             raise ValueError(f"reference must be a model, 'adapters_off' or None, got {reference!r}")
         if (routing_replay or record_routing) and not moe_routers(policy):
@@ -163,8 +184,16 @@ class Learner:
         return self.completion_logprobs(self.reference, micro).logprobs
 
     # ------------------------------------------------------------------ learn
-    def learn(self, rollout: RolloutBatch, optimizer, scheduler=None, *, backward: Callable[[Tensor], None] | None = None,
-              step: Callable | None = None, world_size: int = 1) -> dict[str, float]:
+    def learn(
+        self,
+        rollout: RolloutBatch,
+        optimizer,
+        scheduler=None,
+        *,
+        backward: Callable[[Tensor], None] | None = None,
+        step: Callable | None = None,
+        world_size: int = 1,
+    ) -> dict[str, float]:
         """K epochs × M minibatches of optimiser steps on ``rollout`` (advantages set); returns the step's metrics.
 
         ``backward(loss)`` defaults to ``loss.backward()``; ``step(optimizer, clip, may_step)`` to
@@ -192,8 +221,9 @@ class Learner:
     def begin(self, rollout: RolloutBatch) -> UpdateState:
         """The state of one ``learn`` (the hooks may replace its rollout) and the rows with a gradient."""
         n = len(rollout)
-        update = UpdateState(rollout=rollout, emptied=torch.zeros(n, dtype=torch.bool),
-                             size=math.ceil(n / self.cfg.num_minibatches))
+        update = UpdateState(
+            rollout=rollout, emptied=torch.zeros(n, dtype=torch.bool), size=math.ceil(n / self.cfg.num_minibatches)
+        )
         self.hooks.before_update(update)
         update.active = self.rows_with_gradient(update.rollout)
         return update
@@ -204,25 +234,39 @@ class Learner:
         placeholder whose loss is 0, so that every rank backpropagates and the optimiser steps as on a zero gradient)."""
         rollout, size = update.rollout, update.size
         for start in range(0, len(order), size):
-            rows = order[start:start + size]
+            rows = order[start : start + size]
             counts = self.global_counts(rollout.completion_mask[rows], int(update.emptied[rows].sum()))
             kept = update.active[rows].clone()
             placeholder = not bool(kept.any())
             kept[0] |= placeholder
-            yield Minibatch(rows=rows[kept], counts=counts, epoch=epoch, index=start // size, placeholder=placeholder,
-                            skipped_tokens=float(rollout.completion_mask[rows[~kept]].sum()), first_record=len(update.records))
+            yield Minibatch(
+                rows=rows[kept],
+                counts=counts,
+                epoch=epoch,
+                index=start // size,
+                placeholder=placeholder,
+                skipped_tokens=float(rollout.completion_mask[rows[~kept]].sum()),
+                first_record=len(update.records),
+            )
 
     def micro_loss(self, update: UpdateState, minibatch: Minibatch, rows: Tensor, micro: RolloutBatch) -> Tensor:
         """The loss of one (trimmed) micro-batch, rows ``rows`` of the update's rollout, normalised by its minibatch's
         global counts; records its metrics."""
-        fwd = self.completion_logprobs(self.policy, micro, with_entropy=minibatch.epoch == 0, value_head=self.value_head)
+        fwd = self.completion_logprobs(
+            self.policy, micro, with_entropy=minibatch.epoch == 0, value_head=self.value_head
+        )
         old, old_is_current = self.old_policy.old_logprobs(update, minibatch, rows, micro, fwd.logprobs.detach())
         step = MicroStep(micro, minibatch.placeholder, fwd.logprobs, old, old_is_current, advantages=micro.advantages)
         self.hooks.before_loss(update, step)
-        critic = dict(values=fwd.values, old_values=micro.old_values, returns=micro.returns) if self.value_head is not None else {}
+        critic = (
+            dict(values=fwd.values, old_values=micro.old_values, returns=micro.returns)
+            if self.value_head is not None
+            else {}
+        )
         mask = micro.completion_mask
-        out = self.objective(fwd.logprobs, old, step.advantages, mask, counts=minibatch.counts,
-                             ref_logprobs=micro.ref_logprobs, **critic)
+        out = self.objective(
+            fwd.logprobs, old, step.advantages, mask, counts=minibatch.counts, ref_logprobs=micro.ref_logprobs, **critic
+        )
         metrics = {**out.metrics, **step.metrics}
         if fwd.entropy is not None and mask.any():
             metrics["entropy"] = fwd.entropy[mask].mean()
@@ -236,14 +280,16 @@ class Learner:
     def optimizer_step(self, update: UpdateState, minibatch: Minibatch, optimizer, scheduler, step) -> None:
         """Clip and step, or skip a minibatch the hooks refuse (a non-finite one; its metrics dropped) or that ``step``
         skipped (fp16: an overflow)."""
-        if minibatch.skipped_tokens:  # Â = 0: no clipping can zero a gradient there, so clip fractions stay over every token
+        if (
+            minibatch.skipped_tokens
+        ):  # Â = 0: no clipping can zero a gradient there, so clip fractions stay over every token
             keys = update.records[-1][0]  # the last micro-batch's metrics
             update.records.append(({k: 0.0 for k in keys if k.startswith("clip_frac")}, minibatch.skipped_tokens))
         loss = sum_over_ranks(minibatch.loss)  # the rank shares add up
         norm = step(optimizer, self.clip_and_norm, lambda norm: self.hooks.may_step(update, minibatch, loss, norm))
         if norm is None:  # NaN/inf gradients never reach the weights, the optimiser state or the schedule
             optimizer.zero_grad()
-            del update.records[minibatch.first_record:]  # the metrics describe the steps taken
+            del update.records[minibatch.first_record :]  # the metrics describe the steps taken
             update.nonfinite += 1
             return
         update.losses.append(loss)
@@ -275,8 +321,12 @@ class Learner:
         gradient, so the update skips its forward and backward. It still counts in the normalisers.
         """
         n = len(rollout)
-        if not (self.cfg.skip_zero_advantage_rows and self.objective.zero_advantage_has_no_gradient
-                and self.objective.beta == 0 and self.value_head is None):
+        if not (
+            self.cfg.skip_zero_advantage_rows
+            and self.objective.zero_advantage_has_no_gradient
+            and self.objective.beta == 0
+            and self.value_head is None
+        ):
             return torch.ones(n, dtype=torch.bool)
         adv = rollout.advantages.to(rollout.completion_mask.device)
         nonzero = adv != 0 if adv.dim() == 1 else ((adv != 0) & rollout.completion_mask).any(1)
@@ -299,8 +349,12 @@ class Learner:
         replays positions of one whole-sequence forward, checkpointed layers would append to the KV
         cache again when recomputed, and FSDP2 expects one root forward per backward.
         """
-        return (self.cfg.share_prompt_forward and not self.is_moe and not self.gradient_checkpointing
-                and not is_sharded(self.policy))
+        return (
+            self.cfg.share_prompt_forward
+            and not self.is_moe
+            and not self.gradient_checkpointing
+            and not is_sharded(self.policy)
+        )
 
     @property
     def packs(self) -> bool:
@@ -315,8 +369,9 @@ class Learner:
     def completion_logprobs(self, model: nn.Module, micro: RolloutBatch, **kwargs) -> TokenForward:
         """:func:`token_logprobs` at the sampling temperature, packed where :attr:`packs`, else sharing prompts where
         :attr:`shares_prompts`."""
-        return token_logprobs(model, micro, temperature=self.temperature, share_prompts=self.shares_prompts,
-                              pack=self.packs, **kwargs)
+        return token_logprobs(
+            model, micro, temperature=self.temperature, share_prompts=self.shares_prompts, pack=self.packs, **kwargs
+        )
 
     @torch.no_grad()
     def old_logprobs(self, rollout: RolloutBatch, rows: Tensor) -> Tensor:
@@ -326,12 +381,14 @@ class Learner:
             for micro_rows, micro in self.micro_batches(rollout.select(rows), with_rows=True):
                 micro = micro.trimmed()
                 logprobs = self.completion_logprobs(self.policy, micro).logprobs
-                old[rows[micro_rows], :logprobs.shape[1]] = logprobs
+                old[rows[micro_rows], : logprobs.shape[1]] = logprobs
         return old
 
     def global_counts(self, mask: Tensor, emptied: int = 0) -> Counts:
         """Tokens and sequences of the whole minibatch (less ``emptied`` sequences the mismatch masks emptied), summed over ranks."""
-        local = torch.tensor([float(mask.sum()), float(mask.shape[0] - emptied)], dtype=torch.float64, device=mask.device)
+        local = torch.tensor(
+            [float(mask.sum()), float(mask.shape[0] - emptied)], dtype=torch.float64, device=mask.device
+        )
         total = all_reduce_sum(local)
         return Counts(tokens=float(total[0]), seqs=float(total[1]), max_len=float(self.max_len))
 
@@ -350,8 +407,11 @@ class Learner:
         device = self.device
         if device.type != "cuda":
             return None
-        dtype = (torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
-                 else next(self.policy.parameters()).dtype)
+        dtype = (
+            torch.get_autocast_dtype(device.type)
+            if torch.is_autocast_enabled(device.type)
+            else next(self.policy.parameters()).dtype
+        )
         return token_budget(self.policy.config, device, dtype, checkpointing=self.gradient_checkpointing)
 
     def micro_batches(self, batch: RolloutBatch, with_rows: bool = False):
@@ -372,15 +432,22 @@ class Learner:
           GSPO paper's case for Routing Replay is that rerouted tokens' ratios swing; these measure it.
         """
         with record_routing(self.policy) as recorder:
-            logprobs = torch.cat([token_logprobs(self.policy, micro, temperature=self.temperature).logprobs
-                                  for micro in self.micro_batches(rollout)])
+            logprobs = torch.cat(
+                [
+                    token_logprobs(self.policy, micro, temperature=self.temperature).logprobs
+                    for micro in self.micro_batches(rollout)
+                ]
+            )
         mask = rollout.completion_mask.bool()
-        full_mask = torch.cat([torch.zeros_like(rollout.input_ids[:, :rollout.prompt_length], dtype=torch.bool), mask], 1)
+        full_mask = torch.cat(
+            [torch.zeros_like(rollout.input_ids[:, : rollout.prompt_length], dtype=torch.bool), mask], 1
+        )
         metrics = {"routing_volatility": routing_volatility(rollout.routing, recorder.record, full_mask)}
-        rerouted = rerouted_tokens(rollout.routing, recorder.record)[:, rollout.prompt_length:].to(mask.device) & mask
+        rerouted = rerouted_tokens(rollout.routing, recorder.record)[:, rollout.prompt_length :].to(mask.device) & mask
         metrics["routing/rerouted_tokens"] = float(rerouted.sum() / mask.sum()) if mask.any() else float("nan")
         shift = (logprobs - rollout.old_logprobs).abs() if rollout.old_logprobs is not None else None
         for name, tokens in (("rerouted", rerouted), ("kept", mask & ~rerouted)):
-            metrics[f"routing/abs_logratio_{name}"] = (float(shift[tokens].mean()) if shift is not None and tokens.any()
-                                                       else float("nan"))
+            metrics[f"routing/abs_logratio_{name}"] = (
+                float(shift[tokens].mean()) if shift is not None and tokens.any() else float("nan")
+            )
         return metrics

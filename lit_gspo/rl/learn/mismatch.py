@@ -47,7 +47,9 @@ class Correction:
         """(N, T) bool: tokens kept, or None."""
         return None
 
-    def keep_in_update(self, logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, advantages: Tensor) -> Tensor | None:
+    def keep_in_update(
+        self, logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, advantages: Tensor
+    ) -> Tensor | None:
         """(B, T) bool: tokens whose Â is kept in this update step (``logprobs``: π_θ, detached), or None."""
         return None
 
@@ -91,9 +93,9 @@ class MIS(Correction):
 class SequenceMIS(Correction):
     """Sequence-level masked IS: sequence i masked when its ratio ρ_i > cap (or < low).
 
-        ρ_i = exp(Σ_t δ_t)            ``ratio: product``   (TRL's ``vllm_importance_sampling_mode:
-                                                            sequence_mask``, its default, cap 3)
-        ρ_i = exp(Σ_t δ_t / |y_i|)    ``ratio: geometric`` (verl's ``seq_mean_k1``)
+    ρ_i = exp(Σ_t δ_t)            ``ratio: product``   (TRL's ``vllm_importance_sampling_mode:
+                                                        sequence_mask``, its default, cap 3)
+    ρ_i = exp(Σ_t δ_t / |y_i|)    ``ratio: geometric`` (verl's ``seq_mean_k1``)
     """
 
     def __init__(self, cap: float = 3.0, low: float | None = None, ratio: str = "product"):
@@ -156,11 +158,15 @@ class Mismatch:
             raise ValueError(f"mismatch.old_logprobs must be one of {OLD_LOGPROBS}, got {self.old_logprobs!r}")
         for c in self.corrections:
             if not isinstance(c, Correction):
-                raise ValueError(f"mismatch.corrections takes TIS, MIS, SequenceMIS or OPSM (lit_gspo.rl.learn.mismatch), got {c!r}")
+                raise ValueError(
+                    f"mismatch.corrections takes TIS, MIS, SequenceMIS or OPSM (lit_gspo.rl.learn.mismatch), got {c!r}"
+                )
         needing = [type(c).__name__ for c in self.corrections if c.needs_trainer_old]
         if self.sampler_is_old and needing:
-            raise ValueError(f"mismatch.old_logprobs='sampler' makes π_old the sampler: {', '.join(needing)} would "
-                             "correct π_old/π_sampler = 1 (nothing); use old_logprobs='trainer', or only OPSM")
+            raise ValueError(
+                f"mismatch.old_logprobs='sampler' makes π_old the sampler: {', '.join(needing)} would "
+                "correct π_old/π_sampler = 1 (nothing); use old_logprobs='trainer', or only OPSM"
+            )
 
     @property
     def sampler_is_old(self) -> bool:
@@ -181,8 +187,10 @@ class Mismatch:
         if self.sampler_is_old:
             return replace(rollout, old_logprobs=sampler.clone()), torch.zeros(len(rollout), dtype=torch.bool), []
         if rollout.old_logprobs is None:
-            raise ValueError("mismatch corrections compare the trainer's old log-probs with the sampler's: run "
-                             "Learner.snapshot(rollout) (with this mismatch) before learn")
+            raise ValueError(
+                "mismatch corrections compare the trainer's old log-probs with the sampler's: run "
+                "Learner.snapshot(rollout) (with this mismatch) before learn"
+            )
         mask = rollout.completion_mask
         delta = log_ratio(rollout.old_logprobs, sampler)  # (N, T), clamped to ±20
         weights, keep, truncated = None, mask.clone(), torch.zeros_like(mask)
@@ -195,16 +203,22 @@ class Mismatch:
                 keep &= k
         emptied = mask.any(1) & ~keep.any(1)  # (N,)
         token_metrics = mismatch_metrics(rollout.old_logprobs, sampler, mask)
-        token_metrics.update({"mismatch/truncated_token_frac": masked_mean(truncated.float(), mask),
-                              "mismatch/masked_token_frac": masked_mean((~keep).float(), mask)})
+        token_metrics.update(
+            {
+                "mismatch/truncated_token_frac": masked_mean(truncated.float(), mask),
+                "mismatch/masked_token_frac": masked_mean((~keep).float(), mask),
+            }
+        )
         has_tokens = mask.any(1)
         seq_metrics = {"mismatch/masked_seq_frac": emptied[has_tokens].float().mean() if has_tokens.any() else 0.0}
         advantages = rollout.advantages
         if weights is not None:  # (N, T): Â_t · w_t
             advantages = (advantages if advantages.dim() == 2 else advantages[:, None]) * weights
         corrected = replace(rollout, advantages=advantages, completion_mask=keep)
-        records = [({k: float(v) for k, v in token_metrics.items()}, float(mask.sum())),
-                   ({k: float(v) for k, v in seq_metrics.items()}, float(mask.any(1).sum()))]
+        records = [
+            ({k: float(v) for k, v in token_metrics.items()}, float(mask.sum())),
+            ({k: float(v) for k, v in seq_metrics.items()}, float(mask.any(1).sum())),
+        ]
         return corrected, emptied, records
 
     def in_update(self, micro: RolloutBatch, logprobs: Tensor) -> tuple[Tensor, dict[str, float]]:
@@ -217,14 +231,18 @@ class Mismatch:
             adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(keep)
             advantages = torch.where(keep, adv, torch.zeros((), dtype=adv.dtype, device=adv.device))
             dropped = micro.completion_mask & ~keep
-            metrics[f"mismatch/{type(c).__name__.lower()}_masked_token_frac"] = float(masked_mean(dropped.float(), micro.completion_mask))
+            metrics[f"mismatch/{type(c).__name__.lower()}_masked_token_frac"] = float(
+                masked_mean(dropped.float(), micro.completion_mask)
+            )
         return advantages, metrics
 
 
 def sampler_logprobs(rollout: RolloutBatch) -> Tensor:
     if rollout.engine_logprobs is None:
-        raise ValueError("model.mismatch needs the sampler's log-probs of the sampled tokens (RolloutBatch.engine_logprobs), "
-                         "but the engine returned none: use an engine whose generate returns them (HFGenerate, LeanSampler)")
+        raise ValueError(
+            "model.mismatch needs the sampler's log-probs of the sampled tokens (RolloutBatch.engine_logprobs), "
+            "but the engine returned none: use an engine whose generate returns them (HFGenerate, LeanSampler)"
+        )
     return rollout.engine_logprobs.float()
 
 
@@ -232,9 +250,14 @@ def mismatch_metrics(logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -
     """Per valid token: k3 estimate of KL(π_sampler ‖ π) (tokens were sampled from π_sampler), max and mean |δ|."""
     mask = mask.bool()
     zero = torch.zeros((), dtype=torch.float32, device=mask.device)
-    logprobs, sampler_logprobs = torch.where(mask, logprobs.float(), zero), torch.where(mask, sampler_logprobs.float(), zero)
+    logprobs, sampler_logprobs = (
+        torch.where(mask, logprobs.float(), zero),
+        torch.where(mask, sampler_logprobs.float(), zero),
+    )
     abs_delta = (logprobs - sampler_logprobs).abs()
     k3 = kl_penalty(sampler_logprobs.double(), logprobs.double(), "k3").float()  # fp64: e^x − x − 1 of a tiny x
-    return {"mismatch/k3": masked_mean(k3, mask),
-            "mismatch/log_ratio_abs_mean": masked_mean(abs_delta, mask),
-            "mismatch/log_ratio_abs_max": abs_delta.max() if mask.any() else zero}
+    return {
+        "mismatch/k3": masked_mean(k3, mask),
+        "mismatch/log_ratio_abs_mean": masked_mean(abs_delta, mask),
+        "mismatch/log_ratio_abs_max": abs_delta.max() if mask.any() else zero,
+    }

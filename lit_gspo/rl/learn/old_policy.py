@@ -35,7 +35,9 @@ class OldPolicy:
     def before_epoch(self, update, order: Tensor) -> None:
         """Fill what the epoch will read (``update.rollout.old_logprobs``); ``order``: its rows, minibatch by minibatch."""
 
-    def old_logprobs(self, update, minibatch, rows: Tensor, micro: RolloutBatch, logprobs: Tensor) -> tuple[Tensor, bool]:
+    def old_logprobs(
+        self, update, minibatch, rows: Tensor, micro: RolloutBatch, logprobs: Tensor
+    ) -> tuple[Tensor, bool]:
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -63,12 +65,12 @@ class RecomputedBeforeFirstStep(OldPolicy):
     def before_epoch(self, update, order):
         rollout = update.rollout
         if rollout.old_logprobs is None:  # the first epoch: the first minibatch's come from its own forward
-            later = order[update.size:]
+            later = order[update.size :]
             rollout.old_logprobs = self.policy_logprobs(rollout, later[update.active[later]])
 
     def old_logprobs(self, update, minibatch, rows, micro, logprobs):
         if update.steps_done == 0:  # no step yet: π_θ is π_old
-            update.rollout.old_logprobs[rows, :logprobs.shape[1]] = logprobs  # what later epochs read
+            update.rollout.old_logprobs[rows, : logprobs.shape[1]] = logprobs  # what later epochs read
             return logprobs, True
         if minibatch.placeholder:  # a loss of 0 whose ratio feeds only the clip metrics
             return logprobs, True

@@ -28,7 +28,7 @@ AGGREGATIONS: tuple[str, ...] = Aggregation.__args__  # type: ignore[attr-define
 KLEstimator = Literal["k1", "k2", "k3"]
 KL_ESTIMATORS: tuple[str, ...] = KLEstimator.__args__  # type: ignore[attr-defined]
 
-OBJECTIVES: dict[str, type["Objective"]] = {}
+OBJECTIVES: dict[str, type[Objective]] = {}
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Counts:
     max_len: float
 
     @staticmethod
-    def of(mask: Tensor, max_len: float | None = None) -> "Counts":
+    def of(mask: Tensor, max_len: float | None = None) -> Counts:
         """Counts of a single batch (the default when the caller passes none)."""
         return Counts(tokens=float(mask.sum()), seqs=float(mask.shape[0]), max_len=float(max_len or mask.shape[1]))
 
@@ -78,8 +78,9 @@ def log_ratio(logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
     return (logprobs - old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
 
 
-def clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: float
-                      ) -> tuple[Tensor, Tensor, Tensor]:
+def clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, Tensor, Tensor]:
     """PPO-clip loss ℓ = −min(r Â, clip(r, 1 − ε_low, 1 + ε_high) Â), elementwise.
 
     Returns (loss, clipped_low, clipped_high): the masks of entries whose gradient the clip zeroes,
@@ -188,26 +189,43 @@ class Objective(Registered, register=False):
             raise ValueError(f"unknown aggregation {aggregation!r}; valid: {', '.join(AGGREGATIONS)}")
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(clip_low={self.clip_low}, clip_high={self.clip_high}, beta={self.beta}, "
-                f"kl_estimator={self.kl_estimator!r}, aggregation={self.aggregation!r})")
+        return (
+            f"{type(self).__name__}(clip_low={self.clip_low}, clip_high={self.clip_high}, beta={self.beta}, "
+            f"kl_estimator={self.kl_estimator!r}, aggregation={self.aggregation!r})"
+        )
 
     # -- the one method a new algorithm writes -------------------------------------------------
-    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                    counts: Counts, **extra) -> LossOutput:
+    def policy_loss(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, counts: Counts, **extra
+    ) -> LossOutput:
         """Policy-gradient loss of this micro-batch. Inputs are validated fp32, padding zeroed,
         ``advantages`` already (B, T). Must return metrics with at least ``clip_frac``."""
         raise NotImplementedError
 
     # -- shared plumbing ------------------------------------------------------------------------
-    def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                 counts: Counts | None = None, ref_logprobs: Tensor | None = None, **extra) -> LossOutput:
+    def __call__(
+        self,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        counts: Counts | None = None,
+        ref_logprobs: Tensor | None = None,
+        **extra,
+    ) -> LossOutput:
         """loss = policy_loss + β · aggregate(KL(π_θ ‖ π_ref)).
 
         Shapes: logprobs, old_logprobs, mask (B, T); advantages (B,) or (B, T). ``counts`` are the
         normalisers of the whole optimisation step (default: this batch alone).
         """
-        mask = _check_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs,
-                             {k: extra[k] for k in ("values", "old_values", "returns") if extra.get(k) is not None})
+        mask = _check_inputs(
+            logprobs,
+            old_logprobs,
+            advantages,
+            mask,
+            ref_logprobs,
+            {k: extra[k] for k in ("values", "old_values", "returns") if extra.get(k) is not None},
+        )
         counts = counts or Counts.of(mask)
         zero = torch.zeros((), dtype=torch.float32, device=logprobs.device)
         logprobs = torch.where(mask, logprobs.float(), zero)
@@ -247,8 +265,9 @@ def token_ratio_metrics(ratio: Tensor, mask: Tensor, clipped_low: Tensor, clippe
     }
 
 
-def sequence_ratio_metrics(seq_ratio: Tensor, mask: Tensor, clipped_low: Tensor, clipped_high: Tensor
-                           ) -> dict[str, Tensor]:
+def sequence_ratio_metrics(
+    seq_ratio: Tensor, mask: Tensor, clipped_low: Tensor, clipped_high: Tensor
+) -> dict[str, Tensor]:
     """Metrics of a sequence-level objective: clip fractions over valid tokens (every token of a
     clipped sequence counts), ratio statistics over the (B,) sequence ratios of non-empty rows."""
     seq_ratio = seq_ratio.detach()
@@ -272,8 +291,14 @@ def get_objective(name: str, **hparams) -> Objective:
     return OBJECTIVES[key](**hparams)
 
 
-def _check_inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                  ref_logprobs: Tensor | None, others: dict[str, Tensor] | None = None) -> Tensor:
+def _check_inputs(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    ref_logprobs: Tensor | None,
+    others: dict[str, Tensor] | None = None,
+) -> Tensor:
     """Validate shapes and finiteness inside the mask; return the mask as bool."""
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be (B, T), got shape {tuple(logprobs.shape)}")
@@ -285,8 +310,10 @@ def _check_inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ma
         if tensor.shape != logprobs.shape:
             raise ValueError(f"{key} has shape {tuple(tensor.shape)} but logprobs has {tuple(logprobs.shape)}")
     if advantages.shape not in (logprobs.shape, logprobs.shape[:1]):
-        raise ValueError(f"advantages must be (B,) = {tuple(logprobs.shape[:1])} or (B, T) = "
-                         f"{tuple(logprobs.shape)}, got {tuple(advantages.shape)}")
+        raise ValueError(
+            f"advantages must be (B,) = {tuple(logprobs.shape[:1])} or (B, T) = "
+            f"{tuple(logprobs.shape)}, got {tuple(advantages.shape)}"
+        )
     mask = mask.bool()
     adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(mask)
     checked = {"logprobs": logprobs, "old_logprobs": old_logprobs, "advantages": adv}
@@ -295,6 +322,8 @@ def _check_inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ma
         bad = mask & ~torch.isfinite(tensor.detach())
         if bad.any():
             where = bad.nonzero()[0].tolist()
-            raise ValueError(f"{key} has {int(bad.sum())} non-finite value(s) inside the mask, first at (row, token) "
-                             f"= {tuple(where)}: {tensor.detach()[tuple(where)].item()}")
+            raise ValueError(
+                f"{key} has {int(bad.sum())} non-finite value(s) inside the mask, first at (row, token) "
+                f"= {tuple(where)}: {tensor.detach()[tuple(where)].item()}"
+            )
     return mask

@@ -6,7 +6,15 @@ import torch
 from torch import Tensor
 
 from lit_gspo.rl.objectives.base import (
-    Aggregation, Counts, KLEstimator, LossOutput, Objective, aggregate, log_ratio, masked_mean, token_ratio_metrics,
+    Aggregation,
+    Counts,
+    KLEstimator,
+    LossOutput,
+    Objective,
+    aggregate,
+    log_ratio,
+    masked_mean,
+    token_ratio_metrics,
 )
 
 
@@ -28,12 +36,19 @@ class CISPO(Objective):
     name = "cispo"
     zero_advantage_has_no_gradient = True  # every policy-loss term is a multiple of Â
 
-    def __init__(self, clip_low: float = 1.0, clip_high: float = 3.0, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
-                 aggregation: Aggregation = "token-mean"):
+    def __init__(
+        self,
+        clip_low: float = 1.0,
+        clip_high: float = 3.0,
+        beta: float = 0.0,
+        kl_estimator: KLEstimator = "k3",
+        aggregation: Aggregation = "token-mean",
+    ):
         super().__init__(clip_low, clip_high, beta, kl_estimator, aggregation)
 
-    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                    counts: Counts, **extra) -> LossOutput:
+    def policy_loss(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, counts: Counts, **extra
+    ) -> LossOutput:
         ratio = torch.exp(log_ratio(logprobs, old_logprobs)).detach()  # (B, T)
         weight = ratio.clamp(1 - self.clip_low, 1 + self.clip_high)  # (B, T), sg(r̂)
         loss = -weight * advantages * logprobs  # (B, T)

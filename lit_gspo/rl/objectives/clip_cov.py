@@ -7,7 +7,15 @@ import torch
 from torch import Tensor
 
 from lit_gspo.rl.objectives.base import (
-    Aggregation, Counts, KLEstimator, LossOutput, Objective, aggregate, clipped_surrogate, log_ratio, masked_mean,
+    Aggregation,
+    Counts,
+    KLEstimator,
+    LossOutput,
+    Objective,
+    aggregate,
+    clipped_surrogate,
+    log_ratio,
+    masked_mean,
     token_ratio_metrics,
 )
 
@@ -50,11 +58,20 @@ class ClipCov(Objective):
     name = "clip_cov"
     # ℓ vanishes with Â, but skipping Â = 0 rows would change the batch means and N the selection uses
 
-    def __init__(self, clip_low: float = 0.2, clip_high: float = 0.2, clip_cov_ratio: float = 2e-4,
-                 clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
-                 aggregation: Aggregation = "token-mean"):
-        super().__init__(clip_low=clip_low, clip_high=clip_high, beta=beta, kl_estimator=kl_estimator,
-                         aggregation=aggregation)
+    def __init__(
+        self,
+        clip_low: float = 0.2,
+        clip_high: float = 0.2,
+        clip_cov_ratio: float = 2e-4,
+        clip_cov_lb: float = 1.0,
+        clip_cov_ub: float = 5.0,
+        beta: float = 0.0,
+        kl_estimator: KLEstimator = "k3",
+        aggregation: Aggregation = "token-mean",
+    ):
+        super().__init__(
+            clip_low=clip_low, clip_high=clip_high, beta=beta, kl_estimator=kl_estimator, aggregation=aggregation
+        )
         if not 0 < clip_cov_ratio <= 1:
             raise ValueError(f"clip_cov_ratio must be in (0, 1], got {clip_cov_ratio}")
         if clip_cov_lb >= clip_cov_ub:
@@ -63,17 +80,20 @@ class ClipCov(Objective):
         self.clip_cov_lb, self.clip_cov_ub = float(clip_cov_lb), float(clip_cov_ub)
 
     def __repr__(self) -> str:
-        return (f"{super().__repr__()[:-1]}, clip_cov_ratio={self.clip_cov_ratio}, clip_cov_lb={self.clip_cov_lb}, "
-                f"clip_cov_ub={self.clip_cov_ub})")
+        return (
+            f"{super().__repr__()[:-1]}, clip_cov_ratio={self.clip_cov_ratio}, clip_cov_lb={self.clip_cov_lb}, "
+            f"clip_cov_ub={self.clip_cov_ub})"
+        )
 
-    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                    counts: Counts, **extra) -> LossOutput:
+    def policy_loss(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, counts: Counts, **extra
+    ) -> LossOutput:
         ratio = torch.exp(log_ratio(logprobs, old_logprobs))  # (B, T)
         loss, clipped_low, clipped_high = clipped_surrogate(ratio, advantages, self.clip_low, self.clip_high)
         cov = token_covariance(logprobs, advantages, mask)  # (B, T)
         candidates = mask & ~clipped_low & ~clipped_high & (cov > self.clip_cov_lb) & (cov < self.clip_cov_ub)
         flat = candidates.flatten().nonzero().squeeze(1)  # row-major: the same order however the rows are padded
-        drawn = flat[torch.randperm(flat.numel(), device=flat.device)[:selection_size(self.clip_cov_ratio, mask)]]
+        drawn = flat[torch.randperm(flat.numel(), device=flat.device)[: selection_size(self.clip_cov_ratio, mask)]]
         selected = torch.zeros_like(candidates).flatten().index_fill_(0, drawn, True).view_as(mask)
         loss = torch.where(selected, loss.detach(), loss)  # (B, T)
         metrics = token_ratio_metrics(ratio, mask, clipped_low, clipped_high)

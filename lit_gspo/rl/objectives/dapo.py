@@ -20,6 +20,13 @@ class DAPO(PPOClip):
     name = "dapo"
     paper_dynamic_sampling = True
 
-    def __init__(self, clip_low: float = 0.2, clip_high: float = 0.28, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
-                 aggregation: Aggregation = "token-mean", dual_clip: float | None = None):
+    def __init__(
+        self,
+        clip_low: float = 0.2,
+        clip_high: float = 0.28,
+        beta: float = 0.0,
+        kl_estimator: KLEstimator = "k3",
+        aggregation: Aggregation = "token-mean",
+        dual_clip: float | None = None,
+    ):
         super().__init__(clip_low, clip_high, beta, kl_estimator, aggregation, dual_clip)

@@ -8,7 +8,15 @@ import torch
 from torch import Tensor
 
 from lit_gspo.rl.objectives.base import (
-    Aggregation, Counts, KLEstimator, LossOutput, Objective, aggregate, log_ratio, masked_mean, token_ratio_metrics,
+    Aggregation,
+    Counts,
+    KLEstimator,
+    LossOutput,
+    Objective,
+    aggregate,
+    log_ratio,
+    masked_mean,
+    token_ratio_metrics,
 )
 
 Divergence = Literal["binary_tv", "binary_kl"]
@@ -56,9 +64,16 @@ class DPPO(Objective):
     zero_advantage_has_no_gradient = True  # ℓ is a multiple of Â
     paper_advantage = "group_mean"
 
-    def __init__(self, divergence: Divergence = "binary_tv", clip_low: float | None = None,
-                 clip_high: float | None = None, ratio_cap: float | None = None, beta: float = 0.0,
-                 kl_estimator: KLEstimator = "k3", aggregation: Aggregation = "seq-mean-token-sum-norm"):
+    def __init__(
+        self,
+        divergence: Divergence = "binary_tv",
+        clip_low: float | None = None,
+        clip_high: float | None = None,
+        ratio_cap: float | None = None,
+        beta: float = 0.0,
+        kl_estimator: KLEstimator = "k3",
+        aggregation: Aggregation = "seq-mean-token-sum-norm",
+    ):
         """
         Args:
             divergence: the divergence D the trust region bounds (``binary_tv`` or ``binary_kl``).
@@ -70,9 +85,13 @@ class DPPO(Objective):
         if divergence not in DIVERGENCES:
             raise ValueError(f"unknown divergence {divergence!r}; valid: {', '.join(DIVERGENCES)}")
         bound = DEFAULT_BOUND[divergence]
-        super().__init__(clip_low=bound if clip_low is None else clip_low,
-                         clip_high=bound if clip_high is None else clip_high,
-                         beta=beta, kl_estimator=kl_estimator, aggregation=aggregation)
+        super().__init__(
+            clip_low=bound if clip_low is None else clip_low,
+            clip_high=bound if clip_high is None else clip_high,
+            beta=beta,
+            kl_estimator=kl_estimator,
+            aggregation=aggregation,
+        )
         if ratio_cap is not None and ratio_cap <= 0:
             raise ValueError(f"ratio_cap must be > 0 (or None), got {ratio_cap}")
         self.divergence, self.ratio_cap = divergence, ratio_cap
@@ -80,8 +99,9 @@ class DPPO(Objective):
     def __repr__(self) -> str:
         return f"{super().__repr__()[:-1]}, divergence={self.divergence!r}, ratio_cap={self.ratio_cap})"
 
-    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                    counts: Counts, **extra) -> LossOutput:
+    def policy_loss(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, counts: Counts, **extra
+    ) -> LossOutput:
         ratio = torch.exp(log_ratio(logprobs, old_logprobs))  # (B, T)
         weight = ratio if self.ratio_cap is None else ratio * (ratio.clamp(max=self.ratio_cap) / ratio).detach()
         div = binary_divergence(logprobs, old_logprobs, self.divergence)  # (B, T)

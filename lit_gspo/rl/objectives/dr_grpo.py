@@ -19,6 +19,13 @@ class DrGRPO(PPOClip):
     name = "dr_grpo"
     paper_advantage = "group_mean"
 
-    def __init__(self, clip_low: float = 0.2, clip_high: float = 0.2, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
-                 aggregation: Aggregation = "seq-mean-token-sum-norm", dual_clip: float | None = None):
+    def __init__(
+        self,
+        clip_low: float = 0.2,
+        clip_high: float = 0.2,
+        beta: float = 0.0,
+        kl_estimator: KLEstimator = "k3",
+        aggregation: Aggregation = "seq-mean-token-sum-norm",
+        dual_clip: float | None = None,
+    ):
         super().__init__(clip_low, clip_high, beta, kl_estimator, aggregation, dual_clip)

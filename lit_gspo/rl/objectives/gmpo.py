@@ -6,7 +6,16 @@ import torch
 from torch import Tensor
 
 from lit_gspo.rl.objectives.base import (
-    MAX_LOG_RATIO, Aggregation, Counts, KLEstimator, LossOutput, Objective, aggregate, log_ratio, masked_sum, sequence_ratio_metrics,
+    MAX_LOG_RATIO,
+    Aggregation,
+    Counts,
+    KLEstimator,
+    LossOutput,
+    Objective,
+    aggregate,
+    log_ratio,
+    masked_sum,
+    sequence_ratio_metrics,
 )
 
 
@@ -27,12 +36,19 @@ class GMPO(Objective):
     name = "gmpo"
     zero_advantage_has_no_gradient = True  # every policy-loss term is a multiple of Â
 
-    def __init__(self, clip_low: float = 0.4, clip_high: float = 0.4, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
-                 aggregation: Aggregation = "seq-mean-token-mean"):
+    def __init__(
+        self,
+        clip_low: float = 0.4,
+        clip_high: float = 0.4,
+        beta: float = 0.0,
+        kl_estimator: KLEstimator = "k3",
+        aggregation: Aggregation = "seq-mean-token-mean",
+    ):
         super().__init__(clip_low, clip_high, beta, kl_estimator, aggregation)
 
-    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                    counts: Counts, **extra) -> LossOutput:
+    def policy_loss(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, counts: Counts, **extra
+    ) -> LossOutput:
         delta = log_ratio(logprobs, old_logprobs)  # (B, T)
         positive = advantages > 0  # (B, T)
         clipped_delta = torch.where(positive, delta.clamp(max=self.clip_high), delta.clamp(min=-self.clip_low))
@@ -42,6 +58,6 @@ class GMPO(Objective):
         loss = -advantages * seq_ratio[:, None]  # (B, T), ℓ_i on every token of row i
         clipped_high = positive & (delta > self.clip_high)
         clipped_low = (advantages < 0) & (delta < -self.clip_low)
-        unclipped_ratio = torch.exp((masked_sum(delta.detach(), mask, dim=1) / lengths))  # (B,)
+        unclipped_ratio = torch.exp(masked_sum(delta.detach(), mask, dim=1) / lengths)  # (B,)
         metrics = sequence_ratio_metrics(unclipped_ratio, mask, clipped_low, clipped_high)
         return LossOutput(aggregate(loss, mask, self.aggregation, counts), metrics)

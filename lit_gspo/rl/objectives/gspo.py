@@ -6,7 +6,16 @@ import torch
 from torch import Tensor
 
 from lit_gspo.rl.objectives.base import (
-    MAX_LOG_RATIO, Aggregation, Counts, KLEstimator, LossOutput, Objective, aggregate, clipped_surrogate, masked_sum, sequence_ratio_metrics,
+    MAX_LOG_RATIO,
+    Aggregation,
+    Counts,
+    KLEstimator,
+    LossOutput,
+    Objective,
+    aggregate,
+    clipped_surrogate,
+    masked_sum,
+    sequence_ratio_metrics,
 )
 
 
@@ -24,8 +33,14 @@ class GSPO(Objective):
     name = "gspo"
     zero_advantage_has_no_gradient = True  # every policy-loss term is a multiple of Â
 
-    def __init__(self, clip_low: float = 3e-4, clip_high: float = 4e-4, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
-                 aggregation: Aggregation = "seq-mean-token-mean"):
+    def __init__(
+        self,
+        clip_low: float = 3e-4,
+        clip_high: float = 4e-4,
+        beta: float = 0.0,
+        kl_estimator: KLEstimator = "k3",
+        aggregation: Aggregation = "seq-mean-token-mean",
+    ):
         super().__init__(clip_low, clip_high, beta, kl_estimator, aggregation)
 
     def sequence_ratio(self, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
@@ -37,8 +52,9 @@ class GSPO(Objective):
         """(B, T) weight whose value is s_i on every token of sequence i."""
         return self.sequence_ratio(logprobs, old_logprobs, mask)[:, None].expand_as(logprobs)
 
-    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                    counts: Counts, **extra) -> LossOutput:
+    def policy_loss(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, counts: Counts, **extra
+    ) -> LossOutput:
         ratio = self.importance_weight(logprobs, old_logprobs, mask)  # (B, T), value s_i on row i
         loss, clipped_low, clipped_high = clipped_surrogate(ratio, advantages, self.clip_low, self.clip_high)  # (B, T)
         seq_ratio = self.sequence_ratio(logprobs.detach(), old_logprobs, mask)  # (B,)
@@ -60,4 +76,3 @@ class GSPOToken(GSPO):
     def importance_weight(self, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
         seq_ratio = self.sequence_ratio(logprobs, old_logprobs, mask).detach()  # (B,)
         return seq_ratio[:, None] * torch.exp(logprobs - logprobs.detach())  # (B, T), value s_i
-

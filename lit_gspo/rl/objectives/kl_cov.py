@@ -7,7 +7,15 @@ import torch
 from torch import Tensor
 
 from lit_gspo.rl.objectives.base import (
-    Aggregation, Counts, KLEstimator, LossOutput, Objective, aggregate, log_ratio, masked_mean, token_ratio_metrics,
+    Aggregation,
+    Counts,
+    KLEstimator,
+    LossOutput,
+    Objective,
+    aggregate,
+    log_ratio,
+    masked_mean,
+    token_ratio_metrics,
 )
 from lit_gspo.rl.objectives.clip_cov import selection_size, token_covariance
 
@@ -31,8 +39,14 @@ class KLCov(Objective):
 
     name = "kl_cov"
 
-    def __init__(self, kl_cov_ratio: float = 2e-3, kl_cov_coef: float = 1.0, beta: float = 0.0,
-                 kl_estimator: KLEstimator = "k3", aggregation: Aggregation = "token-mean"):
+    def __init__(
+        self,
+        kl_cov_ratio: float = 2e-3,
+        kl_cov_coef: float = 1.0,
+        beta: float = 0.0,
+        kl_estimator: KLEstimator = "k3",
+        aggregation: Aggregation = "token-mean",
+    ):
         super().__init__(clip_low=0.0, clip_high=0.0, beta=beta, kl_estimator=kl_estimator, aggregation=aggregation)
         if not 0 < kl_cov_ratio <= 1:
             raise ValueError(f"kl_cov_ratio must be in (0, 1], got {kl_cov_ratio}")
@@ -41,11 +55,14 @@ class KLCov(Objective):
         self.kl_cov_ratio, self.kl_cov_coef = float(kl_cov_ratio), float(kl_cov_coef)
 
     def __repr__(self) -> str:
-        return (f"KLCov(kl_cov_ratio={self.kl_cov_ratio}, kl_cov_coef={self.kl_cov_coef}, beta={self.beta}, "
-                f"kl_estimator={self.kl_estimator!r}, aggregation={self.aggregation!r})")
+        return (
+            f"KLCov(kl_cov_ratio={self.kl_cov_ratio}, kl_cov_coef={self.kl_cov_coef}, beta={self.beta}, "
+            f"kl_estimator={self.kl_estimator!r}, aggregation={self.aggregation!r})"
+        )
 
-    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                    counts: Counts, **extra) -> LossOutput:
+    def policy_loss(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, counts: Counts, **extra
+    ) -> LossOutput:
         ratio = torch.exp(log_ratio(logprobs, old_logprobs))  # (B, T)
         cov = token_covariance(logprobs, advantages, mask)  # (B, T)
         scores = torch.where(mask, cov, float("-inf")).flatten()

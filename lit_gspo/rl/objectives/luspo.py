@@ -26,6 +26,12 @@ class LUSPO(GSPO):
 
     name = "luspo"
 
-    def __init__(self, clip_low: float = 2e-3, clip_high: float = 2.5e-3, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
-                 aggregation: Aggregation = "seq-mean-token-sum"):
+    def __init__(
+        self,
+        clip_low: float = 2e-3,
+        clip_high: float = 2.5e-3,
+        beta: float = 0.0,
+        kl_estimator: KLEstimator = "k3",
+        aggregation: Aggregation = "seq-mean-token-sum",
+    ):
         super().__init__(clip_low, clip_high, beta, kl_estimator, aggregation)

@@ -6,7 +6,15 @@ import torch
 from torch import Tensor
 
 from lit_gspo.rl.objectives.base import (
-    Aggregation, Counts, KLEstimator, LossOutput, Objective, aggregate, clipped_surrogate, log_ratio, masked_mean,
+    Aggregation,
+    Counts,
+    KLEstimator,
+    LossOutput,
+    Objective,
+    aggregate,
+    clipped_surrogate,
+    log_ratio,
+    masked_mean,
     token_ratio_metrics,
 )
 
@@ -29,10 +37,18 @@ class PPOClip(Objective, register=False):
 
     zero_advantage_has_no_gradient = True  # every policy-loss term is a multiple of Â
 
-    def __init__(self, clip_low: float = 0.2, clip_high: float = 0.2, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
-                 aggregation: Aggregation = "token-mean", dual_clip: float | None = None):
-        super().__init__(clip_low=clip_low, clip_high=clip_high, beta=beta, kl_estimator=kl_estimator,
-                         aggregation=aggregation)
+    def __init__(
+        self,
+        clip_low: float = 0.2,
+        clip_high: float = 0.2,
+        beta: float = 0.0,
+        kl_estimator: KLEstimator = "k3",
+        aggregation: Aggregation = "token-mean",
+        dual_clip: float | None = None,
+    ):
+        super().__init__(
+            clip_low=clip_low, clip_high=clip_high, beta=beta, kl_estimator=kl_estimator, aggregation=aggregation
+        )
         if dual_clip is not None and dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
         self.dual_clip = dual_clip
@@ -40,8 +56,9 @@ class PPOClip(Objective, register=False):
     def __repr__(self) -> str:
         return f"{super().__repr__()[:-1]}, dual_clip={self.dual_clip})"
 
-    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                    counts: Counts, **extra) -> LossOutput:
+    def policy_loss(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, counts: Counts, **extra
+    ) -> LossOutput:
         ratio = torch.exp(log_ratio(logprobs, old_logprobs))  # (B, T)
         loss, clipped_low, clipped_high = clipped_surrogate(ratio, advantages, self.clip_low, self.clip_high)
         dual = torch.zeros_like(mask)
@@ -70,16 +87,30 @@ class PPO(PPOClip):
     paper_advantage = "gae"
     needs_critic = True
 
-    def __init__(self, clip_low: float = 0.2, clip_high: float = 0.2, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
-                 aggregation: Aggregation = "token-mean", dual_clip: float | None = None,
-                 value_clip: float | None = 0.2, vf_coef: float = 0.5):
+    def __init__(
+        self,
+        clip_low: float = 0.2,
+        clip_high: float = 0.2,
+        beta: float = 0.0,
+        kl_estimator: KLEstimator = "k3",
+        aggregation: Aggregation = "token-mean",
+        dual_clip: float | None = None,
+        value_clip: float | None = 0.2,
+        vf_coef: float = 0.5,
+    ):
         """
         Args:
             value_clip: δ: the value loss clips V to V_old ± δ (None: no value clip).
             vf_coef: weight of the value loss.
         """
-        super().__init__(clip_low=clip_low, clip_high=clip_high, beta=beta, kl_estimator=kl_estimator,
-                         aggregation=aggregation, dual_clip=dual_clip)
+        super().__init__(
+            clip_low=clip_low,
+            clip_high=clip_high,
+            beta=beta,
+            kl_estimator=kl_estimator,
+            aggregation=aggregation,
+            dual_clip=dual_clip,
+        )
         if value_clip is not None and value_clip < 0:
             raise ValueError(f"value_clip must be >= 0 (or None), got {value_clip}")
         self.value_clip, self.vf_coef = value_clip, float(vf_coef)
@@ -87,20 +118,38 @@ class PPO(PPOClip):
     def __repr__(self) -> str:
         return f"{super().__repr__()[:-1]}, value_clip={self.value_clip}, vf_coef={self.vf_coef})"
 
-    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                    counts: Counts, values: Tensor | None = None, old_values: Tensor | None = None,
-                    returns: Tensor | None = None, **extra) -> LossOutput:
+    def policy_loss(
+        self,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        counts: Counts,
+        values: Tensor | None = None,
+        old_values: Tensor | None = None,
+        returns: Tensor | None = None,
+        **extra,
+    ) -> LossOutput:
         out = super().policy_loss(logprobs, old_logprobs, advantages, mask, counts)
         given = {"values": values, "old_values": old_values, "returns": returns}
         if any(v is not None for v in given.values()):
             missing = [k for k, v in given.items() if v is None]
             if missing:
                 raise ValueError(f"the value loss needs values, old_values and returns; missing: {', '.join(missing)}")
-            out.loss = out.loss + self.vf_coef * self._value_loss(values, old_values, returns, mask, counts, out.metrics)
+            out.loss = out.loss + self.vf_coef * self._value_loss(
+                values, old_values, returns, mask, counts, out.metrics
+            )
         return out
 
-    def _value_loss(self, values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, counts: Counts,
-                    metrics: dict[str, Tensor]) -> Tensor:
+    def _value_loss(
+        self,
+        values: Tensor,
+        old_values: Tensor,
+        returns: Tensor,
+        mask: Tensor,
+        counts: Counts,
+        metrics: dict[str, Tensor],
+    ) -> Tensor:
         unclipped = (values - returns).square()  # (B, T)
         if self.value_clip is None:
             clipped = unclipped

@@ -6,7 +6,15 @@ import torch
 from torch import Tensor
 
 from lit_gspo.rl.objectives.base import (
-    Aggregation, Counts, KLEstimator, LossOutput, Objective, aggregate, log_ratio, masked_mean, token_ratio_metrics,
+    Aggregation,
+    Counts,
+    KLEstimator,
+    LossOutput,
+    Objective,
+    aggregate,
+    log_ratio,
+    masked_mean,
+    token_ratio_metrics,
 )
 
 
@@ -31,19 +39,28 @@ class SAPO(Objective):
     name = "sapo"
     zero_advantage_has_no_gradient = True  # ℓ is a multiple of Â
 
-    def __init__(self, tau_pos: float = 1.0, tau_neg: float = 1.05, beta: float = 0.0, kl_estimator: KLEstimator = "k3",
-                 aggregation: Aggregation = "seq-mean-token-mean"):
+    def __init__(
+        self,
+        tau_pos: float = 1.0,
+        tau_neg: float = 1.05,
+        beta: float = 0.0,
+        kl_estimator: KLEstimator = "k3",
+        aggregation: Aggregation = "seq-mean-token-mean",
+    ):
         super().__init__(clip_low=0.0, clip_high=0.0, beta=beta, kl_estimator=kl_estimator, aggregation=aggregation)
         if tau_pos <= 0 or tau_neg <= 0:
             raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos} and {tau_neg}")
         self.tau_pos, self.tau_neg = float(tau_pos), float(tau_neg)
 
     def __repr__(self) -> str:
-        return (f"SAPO(tau_pos={self.tau_pos}, tau_neg={self.tau_neg}, beta={self.beta}, "
-                f"kl_estimator={self.kl_estimator!r}, aggregation={self.aggregation!r})")
+        return (
+            f"SAPO(tau_pos={self.tau_pos}, tau_neg={self.tau_neg}, beta={self.beta}, "
+            f"kl_estimator={self.kl_estimator!r}, aggregation={self.aggregation!r})"
+        )
 
-    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                    counts: Counts, **extra) -> LossOutput:
+    def policy_loss(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, counts: Counts, **extra
+    ) -> LossOutput:
         ratio = torch.exp(log_ratio(logprobs, old_logprobs))  # (B, T)
         tau = torch.where(advantages > 0, self.tau_pos, self.tau_neg)  # (B, T)
         gate = torch.sigmoid(tau * (ratio - 1))  # (B, T)

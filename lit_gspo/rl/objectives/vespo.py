@@ -7,8 +7,17 @@ import torch
 from torch import Tensor
 
 from lit_gspo.rl.objectives.base import (
-    MAX_LOG_RATIO, Aggregation, Counts, KLEstimator, LossOutput, Objective, aggregate, log_ratio, masked_mean,
-    masked_sum, sequence_ratio_metrics,
+    MAX_LOG_RATIO,
+    Aggregation,
+    Counts,
+    KLEstimator,
+    LossOutput,
+    Objective,
+    aggregate,
+    log_ratio,
+    masked_mean,
+    masked_sum,
+    sequence_ratio_metrics,
 )
 
 
@@ -33,21 +42,34 @@ class VESPO(Objective):
     name = "vespo"
     zero_advantage_has_no_gradient = True  # ℓ is a multiple of Â
 
-    def __init__(self, k_pos: float = 2.0, lambda_pos: float = 3.0, k_neg: float = 3.0, lambda_neg: float = 2.0,
-                 beta: float = 0.0, kl_estimator: KLEstimator = "k3", aggregation: Aggregation = "token-mean"):
+    def __init__(
+        self,
+        k_pos: float = 2.0,
+        lambda_pos: float = 3.0,
+        k_neg: float = 3.0,
+        lambda_neg: float = 2.0,
+        beta: float = 0.0,
+        kl_estimator: KLEstimator = "k3",
+        aggregation: Aggregation = "token-mean",
+    ):
         super().__init__(clip_low=0.0, clip_high=0.0, beta=beta, kl_estimator=kl_estimator, aggregation=aggregation)
         if min(k_pos, k_neg) < 0 or min(lambda_pos, lambda_neg) <= 0:
-            raise ValueError(f"k_pos and k_neg must be >= 0 and lambda_pos and lambda_neg > 0, got "
-                             f"{k_pos}, {k_neg}, {lambda_pos}, {lambda_neg}")
+            raise ValueError(
+                f"k_pos and k_neg must be >= 0 and lambda_pos and lambda_neg > 0, got "
+                f"{k_pos}, {k_neg}, {lambda_pos}, {lambda_neg}"
+            )
         self.k_pos, self.lambda_pos, self.k_neg, self.lambda_neg = map(float, (k_pos, lambda_pos, k_neg, lambda_neg))
 
     def __repr__(self) -> str:
-        return (f"VESPO(k_pos={self.k_pos}, lambda_pos={self.lambda_pos}, k_neg={self.k_neg}, "
-                f"lambda_neg={self.lambda_neg}, beta={self.beta}, kl_estimator={self.kl_estimator!r}, "
-                f"aggregation={self.aggregation!r})")
+        return (
+            f"VESPO(k_pos={self.k_pos}, lambda_pos={self.lambda_pos}, k_neg={self.k_neg}, "
+            f"lambda_neg={self.lambda_neg}, beta={self.beta}, kl_estimator={self.kl_estimator!r}, "
+            f"aggregation={self.aggregation!r})"
+        )
 
-    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-                    counts: Counts, **extra) -> LossOutput:
+    def policy_loss(
+        self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, counts: Counts, **extra
+    ) -> LossOutput:
         log_w = masked_sum(log_ratio(logprobs.detach(), old_logprobs), mask, dim=1).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         w = torch.exp(log_w)[:, None]  # (B, 1)
         positive = advantages >= 0  # (B, T)

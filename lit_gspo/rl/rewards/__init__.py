@@ -22,8 +22,14 @@ from lit_gspo.rl.rewards.format import FormatReward
 from lit_gspo.rl.rewards.match import AnswerMatch, CharAccuracy, ExactMatch, last_number
 from lit_gspo.rl.rewards.overlong import OverlongPenalty, overlong_penalty
 from lit_gspo.rl.rewards.reward_model import RewardModel
-from lit_gspo.rl.rewards.reward_set import (RewardFunctionError, RewardScores, RewardSet, RewardTimeout, RewardWarning,
-                                        function_name)
+from lit_gspo.rl.rewards.reward_set import (
+    RewardFunctionError,
+    RewardScores,
+    RewardSet,
+    RewardTimeout,
+    RewardWarning,
+    function_name,
+)
 
 __all__ = [
     "AnswerMatch",

@@ -85,6 +85,7 @@ def completion_text(completion) -> str:
         raise ValueError(f"a conversational completion holds no assistant message: {completion!r}")
     return replies[-1].get("content") or ""
 
+
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
@@ -152,7 +153,7 @@ class Convention:
 
 def convention(fn: Callable) -> Convention:
     """Read ``fn``'s calling convention (functions, lambdas, partials and instances of classes with ``__call__``)."""
-    asynchronous = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    asynchronous = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004 (the method)
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # some builtins and C callables have none
@@ -163,6 +164,9 @@ def convention(fn: Callable) -> Convention:
     if any(p.kind is p.POSITIONAL_ONLY for p in positional[:2]):
         return Convention(keyword=False, signature=signature, asynchronous=asynchronous)
     takes_two = len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
-    keyword = (bool(names) and names[0] in ("completions", "completion_ids")) or {"prompts", "completions"} <= set(names) \
+    keyword = (
+        (bool(names) and names[0] in ("completions", "completion_ids"))
+        or {"prompts", "completions"} <= set(names)
         or not takes_two
+    )
     return Convention(keyword=keyword, signature=signature, asynchronous=asynchronous)

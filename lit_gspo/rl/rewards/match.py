@@ -62,8 +62,9 @@ class AnswerMatch:
         self.mode = mode
         self.weight = weight
 
-    def __call__(self, prompts: list[str], completions: list[str], answer: list | None = None,
-                 **columns) -> list[float | None]:
+    def __call__(
+        self, prompts: list[str], completions: list[str], answer: list | None = None, **columns
+    ) -> list[float | None]:
         answers = _answers(answer, len(completions), "AnswerMatch")
         completions = [completion_text(c) for c in completions]
         if self.mode == "last_number":
@@ -108,8 +109,9 @@ class ExactMatch:
         self.strip = strip
         self.weight = weight
 
-    def __call__(self, prompts: list[str], completions: list[str], answer: list | None = None,
-                 **columns) -> list[float | None]:
+    def __call__(
+        self, prompts: list[str], completions: list[str], answer: list | None = None, **columns
+    ) -> list[float | None]:
         answers = _answers(answer, len(completions), "ExactMatch")
         completions = [completion_text(c) for c in completions]
         norm = (lambda s: str(s).strip()) if self.strip else str
@@ -133,8 +135,9 @@ class CharAccuracy:
         self.strip = strip
         self.weight = weight
 
-    def __call__(self, prompts: list[str], completions: list[str], answer: list | None = None,
-                 **columns) -> list[float | None]:
+    def __call__(
+        self, prompts: list[str], completions: list[str], answer: list | None = None, **columns
+    ) -> list[float | None]:
         answers = _answers(answer, len(completions), "CharAccuracy")
         completions = [completion_text(c) for c in completions]
         return [None if a is None else self.score(c, a) for c, a in zip(completions, answers)]

@@ -9,9 +9,9 @@ from torch import Tensor
 def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
     """DAPO soft overlong punishment of completion lengths L:
 
-        0                                 if L ≤ L_max − L_cache
-        (L_max − L_cache − L) / L_cache   if L_max − L_cache < L ≤ L_max
-        −1                                if L > L_max
+    0                                 if L ≤ L_max − L_cache
+    (L_max − L_cache − L) / L_cache   if L_max − L_cache < L ≤ L_max
+    −1                                if L > L_max
     """
     if not 0 <= cache_len <= max_len:
         raise ValueError(f"need 0 <= cache_len <= max_len, got cache_len={cache_len}, max_len={max_len}")
@@ -44,8 +44,14 @@ class OverlongPenalty:
         self.cache_len = cache_len
         self.weight = weight
 
-    def __call__(self, prompts: list[str], completions: list[str], completion_lengths: list[int] | None = None,
-                 max_completion_length: int | None = None, **columns) -> list[float]:
+    def __call__(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        completion_lengths: list[int] | None = None,
+        max_completion_length: int | None = None,
+        **columns,
+    ) -> list[float]:
         if completion_lengths is None:
             raise KeyError("OverlongPenalty needs the 'completion_lengths' column (tokens per completion)")
         max_len = self.max_len if self.max_len is not None else max_completion_length

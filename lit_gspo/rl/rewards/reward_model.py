@@ -28,8 +28,16 @@ class RewardModel:
         weight: the weight ``RewardSet`` gives this function.
     """
 
-    def __init__(self, model: str, label: int = 0, batch_size: int = 16, device: str | None = None,
-                 dtype: str = "float32", max_length: int | None = None, weight: float = 1.0) -> None:
+    def __init__(
+        self,
+        model: str,
+        label: int = 0,
+        batch_size: int = 16,
+        device: str | None = None,
+        dtype: str = "float32",
+        max_length: int | None = None,
+        weight: float = 1.0,
+    ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"RewardModel dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if batch_size < 1:
@@ -49,8 +57,10 @@ class RewardModel:
         if model.config.pad_token_id is None:  # batched scoring finds each row's last token through the pad id
             model.config.pad_token_id = self._tokenizer.pad_token_id
         if self.label >= model.config.num_labels:
-            raise ValueError(f"RewardModel label {self.label} is out of range: {self.model_name} has "
-                             f"num_labels={model.config.num_labels}")
+            raise ValueError(
+                f"RewardModel label {self.label} is out of range: {self.model_name} has "
+                f"num_labels={model.config.num_labels}"
+            )
         self._model = model.to(self.device).eval()
 
     def text(self, prompt, completion) -> str:
@@ -73,8 +83,14 @@ class RewardModel:
         try:
             scores = []
             for start in range(0, len(texts), self.batch_size):
-                batch = tok(texts[start:start + self.batch_size], return_tensors="pt", padding=True, truncation=True,
-                            max_length=self.max_length, add_special_tokens=False).to(self.device)
+                batch = tok(
+                    texts[start : start + self.batch_size],
+                    return_tensors="pt",
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    add_special_tokens=False,
+                ).to(self.device)
                 logits = self._model(**batch).logits.float()
                 scores += logits[:, self.label].tolist()
         finally:

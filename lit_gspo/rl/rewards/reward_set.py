@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from lit_gspo.runtime.user_errors import option, option_value
 from lit_gspo.rl.rewards.calling import CALL_INPUTS, TRAINER_COLUMNS, TRL_ONLY, TrainerState, convention
+from lit_gspo.runtime.user_errors import option, option_value
 
 
 class RewardWarning(UserWarning):
@@ -164,23 +164,29 @@ class RewardSet:
             raise ValueError("RewardSet needs at least one reward function, got an empty list")
         for fn in functions:
             if not callable(fn):
-                raise TypeError(f"reward function {fn!r} is not callable; expected (prompts, completions, **columns) "
-                                "or TRL's (completions, **kwargs) -> list[float]")
+                raise TypeError(
+                    f"reward function {fn!r} is not callable; expected (prompts, completions, **columns) "
+                    "or TRL's (completions, **kwargs) -> list[float]"
+                )
         if weights is None:
             weights = [float(getattr(fn, "weight", 1.0)) for fn in functions]
         elif len(weights) != len(functions):
             names = ", ".join(function_name(fn) for fn in functions)
-            raise ValueError(f"{option('model.reward_weights', list(weights))} gives {len(weights)} weight"
-                             f"{'s' * (len(weights) != 1)} for the {len(functions)} reward function"
-                             f"{'s' * (len(functions) != 1)} of {option('model.rewards')} ({names}): give one weight "
-                             f"per function, in their order, or {option('model.reward_weights', None)} (each "
-                             "function's own weight, 1 by default)")
+            raise ValueError(
+                f"{option('model.reward_weights', list(weights))} gives {len(weights)} weight"
+                f"{'s' * (len(weights) != 1)} for the {len(functions)} reward function"
+                f"{'s' * (len(functions) != 1)} of {option('model.rewards')} ({names}): give one weight "
+                f"per function, in their order, or {option('model.reward_weights', None)} (each "
+                "function's own weight, 1 by default)"
+            )
         for fn in functions:
             timeout_s = getattr(fn, "timeout_s", None)
             if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-                raise ValueError(f"reward function {function_name(fn)!r} of {option('model.rewards')} has timeout_s "
-                                 f"{option_value(timeout_s)}: give seconds > 0 (init_args: {{timeout_s: 30}}), or null "
-                                 "for no limit")
+                raise ValueError(
+                    f"reward function {function_name(fn)!r} of {option('model.rewards')} has timeout_s "
+                    f"{option_value(timeout_s)}: give seconds > 0 (init_args: {{timeout_s: 30}}), or null "
+                    "for no limit"
+                )
         self.functions = functions
         self.weights = [float(w) for w in weights]
         self.names = self._unique_names(functions)
@@ -201,8 +207,11 @@ class RewardSet:
         self.last_error = message
         if (name, kind) not in self._warned:
             self._warned.add((name, kind))
-            warnings.warn(message + " (the affected samples are masked; further warnings of this kind are silenced)",
-                          RewardWarning, stacklevel=3)
+            warnings.warn(
+                message + " (the affected samples are masked; further warnings of this kind are silenced)",
+                RewardWarning,
+                stacklevel=3,
+            )
 
     def check(self, columns: list[str]) -> None:
         """Fail now if a function has a required parameter no call will fill.
@@ -225,9 +234,11 @@ class RewardSet:
                 if set(missing) & set(TRL_ONLY):
                     problems[-1] += f" ({sorted(set(missing) & set(TRL_ONLY))} exist only in TRL)"
         if problems:
-            raise ValueError("; ".join(problems) + f". Available inputs: {list(CALL_INPUTS)} and the columns {available}. "
-                             "Rename the parameter to a column, give it a default, or add the column to the data "
-                             "(the answer column is always passed as 'answer').")
+            raise ValueError(
+                "; ".join(problems) + f". Available inputs: {list(CALL_INPUTS)} and the columns {available}. "
+                "Rename the parameter to a column, give it a default, or add the column to the data "
+                "(the answer column is always passed as 'answer')."
+            )
 
     def _call_all(self, prompts: list, completions: list, inputs: dict, completion_ids: list | None) -> list:
         """Every function's raw result, or the exception it raised: the plain functions one by one, then the
@@ -239,11 +250,15 @@ class RewardSet:
                 pending.append(i)
                 continue
             try:
-                results[i] = call_with_timeout(lambda: conv.call(fn, prompts, completions, inputs, completion_ids),
-                                               getattr(fn, "timeout_s", None), name)
+                results[i] = call_with_timeout(
+                    lambda: conv.call(fn, prompts, completions, inputs, completion_ids),
+                    getattr(fn, "timeout_s", None),
+                    name,
+                )
             except Exception as err:  # noqa: BLE001 — a reward bug must not kill the run (strict: see score)
                 results[i] = _Raised(err)
         if pending:
+
             async def one(i: int):
                 fn, timeout_s = self.functions[i], getattr(self.functions[i], "timeout_s", None)
                 call = self.conventions[i].call(fn, prompts, completions, inputs, completion_ids)
@@ -269,8 +284,15 @@ class RewardSet:
         if inspect.isawaitable(result):
             if inspect.iscoroutine(result):
                 result.close()  # never awaited on purpose: no "coroutine was never awaited" warning
-            return nan, no_none, "coroutine", (f"returned {type(result).__name__} {result!r}: declare the function "
-                                               "`async def` (it is then awaited) or return the list itself")
+            return (
+                nan,
+                no_none,
+                "coroutine",
+                (
+                    f"returned {type(result).__name__} {result!r}: declare the function "
+                    "`async def` (it is then awaited) or return the list itself"
+                ),
+            )
         if isinstance(result, Tensor):
             result = result.tolist()
         if isinstance(result, (str, bytes, dict)) or not hasattr(result, "__iter__"):
@@ -285,11 +307,23 @@ class RewardSet:
             except (TypeError, ValueError):
                 values.append(float("nan"))
         out = torch.tensor(values, dtype=torch.float32)
-        return out.masked_fill(~torch.isfinite(out), float("nan")), torch.tensor([v is None for v in result], dtype=torch.bool), None, None
+        return (
+            out.masked_fill(~torch.isfinite(out), float("nan")),
+            torch.tensor([v is None for v in result], dtype=torch.bool),
+            None,
+            None,
+        )
 
-    def score(self, prompts: list, completions: list, columns: dict | None = None,
-              completion_ids: list[list[int]] | None = None, *, trainer_state: TrainerState | None = None,
-              strict: bool = False) -> RewardScores:
+    def score(
+        self,
+        prompts: list,
+        completions: list,
+        columns: dict | None = None,
+        completion_ids: list[list[int]] | None = None,
+        *,
+        trainer_state: TrainerState | None = None,
+        strict: bool = False,
+    ) -> RewardScores:
         """Score N completions.
 
         Args:
@@ -314,9 +348,11 @@ class RewardSet:
         n = len(completions)
         metrics, extra = defaultdict(list), defaultdict(list)
         inputs = dict(columns or {})
-        inputs.update(trainer_state=trainer_state if trainer_state is not None else TrainerState(),
-                      log_extra=lambda column, values: extra[column].extend(values),
-                      log_metric=lambda name, value: metrics[name].append(float(value)))
+        inputs.update(
+            trainer_state=trainer_state if trainer_state is not None else TrainerState(),
+            log_extra=lambda column, values: extra[column].extend(values),
+            log_metric=lambda name, value: metrics[name].append(float(value)),
+        )
         results = self._call_all(prompts, completions, inputs, completion_ids)
         per_function, nones, problems = {}, [], []
         for name, result in zip(self.names, results):
@@ -327,8 +363,12 @@ class RewardSet:
                 kind, what = "invalid", f"returned no number for any of the {n} samples: {_preview(result)}"
             if kind is not None:
                 problems.append((name, kind, what, result))
-            elif (bad := int((~torch.isfinite(values) & ~none).sum())):
-                self._warn(name, "invalid", f"reward function {name!r} returned NaN/inf or a non-number for {bad} of {n} samples")
+            elif bad := int((~torch.isfinite(values) & ~none).sum()):
+                self._warn(
+                    name,
+                    "invalid",
+                    f"reward function {name!r} returned NaN/inf or a non-number for {bad} of {n} samples",
+                )
         values = torch.stack(list(per_function.values()), 1)  # (N, K)
         none = torch.stack(nones, 1)
         failed = (~torch.isfinite(values) & ~none).any(1)
@@ -338,13 +378,23 @@ class RewardSet:
         for name, kind, what, _ in problems:
             self._warn(name, kind, f"reward function {name!r} {what}")
         if unscored.any():
-            self._warn("*", "unscored", f"every reward function returned None for {int(unscored.sum())} of {n} samples "
-                                        f"(e.g. sample {int(unscored.nonzero()[0])}): no function scores them")
+            self._warn(
+                "*",
+                "unscored",
+                f"every reward function returned None for {int(unscored.sum())} of {n} samples "
+                f"(e.g. sample {int(unscored.nonzero()[0])}): no function scores them",
+            )
         valid = ~failed & ~unscored
         weights = torch.tensor(self.weights, dtype=torch.float32)
         total = (torch.nan_to_num(values, nan=0.0) * weights).sum(1).masked_fill(~valid, 0.0)
-        return RewardScores(total=total, per_function=per_function, valid=valid, num_failed=int((~valid).sum()),
-                            metrics={k: sum(v) / len(v) for k, v in metrics.items() if v}, extra=dict(extra))
+        return RewardScores(
+            total=total,
+            per_function=per_function,
+            valid=valid,
+            num_failed=int((~valid).sum()),
+            metrics={k: sum(v) / len(v) for k, v in metrics.items() if v},
+            extra=dict(extra),
+        )
 
 
 @dataclass
@@ -365,11 +415,14 @@ def _preview(result, first: int = 3) -> str:
 def _first_call_error(problems: list, n: int, unscored_everywhere: bool) -> RewardFunctionError:
     what = [f"reward function {name!r} {text}" for name, _, text, _ in problems]
     if unscored_everywhere and not problems:
-        what.append(f"every reward function returned None for every one of the {n} samples, so nothing was scored "
-                    "(None means 'this function does not apply to this sample'; some function must score each sample)")
+        what.append(
+            f"every reward function returned None for every one of the {n} samples, so nothing was scored "
+            "(None means 'this function does not apply to this sample'; some function must score each sample)"
+        )
     error = RewardFunctionError(
         "the first scoring call of the run failed, so the run stops now instead of masking every sample for many "
         f"steps: {'; '.join(what)}. Expected from each function: a list of {n} floats, one per completion (None for "
-        "a completion it does not score).")
+        "a completion it does not score)."
+    )
     error.__cause__ = next((r.error for _, kind, _, r in problems if kind == "raised"), None)
     return error
