@@ -336,8 +336,21 @@ def lock_placement(placement: Placement, root: Path, given: bool, ckpt_path: str
     raise first_error
 
 
+#: what launchers set for a process's place before any process group exists (torchrun, Lightning's own launches, SLURM's
+#: srun, MPI, LSF): a process is the first of its run where none of them says otherwise
+RANK_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "SLURM_PROCID",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "JSM_NAMESPACE_RANK",
+)
+
+
 def _is_rank_zero() -> bool:
-    return all(os.environ.get(name, "0") == "0" for name in ("RANK", "LOCAL_RANK", "NODE_RANK"))
+    return all(os.environ.get(name, "0") == "0" for name in RANK_VARIABLES)
 
 
 # ---------------------------------------------------------------------------------------------------- saving
