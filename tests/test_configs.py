@@ -107,7 +107,7 @@ def test_ablation_config_loads_and_its_arms_parse(path, tmp_path, monkeypatch):
     if isinstance(ablation.base, dict):
         base.write_text(yaml.safe_dump(ablation.base))
     base_objective = parse(base).model.objective.class_path
-    for seed in ablation.seeds:
+    for seed in dict.fromkeys((ablation.seeds[0], ablation.seeds[-1])):  # every arm; the seeds differ only in seed_keys
         for arm in ablation.arms:
             args = fit_args(ablation, arm, seed, tmp_path / arm.name, base)
             config = ParseOnlyCLI(RLModule, PromptDataModule, args=args, run=False).config
