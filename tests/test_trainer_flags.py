@@ -125,6 +125,10 @@ def test_a_refused_flag_stops_the_start_in_one_line(name):
             ["--model.update.num_minibatches", "129"],
             ["--model.update.num_minibatches 129", "--data.prompts_per_step 16", "at most 128"],
         ),
+        (  # 128 rows in minibatches of ⌈128/48⌉ = 3 rows would make 43 optimiser steps, not 48
+            ["--model.update.num_minibatches", "48"],
+            ["--model.update.num_minibatches 48", "only 43 optimiser steps", "divides 128"],
+        ),
         (["--lr_scheduler", "ReduceLROnPlateau", "--lr_scheduler.monitor", "val/rewrd"], ["val/rewrd", "val/reward"]),
         (
             ["--model.lr_scheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau"],

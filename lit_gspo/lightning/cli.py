@@ -552,6 +552,14 @@ def check_rows_per_step(model, data) -> None:
             f"rows of an RL step (--data.prompts_per_step {prompts} × --model.generation.num_generations "
             f"{generations}); use at most {prompts * generations}, or more prompts per step"
         )
+    rows = prompts * generations if isinstance(prompts, int) else None
+    if rows and -(-rows // -(-rows // minibatches)) < minibatches:  # ⌈N/M⌉ rows each leave fewer than M minibatches
+        divisors = [d for d in range(1, rows + 1) if rows % d == 0]
+        raise SettingsError(
+            f"--model.update.num_minibatches {minibatches}: the {rows} rows of an RL step cut in minibatches of "
+            f"⌈{rows}/{minibatches}⌉ = {-(-rows // minibatches)} make only {-(-rows // -(-rows // minibatches))} "
+            f"optimiser steps; use one that divides {rows} ({', '.join(map(str, divisors))})"
+        )
 
 
 def rl_step_progress_bars(trainer) -> None:
