@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from lit_gspo.models import load_policy
 from lit_gspo.rl.engines import HFGenerate, LeanSampler, RolloutEngine
 from lit_gspo.rl.rollout import token_logprobs
 
@@ -107,3 +108,25 @@ def test_bad_vllm_engine_settings_are_refused_naming_the_value(kwargs, message):
 
     with pytest.raises(ValueError, match=message):
         VLLMEngine(**kwargs)
+
+
+@pytest.mark.parametrize("engine", ["LeanSampler", "StaticCacheSampler"])
+def test_under_sharded_parameters_an_engine_without_its_own_sharded_loop_samples_with_generate(engine, monkeypatch):
+    """FSDP2 (``synced_gpus``): ranks that finish early must keep stepping with the others: transformers' generate."""
+    import lit_gspo.rl.engines as engines
+    import lit_gspo.rl.engines.hf as hf
+
+    calls, original = [], hf.generate_with_hf
+
+    def recorded(policy, input_ids, attention_mask, **kwargs):
+        calls.append(kwargs["synced_gpus"])  # one process: no group to synchronise with
+        return original(policy, input_ids, attention_mask, **{**kwargs, "synced_gpus": False})
+
+    monkeypatch.setattr(hf, "generate_with_hf", recorded)
+    policy, tokenizer = load_policy("tiny-llama", seed=0)
+    prompts = [tokenizer("rev 12=")["input_ids"]]
+    kwargs = dict(num_generations=2, max_new_tokens=3, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id)
+    with pytest.warns(UserWarning, match=f"{engine} samples with transformers' generate"):
+        getattr(engines, engine)().sample(policy, prompts, synced_gpus=True, **kwargs)
+    getattr(engines, engine)().sample(policy, prompts, **kwargs)
+    assert calls == [True]  # only the sharded call went to generate

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
+from functools import partial
+
 import torch
 from torch import Tensor, nn
 
@@ -27,6 +30,10 @@ class RolloutEngine:
     #: seconds the last :meth:`sync_weights` spent pushing weights; None when it pushed nothing (logged as
     #: ``time/weight_sync_s`` when set)
     last_sync_s: float | None = None
+
+    #: whether :meth:`generate` samples under sharded parameters (``synced_gpus``); where it does not, :meth:`sample`
+    #: uses transformers' ``generate`` there, whose synchronised loop keeps ranks that finish early in step
+    samples_sharded: bool = True
 
     def __init__(self, attn_implementation: str | None = None):
         if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
@@ -94,8 +101,17 @@ class RolloutEngine:
         policy.eval()  # gradient checkpointing disables the KV cache in train mode
         try:
             sampling = {} if greedy else dict(temperature=temperature, top_p=top_p, top_k=top_k)
+            generate = self.generate
+            if synced_gpus and not self.samples_sharded:
+                from lit_gspo.rl.engines.hf import generate_with_hf
+
+                warnings.warn(
+                    f"{type(self).__name__} samples with transformers' generate under sharded parameters (synced_gpus)",
+                    stacklevel=2,
+                )
+                generate = partial(generate_with_hf)
             with attention_implementation(policy, self.attn_implementation), weights_cast_once(device.type):
-                out, logprobs = self.generate(
+                out, logprobs = generate(
                     policy,
                     ids,
                     attn,

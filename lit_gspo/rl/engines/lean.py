@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import warnings
-
 from torch import Tensor, nn
 
 from lit_gspo.rl.engines.base import RolloutEngine
 from lit_gspo.rl.engines.fast_generate import fast_generate
-from lit_gspo.rl.engines.hf import generate_with_hf
 
 
 class LeanSampler(RolloutEngine):
@@ -18,6 +15,8 @@ class LeanSampler(RolloutEngine):
     Under sharded parameters (``synced_gpus``) it samples with ``generate`` instead, whose
     synchronised loop keeps ranks that finish early in step with the others.
     """
+
+    samples_sharded = False  # RolloutEngine.sample uses generate's synchronised loop there
 
     def generate(
         self,
@@ -33,22 +32,6 @@ class LeanSampler(RolloutEngine):
         synced_gpus: bool,
         return_logprobs: bool,
     ) -> tuple[Tensor, Tensor | None]:
-        if synced_gpus:
-            warnings.warn(
-                "LeanSampler samples with transformers' generate under sharded parameters (synced_gpus)", stacklevel=2
-            )
-            return generate_with_hf(
-                policy,
-                input_ids,
-                attention_mask,
-                num_generations=num_generations,
-                max_new_tokens=max_new_tokens,
-                pad_id=pad_id,
-                eos_id=eos_id,
-                sampling=sampling,
-                synced_gpus=True,
-                return_logprobs=return_logprobs,
-            )
         out = fast_generate(
             policy,
             input_ids,

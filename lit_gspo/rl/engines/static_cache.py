@@ -28,7 +28,6 @@ from torch import Tensor, nn
 
 from lit_gspo.rl.engines.base import RolloutEngine
 from lit_gspo.rl.engines.fast_generate import fast_generate, filter_logits, sample_tokens
-from lit_gspo.rl.engines.hf import generate_with_hf
 
 CACHE_LENGTH_MULTIPLE = 64
 MIN_ROW_BUCKET = 8
@@ -69,6 +68,8 @@ class StaticCacheSampler(RolloutEngine):
     Under sharded parameters (``synced_gpus``) it samples with ``generate``, as :class:`LeanSampler` does; a model
     with sliding-window or other non-full-attention cache layers samples with the lean sampler's loop.
     """
+
+    samples_sharded = False  # RolloutEngine.sample uses generate's synchronised loop there
 
     def __init__(
         self,
@@ -146,23 +147,6 @@ class StaticCacheSampler(RolloutEngine):
         synced_gpus: bool,
         return_logprobs: bool,
     ) -> tuple[Tensor, Tensor | None]:
-        if synced_gpus:
-            warnings.warn(
-                "StaticCacheSampler samples with transformers' generate under sharded parameters (synced_gpus)",
-                stacklevel=2,
-            )
-            return generate_with_hf(
-                policy,
-                input_ids,
-                attention_mask,
-                num_generations=num_generations,
-                max_new_tokens=max_new_tokens,
-                pad_id=pad_id,
-                eos_id=eos_id,
-                sampling=sampling,
-                synced_gpus=True,
-                return_logprobs=return_logprobs,
-            )
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
