@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_trainer import tiny_args as trainer_tiny_args
 from torch import nn
 
 from lit_gspo.lightning.async_rollouts import async_mismatch, check_async
@@ -31,32 +32,8 @@ WORKER = "lit-gspo-rollout-worker"
 
 
 def tiny_args(root, *extra):
-    """A seconds-long run: 2-layer model, 4 prompts × 4 completions, 4 new tokens, no warm start."""
-    return [
-        "--config",
-        str(ROOT / "configs/quickstart.yaml"),
-        "--trainer.default_root_dir",
-        str(root),
-        "--trainer.max_steps",
-        "3",
-        "--model.warm_start.steps",
-        "0",
-        "--model.validation.every_n_steps",
-        "2",
-        "--data.num_train",
-        "64",
-        "--data.num_val",
-        "8",
-        "--data.prompts_per_step",
-        "4",
-        "--trainer.enable_progress_bar",
-        "false",
-        "--model.generation.num_generations",
-        "4",
-        "--model.generation.max_new_tokens",
-        "4",
-        *extra,
-    ]
+    """test_trainer's seconds-long run (4 prompts × 4 completions, 4 new tokens, no warm start), without the bar."""
+    return trainer_tiny_args(root, "--trainer.enable_progress_bar", "false", *extra)
 
 
 def read_metrics(root: Path) -> list[dict]:
