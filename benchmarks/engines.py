@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
         [
             "--config",
             args.config,
-            "--model.model",
+            "--model.policy.name",
             args.model,
             "--trainer.logger",
             "false",

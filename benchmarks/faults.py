@@ -94,7 +94,7 @@ def fit_args(root: Path, steps: int) -> list[str]:
         "1",
         "--trainer.enable_progress_bar",
         "false",
-        "--model.warm_start.steps",
+        "--model.policy.warm_start.steps",
         "5",
         "--model.validation.every_n_steps",
         "2",

@@ -360,7 +360,7 @@ def build_module(spec: dict, engine):
     import torch
 
     from lit_gspo.lightning.module import RLModule
-    from lit_gspo.rl.config import Generation, LoRA, Update, WarmStart
+    from lit_gspo.rl.config import Generation, LoRA, Policy, Update, WarmStart
     from lit_gspo.rl.objectives import GSPO
     from lit_gspo.rl.rewards import CharAccuracy
 
@@ -393,28 +393,30 @@ def build_module(spec: dict, engine):
 
     if spec["kind"] == "quickstart":  # configs/quickstart.yaml
         return CheckModule(
-            model="tiny-llama",
-            model_config={"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128},
+            policy=Policy(
+                "tiny-llama",
+                config={"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128},
+                warm_start=WarmStart(steps=30, lr=3e-3, batch_size=32),
+            ),
             objective=GSPO(),
             optimizer=optimizer,
             rewards=[CharAccuracy()],
             engine=engine,
             generation=Generation(num_generations=8, max_new_tokens=6),
-            warm_start=WarmStart(steps=30, lr=3e-3, batch_size=32),
-            seed=0,
         )
     return CheckModule(
-        model=spec["model_dir"],
+        policy=Policy(
+            spec["model_dir"],
+            kl_to_ref=False,
+            lora=LoRA(r=16, alpha=32) if spec["lora"] else None,
+            gradient_checkpointing=spec["checkpointing"],
+        ),
         objective=GSPO(),
         optimizer=optimizer,
         rewards=[hashed_reward],
         engine=engine,
         generation=Generation(num_generations=spec["G"], max_new_tokens=spec["T"]),
         update=Update(num_minibatches=2, max_grad_norm=1.0),
-        kl_to_ref=False,
-        lora=LoRA(r=16, alpha=32) if spec["lora"] else None,
-        gradient_checkpointing=spec["checkpointing"],
-        seed=0,
     )
 
 
@@ -447,7 +449,7 @@ def fit(spec: dict, engine, max_steps: int, callbacks: list, replay: bool = Fals
     from lightning.pytorch import Trainer, seed_everything
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from lit_gspo.lightning.module import validation_schedule
+    from lit_gspo.lightning.checks import validation_schedule
 
     seed_everything(0, verbose=False)
     module = build_module(dict(spec, replay=replay), engine)

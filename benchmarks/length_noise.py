@@ -3,7 +3,7 @@
     python benchmarks/length_noise.py --rollout runs/length_noise/rollouts/step_10.pt --out docs/compare/length_noise
 
 Issue 18 §4, claim 1: "noise grows with length under token ratios, not under sequence ratios". One frozen rollout
-(``lit-gspo fit ... --model.rollout_dumps.every_n_steps N``), the weights that sampled it (θ0), and the machinery
+(``lit-gspo fit ... --model.generation.dump_every_n_steps N``), the weights that sampled it (θ0), and the machinery
 of ``lit-gspo compare`` (``lit_gspo/tools/compare.py``: the same ``Learner`` as ``fit``, its normalisers, micro-batches
 and zero-advantage row skipping; the run's optimiser and its saved state):
 
@@ -293,7 +293,7 @@ def plot(path: Path, report: dict) -> None:
 def main(argv: list[str]) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--rollout", required=True, help="<run>/rollouts/step_K.pt of a fit with --model.rollout_dumps.every_n_steps"
+        "--rollout", required=True, help="<run>/rollouts/step_K.pt of a fit with --model.generation.dump_every_n_steps"
     )
     parser.add_argument("--model", default=None, help="weights to start from (default: the rollout's step_K_policy/)")
     parser.add_argument(

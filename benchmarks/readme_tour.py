@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: appended to each fit: a small data set, few generations, a short warm start, validation every 2 steps
 TINY_FIT = [
-    "--model.warm_start.steps",
+    "--model.policy.warm_start.steps",
     "5",
     "--model.validation.every_n_steps",
     "2",

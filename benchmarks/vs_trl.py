@@ -150,7 +150,7 @@ def run_lit(args) -> dict:
 
     from lit_gspo.lightning.datamodule import PromptDataModule
     from lit_gspo.lightning.module import RLModule
-    from lit_gspo.rl.config import Generation, Update
+    from lit_gspo.rl.config import Generation, Policy, Update
     from lit_gspo.rl.engines import HFGenerate, LeanSampler, VLLMEngine
     from lit_gspo.rl.objectives import GSPO
     from lit_gspo.rl.rewards import AnswerMatch
@@ -170,7 +170,7 @@ def run_lit(args) -> dict:
 
     # token-mean = TRL's default loss_type "dapo" (Σ tokens / tokens in the batch), so both optimise the same loss
     module = RLModule(
-        model=str(args.model_dir),
+        policy=Policy(str(args.model_dir), kl_to_ref=False, gradient_checkpointing=lit_checkpointing(args) == "on"),
         objective=GSPO(clip_low=3e-4, clip_high=4e-4, beta=0.0, aggregation="token-mean"),
         optimizer=lambda p: torch.optim.AdamW(p, lr=LR, weight_decay=0.0, fused=True),  # TRL: adamw_torch_fused
         rewards=[AnswerMatch(mode="last_number")],
@@ -186,8 +186,6 @@ def run_lit(args) -> dict:
             skip_zero_advantage_rows=args.skip_zero_advantage == "on",
             micro_batch_tokens=args.micro_batch_tokens or None,
         ),
-        kl_to_ref=False,
-        gradient_checkpointing=lit_checkpointing(args) == "on",
     )
     data = PromptDataModule(
         train_source="arithmetic",

@@ -7,18 +7,20 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from lit_gspo import GSPO, CharAccuracy, Generation, PromptDataModule, RLModule, RLProgressBar, WarmStart
+from lit_gspo import GSPO, CharAccuracy, Generation, Policy, PromptDataModule, RLModule, RLProgressBar, WarmStart
 
 
 def main(max_steps=200, root="runs/python_api", prompts=16, completions=8, warm_start_steps=30, num_val=128):
     model = RLModule(
-        model="tiny-llama",
-        model_config={"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128},
+        policy=Policy(
+            "tiny-llama",
+            config={"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128},
+            warm_start=WarmStart(steps=warm_start_steps, lr=3e-3, batch_size=32),
+        ),
         objective=GSPO(),
         rewards=[CharAccuracy()],
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0),
         generation=Generation(num_generations=completions, max_new_tokens=6),
-        warm_start=WarmStart(steps=warm_start_steps, lr=3e-3, batch_size=32),
     )
     data = PromptDataModule(
         train_source="reversal",

@@ -3,9 +3,9 @@
 The Python API — the same pieces the YAML/CLI names by class::
 
     import lightning as L
-    from lit_gspo import GSPO, CharAccuracy, Generation, PromptDataModule, RLModule
+    from lit_gspo import GSPO, CharAccuracy, Generation, Policy, PromptDataModule, RLModule
 
-    model = RLModule(model="tiny-llama", objective=GSPO(), rewards=[CharAccuracy()],
+    model = RLModule(policy=Policy("tiny-llama"), objective=GSPO(), rewards=[CharAccuracy()],
                      generation=Generation(num_generations=8, max_new_tokens=6))
     data = PromptDataModule(train_source="reversal", prompts_per_step=16)
     L.Trainer(max_steps=100, accelerator="cpu", callbacks=[RLProgressBar()]).fit(model, datamodule=data)
@@ -31,11 +31,14 @@ _EXPORTS = {
     "push_export": "lit_gspo.models.push",
     "cli_main": "lit_gspo.lightning.cli",
     # what one RL step samples and how it updates
+    "Policy": "lit_gspo.rl.config",
     "Generation": "lit_gspo.rl.config",
     "Update": "lit_gspo.rl.config",
     "WarmStart": "lit_gspo.rl.config",
     "LoRA": "lit_gspo.rl.config",
-    # rollout-mismatch correction (model.mismatch)
+    "Validation": "lit_gspo.rl.config",
+    "Routing": "lit_gspo.rl.config",
+    # rollout-mismatch correction (model.update.mismatch)
     "Mismatch": "lit_gspo.rl.learn.mismatch",
     "TIS": "lit_gspo.rl.learn.mismatch",
     "MIS": "lit_gspo.rl.learn.mismatch",

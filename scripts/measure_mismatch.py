@@ -2,7 +2,7 @@
 
     python scripts/measure_mismatch.py --config configs/quickstart.yaml
     python scripts/measure_mismatch.py --config configs/smollm2/gspo_arithmetic.yaml \\
-        --model.model /path/to/smollm2-135m-instruct-hf --prompts 16
+        --model.policy.name /path/to/smollm2-135m-instruct-hf --prompts 16
 
 The config's policy (after its warm start, if it has one), tokenizer, task, engine and generation settings
 sample ``--prompts`` training prompts × G under each sampler precision; the trainer then recomputes the

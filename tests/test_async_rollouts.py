@@ -1,4 +1,4 @@
-"""Asynchronous rollouts (``sampling.max_staleness`` K, docs/async.md): K = 0 is the synchronous run bit for bit; no
+"""Asynchronous rollouts (``generation.max_staleness`` K, docs/async.md): K = 0 is the synchronous run bit for bit; no
 trained sample is more than K versions old; each rollout is sampled wholly under one version; a failing worker stops
 the fit in one line; no thread outlives a fit; π_old is the sampler's or the trainer's proximal pass; a K = 1
 quickstart learns."""
@@ -20,7 +20,7 @@ from torch import nn
 
 from lit_gspo.lightning.async_rollouts import async_mismatch, check_async
 from lit_gspo.rl.collect.async_rollouts import AsyncRollouts, Produced, RolloutWorker, ThreadRolloutWorker, WorkerFailed
-from lit_gspo.rl.config import Sampling
+from lit_gspo.rl.config import Generation
 from lit_gspo.rl.engines import HFGenerate
 from lit_gspo.rl.learn.mismatch import TIS, Mismatch
 from lit_gspo.rl.learn.old_policy import GivenOldLogprobs, TrainerPassOverEveryRow
@@ -188,34 +188,35 @@ def test_paused_worker_starts_no_rollout_until_resumed():
 
 # ---------------------------------------------------------------------- settings
 def test_the_ratio_denominator_is_chosen_once_through_the_mismatch_layer():
-    assert async_mismatch(Sampling(), None) is None  # K = 0: untouched
-    sampler = async_mismatch(Sampling(max_staleness=1, async_old_logprobs="sampler"), None)
+    assert async_mismatch(Generation(), None) is None  # K = 0: untouched
+    sampler = async_mismatch(Generation(max_staleness=1, async_old_logprobs="sampler"), None)
     assert sampler.sampler_is_old and not sampler.corrections
-    proximal = async_mismatch(Sampling(max_staleness=2), None)
+    proximal = async_mismatch(Generation(max_staleness=2), None)
     assert proximal.old_logprobs == "trainer" and [type(c) for c in proximal.corrections] == [TIS]
     mine = Mismatch(corrections=[TIS(cap=5.0)])
-    assert async_mismatch(Sampling(max_staleness=1), mine) is mine
-    with pytest.raises(SettingsError, match="async_old_logprobs sampler needs --model.mismatch.old_logprobs sampler"):
-        async_mismatch(Sampling(max_staleness=1, async_old_logprobs="sampler"), mine)
+    assert async_mismatch(Generation(max_staleness=1), mine) is mine
+    with pytest.raises(
+        SettingsError, match="async_old_logprobs sampler needs --model.update.mismatch.old_logprobs sampler"
+    ):
+        async_mismatch(Generation(max_staleness=1, async_old_logprobs="sampler"), mine)
     with pytest.raises(ValueError, match="max_staleness must be >= 0"):
-        Sampling(max_staleness=-1)
+        Generation(max_staleness=-1)
     with pytest.raises(ValueError, match="async_old_logprobs must be"):
-        Sampling(max_staleness=1, async_old_logprobs="behaviour")
+        Generation(max_staleness=1, async_old_logprobs="behaviour")
 
 
 def test_what_k_ge_1_does_not_support_is_refused_in_one_line():
     module = SimpleNamespace(
-        sampling=Sampling(max_staleness=1),
+        generation=Generation(max_staleness=1),
         trainer=SimpleNamespace(world_size=2),
-        rollout_dumps=SimpleNamespace(every_n_steps=0),
         collector=SimpleNamespace(engine=HFGenerate()),
     )
     with pytest.raises(SettingsError, match="max_staleness 1: asynchronous rollouts run in one process"):
         check_async(module)
-    module.trainer.world_size, module.rollout_dumps.every_n_steps = 1, 5
-    with pytest.raises(SettingsError, match="rollout_dumps.every_n_steps 5"):
+    module.trainer.world_size, module.generation.dump_every_n_steps = 1, 5
+    with pytest.raises(SettingsError, match="generation.dump_every_n_steps 5"):
         check_async(module)
-    module.rollout_dumps.every_n_steps = 0
+    module.generation.dump_every_n_steps = 0
     module.collector.engine = SimpleNamespace(lock=threading.Lock())  # cannot be copied, as a server's client
     with pytest.raises(SettingsError, match="its own copy of --model.engine"):
         check_async(module)
@@ -230,18 +231,18 @@ def test_k0_is_the_synchronous_run_bit_for_bit(tmp_path):
         (
             "present",
             [
-                "--model.sampling.max_staleness",
+                "--model.generation.max_staleness",
                 "0",
-                "--model.sampling.async_old_logprobs",
+                "--model.generation.async_old_logprobs",
                 "sampler",
-                "--model.sampling.async_worker_threads",
+                "--model.generation.async_worker_threads",
                 "1",
             ],
         ),
     ):
         cli = cli_main(tiny_args(tmp_path / name, "--seed_everything", "3", *extra), run=False)
         cli.fit(cli.model, datamodule=cli.datamodule)
-        assert cli.model._async is None and not workers_alive()
+        assert cli.model.async_rollouts is None and not workers_alive()
         rows = [
             {k: v for k, v in r.items() if k.startswith(("train/", "val/")) and v != ""}
             for r in read_metrics(tmp_path / name)
@@ -260,9 +261,9 @@ def test_k1_fit_logs_staleness_and_stops_its_worker(tmp_path, old):
             tmp_path,
             "--trainer.max_steps",
             "4",
-            "--model.sampling.max_staleness",
+            "--model.generation.max_staleness",
             "1",
-            "--model.sampling.async_old_logprobs",
+            "--model.generation.async_old_logprobs",
             old,
         ),
         run=False,
@@ -271,7 +272,7 @@ def test_k1_fit_logs_staleness_and_stops_its_worker(tmp_path, old):
     assert isinstance(cli.model.learner.old_policy, expected) and cli.model.collector.engine_logprobs
     before = {k: v.clone() for k, v in cli.model.policy.state_dict().items()}
     cli.fit(cli.model, datamodule=cli.datamodule)
-    assert not workers_alive() and cli.model._async is None
+    assert not workers_alive() and cli.model.async_rollouts.pipeline is None
     rows = read_metrics(tmp_path)
     staleness = column(rows, "train/staleness")
     assert staleness == [0.0, 1.0, 1.0, 1.0]  # step 0: rows_0 under version 0; then the batch sampled a step before
@@ -305,7 +306,7 @@ def test_a_failing_worker_stops_the_fit_in_one_line_without_a_hang(tmp_path):
             tmp_path,
             "--trainer.max_steps",
             "6",
-            "--model.sampling.max_staleness",
+            "--model.generation.max_staleness",
             "1",
             "--trainer.enable_checkpointing",
             "true",
@@ -327,7 +328,7 @@ def test_a_failing_worker_stops_the_fit_in_one_line_without_a_hang(tmp_path):
 def test_a_resume_regenerates_the_rollouts_in_flight(tmp_path):
     """In-flight rollouts are not checkpointed: the resumed fit primes its worker again (staleness 0 first)."""
     extra = [
-        "--model.sampling.max_staleness",
+        "--model.generation.max_staleness",
         "1",
         "--trainer.enable_checkpointing",
         "true",
@@ -356,7 +357,7 @@ def test_multi_turn_and_dynamic_sampling_run_in_the_worker(tmp_path, config):
             str(tmp_path),
             "--trainer.enable_progress_bar",
             "false",
-            "--model.warm_start.steps",
+            "--model.policy.warm_start.steps",
             "2",
             "--data.num_val",
             "8",
@@ -364,9 +365,9 @@ def test_multi_turn_and_dynamic_sampling_run_in_the_worker(tmp_path, config):
             "16",
             "--data.prompts_per_step",
             "4",
-            "--model.sampling.max_staleness",
+            "--model.generation.max_staleness",
             "1",
-            "--model.sampling.dynamic",
+            "--model.generation.dynamic_sampling",
             "true",
             "--model.validation.every_n_steps",
             "0",
@@ -383,11 +384,11 @@ def test_lora_runs_with_k1_publishing_the_adapters(tmp_path):
     cli = cli_main(
         tiny_args(
             tmp_path,
-            "--model.lora",
+            "--model.policy.lora",
             "{r: 4, alpha: 8}",
             "--model.optimizer.lr",
             "0.01",
-            "--model.sampling.max_staleness",
+            "--model.generation.max_staleness",
             "1",
         ),
         run=False,
@@ -415,7 +416,7 @@ def test_a_k1_quickstart_learns(tmp_path):
             "0",
             "--seed_everything",
             "0",
-            "--model.sampling.max_staleness",
+            "--model.generation.max_staleness",
             "1",
         ],
         run=False,

@@ -33,7 +33,7 @@ def args(root: Path, steps: int, *extra: str) -> list[str]:
         "2",
         "--trainer.enable_progress_bar",
         "false",
-        "--model.warm_start.steps",
+        "--model.policy.warm_start.steps",
         "0",
         "--model.validation.every_n_steps",
         "1",

@@ -118,7 +118,7 @@ def test_fit_from_an_empty_checkpoint_names_it(tmp_path):
             str(tmp_path),
             "--trainer.max_steps",
             "2",
-            "--model.warm_start.steps",
+            "--model.policy.warm_start.steps",
             "0",
             "--data.num_train",
             "8",

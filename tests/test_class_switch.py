@@ -8,7 +8,7 @@ from lit_gspo.lightning.class_switch import drop_replaced_init_args
 from lit_gspo.lightning.cli import _config_tree, cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.warm_start.steps", "0"]
+QUICK = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.policy.warm_start.steps", "0"]
 
 
 def printed_config(tmp_path, **objective_args) -> str:

@@ -171,36 +171,49 @@ def help_text(capsys, monkeypatch, *args: str) -> str:
 def test_fit_help_shows_each_settings_doc_and_default(capsys, monkeypatch):
     """Every field of every settings group has its doc where it is declared, and ``lit-gspo fit --help`` shows it with
     its default; a group RLModule takes as optional (``lora``: None is no LoRA) shows them in its own ``.help``."""
+    import dataclasses
     import inspect
     import typing
 
     from lit_gspo.lightning.module import RLModule
 
+    all_docs = settings_docs()
+
+    def groups_of(hints: dict, defaults: dict, prefix: str):
+        """(option path, group class, optional) of each settings group, nested groups included."""
+        for name, hint in hints.items():
+            for cls in typing.get_args(hint) or (hint,):
+                if isinstance(cls, type) and cls in all_docs:
+                    yield f"{prefix}{name}", cls, defaults.get(name) is None
+                    fields = {f.name: f for f in dataclasses.fields(cls)}
+                    yield from groups_of(
+                        typing.get_type_hints(cls),
+                        {
+                            k: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+                            for k, f in fields.items()
+                        },
+                        f"{prefix}{name}.",
+                    )
+
     params = inspect.signature(RLModule.__init__).parameters
-    hints, all_docs = typing.get_type_hints(RLModule.__init__), settings_docs()
-    groups = {}
-    for name in params:
-        args = typing.get_args(hints.get(name)) or (hints.get(name),)
-        groups.update({cls: name for cls in args if isinstance(cls, type) and cls in all_docs})
-    assert set(groups.values()) >= {
+    groups = list(groups_of(typing.get_type_hints(RLModule.__init__), {k: p.default for k, p in params.items()}, ""))
+    assert {path for path, _, _ in groups} >= {
+        "policy",
+        "policy.lora",
+        "policy.routing",
+        "policy.warm_start",
         "generation",
         "update",
-        "sampling",
         "validation",
-        "routing",
-        "rollout_dumps",
-        "warm_start",
-        "lora",
     }
-    assert set(groups) == set(all_docs)  # every group of config.py is a setting of RLModule
+    assert {cls for _, cls, _ in groups} == set(all_docs)  # every group of config.py is a setting of RLModule
     text = help_text(capsys, monkeypatch, "--help")
-    for cls, docs in all_docs.items():
-        name = groups[cls]
-        if params[name].default is None:  # optional group: its own help
-            shown = help_text(capsys, monkeypatch, f"--model.{name}.help", cls.__name__)
-        else:
-            shown = text
+    for name, cls, optional in groups:
+        docs = all_docs[cls]
+        shown = help_text(capsys, monkeypatch, f"--model.{name}.help", cls.__name__) if optional else text
         for field, doc in docs.items():
+            if dataclasses.is_dataclass(typing.get_type_hints(cls)[field]):
+                continue  # a nested group: its own fields are checked as a group
             default = getattr(cls(), field)
             assert f"--model.{name}.{field} " in shown and doc in shown, f"{name}.{field}"
             if isinstance(default, (int, float)) and not isinstance(default, bool):

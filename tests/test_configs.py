@@ -62,7 +62,7 @@ def test_the_vllm_overlay_picks_the_vllm_engine_and_a_model_with_head_size_32():
     """Parsed only (vLLM need not be installed): the engine by class path, and by class name on the command line."""
     config = parse(QUICKSTART, CONFIGS / "engines/vllm.yaml")
     assert config.model.engine.class_path.endswith(".VLLMEngine")
-    model_config = config.model.model_config
+    model_config = config.model.policy.config
     assert model_config["hidden_size"] // model_config["num_attention_heads"] == 32
     by_name = parse(QUICKSTART, extra=("--model.engine", "VLLMEngine"))
     assert by_name.model.engine.class_path.rsplit(".", 1)[-1] == "VLLMEngine"
@@ -89,7 +89,7 @@ def value_at(config, dotted: str):
 
 
 def assert_given(config, key: str, value, arm: str) -> None:
-    """The parsed ``config`` holds ``value`` at ``key``; a mapping (``model.mismatch: {...}``, a class with its
+    """The parsed ``config`` holds ``value`` at ``key``; a mapping (``model.update.mismatch: {...}``, a class with its
     ``init_args``) field by field."""
     if isinstance(value, dict):
         for k, v in value.items():
@@ -121,5 +121,5 @@ def test_ablation_config_loads_and_its_arms_parse(path, tmp_path, monkeypatch):
 @pytest.mark.parametrize("path", sorted((CONFIGS / "mismatch").glob("*.yaml")), ids=lambda p: p.stem)
 def test_mismatch_overlay_adds_only_the_correction(path):
     config, base = parse(QUICKSTART, path), parse(QUICKSTART)
-    assert config.model.mismatch is not None and base.model.mismatch is None
+    assert config.model["update"].mismatch is not None and base.model["update"].mismatch is None
     assert config.data == base.data and config.model.objective == base.model.objective

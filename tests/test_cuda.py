@@ -155,7 +155,7 @@ def test_adamw8bit_keeps_uint8_state_on_the_device(cuda_device):
 FIT = """
 import json, math, sys, torch
 import lightning as L
-from lit_gspo import CharAccuracy, Generation, PromptDataModule, RLModule, Update
+from lit_gspo import CharAccuracy, Generation, Policy, PromptDataModule, RLModule, Update
 from lit_gspo.runtime.optim import state_dtypes
 
 device, strategy, optimizer, root = sys.argv[1:5]
@@ -164,9 +164,10 @@ make = (lambda p: torch.optim.AdamW(p, lr=lr, fused=True)) if optimizer == "Adam
 if optimizer == "AdamW8bit":
     import bitsandbytes as bnb
     make = lambda p: bnb.optim.AdamW8bit(p, lr=lr)
-model = RLModule(model="tiny-llama", model_config={"hidden_size": 128, "intermediate_size": 256}, rewards=[CharAccuracy()],
+L.seed_everything(0)
+model = RLModule(policy=Policy("tiny-llama", config={"hidden_size": 128, "intermediate_size": 256}), rewards=[CharAccuracy()],
                  optimizer=make, generation=Generation(num_generations=4, max_new_tokens=4),
-                 update=Update(num_minibatches=2), seed=0)
+                 update=Update(num_minibatches=2))
 data = PromptDataModule(train_source="reversal", task_kwargs={"min_length": 3, "max_length": 3}, num_train=64, num_val=4,
                         prompts_per_step=4, seed=0)
 if strategy == "fsdp2":

@@ -94,7 +94,7 @@ def test_an_over_long_prompt_is_named_by_its_file_row_before_training(tmp_path):
             str(tmp_path / "run"),
             "--trainer.max_steps",
             "2",
-            "--model.warm_start.steps",
+            "--model.policy.warm_start.steps",
             "0",
             "--trainer.enable_progress_bar",
             "false",

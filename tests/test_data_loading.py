@@ -185,7 +185,7 @@ def test_a_fit_gives_rewards_each_column_by_its_own_name_as_written(tmp_path, mo
             str(tmp_path / "run"),
             "--trainer.max_steps",
             "1",
-            "--model.warm_start.steps",
+            "--model.policy.warm_start.steps",
             "0",
             "--trainer.enable_progress_bar",
             "false",

@@ -125,7 +125,7 @@ def test_validation_never_runs_the_policy_under_inference_mode(tmp_path):
         [
             "--config",
             str(ROOT / "configs/quickstart.yaml"),
-            "--model.warm_start.steps",
+            "--model.policy.warm_start.steps",
             "1",
             "--data.num_val",
             "4",

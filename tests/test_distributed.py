@@ -55,7 +55,7 @@ def run_args(root: Path, *extra: str, prompts: int = 4, devices: int = 1, steps:
         str(devices),
         "--trainer.enable_progress_bar",
         "false",
-        "--model.warm_start.steps",
+        "--model.policy.warm_start.steps",
         "0",
         "--model.validation.every_n_steps",
         "1",
@@ -182,7 +182,7 @@ def test_fsdp2_with_lora_exports_the_merged_model_and_the_adapter_one_process_ex
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    lora = ("--model.lora", "{r: 4, alpha: 8}")
+    lora = ("--model.policy.lora", "{r: 4, alpha: 8}")
     one, two = tmp_path / "one", tmp_path / "two"
     launch(one, run_args(one, *lora))
     sharded = launch(two, run_args(two, *lora, *FSDP2, prompts=2, devices=2))
@@ -273,7 +273,7 @@ def test_ddp_with_a_reward_failing_on_every_rank_stops_every_rank_with_its_error
             tmp_path,
             "--trainer.strategy",
             "ddp",
-            "--model.sampling.max_skipped_steps",
+            "--model.generation.max_skipped_steps",
             "2",
             "--model.validation.every_n_steps",
             "0",

@@ -68,7 +68,7 @@ def run_dir(tmp_path_factory):
         str(root),
         "--trainer.max_steps",
         "2",
-        "--model.warm_start.steps",
+        "--model.policy.warm_start.steps",
         "20",
         "--model.validation.every_n_steps",
         "0",

@@ -37,7 +37,7 @@ def cli(root: Path, *extra: str, steps: int = 12) -> list[str]:
         str(steps),
         "--trainer.enable_progress_bar",
         "false",
-        "--model.warm_start.steps",
+        "--model.policy.warm_start.steps",
         "0",
         "--model.validation.every_n_steps",
         "4",

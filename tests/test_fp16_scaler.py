@@ -7,19 +7,17 @@ import pytest
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
-from lit_gspo import CharAccuracy, Generation, PromptDataModule, RLModule, Update
+from lit_gspo import CharAccuracy, Generation, Policy, PromptDataModule, RLModule, Update
 
 
 def fit(tmp_path, init_scale: float, steps: int = 3):
     L.seed_everything(0, verbose=False)
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=1000)
     module = RLModule(
-        model="tiny-llama",
-        model_config={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64},
+        policy=Policy("tiny-llama", config={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64}),
         rewards=[CharAccuracy()],
         generation=Generation(num_generations=8, max_new_tokens=6),
         update=Update(num_minibatches=2, max_grad_norm=1.0),
-        seed=0,
         optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3),
     )
     data = PromptDataModule(

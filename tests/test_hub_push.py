@@ -77,7 +77,7 @@ def fit_args(root: Path, *extra: str) -> list[str]:
         str(root),
         "--trainer.max_steps",
         "1",
-        "--model.warm_start.steps",
+        "--model.policy.warm_start.steps",
         "0",
         "--model.validation.every_n_steps",
         "0",

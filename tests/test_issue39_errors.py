@@ -60,7 +60,7 @@ def test_chat_prompts_without_a_template_name_the_options():
     with pytest.raises(ValueError) as err:
         encode_prompts(tok, messages, max_prompt_length=64)
     text = str(err.value)
-    assert "has no chat template" in text and "--model.model" in text and "--data.prompt_column" in text
+    assert "has no chat template" in text and "--model.policy.name" in text and "--data.prompt_column" in text
     assert "chat_template=" not in text
     with pytest.raises(ValueError) as err:
         encode_prompts(tok, ["hi"], chat_template=True, max_prompt_length=64)

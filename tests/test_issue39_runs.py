@@ -16,7 +16,7 @@ from lit_gspo.tools.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
-    "--model.warm_start.steps",
+    "--model.policy.warm_start.steps",
     "0",
     "--model.validation.every_n_steps",
     "0",

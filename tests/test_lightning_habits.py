@@ -18,7 +18,7 @@ STEPS = 6
 TINY = [
     "--config",
     str(ROOT / "configs/quickstart.yaml"),
-    "--model.warm_start.steps",
+    "--model.policy.warm_start.steps",
     "5",
     "--model.validation.every_n_steps",
     "2",

@@ -97,11 +97,11 @@ PATHS = {
     ),
 }
 MOE = [
-    "--model.model",
+    "--model.policy.name",
     "tiny-qwen3-moe",
-    "--model.model_config",
+    "--model.policy.config",
     "{hidden_size: 64, num_hidden_layers: 2, moe_intermediate_size: 32}",
-    "--model.routing.replay",
+    "--model.policy.routing.replay",
     "true",
     "--model.update.num_minibatches",
     "2",

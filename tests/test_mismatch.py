@@ -343,7 +343,7 @@ def test_a_cli_fit_with_corrections_logs_the_mismatch(tmp_path):
         "4",
         "--trainer.enable_progress_bar",
         "false",
-        "--model.warm_start.steps",
+        "--model.policy.warm_start.steps",
         "0",
         "--model.validation.every_n_steps",
         "0",

@@ -8,7 +8,7 @@ import torch
 
 from lit_gspo.lightning.module import RLModule
 from lit_gspo.models.routing import moe_routers, record_routing
-from lit_gspo.rl.config import Generation, Routing, Update
+from lit_gspo.rl.config import Generation, Policy, Routing, Update
 from lit_gspo.rl.learn.hooks import RoutingReplay
 from lit_gspo.rl.objectives import GRPO
 from lit_gspo.rl.rewards import CharAccuracy
@@ -47,10 +47,9 @@ class ExpertInputs:
 def moe_module(**kwargs) -> RLModule:
     kwargs = (
         dict(
-            model="tiny-qwen3-moe",
+            policy=Policy("tiny-qwen3-moe", kl_to_ref=False),
             objective=GRPO(),
             rewards=[CharAccuracy()],
-            kl_to_ref=False,
             generation=Generation(num_generations=3, max_new_tokens=5),
             update=Update(num_minibatches=2, micro_batch_size=4),
         )
@@ -76,7 +75,7 @@ def perturb_routers(model, scale=1.0):
 
 @pytest.fixture(scope="module")
 def replay():
-    module = moe_module(routing=Routing(replay=True))
+    module = moe_module(policy=Policy("tiny-qwen3-moe", kl_to_ref=False, routing=Routing(replay=True)))
     return module, snapshot_rollout(module)
 
 
@@ -104,7 +103,7 @@ def test_replay_uses_the_recorded_experts_and_reproduces_old_logprobs(replay):
 
 
 def test_replay_pins_the_experts_after_the_router_moved():
-    module = moe_module(routing=Routing(replay=True))
+    module = moe_module(policy=Policy("tiny-qwen3-moe", kl_to_ref=False, routing=Routing(replay=True)))
     rollout = snapshot_rollout(module)
     perturb_routers(module.policy, scale=2.0)
     micro = rollout.select(torch.arange(len(rollout))).trimmed()
@@ -153,7 +152,7 @@ def test_rerouted_and_kept_tokens_split_the_log_ratio_by_whether_an_expert_chang
 
 def test_routing_replay_on_a_dense_model_is_refused():
     with pytest.raises(ValueError, match="routing.replay needs an MoE"):
-        RLModule(model="tiny-llama", routing=Routing(replay=True))
+        RLModule(policy=Policy("tiny-llama", routing=Routing(replay=True)))
 
 
 def first_char_parity(prompts, completions, **columns):
@@ -164,9 +163,9 @@ def test_fit_logs_routing_volatility_for_moe_and_moves_the_router(tmp_path):
     """A high learning rate moves the routers within one step: volatility > 0, with and without replay."""
     args = tiny_args(
         tmp_path,
-        "--model.model",
+        "--model.policy.name",
         "tiny-qwen3-moe",
-        "--model.model_config",
+        "--model.policy.config",
         "{}",
         "--trainer.max_steps",
         "4",
@@ -176,7 +175,7 @@ def test_fit_logs_routing_volatility_for_moe_and_moves_the_router(tmp_path):
         "GRPO",
         "--model.update.num_minibatches",
         "2",
-        "--model.routing.replay",
+        "--model.policy.routing.replay",
         "true",
         "--model.validation.every_n_steps",
         "0",

@@ -59,7 +59,7 @@ def fit_args(root: Path, *extra: str) -> list[str]:
         "3",
         "--trainer.enable_progress_bar",
         "false",
-        "--model.warm_start.steps",
+        "--model.policy.warm_start.steps",
         "0",
         "--model.validation.every_n_steps",
         "2",

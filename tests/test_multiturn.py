@@ -458,7 +458,7 @@ def test_the_multi_turn_quickstart_fits_and_logs_success_per_turn(tmp_path):
             str(tmp_path),
             "--trainer.enable_progress_bar",
             "false",
-            "--model.warm_start.steps",
+            "--model.policy.warm_start.steps",
             "2",
             "--data.num_val",
             "8",

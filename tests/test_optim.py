@@ -25,7 +25,7 @@ def tiny_args(tmp_path, *extra):
         str(tmp_path),
         "--trainer.max_steps",
         "1",
-        "--model.warm_start.steps",
+        "--model.policy.warm_start.steps",
         "0",
         "--model.validation.every_n_steps",
         "0",

@@ -89,7 +89,7 @@ def test_the_cli_accepts_precision_auto_and_says_what_it_chose(no_bf16_cpu, tmp_
                 "auto",
                 "--trainer.default_root_dir",
                 str(tmp_path),
-                "--model.warm_start.steps",
+                "--model.policy.warm_start.steps",
                 "0",
             ],
             run=False,

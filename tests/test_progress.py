@@ -16,7 +16,7 @@ def fit(root: Path, max_steps: int, *extra: str, ckpt_path: str | None = None):
         str(root),
         "--trainer.max_steps",
         str(max_steps),
-        "--model.warm_start.steps",
+        "--model.policy.warm_start.steps",
         "0",
         "--model.validation.every_n_steps",
         "0",

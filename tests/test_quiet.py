@@ -28,7 +28,7 @@ def test_a_fit_run_by_ablate_shows_none_of_lightnings_unactionable_warnings(tmp_
         str(tmp_path),
         "--trainer.max_steps",
         "2",
-        "--model.warm_start.steps",
+        "--model.policy.warm_start.steps",
         "0",
         "--data.num_train",
         "16",

@@ -13,7 +13,7 @@ from lit_gspo.tools.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
-    "--model.warm_start.steps",
+    "--model.policy.warm_start.steps",
     "3",
     "--model.validation.every_n_steps",
     "0",
@@ -105,9 +105,9 @@ def test_differences_ignore_what_a_resume_may_change_and_name_the_rest():
         {
             "model.objective.class_path": ("GSPO", "DAPO"),
             "model.objective.init_args.dual_clip": ("(unset)", None),
-            "model.seed": (None, 1),
+            "data.seed": (None, 1),
         }
-    ) == ("model.objective.class_path: GSPO → DAPO, model.seed: null → 1")
+    ) == ("model.objective.class_path: GSPO → DAPO, data.seed: null → 1")
     assert run_dir.differences({"a": 1}, {}) == {"a": (1, "(unset)")}
 
 

@@ -42,7 +42,7 @@ def args(root: Path, steps: int, *extra: str) -> list[str]:
         "false",
         "--trainer.enable_progress_bar",
         "false",
-        "--model.warm_start.steps",
+        "--model.policy.warm_start.steps",
         "0",
         "--model.validation.every_n_steps",
         "1",
@@ -206,13 +206,15 @@ def _export_bytes(path: Path) -> bytes:
 
 
 def test_the_export_is_swapped_in_whole_a_failed_export_leaves_the_previous_one(tmp_path):
+    from lit_gspo.lightning.export import save_hf_model
     from lit_gspo.lightning.module import RLModule
+    from lit_gspo.rl.config import Policy
 
     module = RLModule(
-        model_config={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64}, kl_to_ref=False
+        policy=Policy(config={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64}, kl_to_ref=False)
     )
     export = tmp_path / "hf_model"
-    module.save_hf_model(export)
+    save_hf_model(module, export)
     before = _export_bytes(export)
     with torch.no_grad():
         next(module.policy.parameters()).add_(1.0)
@@ -222,7 +224,7 @@ def test_the_export_is_swapped_in_whole_a_failed_export_leaves_the_previous_one(
 
     module.tokenizer.save_pretrained = broken  # fails after the weights are written
     with pytest.raises(OSError, match="disk full"):
-        module.save_hf_model(export)
+        save_hf_model(module, export)
     assert _export_bytes(export) == before, "a failed export overwrote the previous one"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf_model"]
 

@@ -146,9 +146,13 @@ def test_the_default_engine_is_the_static_cache_sampler_on_cuda_only():
 
 def test_the_modules_default_engine_on_cpu_stays_hf_generate():
     from lit_gspo.lightning.module import RLModule
+    from lit_gspo.rl.config import Policy
 
-    assert type(RLModule(kl_to_ref=False).collector.engine) is HFGenerate
-    assert type(RLModule(engine=StaticCacheSampler(), kl_to_ref=False).collector.engine) is StaticCacheSampler
+    assert type(RLModule(policy=Policy(kl_to_ref=False)).collector.engine) is HFGenerate
+    assert (
+        type(RLModule(engine=StaticCacheSampler(), policy=Policy(kl_to_ref=False)).collector.engine)
+        is StaticCacheSampler
+    )
 
 
 def test_a_quickstart_fit_samples_with_it(tmp_path):
@@ -163,7 +167,7 @@ def test_a_quickstart_fit_samples_with_it(tmp_path):
         "2",
         "--trainer.enable_progress_bar",
         "false",
-        "--model.warm_start.steps",
+        "--model.policy.warm_start.steps",
         "0",
         "--model.validation.every_n_steps",
         "0",

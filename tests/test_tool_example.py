@@ -42,7 +42,7 @@ def test_the_warm_start_stays_below_the_dose_that_solved_the_task():
     """Adam moves each weight by about lr per step whatever the gradient's size, so steps × lr is the warm start's
     dose. Measured (docs/multiturn.md, step-0 greedy `val/reward` on 64 held-out problems, seed 0): 1 step at 1e-4
     gave 0.984, 2 steps at 1e-4 gave 1.000, 20 at 1e-4 (the old config) 1.000 — RL then has nothing to learn."""
-    warm = yaml.safe_load(CONFIG.read_text())["model"]["warm_start"]
+    warm = yaml.safe_load(CONFIG.read_text())["model"]["policy"]["warm_start"]
     assert warm["steps"] * float(warm["lr"]) < 1e-4, warm
 
 

@@ -55,7 +55,7 @@ def tiny_args(tmp_path, *extra):
         str(tmp_path),
         "--trainer.max_steps",
         "3",
-        "--model.warm_start.steps",
+        "--model.policy.warm_start.steps",
         "0",
         "--model.validation.every_n_steps",
         "2",
@@ -116,7 +116,7 @@ def test_rl_learns_a_reward_it_can_reach(tmp_path):
             "0.01",
             "--model.rewards",
             '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "7.*"}}]',
-            "--model.kl_to_ref",
+            "--model.policy.kl_to_ref",
             "false",
             "--model.validation.every_n_steps",
             "0",
@@ -255,7 +255,7 @@ def test_validation_can_decode_longer_than_the_rollouts(tmp_path):
 
 
 def test_prompt_longer_than_the_context_is_refused(tmp_path):
-    cli = cli_main(tiny_args(tmp_path, "--model.model_config", "{max_position_embeddings: 8}"), run=False)
+    cli = cli_main(tiny_args(tmp_path, "--model.policy.config", "{max_position_embeddings: 8}"), run=False)
     with pytest.raises(ValueError, match="max_prompt_length"):
         cli.fit(cli.model, datamodule=cli.datamodule)
 
@@ -270,9 +270,9 @@ def test_dynamic_sampling_drops_all_equal_groups_and_a_signal_free_run_stops_wit
             "2",
             "--model.objective",
             "DAPO",
-            "--model.sampling.max_rounds",
+            "--model.generation.max_sampling_rounds",
             "3",
-            "--model.sampling.max_skipped_steps",
+            "--model.generation.max_skipped_steps",
             "3",
             "--model.validation.every_n_steps",
             "0",
@@ -305,7 +305,7 @@ def test_lora_trains_adapters_only_and_saves_a_merged_hf_model_and_the_adapter_a
             tmp_path,
             "--trainer.max_steps",
             "3",
-            "--model.lora",
+            "--model.policy.lora",
             "{r: 4, alpha: 8}",
             "--model.optimizer.lr",
             "0.01",  # kl measured on every row, signal or not:
@@ -334,8 +334,7 @@ def test_lora_trains_adapters_only_and_saves_a_merged_hf_model_and_the_adapter_a
     adapter = tmp_path / "hf_adapter"
     assert (adapter / "adapter_config.json").is_file() and not list(adapter.glob("model*.safetensors"))
     assert not [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
-    hp = cli.model.hparams
-    base, _ = load_policy(hp.model, config_overrides=hp.model_config, seed=cli.model.seed)
+    base, _ = load_policy(cli.model.settings.name, config_overrides=cli.model.settings.config, seed=cli.model.seed)
     with_adapter = PeftModel.from_pretrained(base, adapter).eval()
     torch.testing.assert_close(with_adapter(ids).logits, reloaded(ids).logits, atol=1e-5, rtol=1e-5)
 

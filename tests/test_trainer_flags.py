@@ -23,7 +23,7 @@ from lit_gspo.lightning.trainer_flags import HONOURED, MAPPED, REFUSED, TOP_LEVE
 from lit_gspo.runtime.user_errors import SettingsError
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.warm_start.steps", "0"]
+QUICKSTART = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.policy.warm_start.steps", "0"]
 TINY = [
     *QUICKSTART,
     "--data.num_train",

@@ -537,7 +537,7 @@ def test_a_fit_with_a_reward_that_always_raises_stops_at_the_first_scoring(tmp_p
             str(tmp_path),
             "--trainer.max_steps",
             "2",
-            "--model.warm_start.steps",
+            "--model.policy.warm_start.steps",
             "0",
             "--data.num_train",
             "16",

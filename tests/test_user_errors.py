@@ -104,7 +104,7 @@ def test_debug_shows_the_traceback_and_the_usage(tmp_path):
             "error: --model.lr_scheduler ReduceLROnPlateau: Multiple subclasses "
             "with name ReduceLROnPlateau. Give the full class path",
         ),
-        (["--model.warm_start.steps", "-3"], "error: --model.warm_start: warm_start needs steps >= 0"),
+        (["--model.policy.warm_start.steps", "-3"], "error: --model.policy.warm_start: warm_start needs steps >= 0"),
     ],
 )
 def test_settings_paths_and_columns_checked_at_start_are_one_error(tmp_path, capsys, monkeypatch, extra, expected):

@@ -5,7 +5,7 @@ import pytest
 
 from lit_gspo.lightning.module import RLModule
 from lit_gspo.rl.advantages import GAE, RLOO, BatchNormalized, GroupMean, GroupNormalized
-from lit_gspo.rl.config import Generation, RolloutDumps, Sampling, Update, Validation
+from lit_gspo.rl.config import Generation, Policy, Update, Validation
 from lit_gspo.rl.objectives import PPO
 
 
@@ -49,7 +49,9 @@ def test_one_generation_per_prompt_with_a_group_estimator_is_refused(advantage):
 
 
 def test_one_generation_per_prompt_is_fine_without_groups():
-    module = RLModule(objective=PPO(), advantage=GAE(), generation=Generation(num_generations=1), kl_to_ref=False)
+    module = RLModule(
+        objective=PPO(), advantage=GAE(), generation=Generation(num_generations=1), policy=Policy(kl_to_ref=False)
+    )
     assert module.generation.num_generations == 1
 
 
@@ -65,9 +67,9 @@ def test_one_generation_per_prompt_is_fine_without_groups():
             r"validation.log_completions_every_n_steps and "
             r"validation.num_logged_completions must be >= 0, got None and -1",
         ),
-        (lambda: Sampling(max_skipped_steps=0), r"sampling.max_skipped_steps must be >= 1, got 0"),
-        (lambda: Sampling(max_rounds=0), r"sampling.max_rounds must be >= 1, got 0"),
-        (lambda: RolloutDumps(every_n_steps=-2), r"rollout_dumps.every_n_steps must be >= 0 \(0: never\), got -2"),
+        (lambda: Generation(max_skipped_steps=0), r"max_skipped_steps must be >= 1, got 0"),
+        (lambda: Generation(max_sampling_rounds=0), r"max_sampling_rounds must be >= 1, got 0"),
+        (lambda: Generation(dump_every_n_steps=-2), r"dump_every_n_steps must be >= 0 \(0: never\), got -2"),
     ],
 )
 def test_module_ranges(make, message):

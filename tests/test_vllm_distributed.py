@@ -38,7 +38,7 @@ def run_two_processes(root: Path, subcommand: str, *extra: str, steps: int = 4) 
         str(steps),
         "--trainer.enable_progress_bar",
         "false",
-        "--model.warm_start.steps",
+        "--model.policy.warm_start.steps",
         "0",
         "--data.num_train",
         "64",
@@ -52,7 +52,7 @@ def run_two_processes(root: Path, subcommand: str, *extra: str, steps: int = 4) 
         "4",
         "--model.optimizer.lr",
         "0.05",
-        "--model.mismatch",
+        "--model.update.mismatch",
         "{}",
         "--model.validation.every_n_steps",
         "2",
@@ -104,7 +104,7 @@ def test_two_processes_each_sample_with_vllm_from_the_weights_the_trainer_holds(
 
 def test_lora_under_fsdp2_pushes_the_merged_gathered_weights(tmp_path):
     """LoRA under FSDP2: each adapted layer's W + ΔW from gathered shards, and the run exports its merged model."""
-    rows = fit_two_processes(tmp_path, *FSDP2, "--model.lora", "{r: 4, alpha: 8}")
+    rows = fit_two_processes(tmp_path, *FSDP2, "--model.policy.lora", "{r: 4, alpha: 8}")
     k3 = [float(r["train/mismatch/k3"]) for r in rows]
     assert len(k3) == 4 and max(k3) < 1e-9, k3
     assert (tmp_path / "hf_model" / "model.safetensors").exists() and (tmp_path / "hf_adapter").is_dir()

@@ -29,7 +29,7 @@ def args(tmp_path, engine: str, *extra: str) -> list[str]:
         engine,
         "--trainer.default_root_dir",
         str(tmp_path),
-        "--model.warm_start.steps",
+        "--model.policy.warm_start.steps",
         "0",
         "--data.num_train",
         "64",
@@ -93,7 +93,7 @@ def test_rl_learns_a_reward_it_can_reach_with_either_engine(tmp_path, engine):
             "25",
             "--model.optimizer.lr",
             "0.01",
-            "--model.kl_to_ref",
+            "--model.policy.kl_to_ref",
             "false",
             "--model.rewards",
             '[{class_path: lit_gspo.rl.rewards.FormatReward, init_args: {pattern: "7.*"}}]',
@@ -107,7 +107,7 @@ def test_rl_learns_a_reward_it_can_reach_with_either_engine(tmp_path, engine):
 
 def test_a_vllm_fit_logs_its_weight_pushes_and_its_logprobs_are_measured_against_the_trainers(tmp_path):
     """Every step after an update pushes (time/weight_sync_s); the first, right after validation pushed the same
-    weights, does not. ``model.mismatch`` gets the engine's log-probs: k3 against the trainer's fp32 π_old ≈ 0."""
+    weights, does not. ``model.update.mismatch`` gets the engine's log-probs: k3 against the trainer's fp32 π_old ≈ 0."""
     fit(
         args(
             tmp_path,
@@ -116,7 +116,7 @@ def test_a_vllm_fit_logs_its_weight_pushes_and_its_logprobs_are_measured_against
             "4",
             "--model.validation.every_n_steps",
             "0",
-            "--model.mismatch",
+            "--model.update.mismatch",
             "{}",
         )
     )
@@ -138,7 +138,7 @@ def test_vllms_logprobs_as_pi_old_leave_gspo_on_policy(tmp_path):
             "3",
             "--model.validation.every_n_steps",
             "0",
-            "--model.mismatch",
+            "--model.update.mismatch",
             "{old_logprobs: sampler}",
         )
     )
@@ -159,7 +159,7 @@ def test_under_bf16_mixed_precision_vllm_samples_in_bfloat16(tmp_path):
             "0",
             "--trainer.precision",
             "bf16-mixed",
-            "--model.mismatch",
+            "--model.update.mismatch",
             "{}",
         )
     )

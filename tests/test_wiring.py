@@ -4,14 +4,14 @@ import pytest
 
 from lit_gspo.lightning.module import RLModule
 from lit_gspo.rl.advantages import GAE, RLOO, GroupMean, GroupNormalized
-from lit_gspo.rl.config import Sampling
+from lit_gspo.rl.config import Generation, Policy
 from lit_gspo.rl.engines import HFGenerate
 from lit_gspo.rl.envs import SingleTurn
 from lit_gspo.rl.objectives import DAPO, GSPO, PPO, DrGRPO
 
 
 def module(**kwargs) -> RLModule:
-    return RLModule(model="tiny-llama", kl_to_ref=False, **kwargs)
+    return RLModule(policy=Policy("tiny-llama", kl_to_ref=False), **kwargs)
 
 
 def test_unset_stages_take_the_objectives_paper_and_set_ones_win():
@@ -20,7 +20,7 @@ def test_unset_stages_take_the_objectives_paper_and_set_ones_win():
     assert type(module(objective=GSPO()).advantage) is GroupNormalized
     assert type(module(objective=DrGRPO(), advantage=RLOO()).advantage) is RLOO
     assert module(objective=DAPO()).collector.dynamic_sampling is True
-    assert module(objective=DAPO(), sampling=Sampling(dynamic=False)).collector.dynamic_sampling is False
+    assert module(objective=DAPO(), generation=Generation(dynamic_sampling=False)).collector.dynamic_sampling is False
     assert module(objective=GSPO()).collector.dynamic_sampling is False
     defaults = module()
     assert (type(defaults.collector.environment), type(defaults.collector.engine)) == (SingleTurn, HFGenerate)

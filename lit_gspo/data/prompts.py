@@ -433,7 +433,7 @@ def encode_prompts(
         raise ValueError(
             f"{option(CHAT_TEMPLATE, chat_template)}, but {_tokenizer_name(tokenizer)} has no chat template: "
             f"give {option(CHAT_TEMPLATE, None)} (use it when there is one) or "
-            f"{option(CHAT_TEMPLATE, False)} (prompts as plain text), or a {option('model.model')} whose "
+            f"{option(CHAT_TEMPLATE, False)} (prompts as plain text), or a {option('model.policy.name')} whose "
             "tokenizer has one"
         )
     encoded = []
@@ -451,7 +451,7 @@ def encode_prompts(
                 why = (
                     (
                         f"{_tokenizer_name(tokenizer)} has no chat template to render them with; give a "
-                        f"{option('model.model')} whose tokenizer has one, or prompts as text (a text column as "
+                        f"{option('model.policy.name')} whose tokenizer has one, or prompts as text (a text column as "
                         f"{option('data.prompt_column')})"
                     )
                     if not has_template

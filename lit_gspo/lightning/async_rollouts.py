@@ -1,4 +1,4 @@
-"""The trainer's side of asynchronous rollouts (``sampling.max_staleness`` K >= 1): refusals, the worker of one fit,
+"""The trainer's side of asynchronous rollouts (``generation.max_staleness`` K >= 1): refusals, the worker of one fit,
 and the callback that stops it with the fit. The pipeline itself is ``lit_gspo/rl/collect/async_rollouts.py``."""
 
 from __future__ import annotations
@@ -8,52 +8,52 @@ import copy
 import torch
 from lightning.pytorch import Callback
 
-from lit_gspo.rl.collect.async_rollouts import AsyncRollouts, ThreadRolloutWorker, worker_threads
+from lit_gspo.rl.collect.async_rollouts import AsyncRollouts, ThreadRolloutWorker, staleness_tagged, worker_threads
 from lit_gspo.rl.learn.mismatch import TIS, Mismatch
 from lit_gspo.runtime.user_errors import SettingsError
 
 
-def async_mismatch(sampling, mismatch: Mismatch | None) -> Mismatch | None:
-    """The mismatch layer a run with ``sampling.max_staleness`` K uses, chosen once (None: K = 0, unchanged).
+def async_mismatch(generation, mismatch: Mismatch | None) -> Mismatch | None:
+    """The mismatch layer a run with ``generation.max_staleness`` K uses, chosen once (None: K = 0, unchanged).
 
     ``sampler``: π_old = the engine's log-probs (``Mismatch(old_logprobs="sampler")``: the ratio is π_θ/π_behav);
     ``proximal``: π_old = the trainer's pass before the update (decoupled PPO's π_prox), with TIS on π_prox/π_behav
-    (the behaviour-policy correction). A ``model.mismatch`` given is kept when it agrees, refused when it does not.
+    (the behaviour-policy correction). An ``update.mismatch`` given is kept when it agrees, refused when it does not.
     """
-    if not sampling.max_staleness:
+    if not generation.max_staleness:
         return mismatch
-    want = "sampler" if sampling.async_old_logprobs == "sampler" else "trainer"
+    want = "sampler" if generation.async_old_logprobs == "sampler" else "trainer"
     if mismatch is None:
         return Mismatch(old_logprobs="sampler") if want == "sampler" else Mismatch(corrections=[TIS()])
     if mismatch.old_logprobs != want:
         raise SettingsError(
-            f"--model.sampling.async_old_logprobs {sampling.async_old_logprobs} needs "
-            f"--model.mismatch.old_logprobs {want}, got {mismatch.old_logprobs}: set one of them"
+            f"--model.generation.async_old_logprobs {generation.async_old_logprobs} needs "
+            f"--model.update.mismatch.old_logprobs {want}, got {mismatch.old_logprobs}: set one of them"
         )
     return mismatch
 
 
 def check_async(module) -> None:
     """What K >= 1 does not support yet, refused in one line naming the setting."""
-    K = module.sampling.max_staleness
+    K = module.generation.max_staleness
     trainer = module.trainer
     if trainer.world_size > 1:
         raise SettingsError(
-            f"--model.sampling.max_staleness {K}: asynchronous rollouts run in one process for now; "
-            f"this fit has {trainer.world_size} (use --model.sampling.max_staleness 0 with several "
+            f"--model.generation.max_staleness {K}: asynchronous rollouts run in one process for now; "
+            f"this fit has {trainer.world_size} (use --model.generation.max_staleness 0 with several "
             "devices or nodes)"
         )
-    if module.rollout_dumps.every_n_steps:
+    if module.generation.dump_every_n_steps:
         raise SettingsError(
-            f"--model.sampling.max_staleness {K} with --model.rollout_dumps.every_n_steps "
-            f"{module.rollout_dumps.every_n_steps}: a dump's policy would not be the one that sampled "
+            f"--model.generation.max_staleness {K} with --model.generation.dump_every_n_steps "
+            f"{module.generation.dump_every_n_steps}: a dump's policy would not be the one that sampled "
             "it; set one of them to 0"
         )
     try:
         copy.deepcopy(module.collector.engine)
     except Exception as error:  # noqa: BLE001 - a server, another process
         raise SettingsError(
-            f"--model.sampling.max_staleness {K}: the worker needs its own copy of --model.engine "
+            f"--model.generation.max_staleness {K}: the worker needs its own copy of --model.engine "
             f"{type(module.collector.engine).__name__}, which cannot be copied ({type(error).__name__}); "
             "use LeanSampler, HFGenerate or StaticCacheSampler"
         ) from None
@@ -66,7 +66,7 @@ def build_async_rollouts(module) -> AsyncRollouts:
     collector = copy.copy(module.collector)  # its own trainer_state and last_* (the reward set and environment shared)
     collector.engine = copy.deepcopy(module.collector.engine)
     collector.last_extra, collector.last_per_function = {}, {}
-    refill = module._refill_rows
+    refill = module.refill_rows
 
     def sample(policy, rows, trainer_state):
         collector.trainer_state = trainer_state
@@ -74,7 +74,7 @@ def build_async_rollouts(module) -> AsyncRollouts:
         return collector.collect(policy, rows, refill)
 
     before = torch.get_num_threads()
-    main, worker = worker_threads(module.sampling.async_worker_threads)
+    main, worker = worker_threads(module.generation.async_worker_threads)
     torch.set_num_threads(main)
     thread = ThreadRolloutWorker(
         sample,
@@ -89,7 +89,7 @@ def build_async_rollouts(module) -> AsyncRollouts:
         collector.engine.close()
         torch.set_num_threads(before)
 
-    return AsyncRollouts(thread, module.sampling.max_staleness, refill, on_stop=on_stop)
+    return AsyncRollouts(thread, module.generation.max_staleness, refill, on_stop=on_stop)
 
 
 class StopAsyncRollouts(Callback):
@@ -98,7 +98,45 @@ class StopAsyncRollouts(Callback):
 
     def teardown(self, trainer, pl_module, stage):
         if stage == "fit":
-            pl_module.stop_async_rollouts()
+            pl_module.async_rollouts.stop()
 
     def on_exception(self, trainer, pl_module, exception):
-        pl_module.stop_async_rollouts()
+        pl_module.async_rollouts.stop()
+
+
+class FitRollouts:
+    """The asynchronous rollouts of one fit of ``module``: the worker starts at the fit's first RL step (or a resume's:
+    in-flight rollouts are never checkpointed), pauses for validation, and stops with the fit."""
+
+    def __init__(self, module):
+        self.module = module
+        self.pipeline: AsyncRollouts | None = None
+
+    def next(self, rows: list[dict], trainer_state):
+        """Submit ``rows``; the oldest rollout no more than K versions old, and its statistics."""
+        if self.pipeline is None:
+            self.pipeline = build_async_rollouts(self.module)
+        produced, stats = self.pipeline.next(rows, self.module.rl_step, trainer_state)
+        stats.update(produced.stats)
+        stats["time/rollout_s"] = produced.seconds
+        return produced.rollout, stats
+
+    def publish(self, stats: dict) -> None:
+        """The weights after this step, for the worker's next rollouts; the step's metrics by staleness."""
+        if self.pipeline is not None:
+            self.pipeline.publish(self.module.policy, self.module.rl_step + 1)
+            stats.update(staleness_tagged(stats, int(stats["staleness"])))
+
+    def pause(self) -> None:
+        if self.pipeline is not None:  # greedy validation on the trainer's policy; no rollout meanwhile
+            self.pipeline.worker.pause()
+
+    def resume(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.worker.resume()
+
+    def stop(self) -> None:
+        """End the worker (the fit's end, an error, a signal); rollouts in flight are discarded."""
+        if self.pipeline is not None:
+            self.pipeline.stop()
+            self.pipeline = None

@@ -15,7 +15,7 @@ import importlib
 import yaml
 
 #: RLModule's settings given by class path
-CLASS_SETTINGS = ("objective", "engine", "advantage", "environment", "mismatch")
+CLASS_SETTINGS = ("objective", "engine", "advantage", "environment")
 SCOPES = ("fit", "validate", "test")
 
 

@@ -18,8 +18,9 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_gspo.lightning import class_switch, run_dir, trainer_flags
+from lit_gspo.lightning.checks import validation_schedule
 from lit_gspo.lightning.datamodule import PromptDataModule
-from lit_gspo.lightning.module import RLModule, validation_schedule
+from lit_gspo.lightning.module import RLModule
 
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
 from lit_gspo.rl import advantages, engines, envs  # noqa: F401
@@ -431,26 +432,39 @@ def schedule_validation(model, trainer) -> None:
 
 
 def check_settings_groups(model) -> None:
-    """A settings group whose own check fails (``--model.generation.num_generations 0``): one line naming the group,
-    at start (``lit_gspo/rl/config.py``'s ``__post_init__`` checks, run on the parsed values)."""
+    """A settings group whose own check fails (``--model.generation.num_generations 0``,
+    ``--model.policy.warm_start.steps -1``): one line naming the group, at start (``lit_gspo/rl/config.py``'s
+    ``__post_init__`` checks, run on the parsed values)."""
     import typing
 
-    hints = typing.get_type_hints(RLModule.__init__)
-    for name, hint in hints.items():
-        cls = next((c for c in typing.get_args(hint) or (hint,) if dataclasses.is_dataclass(c)), None)
-        group = model.get(name)
-        # the plain-valued groups of rl/config.py (others, e.g. Mismatch, hold class specs that only instantiation builds)
-        if (
-            cls is None
-            or cls.__module__ != "lit_gspo.rl.config"
-            or not isinstance(group, Namespace)
-            or "class_path" in group
-        ):
-            continue
-        try:
-            cls(**group.as_dict())
-        except (TypeError, ValueError) as exc:
-            raise SettingsError(f"--model.{name}: {exc}") from exc
+    for name, hint in typing.get_type_hints(RLModule.__init__).items():
+        check_group(f"--model.{name}", hint, model.get(name))
+
+
+def check_group(option: str, hint, group) -> None:
+    """Build ``hint``'s plain-valued dataclass of ``lit_gspo/rl/config.py`` from ``group`` (its nested groups first), so
+    that each group's ``__post_init__`` runs now; other settings (class specs such as ``update.mismatch``) are built at
+    instantiation."""
+    import typing
+
+    cls = next((c for c in typing.get_args(hint) or (hint,) if dataclasses.is_dataclass(c)), None)
+    if (
+        cls is None
+        or cls.__module__ != "lit_gspo.rl.config"
+        or not isinstance(group, Namespace)
+        or "class_path" in group
+    ):
+        return
+    hints = typing.get_type_hints(cls)
+    values = group.as_dict()
+    for key in list(values):
+        check_group(f"{option}.{key}", hints.get(key), group.get(key))
+        if isinstance(group.get(key), Namespace):
+            values.pop(key)  # checked on its own
+    try:
+        cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"{option}: {exc}") from exc
 
 
 def map_trainer_flags(model, trainer) -> None:
@@ -511,10 +525,10 @@ def map_top_level_optimisation(cfg) -> None:
 def check_plateau(model) -> None:
     """A ReduceLROnPlateau: torch's (no monitor) or a monitor that is neither ``val/*`` nor ``train/*`` is refused in
     one line at start (``lit_gspo.lightning.module.plateau_monitor`` checks the ``val/*`` names when the module is set
-    up, ``RLModule._step_plateau`` a ``train/*`` name at the first step)."""
+    up, ``lit_gspo.lightning.plateau.step_plateau`` a ``train/*`` name at the first step)."""
     import torch
 
-    from lit_gspo.lightning.module import check_plateau_monitor
+    from lit_gspo.lightning.plateau import check_plateau_monitor
 
     scheduler = model.get("lr_scheduler")
     cls = _class_of(scheduler)

@@ -16,7 +16,7 @@ from lit_gspo.models.hf_weights import hf_weights
 from lit_gspo.models.lora import is_lora, merged_for_saving
 from lit_gspo.rl.rollout_io import policy_dir, rollout_path, save_optimizer_state
 from lit_gspo.rl.rollout_io import save_rollout as write_rollout
-from lit_gspo.runtime.files import written_aside
+from lit_gspo.runtime.files import export_is_complete, written_aside
 from lit_gspo.runtime.sharding import full_state_dict, is_sharded, unsharded_class
 
 
@@ -40,7 +40,7 @@ def gather_for_saving(module) -> Gathered | None:
     None for a policy each process holds whole."""
     if not is_sharded(module.policy):
         return None
-    merged = dict(hf_weights(module.policy)) if module.lora is not None else None
+    merged = dict(hf_weights(module.policy)) if module.settings.lora is not None else None
     return Gathered(full_state_dict(module.policy), merged)
 
 
@@ -49,7 +49,7 @@ def save_hf_model(module, path: Path, gathered: Gathered | None = None) -> None:
     (:func:`gather_for_saving`). Under LoRA: the merged model at ``path`` and the adapter alone beside it
     (:func:`adapter_path`)."""
     state_dict = gathered.state_dict if gathered else None
-    if module.lora is None:
+    if module.settings.lora is None:
         return save_pretrained(module, module.policy, path, state_dict)
     if gathered is None:
         save_pretrained(module, merged_for_saving(module.policy), path, None)
@@ -68,15 +68,13 @@ def save_pretrained(module, model: nn.Module, path: Path, state_dict: dict | Non
             model.config.architectures = [unsharded_class(model).__name__]
             model.config.save_pretrained(tmp)
         module.tokenizer.save_pretrained(tmp)
-        save_export_config(
-            module.trainer if module._attached() else None, tmp
-        )  # the settings travel with a copy (eval)
+        save_export_config(module.trainer if module.attached() else None, tmp)  # the settings travel with a copy (eval)
     rank_zero_info(f"saved {what} in Hugging Face format to {path}")
 
 
 def save_rollout(module, rollout) -> None:
     """``<root>/rollouts/step_K.pt``: the rollout of RL step K with the trainer's old log-probs, what a replay needs to
-    compute the same log-probs and minibatches, and (``rollout_dumps.with_policy``) the policy that sampled it with
+    compute the same log-probs and minibatches, and (``generation.dump_policy``) the policy that sampled it with
     the optimiser's state then. Every rank takes part (FSDP2 collectives); rank 0 writes its share of the rollout."""
     old = rollout.old_logprobs
     if old is None:  # on-policy training never computes them: one no-grad pass (every rank: FSDP2 collectives)
@@ -85,12 +83,14 @@ def save_rollout(module, rollout) -> None:
     path = rollout_path(trainer.default_root_dir, module.rl_step)
     opt = module.optimizers()
     opt = opt.optimizer if hasattr(opt, "optimizer") else opt
-    with_policy = module.rollout_dumps.with_policy
+    with_policy = module.generation.dump_policy
     if with_policy:
         gathered = gather_for_saving(module)
         if trainer.is_global_zero:
-            module.save_hf_model(policy_dir(path), gathered)
-            if gathered is None and module.lora is None and module.value_head is None:  # its state fits the HF policy
+            save_hf_model(module, policy_dir(path), gathered)
+            if (
+                gathered is None and module.settings.lora is None and module.value_head is None
+            ):  # its state fits the HF policy
                 save_optimizer_state(policy_dir(path), opt.state_dict())
     if not trainer.is_global_zero:
         return
@@ -103,9 +103,9 @@ def save_rollout(module, rollout) -> None:
         "objective": repr(module.objective),
         "objective_class": type(module.objective).__name__,
         "advantage": type(module.advantage).__name__,
-        "model": str(module.hparams.model),
-        "model_config": module.hparams.model_config,
-        "lora": module.lora is not None,
+        "model": str(module.settings.name),
+        "model_config": module.settings.config,
+        "lora": module.settings.lora is not None,
         "seed": module.seed,
         "optimizer": type(opt).__name__,
         "optimizer_hparams": {
@@ -116,3 +116,21 @@ def save_rollout(module, rollout) -> None:
     }
     write_rollout(path, replace(rollout, old_logprobs=old), module.rl_step, meta)
     rank_zero_info(f"saved the rollout of step {module.rl_step} to {path}")
+
+
+def export_path(module) -> Path:
+    return Path(module.trainer.default_root_dir) / "hf_model"
+
+
+def export_policy(module) -> None:
+    """The policy to ``<default_root_dir>/hf_model`` (collective under FSDP2; rank 0 writes)."""
+    gathered = gather_for_saving(module)
+    if module.trainer.is_global_zero:
+        save_hf_model(module, export_path(module), gathered)
+
+
+def export_if_missing(module) -> None:
+    """A resume of a finished run skips the training loop and ``on_train_end``: write the export if a kill stopped it."""
+    paths = [export_path(module)] + ([adapter_path(export_path(module))] if module.settings.lora is not None else [])
+    if module.trainer.strategy.broadcast(not all(export_is_complete(p) for p in paths)):
+        export_policy(module)

@@ -16,6 +16,8 @@ from typing import Any
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm, convert_inf
 
+from lit_gspo.rl.rewards import TrainerState
+
 
 def optimizer_steps_per_rl_step(pl_module) -> int:
     """K epochs × M minibatches (1 for a module without a ``learner``)."""
@@ -91,3 +93,42 @@ class RLRichProgressBar(RichProgressBar):
             completed=getattr(pl_module, "rl_step", 0),
         )
         self.refresh()
+
+
+def is_last_rl_step(trainer, pl_module) -> bool:
+    """Whether the run ends after the RL step just done (``max_steps`` optimiser steps, or the last batch of the last
+    epoch): the module then stops the fit itself, so that Lightning's loop validates after this step."""
+    if trainer.max_steps is not None and trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps:
+        return True
+    last_epoch = trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch + 1
+    return last_epoch and trainer.is_last_batch
+
+
+class SkippedSteps:
+    """A skipped step makes no optimiser step, so ``max_steps`` alone would never end a run that keeps skipping:
+    ``limit`` skipped RL steps in a row stop it. ``updated`` is the same on every rank, so all ranks stop at the same
+    step, each with the first rank's reward error."""
+
+    def __init__(self, limit: int):
+        self.limit, self.in_a_row = limit, 0
+
+    def count(self, updated: bool, stats: dict, reward_errors: list[str]) -> None:
+        self.in_a_row = 0 if updated else self.in_a_row + 1
+        if self.in_a_row >= self.limit:
+            raise RuntimeError(
+                f"{self.in_a_row} RL steps in a row had nothing to learn from (frac_zero_std_groups="
+                f"{stats.get('frac_zero_std_groups', float('nan')):.2f}, reward_failed={stats.get('reward_failed', 0):.0f}): "
+                "every group's rewards were equal or every reward failed. Check the reward functions, or raise "
+                f"--model.generation.max_skipped_steps {self.limit}"
+                + (f". The last reward error: {reward_errors[0]}" if reward_errors else "")
+            )
+
+
+def reward_trainer_state(trainer, pl_module) -> TrainerState:
+    """What TRL passes its reward functions as ``trainer_state``: the RL step, the run's length, the epoch."""
+    return TrainerState(
+        global_step=pl_module.rl_step,
+        max_steps=total_rl_steps(trainer, pl_module) or 0,
+        epoch=float(trainer.current_epoch),
+        num_train_epochs=max(trainer.max_epochs or 0, 0),
+    )

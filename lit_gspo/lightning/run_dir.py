@@ -262,7 +262,7 @@ def _place_resume_from_file(root: Path, given: bool, current: dict, path: Path, 
             f"--ckpt_path {path}: the run that wrote it had other settings than this fit's: "
             f"{describe(diffs)}. A resume continues a run with its own settings (they are in {saved}); "
             "to train from these weights with other settings, start a new run from an exported model "
-            "(--model.model <run>/hf_model)"
+            "(--model.policy.name <run>/hf_model)"
         )
     if root.resolve() == run.resolve():
         return Placement(root, None)

@@ -152,7 +152,7 @@ TRAINER_FLAGS: dict[str, Flag] = {
 TOP_LEVEL: dict[str, Flag] = {
     "config": Flag(HONOURED, "YAML files, later ones override"),
     "print_config": Flag(HONOURED, "prints the config with what null settings resolve to"),
-    "seed_everything": Flag(HONOURED, "the run's seed (model.seed: null follows it)"),
+    "seed_everything": Flag(HONOURED, "the run's seed: the policy's init, the sampling and the data order follow it"),
     "trainer": Flag(HONOURED, "the Trainer's flags: TRAINER_FLAGS"),
     "model": Flag(HONOURED, "RLModule's settings"),
     "data": Flag(HONOURED, "PromptDataModule's settings"),

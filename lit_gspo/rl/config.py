@@ -10,8 +10,9 @@ from typing import Literal
 
 @dataclass
 class Generation:
-    """What is sampled, whatever the engine: G completions per prompt (``num_generations``), their length,
-    the sampling distribution. Which engine samples, and its kernels, is ``model.engine``."""
+    """The rollouts, whatever the engine: G completions per prompt (``num_generations``), their length, the sampling
+    distribution; which groups an RL step learns from (dynamic sampling), how stale they may be (asynchronous
+    rollouts), which are written to disk. Which engine samples, and its kernels, is ``model.engine``."""
 
     num_generations: int = 8
     """G: completions sampled per prompt (one group; group-relative advantages compare them)."""
@@ -28,6 +29,33 @@ class Generation:
     """nucleus sampling: sample among the most probable tokens whose probabilities sum to top_p (1: no cut)."""
     top_k: int = 0
     """sample among the k most probable tokens only (0: no top-k)."""
+
+    dynamic_sampling: bool | None = None
+    """drop the groups whose rewards are all equal (nothing to learn: Â = 0) and sample more prompts to refill the
+    batch (DAPO's dynamic sampling); None resolves to the objective's paper's (``Objective.paper_dynamic_sampling``:
+    on for DAPO, off for the others)."""
+    max_sampling_rounds: int = 4
+    """with ``dynamic_sampling``: at most this many generation rounds per RL step."""
+    max_skipped_steps: int = 20
+    """this many RL steps in a row with nothing to learn from (every group's rewards equal, or every reward failed)
+    stop the run with an error; skipped steps make no optimiser step."""
+    max_staleness: int = 0
+    """Asynchronous rollouts (docs/async.md): K >= 1 generates the next steps' rollouts while the current step
+    updates, in a worker with its own copy of the policy; no sample trained on is more than K policy versions (RL
+    steps) old, older ones are dropped (``train/async/dropped``). 0: the synchronous loop (sample, update, sample)."""
+    async_old_logprobs: str = "proximal"
+    """π_old, the ratio's denominator, when ``max_staleness`` >= 1: ``proximal`` (the trainer's log-probs before the
+    update, with TIS on π_prox/π_behav: decoupled PPO) or ``sampler`` (the worker's log-probs, ratio π_θ/π_behav)."""
+    async_worker_threads: int | None = None
+    """torch intra-op threads of the rollout worker's thread when ``max_staleness`` >= 1 (the trainer's thread keeps
+    the rest); None: half of torch's threads each."""
+    dump_every_n_steps: int = 0
+    """rollouts on disk for ``lit-gspo compare`` (``lit_gspo/rl/rollout_io.py``; training is unchanged by them): the
+    rollout of every RL step K that is a positive multiple of n, after its advantages and before its update, goes to
+    ``<default_root_dir>/rollouts/step_K.pt`` (0: never)."""
+    dump_policy: bool = True
+    """with each dumped rollout, the policy that sampled it (``rollouts/step_K_policy/``, Hugging Face format), so that
+    ``compare`` replays it from the very weights."""
 
     def __post_init__(self):
         if self.val_max_new_tokens is not None and self.val_max_new_tokens < 1:
@@ -46,6 +74,18 @@ class Generation:
             raise ValueError(f"top_k must be >= 0 (0: no top-k), got {self.top_k}")
         if self.max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be >= 1, got {self.max_prompt_length}")
+        if self.max_sampling_rounds < 1:
+            raise ValueError(f"max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}")
+        if self.max_skipped_steps < 1:
+            raise ValueError(f"max_skipped_steps must be >= 1, got {self.max_skipped_steps}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0 (0: synchronous), got {self.max_staleness}")
+        if self.async_old_logprobs not in ("sampler", "proximal"):
+            raise ValueError(f"async_old_logprobs must be 'sampler' or 'proximal', got {self.async_old_logprobs!r}")
+        if self.async_worker_threads is not None and self.async_worker_threads < 1:
+            raise ValueError(f"async_worker_threads must be >= 1 or null, got {self.async_worker_threads}")
+        if self.dump_every_n_steps < 0:
+            raise ValueError(f"dump_every_n_steps must be >= 0 (0: never), got {self.dump_every_n_steps}")
 
 
 @dataclass
@@ -86,6 +126,10 @@ class Update:
     max_nonfinite_steps: int = 3
     """a minibatch whose loss or gradient norm is NaN/inf makes no optimiser step (counted as ``nonfinite_steps``,
     with a warning); this many such minibatches in a row stop the run."""
+    mismatch: Mismatch | None = None
+    """measure the sampler–trainer mismatch every step (``train/mismatch/*``) and correct it: ``corrections`` (TIS, MIS,
+    SequenceMIS, OPSM) and ``old_logprobs`` (``trainer``, or ``sampler``: the engine's log-probs are π_old);
+    ``lit_gspo/rl/learn/mismatch.py``, docs/mismatch.md. None: off."""
 
     def __post_init__(self):
         if self.epochs < 1 or self.num_minibatches < 1:
@@ -144,46 +188,6 @@ class LoRA:
 
 
 @dataclass
-class Sampling:
-    """Which rollouts an RL step learns from."""
-
-    dynamic: bool | None = None
-    """drop the groups whose rewards are all equal (nothing to learn: Â = 0) and sample more prompts to refill the
-    batch (DAPO's dynamic sampling); None resolves to the objective's paper's (``Objective.paper_dynamic_sampling``:
-    on for DAPO, off for the others)."""
-    max_rounds: int = 4
-    """with ``dynamic``: at most this many generation rounds per RL step."""
-    max_skipped_steps: int = 20
-    """this many RL steps in a row with nothing to learn from (every group's rewards equal, or every reward failed)
-    stop the run with an error; skipped steps make no optimiser step, so they do not count towards
-    ``trainer.max_steps``."""
-    max_staleness: int = 0
-    """Asynchronous rollouts (docs/async.md): K >= 1 generates the next steps' rollouts while the current step
-    updates, in a worker with its own copy of the policy; no sample trained on is more than K policy versions (RL
-    steps) old, older ones are dropped (``train/async/dropped``). 0: the synchronous loop (sample, update, sample)."""
-    async_old_logprobs: str = "proximal"
-    """π_old, the ratio's denominator, when ``max_staleness`` >= 1: ``proximal`` (the trainer's log-probs before the
-    update, with TIS on π_prox/π_behav: decoupled PPO) or ``sampler`` (the worker's log-probs, ratio π_θ/π_behav)."""
-    async_worker_threads: int | None = None
-    """torch intra-op threads of the rollout worker's thread when ``max_staleness`` >= 1 (the trainer's thread keeps
-    the rest); None: half of torch's threads each."""
-
-    def __post_init__(self):
-        if self.max_rounds < 1:
-            raise ValueError(f"sampling.max_rounds must be >= 1, got {self.max_rounds}")
-        if self.max_skipped_steps < 1:
-            raise ValueError(f"sampling.max_skipped_steps must be >= 1, got {self.max_skipped_steps}")
-        if self.max_staleness < 0:
-            raise ValueError(f"sampling.max_staleness must be >= 0 (0: synchronous), got {self.max_staleness}")
-        if self.async_old_logprobs not in ("sampler", "proximal"):
-            raise ValueError(
-                f"sampling.async_old_logprobs must be 'sampler' or 'proximal', got {self.async_old_logprobs!r}"
-            )
-        if self.async_worker_threads is not None and self.async_worker_threads < 1:
-            raise ValueError(f"sampling.async_worker_threads must be >= 1 or null, got {self.async_worker_threads}")
-
-
-@dataclass
 class Validation:
     """Greedy completions of the held-out prompts, scored: ``val/reward`` and what the loggers show."""
 
@@ -229,16 +233,28 @@ class Routing:
 
 
 @dataclass
-class RolloutDumps:
-    """Rollouts on disk for ``lit-gspo compare`` (``lit_gspo/rl/rollout_io.py``); training is unchanged by them."""
+class Policy:
+    """The policy RL starts from: which model, built how, warm-started how, and its reference."""
 
-    every_n_steps: int = 0
-    """write the rollout of every RL step K that is a positive multiple of n, after its advantages and before its
-    update, to ``<default_root_dir>/rollouts/step_K.pt`` (0: never)."""
-    with_policy: bool = True
-    """with each rollout, the policy that sampled it (``rollouts/step_K_policy/``, Hugging Face format), so that
-    ``compare`` replays it from the very weights."""
+    name: str = "tiny-llama"
+    """a built-in name (``tiny-llama``, ``tiny-qwen3-moe``, ``smollm2-135m-instruct``), a local Hugging Face directory,
+    a ``.gguf`` file, or a hub id."""
+    config: dict | None = None
+    """overrides of the model's config (layers, hidden size, ...)."""
+    gguf_file: str | None = None
+    """the ``.gguf`` file inside ``name`` when it is a directory or hub id holding several."""
+    lora: LoRA | None = None
+    """train low-rank adapters only (None: the full model; ``--model.policy.lora.help LoRA`` lists its settings)."""
+    gradient_checkpointing: bool = False
+    """recompute each decoder layer's activations in backward (less memory, about a third more compute; TRL's
+    GRPOTrainer turns it on by default)."""
+    kl_to_ref: bool = True
+    """keep a frozen reference policy (the policy after the warm start) to log ``train/kl`` even when β = 0."""
+    routing: Routing = field(default_factory=Routing)
+    """Mixture-of-Experts routing (an MoE policy only)."""
+    warm_start: WarmStart = field(default_factory=WarmStart)
+    """supervised steps on the task's (prompt, answer) pairs before the first RL step."""
 
-    def __post_init__(self):
-        if self.every_n_steps < 0:
-            raise ValueError(f"rollout_dumps.every_n_steps must be >= 0 (0: never), got {self.every_n_steps}")
+
+# last: the mismatch module's package (rl/learn) imports this one's Update
+from lit_gspo.rl.learn.mismatch import Mismatch  # noqa: E402

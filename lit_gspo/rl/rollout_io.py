@@ -1,6 +1,6 @@
 """Frozen rollouts on disk: ``<run>/rollouts/step_K.pt``, what ``lit-gspo compare`` replays through every objective.
 
-``RLModule(rollout_dumps=RolloutDumps(every_n_steps=N))`` (``--model.rollout_dumps.every_n_steps N``) writes, at every RL step K that is a positive multiple of N, the
+``RLModule(rollout_dumps=RolloutDumps(every_n_steps=N))`` (``--model.generation.dump_every_n_steps N``) writes, at every RL step K that is a positive multiple of N, the
 step's rollout after its advantages are computed and before its update:
 
     step_K.pt           {"format": 1, "step": K, "prompt_length": P, "tensors": {field: tensor},
@@ -81,7 +81,7 @@ def load_rollout(path: str | Path) -> tuple[RolloutBatch, dict]:
     """The rollout and its payload (``step``, ``meta``) from a file :func:`save_rollout` wrote (weights_only)."""
     payload = _load(path)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT or "tensors" not in payload:
-        raise ValueError(f"{path} is not a rollout file written by lit_gspo (--model.rollout_dumps.every_n_steps)")
+        raise ValueError(f"{path} is not a rollout file written by lit_gspo (--model.generation.dump_every_n_steps)")
     known = {f.name for f in fields(RolloutBatch)}
     tensors = {k: v for k, v in payload["tensors"].items() if k in known}
     routing = RoutingRecord(list(payload["routing"])) if payload.get("routing") else None

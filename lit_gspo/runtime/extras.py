@@ -1,6 +1,6 @@
 """Optional dependencies: each one belongs to an extra of ``pyproject.toml``, and a missing one says which.
 
-    peft         → pip install 'lit-gspo[lora]'   LoRA adapters (``--model.lora``)
+    peft         → pip install 'lit-gspo[lora]'   LoRA adapters (``--model.policy.lora``)
     gguf         → pip install 'lit-gspo[gguf]'   loading ``.gguf`` checkpoints (e.g. ``smollm2-135m-instruct``)
     accelerate   → pip install 'lit-gspo[gguf]'   (transformers needs it to load a ``.gguf`` as well)
     bitsandbytes → pip install 'lit-gspo[bnb]'    8-bit optimizers (``bitsandbytes.optim.AdamW8bit``)

@@ -11,7 +11,7 @@ The ablation file::
       - name: GRPO                        # optional; defaults to the objective's class name
         objective: GRPO                   # class name or class path, as ``--model.objective``
         overrides: {model.objective.clip_high: 0.28}
-    seeds: [0, 1, 2]                      # each sets seed_everything, model.seed and data.seed (``seed_keys``)
+    seeds: [0, 1, 2]                      # each sets seed_everything and data.seed (``seed_keys``)
     output_dir: runs/ablate/gspo_vs_grpo  # one fit per arm × seed under <output_dir>/<arm>/seed<S>/
     report_dir: docs/ablations/gspo_vs_grpo   # summary.csv, curves.csv, report.md, *.png (default: output_dir)
     target_reward: 0.5                    # steps_to_target: first step where ``target_metric`` ≥ this
@@ -44,7 +44,7 @@ from lit_gspo.lightning.cli import cli_main
 from lit_gspo.lightning.quiet import CLI_ARGS_WARNING
 from lit_gspo.tools.ablate_report import SUMMARY_COLUMNS, summarise_run, write_report
 
-SEED_KEYS = ("seed_everything", "model.seed", "data.seed")
+SEED_KEYS = ("seed_everything", "data.seed")
 
 
 @dataclass

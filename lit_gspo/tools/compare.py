@@ -1,6 +1,6 @@
 """``lit-gspo compare``: one frozen rollout replayed through every objective, from the same weights.
 
-    lit-gspo fit --config configs/quickstart.yaml --trainer.max_steps 101 --model.rollout_dumps.every_n_steps 100
+    lit-gspo fit --config configs/quickstart.yaml --trainer.max_steps 101 --model.generation.dump_every_n_steps 100
     lit-gspo compare --rollout runs/quickstart/rollouts/step_100.pt --objectives gspo grpo dapo sapo --out docs/compare/x
 
 The rollout file (``lit_gspo/rl/rollout_io.py``) holds the tokens, masks, rewards and advantages of one RL step;
@@ -58,7 +58,7 @@ def make_parser() -> ArgumentParser:
         "--rollout",
         type=str,
         required=True,
-        help="a rollout file of a fit run with --model.rollout_dumps.every_n_steps N: <run>/rollouts/step_K.pt",
+        help="a rollout file of a fit run with --model.generation.dump_every_n_steps N: <run>/rollouts/step_K.pt",
     )
     parser.add_argument(
         "--model",

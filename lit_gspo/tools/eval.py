@@ -8,7 +8,7 @@
 The arguments are ``lit-gspo fit``'s (``--config``, ``--model.*``, ``--data.*``, ``--trainer.*``, read by the
 same parser, so a fit YAML reads unchanged) plus the evaluation's own (``--ckpt``, ``--samples``, ``--k``, ...).
 ``--ckpt`` is a Lightning ``.ckpt`` of a run (the policy weights are loaded into the model the config builds)
-or anything ``model.model`` takes (an HF directory such as a run's ``hf_model/``, a ``.gguf``, a GGUF alias, a
+or anything ``model.policy.name`` takes (an HF directory such as a run's ``hf_model/``, a ``.gguf``, a GGUF alias, a
 hub id). Without ``--config``, the config of the run that wrote the checkpoint is read (the one saved inside the
 ``.ckpt``, beside the export, or the run's ``run_config.yaml``: ``lit_gspo.lightning.run_dir.config_for``), and the first line
 says which; a ``--config`` that changes the run's seed, rewards or data is refused unless those are given as options.
@@ -60,7 +60,7 @@ class EvalCLI(RLCLI):
             type=str | None,
             default=None,
             help="a run's .ckpt, or an HF model dir (e.g. <run>/hf_model), .gguf, GGUF alias or hub id "
-            "(null: model.model as configured)",
+            "(null: model.policy.name as configured)",
         )
         parser.add_argument(
             "--split",
@@ -114,11 +114,11 @@ class EvalCLI(RLCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.config
         ckpt = cfg.get("ckpt")
-        if ckpt and not _is_lightning_checkpoint(ckpt):  # an HF dir, .gguf, alias or hub id replaces model.model
-            cfg["model.model"], cfg["model.gguf_file"] = ckpt, None
-            cfg["model.model_config"] = None  # the built-in's shape: the saved config.json has it
-            cfg["model.lora"] = None  # a saved hf_model has the adapters merged
-        cfg["model.kl_to_ref"] = False  # no frozen copy of the policy just to evaluate
+        if ckpt and not _is_lightning_checkpoint(ckpt):  # an HF dir, .gguf, alias or hub id replaces model.policy.name
+            cfg["model.policy.name"], cfg["model.policy.gguf_file"] = ckpt, None
+            cfg["model.policy.config"] = None  # the built-in's shape: the saved config.json has it
+            cfg["model.policy.lora"] = None  # a saved hf_model has the adapters merged
+        cfg["model.policy.kl_to_ref"] = False  # no frozen copy of the policy just to evaluate
         cfg["trainer.logger"], cfg["trainer.callbacks"] = None, None  # no Trainer is built
 
     def instantiate_classes(self) -> None:
@@ -151,7 +151,7 @@ def run_config(ckpt: str) -> Path | None:
 
 
 #: the settings that decide what a score means: which prompts are held out, how completions are scored
-SCORE_KEYS = ("seed_everything", "model.seed", "model.rewards", "model.reward_weights", "model.environment", "data")
+SCORE_KEYS = ("seed_everything", "model.rewards", "model.reward_weights", "model.environment", "data")
 
 
 def load(argv: list[str]) -> EvalCLI:
@@ -213,7 +213,7 @@ def _check_named_without_run(argv: list[str], ckpt: str | None) -> None:
     missing = [what for what, names in WITHOUT_RUN.items() if not options & set(names)]
     if not missing:
         return
-    source = f"--ckpt {ckpt}" if ckpt else "model.model"
+    source = f"--ckpt {ckpt}" if ckpt else "model.policy.name"
     raise SettingsError(
         f"{source} has no saved run settings (no lit_gspo_config.yaml beside it, no run_config.yaml in its run), so "
         f"{' and '.join(missing)} to score it with are unknown: give --config <the fit's config>, or "
@@ -288,7 +288,7 @@ def _precision_context(precision, device: torch.device):
 
 def default_output(cfg) -> Path:
     """``<checkpoint>.eval.json`` next to a local checkpoint or model dir; else ``<model name>.eval.json`` here."""
-    source = cfg.get("ckpt") or cfg.get("model.model")
+    source = cfg.get("ckpt") or cfg.get("model.policy.name")
     path = Path(source)
     if path.is_dir():
         return path.parent / f"{path.name}.eval.json"
@@ -327,7 +327,7 @@ def run(cli: EvalCLI) -> dict:
             seed=module.seed,
         )
     seconds = time.perf_counter() - start
-    source = cfg.get("ckpt") or cfg.get("model.model")
+    source = cfg.get("ckpt") or cfg.get("model.policy.name")
     data = (dm.val_source or dm.train_source) if cfg.split == "validation" else dm.train_source
     header = {
         "model": source,

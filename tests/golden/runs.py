@@ -39,9 +39,9 @@ PINNED_ENV = {
 
 QUICKSTART = ["--config", "configs/quickstart.yaml", "--model.validation.every_n_steps", "10"]
 MOE = [
-    "--model.model",
+    "--model.policy.name",
     "tiny-qwen3-moe",
-    "--model.model_config",
+    "--model.policy.config",
     "{hidden_size: 64, num_hidden_layers: 2, moe_intermediate_size: 32}",
     "--model.update.num_minibatches",
     "4",
@@ -49,7 +49,7 @@ MOE = [
     "false",
     "--model.objective",
     "GRPO",
-    "--model.routing.replay",
+    "--model.policy.routing.replay",
     "true",
 ]
 
@@ -59,7 +59,7 @@ RUNS: dict[str, tuple[list[str], int]] = {
     "ppo": (["--config", "configs/objectives/ppo.yaml"], 1),
     "moe_routing_replay": (MOE, 4),
     "dapo_dynamic_sampling": (["--config", "configs/objectives/dapo.yaml"], 1),
-    "lora": (["--model.lora", "{r: 8, alpha: 16}"], 1),
+    "lora": (["--model.policy.lora", "{r: 8, alpha: 16}"], 1),
     "minibatches4_epochs2": (["--model.update.num_minibatches", "4", "--model.update.epochs", "2"], 8),
 }
 

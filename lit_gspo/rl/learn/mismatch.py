@@ -2,7 +2,7 @@
 
     δ_t = log π_old(y_t) − log π_sampler(y_t)     π_old: the trainer's forward before the update;
                                                    π_sampler: the engine's own log-probs (``engine_logprobs``)
-    before the update (``model.mismatch.corrections``, each on the rollout's own tokens):
+    before the update (``model.update.mismatch.corrections``, each on the rollout's own tokens):
         TIS            Â_t ← min(e^δ_t, C) · Â_t                              C = 2
         MIS (IcePop)   token t masked when e^δ_t ∉ [α, β]                     [0.5, 5]
         SequenceMIS    sequence i masked when ρ_i > C, ρ_i = e^(Σ_t δ_t)       C = 3 (TRL's default; or the
@@ -142,7 +142,7 @@ OLD_LOGPROBS = ("trainer", "sampler")
 
 @dataclass
 class Mismatch:
-    """``model.mismatch``: measure the sampler–trainer mismatch every step and apply ``corrections``.
+    """``model.update.mismatch``: measure the sampler–trainer mismatch every step and apply ``corrections``.
 
     corrections: any of ``TIS``, ``MIS``, ``SequenceMIS``, ``OPSM`` (class paths in
         ``lit_gspo.rl.learn.mismatch``), applied together; empty: measure only.
@@ -240,7 +240,7 @@ class Mismatch:
 def sampler_logprobs(rollout: RolloutBatch) -> Tensor:
     if rollout.engine_logprobs is None:
         raise ValueError(
-            "model.mismatch needs the sampler's log-probs of the sampled tokens (RolloutBatch.engine_logprobs), "
+            "model.update.mismatch needs the sampler's log-probs of the sampled tokens (RolloutBatch.engine_logprobs), "
             "but the engine returned none: use an engine whose generate returns them (HFGenerate, LeanSampler)"
         )
     return rollout.engine_logprobs.float()

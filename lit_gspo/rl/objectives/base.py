@@ -146,9 +146,9 @@ class Objective(Registered, register=False):
       paper_advantage: the advantage estimator of the paper (``lit_gspo.rl.advantages`` name: ``group``,
         ``group_mean``, ``rloo``, ``gae``), used when ``model.advantage`` is not set
       paper_dynamic_sampling: whether the paper drops all-equal groups and refills (DAPO), used when
-        ``model.sampling.dynamic`` is not set
+        ``model.generation.dynamic_sampling`` is not set
     The settings themselves live on the stage that uses them: the loss's hyperparameters here, the
-    advantage estimator on ``model.advantage``, dynamic sampling on ``model.sampling.dynamic``.
+    advantage estimator on ``model.advantage``, dynamic sampling on ``model.generation.dynamic_sampling``.
 
     Args:
         clip_low: ε_low: ratios below 1 − ε_low are clipped (each objective's default is its paper's).

@@ -13,7 +13,7 @@ class DAPO(PPOClip):
         loss = Σ_i Σ_t ℓ_{i,t} / Σ_i |y_i|                            (``token-mean``)
 
     ε_low = 0.2, ε_high = 0.28. Dynamic sampling (drop groups whose rewards are all equal, refill the
-    batch) is the collect stage's ``model.sampling.dynamic``, on by default with DAPO
+    batch) is the collect stage's ``model.generation.dynamic_sampling``, on by default with DAPO
     (``paper_dynamic_sampling``); overlong reward shaping is the reward ``lit_gspo.rl.rewards.OverlongPenalty``.
     """
 

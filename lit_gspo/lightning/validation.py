@@ -1,0 +1,78 @@
+"""One validation (or test) of an RLModule: greedy completions of the held-out prompts, scored, reduced over the
+ranks and logged as ``<split>/reward``, ``<split>/response_length`` and the multi-turn metrics, with some of the
+completions shown (``completions.csv``, the loggers' tables, the terminal)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from lit_gspo.lightning.completions_log import due, log_completions, terminal_table
+from lit_gspo.rl.evaluate import GreedyTally
+from lit_gspo.runtime.collectives import all_reduce_sum
+
+
+def episode_metric_keys(environment) -> list[str]:
+    """The multi-turn metrics validation reports (none for a single-turn environment)."""
+    if environment.max_turns == 1:
+        return []
+    return (
+        ["turns", "success"]
+        + [f"success_turn{k}" for k in range(1, environment.max_turns + 1)]
+        + list(environment.metric_names)
+    )
+
+
+class GreedyValidation:
+    """The tally of one pass over the held-out batches, and the completions it shows."""
+
+    def __init__(self, module):
+        self.module = module
+        self.tally = GreedyTally(episode_metric_keys(module.collector.environment))
+        self.shown = ([], [], [])  # rows, replies, rewards of the completions logged with this validation
+        self.shown_scores: dict[str, list[float]] = {}  # each reward function's scores of those
+        self.start = time.perf_counter()
+
+    def step(self, rows: list[dict]) -> None:
+        """Greedy completions of this rank's share of the held-out batch, scored."""
+        module = self.module
+        rows = rows[module.global_rank :: module.trainer.world_size]
+        if not rows:  # every rank runs every step: FSDP2's sharded forward needs all of them
+            return
+        # Lightning validates under inference mode; FSDP2 on one device makes its unsharded parameters at their first
+        # forward and keeps them: as inference tensors they could not be written in training ("Inference tensors do not
+        # track version counter"). no_grad is what sampling needs.
+        with torch.inference_mode(False), torch.no_grad():
+            batch, replies, stats = module.collector.sample(
+                module.policy, rows, greedy=True, synced_gpus=module.synced_gpus()
+            )
+        self.tally.add(rows, batch, stats)
+        room = max(module.validation.num_logged_completions - len(self.shown[0]), 0)
+        for part, new in zip(self.shown, (rows, replies, batch.rewards.tolist())):
+            part.extend(new[:room])
+        for name, scores in module.collector.last_per_function.items():
+            self.shown_scores.setdefault(name, []).extend(scores[:room])
+
+    def log(self, split: str) -> dict | None:
+        """The metrics over every held-out prompt of every rank, through ``module.log`` (callbacks and loggers see
+        them; the row's ``step`` is the number of RL steps done); None in Lightning's sanity check."""
+        module, trainer = self.module, self.module.trainer
+        metrics = self.tally.reduce(all_reduce_sum, prefix=split)
+        if trainer.sanity_checking:
+            return None
+        seconds = time.perf_counter() - self.start
+        # fp64 tensors: Lightning keeps their dtype (a float would be stored as fp32); the same value on every rank
+        module.log_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}, sync_dist=True)
+        # sync_dist: the same step on every rank, the mean validation time (Lightning warns about epoch-level logs without it)
+        module.log_dict({"step": float(module.rl_step), "time/val_s": seconds}, sync_dist=True)
+        if due(module.rl_step, module.validation.log_completions_every_n_steps) and trainer.is_global_zero:
+            log_completions(module.loggers, module.rl_step, *self.shown)
+            if module.validation.print_completions and self.shown[0]:
+                bar = trainer.progress_bar_callback  # prints above its bars, not into them
+                (bar.print if bar is not None else print)(
+                    terminal_table(module.rl_step, split, *self.shown, self.shown_scores)
+                )
+        rank_zero_info(f"step {module.rl_step}: {split}/reward = {metrics[f'{split}/reward']:.4f} ({seconds:.1f} s)")
+        return metrics
