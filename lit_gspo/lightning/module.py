@@ -31,13 +31,9 @@ from lit_gspo.lightning.callbacks import run_callbacks
 from lit_gspo.lightning.checks import check_data, check_stages_fit, check_validation_schedule
 from lit_gspo.lightning.fp16 import GradScalerStep
 from lit_gspo.lightning.plateau import plateau_monitor, step_plateau
-from lit_gspo.lightning.progress import (
-    SkippedSteps,
-    is_last_rl_step,
-    optimizer_steps_per_rl_step,
-    reward_trainer_state,
-)
+from lit_gspo.lightning.progress import SkippedSteps, is_last_rl_step, reward_trainer_state
 from lit_gspo.lightning.quiet import silence_lightning_noise
+from lit_gspo.lightning.rl_step_optimizer import RLStepOptimizer
 from lit_gspo.lightning.seed import resolve_seed
 from lit_gspo.lightning.step_log import StepLog
 from lit_gspo.lightning.strategy import check_strategy
@@ -156,7 +152,7 @@ class RLModule(LightningModule):
             stats.update(
                 self.learner.learn(
                     rollout,
-                    self.optimizers(),
+                    RLStepOptimizer(self.optimizers(), self.trainer.strategy),  # one Lightning step per RL step
                     schedule,
                     backward=self.manual_backward,
                     step=self._scaled_step,
@@ -262,9 +258,8 @@ class RLModule(LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "rng_states" in checkpoint:
             restore_rng_states(checkpoint["rng_states"], self.global_rank, self._refill_generator)
-        # checkpoints written before the counter was saved: one RL step is K × M optimiser steps
-        self.rl_step = checkpoint.get("rl_step", checkpoint.get("global_step", 0) // optimizer_steps_per_rl_step(self))
-        self._warm_started = checkpoint.get("warm_started", True)
+        self.rl_step = checkpoint["rl_step"]
+        self._warm_started = checkpoint["warm_started"]
 
     def on_fit_start(self) -> None:
         check_data(self)

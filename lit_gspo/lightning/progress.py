@@ -1,9 +1,9 @@
 """One progress bar over RL steps: ``RL step 37/500 |███▏      | [01:02<13:00, 1.69s/it, reward=0.41, clip=0.002]``.
 
-Lightning's bar counts batches of the current data epoch ("Epoch 11 27/27") and, after a resume or with
-K epochs × M minibatches, mixes RL steps with optimiser steps. This one counts RL steps (rollout batches)
+Lightning's bar counts batches of the current data epoch ("Epoch 11 27/27"), from 0 again after a resume. This one
+counts RL steps (rollout batches)
 from ``RLModule.rl_step``, so it starts where a resumed run left off, and its total is the run's:
-``trainer.max_steps`` optimiser steps / (K × M) per RL step, or the batches per epoch × ``max_epochs``
+``trainer.max_steps`` (RL steps: one Lightning step per RL step), or the batches per epoch × ``max_epochs``
 (whichever ends the run first). ``RLCLI`` uses it unless ``--trainer.enable_progress_bar false``; with a
 plain ``lightning.Trainer`` pass ``callbacks=[RLProgressBar()]``.
 """
@@ -19,17 +19,11 @@ from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm, convert_inf
 from lit_gspo.rl.rewards import TrainerState
 
 
-def optimizer_steps_per_rl_step(pl_module) -> int:
-    """K epochs × M minibatches (1 for a module without a ``learner``)."""
-    cfg = getattr(getattr(pl_module, "learner", None), "cfg", None)
-    return (cfg.epochs * cfg.num_minibatches) if cfg is not None else 1
-
-
 def total_rl_steps(trainer, pl_module) -> int | None:
     """RL steps the run will reach (None: unbounded or unknown)."""
     totals = []
     if trainer.max_steps is not None and trainer.max_steps >= 0:
-        totals.append(math.ceil(trainer.max_steps / optimizer_steps_per_rl_step(pl_module)))
+        totals.append(trainer.max_steps)  # one Lightning step per RL step (lit_gspo/lightning/rl_step_optimizer.py)
     per_epoch, max_epochs = trainer.num_training_batches, trainer.max_epochs
     if max_epochs is not None and max_epochs >= 0 and per_epoch is not None and math.isfinite(per_epoch):
         totals.append(int(per_epoch) * max_epochs)
@@ -96,7 +90,7 @@ class RLRichProgressBar(RichProgressBar):
 
 
 def is_last_rl_step(trainer, pl_module) -> bool:
-    """Whether the run ends after the RL step just done (``max_steps`` optimiser steps, or the last batch of the last
+    """Whether the run ends after the RL step just done (``max_steps`` RL steps, or the last batch of the last
     epoch): the module then stops the fit itself, so that Lightning's loop validates after this step."""
     if trainer.max_steps is not None and trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps:
         return True

@@ -53,24 +53,23 @@ MOE = [
     "true",
 ]
 
-#: name -> (extra ``fit`` arguments, optimiser steps per RL step)
-RUNS: dict[str, tuple[list[str], int]] = {
-    "quickstart": ([], 1),
-    "ppo": (["--config", "configs/objectives/ppo.yaml"], 1),
-    "moe_routing_replay": (MOE, 4),
-    "dapo_dynamic_sampling": (["--config", "configs/objectives/dapo.yaml"], 1),
-    "lora": (["--model.policy.lora", "{r: 8, alpha: 16}"], 1),
-    "minibatches4_epochs2": (["--model.update.num_minibatches", "4", "--model.update.epochs", "2"], 8),
+#: name -> extra ``fit`` arguments
+RUNS: dict[str, list[str]] = {
+    "quickstart": [],
+    "ppo": ["--config", "configs/objectives/ppo.yaml"],
+    "moe_routing_replay": MOE,
+    "dapo_dynamic_sampling": ["--config", "configs/objectives/dapo.yaml"],
+    "lora": ["--model.policy.lora", "{r: 8, alpha: 16}"],
+    "minibatches4_epochs2": ["--model.update.num_minibatches", "4", "--model.update.epochs", "2"],
 }
 
 
 def fit_args(name: str, run_dir: Path) -> list[str]:
-    extra, steps_per_rl_step = RUNS[name]
     return [
         *QUICKSTART,
-        *extra,
+        *RUNS[name],
         "--trainer.max_steps",
-        str(RL_STEPS * steps_per_rl_step),
+        str(RL_STEPS),  # RL steps
         "--trainer.default_root_dir",
         str(run_dir),
         "--trainer.enable_progress_bar",

@@ -194,10 +194,9 @@ class SaveOnSignal(Callback):
             return
         path = last_checkpoint_path(trainer)
         trainer.save_checkpoint(path, weights_only=False)
-        step = getattr(pl_module, "rl_step", None)
+        step = getattr(pl_module, "rl_step", trainer.global_step)
         message = (
-            f"{signal.Signals(signum).name}: saved a checkpoint after "
-            f"{'' if step is None else f'RL step {step}, '}optimiser step {trainer.global_step} to {path}; "
+            f"{signal.Signals(signum).name}: saved a checkpoint after RL step {step} to {path}; "
             f"resume with --ckpt_path {path}. Exiting with code {128 + signum}."
         )
         if trainer.is_global_zero:
