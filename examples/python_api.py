@@ -38,12 +38,12 @@ def main(max_steps=200, root="runs/python_api", prompts=16, completions=8, warm_
         logger=CSVLogger(root),
         val_check_interval=25,
         check_val_every_n_epoch=None,
+        num_sanity_val_steps=-1,  # the sanity check over every held-out prompt: val/reward at step 0, after the warm start
         log_every_n_steps=1,
         callbacks=[RLProgressBar()],
         enable_checkpointing=False,
         enable_model_summary=False,
     )
-    trainer.validate(model, datamodule=data)  # val/reward before the first update (`lit-gspo fit` does the same)
     trainer.fit(model, datamodule=data)
     return {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}  # the last validation
 

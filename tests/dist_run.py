@@ -99,7 +99,7 @@ def main() -> None:
 
     cli.trainer.callbacks.append(TrackStep())
     start = time.perf_counter()
-    cli.fit(cli.model, datamodule=cli.datamodule, ckpt_path=args.ckpt_path)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=args.ckpt_path)
     elapsed = time.perf_counter() - start
     model = cli.model
     weights = (

@@ -241,7 +241,7 @@ def test_k0_is_the_synchronous_run_bit_for_bit(tmp_path):
         ),
     ):
         cli = cli_main(tiny_args(tmp_path / name, "--seed_everything", "3", *extra), run=False)
-        cli.fit(cli.model, datamodule=cli.datamodule)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
         assert cli.model.async_rollouts is None and not workers_alive()
         rows = [
             {k: v for k, v in r.items() if k.startswith(("train/", "val/")) and v != ""}
@@ -271,7 +271,7 @@ def test_k1_fit_logs_staleness_and_stops_its_worker(tmp_path, old):
     expected = GivenOldLogprobs if old == "sampler" else TrainerPassOverEveryRow
     assert isinstance(cli.model.learner.old_policy, expected) and cli.model.collector.engine_logprobs
     before = {k: v.clone() for k, v in cli.model.policy.state_dict().items()}
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert not workers_alive() and cli.model.async_rollouts.pipeline is None
     rows = read_metrics(tmp_path)
     staleness = column(rows, "train/staleness")
@@ -318,7 +318,7 @@ def test_a_failing_worker_stops_the_fit_in_one_line_without_a_hang(tmp_path):
     cli.model.collector.engine = FailingEngine()
     start = time.perf_counter()
     with pytest.raises(WorkerFailed, match="the rollout worker .* failed: RuntimeError: engine fell over") as raised:
-        cli.fit(cli.model, datamodule=cli.datamodule)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert "\n" not in str(raised.value) and time.perf_counter() - start < 60
     assert not workers_alive()
     last = tmp_path / "checkpoints" / "last.ckpt"  # the step before the failure, intact
@@ -336,9 +336,9 @@ def test_a_resume_regenerates_the_rollouts_in_flight(tmp_path):
         "1",
     ]
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", *extra), run=False)
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "4", *extra), run=False)
-    cli.fit(cli.model, datamodule=cli.datamodule, ckpt_path="last")
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path="last")
     assert cli.trainer.global_step == 4 and not workers_alive()
     rows = [r for f in sorted(tmp_path.glob("**/metrics.csv")) for r in csv.DictReader(open(f))]
     by_step = {int(r["step"]): float(r["train/staleness"]) for r in rows if r.get("train/staleness")}
@@ -374,7 +374,7 @@ def test_multi_turn_and_dynamic_sampling_run_in_the_worker(tmp_path, config):
         ],
         run=False,
     )
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     rows = [r for r in read_metrics(tmp_path) if r.get("train/staleness")]
     assert rows and all(1 <= float(r["train/turns"]) <= 3 for r in rows if r.get("train/turns"))
     assert all(float(r["train/sampling_rounds"]) >= 1 for r in rows) and not workers_alive()
@@ -394,7 +394,7 @@ def test_lora_runs_with_k1_publishing_the_adapters(tmp_path):
         run=False,
     )
     base = {k: v.clone() for k, v in cli.model.policy.state_dict().items() if "lora_" not in k}
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     after = cli.model.policy.state_dict()
     assert all(torch.equal(base[k], after[k]) for k in base) and not workers_alive()
     assert column(read_metrics(tmp_path), "train/staleness")[1:] == [1.0, 1.0]
@@ -422,6 +422,6 @@ def test_a_k1_quickstart_learns(tmp_path):
         run=False,
     )
     cli.trainer.validate(cli.model, datamodule=cli.datamodule)
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     val = column(read_metrics(tmp_path), "val/reward")
     assert len(val) >= 2 and val[-1] > val[0], val

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def args(root: Path, steps: int, *extra: str) -> list[str]:
     """GSPO, 2 minibatches per RL step (2 optimiser steps, randperm from the global RNG, off-policy ratios),
-    a StepLR schedule, validation every step, ``last.ckpt`` every 2 optimiser steps (each RL step)."""
+    a StepLR schedule, validation every step, ``last.ckpt`` every RL step."""
     return [
         "--config",
         str(ROOT / "configs/quickstart.yaml"),
@@ -30,7 +30,7 @@ def args(root: Path, steps: int, *extra: str) -> list[str]:
         "--trainer.enable_checkpointing",
         "true",
         "--checkpoint_every_n_steps",
-        "2",
+        "1",
         "--trainer.enable_progress_bar",
         "false",
         "--model.policy.warm_start.steps",
@@ -65,7 +65,7 @@ def args(root: Path, steps: int, *extra: str) -> list[str]:
 
 def fit(root: Path, steps: int, *extra: str, ckpt_path: str | None = None):
     cli = cli_main(args(root, steps, *extra), run=False)
-    cli.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     return cli
 
 
@@ -102,18 +102,18 @@ def _find(tree, key):
 def test_n_steps_then_resume_n_steps_is_exactly_the_2n_step_run(tmp_path, optimizer):
     """24 rows, 4 per step: the resume lands mid-epoch, so data position, RNG, optimiser and schedule all matter."""
     opt = ["--model.optimizer", optimizer]
-    straight = fit(tmp_path / "straight", 6, *opt)  # 3 RL steps = 6 optimiser steps
-    fit(tmp_path / "split", 4, *opt)  # 2 RL steps, last.ckpt at optimiser step 4
+    straight = fit(tmp_path / "straight", 3, *opt)  # 3 RL steps = 6 optimiser steps
+    fit(tmp_path / "split", 2, *opt)  # 2 RL steps, last.ckpt after the second
     last = tmp_path / "split" / "checkpoints" / "last.ckpt"
     checkpoint = torch.load(last, weights_only=True)  # loadable without unpickling arbitrary objects
-    assert checkpoint["global_step"] == 4
+    assert checkpoint["global_step"] == 2  # RL steps: one Lightning step each, whatever their optimiser steps
     assert {"state_dict", "optimizer_states", "lr_schedulers", "loops", "rng_states"} <= set(checkpoint)
     assert {"torch", "numpy", "python", "refill"} <= set(checkpoint["rng_states"][0])
     assert _find(checkpoint["loops"], "position") == 8  # 2 steps × 4 prompts handed out this epoch
     if "8bit" in optimizer:
         state = checkpoint["optimizer_states"][0]["state"]
         assert any(v.dtype == torch.uint8 for s in state.values() for v in _find_tensors(s))
-    resumed = fit(tmp_path / "split", 6, *opt, ckpt_path="last")
+    resumed = fit(tmp_path / "split", 3, *opt, ckpt_path="last")
 
     for name, value in straight.model.policy.state_dict().items():
         assert torch.equal(value, resumed.model.policy.state_dict()[name]), name
@@ -141,7 +141,7 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(t
         "2",
         str(tmp_path / "out"),
         "--",
-        *args(root, 8),
+        *args(root, 4),
     ]
     (tmp_path / "out").mkdir()
     marker = tmp_path / "out" / "crashing"
@@ -165,9 +165,9 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(t
     assert partial, "the killed write should have left its temporary file"
     assert sorted(p.name for p in checkpoints.glob("*.ckpt")) == ["last.ckpt"]
     checkpoint = torch.load(checkpoints / "last.ckpt", weights_only=True)
-    assert checkpoint["global_step"] == 2  # the first save; the second (step 4) never completed
-    resumed = fit(root, 6, ckpt_path="last")
-    assert resumed.trainer.global_step == 6
+    assert checkpoint["global_step"] == 1  # the first save; the second (RL step 2) never completed
+    resumed = fit(root, 3, ckpt_path="last")
+    assert resumed.trainer.global_step == 3
     newest = max(root.glob("**/metrics.csv"), key=lambda p: p.stat().st_mtime)
     resumed_steps = sorted({k[0] for k in rows_by_step([newest]) if k[1] == "train/loss"})
     assert resumed_steps == [1, 2]  # RL steps after the checkpoint (RL step 0 was before it)

@@ -132,4 +132,4 @@ def test_fit_from_an_empty_checkpoint_names_it(tmp_path):
         run=False,
     )
     with pytest.raises(CheckpointError, match=rf"checkpoint {ckpt} is empty \(0 bytes\)"):
-        cli.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))

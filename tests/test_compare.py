@@ -285,7 +285,7 @@ def test_a_fit_with_saving_on_writes_the_rollout_and_its_policy(tmp_path):
         ],
         run=False,
     )
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert sorted(p.name for p in (root / "rollouts").glob("*.pt")) == ["step_2.pt"]  # step 0 is never saved
     batch, payload = load_rollout(root / "rollouts" / "step_2.pt")
     assert payload["step"] == 2 and payload["meta"]["group_size"] == 8 and len(batch) == 32

@@ -42,7 +42,7 @@ def test_a_fit_writes_the_completions_table_beside_metrics_csv(tmp_path):
         "false",
     ]
     cli = cli_main(args, run=False)
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     metrics = next(tmp_path.glob("**/metrics.csv"))
     with open(metrics.parent / "completions.csv") as f:
         rows = list(csv.DictReader(f))
@@ -134,7 +134,7 @@ def test_print_completions_shows_each_logged_completion_with_every_reward_on_the
         "false",
     ]
     cli = cli_main(args, run=False)
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     out = capsys.readouterr().out.splitlines()
     titles = [i for i, line in enumerate(out) if "val completions, greedy, the first 3 held-out prompts" in line]
     assert [out[i].split(":")[0] for i in titles] == ["step 0", "step 1"]
@@ -173,5 +173,5 @@ def test_completions_are_not_printed_unless_asked(tmp_path, capsys):
         "false",
     ]
     cli = cli_main(args, run=False)
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert "completions, greedy" not in capsys.readouterr().out

@@ -113,7 +113,7 @@ def test_an_over_long_prompt_is_named_by_its_file_row_before_training(tmp_path):
         ValueError,
         match=rf"{data} row 5: the prompt is \d+ tokens, longer than --model.generation.max_prompt_length 64",
     ):
-        cli.fit(cli.model, datamodule=cli.datamodule)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert (
         not list((tmp_path / "run").glob("**/metrics.csv"))
         or "train/reward" not in next((tmp_path / "run").glob("**/metrics.csv")).read_text()

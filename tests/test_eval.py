@@ -90,7 +90,7 @@ def run_dir(tmp_path_factory):
         "false",
     ]
     cli = cli_main(args, run=False)
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return root
 
 

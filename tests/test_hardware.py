@@ -90,7 +90,7 @@ def test_fit_warns_for_bf16_on_a_cpu_without_native_bf16(monkeypatch, tmp_path, 
     cli = cli_main(args, run=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cli.fit(cli.model, datamodule=cli.datamodule)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     slow = [w for w in caught if issubclass(w.category, SlowPrecisionWarning)]
     assert len(slow) == (0 if native else 1)
 
@@ -139,7 +139,7 @@ def moe_fit_weights(tmp_path: Path, name: str) -> dict[str, torch.Tensor]:
         "8",
     ]
     cli = cli_main(args, run=False)
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return {k: v.detach().clone() for k, v in cli.model.policy.state_dict().items()}
 
 

@@ -340,7 +340,7 @@ def test_a_cli_fit_with_corrections_logs_the_mismatch(tmp_path):
         "--trainer.default_root_dir",
         str(tmp_path),
         "--trainer.max_steps",
-        "4",
+        "2",
         "--trainer.enable_progress_bar",
         "false",
         "--model.policy.warm_start.steps",
@@ -362,9 +362,9 @@ def test_a_cli_fit_with_corrections_logs_the_mismatch(tmp_path):
     ]
     cli = cli_main(args, run=False)
     assert [type(c).__name__ for c in cli.model.learner.mismatch.corrections] == ["TIS", "OPSM"]
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     rows = [r for f in tmp_path.rglob("metrics.csv") for r in csv.DictReader(open(f)) if r.get("train/mismatch/k3")]
-    assert len(rows) == 2  # max_steps counts optimiser steps: two RL steps of two minibatches
+    assert len(rows) == 2  # max_steps counts RL steps (of two minibatches each)
     for row in rows:
         assert 0 <= float(row["train/mismatch/k3"]) < 1e-6  # fp32 sampling: the sampler is the trainer up to rounding
         assert float(row["train/mismatch/masked_token_frac"]) == 0 and math.isfinite(float(row["train/reward"]))

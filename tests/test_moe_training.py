@@ -168,7 +168,7 @@ def test_fit_logs_routing_volatility_for_moe_and_moves_the_router(tmp_path):
         "--model.policy.config",
         "{}",
         "--trainer.max_steps",
-        "4",
+        "2",
         "--model.optimizer.lr",
         "0.05",
         "--model.objective",
@@ -184,7 +184,7 @@ def test_fit_logs_routing_volatility_for_moe_and_moves_the_router(tmp_path):
 
     cli = cli_main(args, run=False)
     cli.model.collector.rewards.functions[0] = first_char_parity  # varies even for a random policy: non-zero advantages
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     rows = read_metrics(tmp_path)
     assert max(column(rows, "train/grad_norm")) > 0
     vol = column(rows, "train/routing_volatility")
@@ -197,5 +197,5 @@ def test_dense_models_log_no_routing_volatility(tmp_path):
     from lit_gspo.tools.main import cli_main
 
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "1", "--model.validation.every_n_steps", "0"), run=False)
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert "train/routing_volatility" not in read_metrics(tmp_path)[0]

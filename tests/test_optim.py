@@ -51,7 +51,7 @@ def test_8bit_optimizer_by_class_path_keeps_uint8_state_for_tensors_of_4096_elem
         tiny_args(tmp_path, "--model.optimizer", f"bitsandbytes.optim.{name}", "--model.optimizer.lr", "0.001"),
         run=False,
     )
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     opt = cli.trainer.optimizers[0]
     assert type(opt).__name__ == name  # unsharded parameters: the optimizer is left as it is
     assert opt.state, "no optimizer step was taken"

@@ -44,7 +44,7 @@ def test_the_example_plugins_run_a_fit_by_class_path(tmp_path, monkeypatch):
     prompt_ids = model.collector.encode(model.policy, [{"prompt": "rev 123="}])[0]
     assert model.tokenizer.decode(prompt_ids, skip_special_tokens=True).startswith("rev? rev 123=")
     before = [p.detach().clone() for p in model.policy.parameters()]
-    cli.fit(model, datamodule=cli.datamodule)
+    cli.trainer.fit(model, datamodule=cli.datamodule)
     engine = model.collector.engine
     # 2 RL steps × 4 prompts, plus the greedy validation before the first step and at the end (8 prompts each)
     assert engine.prompts == 2 * 4 + 2 * 8 and engine.tokens > 0

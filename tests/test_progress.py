@@ -35,7 +35,7 @@ def fit(root: Path, max_steps: int, *extra: str, ckpt_path: str | None = None):
         *extra,
     ]
     cli = cli_main(args, run=False)
-    cli.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     return cli
 
 
@@ -46,15 +46,16 @@ def train_bar(cli):
 
 
 def test_the_bar_counts_rl_steps_not_optimiser_steps_or_data_epochs_and_resumes_where_the_run_left_off(tmp_path):
-    # 64 rows / 4 prompts per step = 16 RL steps per data epoch; 2 minibatches: 2 optimiser steps per RL step
-    cli = fit(tmp_path, 6, "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "2")
+    # 64 rows / 4 prompts per step = 16 RL steps per data epoch; 2 minibatches: 2 optimiser steps per RL step, which
+    # max_steps and the checkpoint interval do not count: they count RL steps
+    cli = fit(tmp_path, 3, "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "1")
     bar = train_bar(cli)
     assert str(bar).startswith("RL step 3/3 "), str(bar)
     assert (bar.n, bar.total, bar.initial) == (3, 3, 0)
     assert "reward=" in str(bar) and "clip=" in str(bar)
 
     resumed = fit(
-        tmp_path, 10, "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "2", ckpt_path="last"
+        tmp_path, 5, "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "1", ckpt_path="last"
     )
     bar = train_bar(resumed)
     assert str(bar).startswith("RL step 5/5 "), str(bar)

@@ -81,7 +81,7 @@ class SendSignal(Callback):
 def fit(root: Path, steps: int, *extra: str, ckpt_path=None, callbacks=()):
     cli = cli_main(args(root, steps, *extra), run=False)
     cli.trainer.callbacks.extend(callbacks)
-    cli.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     return cli
 
 
@@ -100,18 +100,18 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_the_resume_is_exactly_the_unin
     """Saved into ModelCheckpoint's ``last.ckpt`` (checkpoints every 100 steps: none of its own here), where
     ``--ckpt_path last`` finds it."""
     ckpt = ("--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "100")
-    straight = fit(tmp_path / "straight", 6)  # 3 RL steps × 2 optimiser steps
+    straight = fit(tmp_path / "straight", 3)  # 3 RL steps × 2 optimiser steps
     with pytest.raises(SystemExit) as exit_info:
-        fit(tmp_path / "split", 6, *ckpt, callbacks=[SendSignal(1, signal.SIGTERM)])
+        fit(tmp_path / "split", 3, *ckpt, callbacks=[SendSignal(1, signal.SIGTERM)])
     assert exit_info.value.code == 143
     last = tmp_path / "split" / "checkpoints" / "last.ckpt"
     assert f"resume with --ckpt_path {last}" in capsys.readouterr().err
     checkpoint = torch.load(last, weights_only=True)
-    assert checkpoint["global_step"] == 4 and checkpoint["rl_step"] == 2  # RL step 1 finished, then saved
+    assert checkpoint["global_step"] == 2 and checkpoint["rl_step"] == 2  # RL step 1 finished, then saved
     assert not (tmp_path / "split" / LOCK_NAME).exists()  # released on the way out
     assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)  # handlers restored
 
-    resumed = fit(tmp_path / "split", 6, *ckpt, ckpt_path="last")
+    resumed = fit(tmp_path / "split", 3, *ckpt, ckpt_path="last")
     for name, value in straight.model.policy.state_dict().items():
         assert torch.equal(value, resumed.model.policy.state_dict()[name]), name
     a, b = rows(tmp_path / "straight"), rows(tmp_path / "split")
@@ -122,10 +122,10 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_the_resume_is_exactly_the_unin
 def test_sigint_saves_a_checkpoint_even_with_checkpointing_off_and_exits_130(tmp_path, capsys):
     before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN when pytest runs in the background
     with pytest.raises(SystemExit) as exit_info:
-        fit(tmp_path, 6, callbacks=[SendSignal(0, signal.SIGINT)])  # the quickstart: enable_checkpointing false
+        fit(tmp_path, 3, callbacks=[SendSignal(0, signal.SIGINT)])  # the quickstart: enable_checkpointing false
     assert exit_info.value.code == 130
     last = tmp_path / "checkpoints" / "last.ckpt"
-    assert torch.load(last, weights_only=True)["global_step"] == 2
+    assert torch.load(last, weights_only=True)["global_step"] == 1
     err = capsys.readouterr().err
     assert "SIGINT received: finishing this RL step" in err and f"resume with --ckpt_path {last}" in err
     assert signal.getsignal(signal.SIGINT) is before  # the handler the run found is put back
@@ -133,7 +133,7 @@ def test_sigint_saves_a_checkpoint_even_with_checkpointing_off_and_exits_130(tmp
 
 def test_a_second_signal_stops_at_once_without_saving(tmp_path):
     with pytest.raises(RunInterrupted) as exit_info:
-        fit(tmp_path, 6, callbacks=[SendSignal(0, signal.SIGINT, times=2)])
+        fit(tmp_path, 3, callbacks=[SendSignal(0, signal.SIGINT, times=2)])
     assert exit_info.value.code == 130 and "second time" in str(exit_info.value)
     assert not (tmp_path / "checkpoints").exists()
     assert not (tmp_path / LOCK_NAME).exists()
@@ -150,7 +150,7 @@ def test_each_steps_metrics_row_is_on_disk_before_its_checkpoint(tmp_path, monke
         return write(self, checkpoint, f)
 
     monkeypatch.setattr(AtomicCheckpointIO, "_write", _write)
-    fit(tmp_path, 4, "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "2")
+    fit(tmp_path, 2, "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "1")
     assert [step for step, _ in seen] == [0, 1]
     for step, on_disk in seen:
         assert step in on_disk, f"the checkpoint of RL step {step} was written before its metrics row"
@@ -174,8 +174,8 @@ def test_a_resume_continues_the_runs_metrics_file_with_every_step_once(tmp_path,
         copies[checkpoint["rl_step"]].write_bytes(Path(path).read_bytes())
 
     monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", save_and_keep)
-    ckpt = ("--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "2")
-    fit(tmp_path, 6, *ckpt)  # 3 RL steps, a checkpoint after each
+    ckpt = ("--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "1")
+    fit(tmp_path, 3, *ckpt)  # 3 RL steps, a checkpoint after each
 
     def lines() -> list[str]:
         files = sorted(tmp_path.glob("**/metrics.csv"))
@@ -189,7 +189,7 @@ def test_a_resume_continues_the_runs_metrics_file_with_every_step_once(tmp_path,
     whole, values, shown = lines(), rows(tmp_path), completions()
     assert sorted({int(line.split(",")[0]) for line in shown[1:]}) == [0, 1, 2, 3]
     cli_main(
-        ["fit", *args(tmp_path, 6, *ckpt), "--ckpt_path", str(copies[2])]
+        ["fit", *args(tmp_path, 3, *ckpt), "--ckpt_path", str(copies[2])]
     )  # as if killed before step 2's checkpoint
     after = lines()
     assert completions() == shown  # the validation of step 3 logged once, as the first time
@@ -197,7 +197,7 @@ def test_a_resume_continues_the_runs_metrics_file_with_every_step_once(tmp_path,
         steps = [int(r["step"]) for r in csv.DictReader(fh) if r.get("train/reward")]
     assert steps == [0, 1, 2] and len(after) == len(whole)  # each row once, in one file
     assert rows(tmp_path) == values  # the steps logged again have the values of the first time
-    cli_main(["fit", *args(tmp_path, 6, *ckpt), "--ckpt_path", str(copies[3])])  # the finished run
+    cli_main(["fit", *args(tmp_path, 3, *ckpt), "--ckpt_path", str(copies[3])])  # the finished run
     assert len(lines()) == len(whole) and rows(tmp_path) == values
 
 

@@ -185,7 +185,7 @@ def test_a_quickstart_fit_samples_with_it(tmp_path):
         "4",
     ]
     cli = cli_main(args, run=False)
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     engine = cli.model.collector.engine
     assert type(engine) is StaticCacheSampler and engine.finished_check_every == 4  # not replaced by the default
     assert engine.caches_built >= 1

@@ -87,7 +87,7 @@ def column(rows, key):
 def test_fit_updates_the_policy_logs_the_contract_columns_and_saves_an_hf_model(tmp_path):
     cli = cli_main(tiny_args(tmp_path), run=False)
     before = {k: v.clone() for k, v in cli.model.policy.state_dict().items()}
-    cli.fit(cli.model, datamodule=cli.datamodule)  # as `lit-gspo fit`: trainer.validate, then trainer.fit
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)  # as `lit-gspo fit`
     after = cli.model.policy.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "no parameter changed"
     rows = read_metrics(tmp_path)
@@ -123,7 +123,7 @@ def test_rl_learns_a_reward_it_can_reach(tmp_path):
         ),
         run=False,
     )
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     rewards = column(read_metrics(tmp_path), "train/reward")
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.3, rewards
 
@@ -142,7 +142,7 @@ def test_a_users_objective_plugs_in_by_class_path(tmp_path):
         run=False,
     )
     assert type(cli.model.objective) is HalvedGSPO and cli.model.objective.clip_high == 5e-4
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert column(read_metrics(tmp_path), "train/halved") == [1.0]
 
 
@@ -173,7 +173,7 @@ def test_every_objective_runs_by_class_name(tmp_path, name):
         run=False,
     )
     assert type(cli.model.objective).__name__ == name
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     rows = read_metrics(tmp_path)
     loss = column(rows, "train/loss")
     assert loss and all(torch.isfinite(torch.tensor(loss)))  # (a step without signal logs no loss)
@@ -184,7 +184,7 @@ def test_every_objective_runs_by_class_name(tmp_path, name):
 def test_a_failing_reward_is_masked_and_counted_not_fatal(tmp_path):
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "2", "--model.validation.every_n_steps", "0"), run=False)
     cli.model.collector.rewards.functions[0] = FlakyReward()  # a plain callable, as a user may pass in Python
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     failed = column(read_metrics(tmp_path), "train/reward_failed")
     assert failed[0] == 16  # first call raised: every sample of the step masked
     assert 0 < failed[1] < 16  # then every third sample returned None
@@ -206,7 +206,7 @@ def test_a_step_without_signal_logs_zero_clipping_and_no_stale_ratio_statistics(
         tiny_args(
             tmp_path,
             "--trainer.max_steps",
-            "8",
+            "4",
             "--model.validation.every_n_steps",
             "0",
             "--model.update.num_minibatches",
@@ -215,7 +215,7 @@ def test_a_step_without_signal_logs_zero_clipping_and_no_stale_ratio_statistics(
         run=False,
     )
     cli.model.collector.rewards.functions[0] = SignalOnOddCalls()
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     rows = [r for r in read_metrics(tmp_path) if r.get("train/frac_zero_std_groups")]
     no_signal = [float(r["train/frac_zero_std_groups"]) == 1.0 for r in rows]
     assert len(rows) == 4 and 0 < sum(no_signal) < 4  # (validation calls the reward too)
@@ -248,7 +248,7 @@ def test_validation_can_decode_longer_than_the_rollouts(tmp_path):
         ),
         run=False,
     )
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     rows = read_metrics(tmp_path)
     assert max(column(rows, "train/response_length")) <= 2
     assert max(column(rows, "val/response_length")) > 2
@@ -257,7 +257,7 @@ def test_validation_can_decode_longer_than_the_rollouts(tmp_path):
 def test_prompt_longer_than_the_context_is_refused(tmp_path):
     cli = cli_main(tiny_args(tmp_path, "--model.policy.config", "{max_position_embeddings: 8}"), run=False)
     with pytest.raises(ValueError, match="max_prompt_length"):
-        cli.fit(cli.model, datamodule=cli.datamodule)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
 
 
 def test_dynamic_sampling_drops_all_equal_groups_and_a_signal_free_run_stops_with_a_clear_error(tmp_path):
@@ -293,7 +293,7 @@ def test_dynamic_sampling_drops_all_equal_groups_and_a_signal_free_run_stops_wit
 
     cli.model.collector.engine = CountingEngine()
     with pytest.raises(RuntimeError, match="3 RL steps in a row had nothing to learn from"):
-        cli.fit(cli.model, datamodule=cli.datamodule)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert calls == [4, 4, 4] * 3  # each step: 3 rounds, every round refilling all 4 dropped groups
     after = cli.model.policy.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before), "an update ran on a batch with no signal"
@@ -316,7 +316,7 @@ def test_lora_trains_adapters_only_and_saves_a_merged_hf_model_and_the_adapter_a
     )
     base = {k: v.clone() for k, v in cli.model.policy.state_dict().items() if "lora_" not in k}
     assert base and len(base) < len(cli.model.policy.state_dict())  # base weights, and adapters beside them
-    cli.fit(cli.model, datamodule=cli.datamodule)  # as `lit-gspo fit`: trainer.validate, then trainer.fit
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)  # as `lit-gspo fit`
     after = cli.model.policy.state_dict()
     assert all(torch.equal(base[k], after[k]) for k in base), "a frozen base weight changed"
     assert cli.model.ref_policy is None  # the reference is the base model with adapters off
@@ -345,7 +345,7 @@ def test_how_often_one_validates_does_not_change_the_training_run(tmp_path):
     for every in ("1", "0"):
         root = tmp_path / f"val_every_{every}"
         cli = cli_main(tiny_args(root, "--model.validation.every_n_steps", every, "--seed_everything", "3"), run=False)
-        cli.fit(cli.model, datamodule=cli.datamodule)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
         weights.append({k: v.clone() for k, v in cli.model.policy.state_dict().items()})
         rewards.append(column(read_metrics(root), "train/reward"))
     assert len(rewards[0]) == 3 and rewards[0] == rewards[1]

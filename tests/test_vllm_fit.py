@@ -57,7 +57,7 @@ def column(rows, key):
 
 def fit(argv):
     cli = cli_main(argv, run=False)
-    cli.fit(cli.model, datamodule=cli.datamodule)  # its end frees the engine: the next test builds its own
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)  # its end frees the engine: the next test builds its own
     return cli
 
 

@@ -38,7 +38,7 @@ DEFAULT_VAL_EVERY_N_STEPS = 10
 
 TRAINER_DEFAULTS = {
     "log_every_n_steps": 1,  # one CSV row per RL step
-    "num_sanity_val_steps": 0,
+    "num_sanity_val_steps": -1,  # the sanity check over every held-out batch is val/reward at step 0
     "enable_model_summary": False,
 }
 
@@ -252,12 +252,6 @@ class RLCLI(LightningCLI):
             from lit_gspo.models.push import check_can_push
 
             check_can_push(repo_id)
-
-    def fit(self, model, datamodule=None, ckpt_path=None, **kwargs) -> None:
-        """``trainer.validate`` (val/reward before the first update; a resume has it already), then ``trainer.fit``."""
-        if ckpt_path is None:
-            self.trainer.validate(model, datamodule=datamodule, verbose=False)
-        self.trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **kwargs)
 
     def validate(self, model, ckpt_path=None, **kwargs):
         return self.trainer.validate(model, ckpt_path=load_export(model, ckpt_path), **kwargs)

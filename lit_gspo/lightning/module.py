@@ -38,13 +38,13 @@ from lit_gspo.lightning.seed import resolve_seed
 from lit_gspo.lightning.step_log import StepLog
 from lit_gspo.lightning.strategy import check_strategy
 from lit_gspo.lightning.validation import GreedyValidation, episode_metric_keys
+from lit_gspo.lightning.warm_start import supervised_warm_start
 from lit_gspo.rl.advantages import AdvantageEstimator, get_advantage
 from lit_gspo.rl.config import Generation, Policy, Update, Validation
 from lit_gspo.rl.engines import RolloutEngine, default_engine
 from lit_gspo.rl.envs import Environment
 from lit_gspo.rl.objectives import GSPO, Objective
 from lit_gspo.rl.stages import build_stages
-from lit_gspo.rl.warm_start import warm_start
 from lit_gspo.runtime.collectives import any_rank, gather_objects
 from lit_gspo.runtime.hardware import SlowPrecisionWarning, bf16_on_cpu_warning, deterministic_on_cpu
 from lit_gspo.runtime.optim import shard_aware
@@ -111,7 +111,7 @@ class RLModule(LightningModule):
         self.seed = resolve_seed(None)
         self.rl_step = 0  # RL steps (rollout batches) done, across epochs and resumes: the ``step`` of the logs
         self.skipped_steps = SkippedSteps(self.generation.max_skipped_steps)
-        self._warm_started = False  # saved in checkpoints: a resume never warm-starts again
+        self.warm_started = False  # saved in checkpoints: a resume never warm-starts again
         self._warned_precision = False
         self.async_rollouts = FitRollouts(self) if self.generation.max_staleness else None  # docs/async.md
         self._default_engine = None if engine is not None else default_engine("cpu")  # resolved for the device in setup
@@ -253,19 +253,22 @@ class RLModule(LightningModule):
         """Every rank's torch/numpy/python RNG states, the refill generator and the RL-step counter (Lightning saves none)."""
         checkpoint["rng_states"] = rng_states(self._refill_generator)
         checkpoint["rl_step"] = self.rl_step
-        checkpoint["warm_started"] = self._warm_started
+        checkpoint["warm_started"] = self.warm_started
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "rng_states" in checkpoint:
             restore_rng_states(checkpoint["rng_states"], self.global_rank, self._refill_generator)
         self.rl_step = checkpoint["rl_step"]
-        self._warm_started = checkpoint["warm_started"]
+        self.warm_started = checkpoint["warm_started"]
 
     def on_fit_start(self) -> None:
+        """The fit's first stages, once the policy is on its device and a checkpoint restored: the data checked, then a
+        fresh run's warm start. Lightning's sanity check follows: over every held-out batch it is ``val/reward`` at
+        step 0, the policy RL starts from (``lit-gspo fit``'s default, ``Trainer(num_sanity_val_steps=-1)``)."""
         check_data(self)
-
-    def on_train_start(self) -> None:
-        self._warm_start_once()  # a fit without a validation before it (trainer.fit alone)
+        if not self.warm_started and self.global_step == 0:  # never after a resume
+            self.warm_started = True
+            supervised_warm_start(self)
 
     def on_train_end(self) -> None:
         if not self.trainer.fast_dev_run:  # a dry run writes nothing
@@ -280,35 +283,11 @@ class RLModule(LightningModule):
         return run_callbacks() + ([StopAsyncRollouts()] if self.async_rollouts else [])
 
     # ------------------------------------------------------------------ validation (Lightning's loop)
-    def _warm_start_once(self) -> None:
-        """Supervised warm start of a fresh run, before the first validation or update, whichever comes first
-        (``trainer.validate`` before ``trainer.fit`` measures the policy RL starts from). Never after a resume."""
-        if self._warm_started or self.global_step > 0:
-            return
-        self._warm_started = True
-        cfg = self.settings.warm_start
-        if cfg.steps <= 0:
-            return
-        with torch.inference_mode(False), torch.enable_grad():  # validation hooks run under inference mode
-            loss = warm_start(
-                self.policy,
-                self.tokenizer,
-                self.trainer.datamodule.train_rows,
-                lambda rows: self.collector.encode(self.policy, rows),
-                cfg,
-                self.seed,
-                environment=self.collector.environment,
-            )
-        rank_zero_info(f"warm start: {cfg.steps} supervised steps, last loss {loss:.4f}")
-        if self.ref_policy is not None:  # the reference is the policy RL starts from
-            self.ref_policy.load_state_dict(self.policy.state_dict())
-
     def on_validation_start(self) -> None:
-        """Warm start (fresh run), weights to the engine, a fresh tally; the RNG state is kept aside so that how often
-        one validates does not change the training run (greedy sampling, environments and samplers may draw)."""
+        """Weights to the engine, a fresh tally; the RNG state is kept aside so that how often one validates does not
+        change the training run (greedy sampling, environments and samplers may draw)."""
         if self.trainer.state.fn != "fit":
             check_data(self)
-        self._warm_start_once()
         self._rng_before_validation = local_rng_state()
         if self.async_rollouts:
             self.async_rollouts.pause()
@@ -347,5 +326,5 @@ class RLModule(LightningModule):
             )
         trained = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32)
         self.policy.load_state_dict(trained.state_dict())
-        self._warm_started = True
+        self.warm_started = True
         rank_zero_info(f"loaded the policy from {path}")

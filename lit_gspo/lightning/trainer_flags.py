@@ -60,8 +60,8 @@ TRAINER_FLAGS: dict[str, Flag] = {
     "fast_dev_run": Flag(HONOURED, "one RL step and one validation batch; writes nothing", example=True),
     "max_epochs": Flag(HONOURED, "epochs of the prompt set", example=1),
     "min_epochs": Flag(HONOURED, "EarlyStopping cannot stop before", example=1),
-    "max_steps": Flag(HONOURED, "optimiser steps = RL steps × K epochs × M minibatches", example=4),
-    "min_steps": Flag(HONOURED, "optimiser steps; EarlyStopping cannot stop before", example=2),
+    "max_steps": Flag(HONOURED, "RL steps (one Lightning step per RL step)", example=4),
+    "min_steps": Flag(HONOURED, "RL steps; EarlyStopping cannot stop before", example=2),
     "max_time": Flag(HONOURED, "the run stops after the RL step that passes it, then validates", example="00:00:10:00"),
     "limit_train_batches": Flag(HONOURED, "RL steps per epoch", example=2),
     "limit_val_batches": Flag(HONOURED, "batches of data.val_batch_size held-out prompts per validation", example=1),
@@ -86,7 +86,12 @@ TRAINER_FLAGS: dict[str, Flag] = {
         "None when validation counts RL steps (set by the CLI); with a float val_check_interval, Lightning's meaning",
         example=None,
     ),
-    "num_sanity_val_steps": Flag(HONOURED, "0 by default (fit validates fully before the first update)", example=1),
+    "num_sanity_val_steps": Flag(
+        HONOURED,
+        "-1 by default: the sanity check over every held-out batch is val/reward at step 0 (0: none; n: n batches, "
+        "a check that logs nothing)",
+        example=1,
+    ),
     "log_every_n_steps": Flag(HONOURED, "train/* rows every n RL steps (1 by default)", example=2),
     "enable_checkpointing": Flag(
         HONOURED, "<root>/checkpoints/last.ckpt every --checkpoint_every_n_steps", example=False

@@ -57,16 +57,24 @@ class GreedyValidation:
 
     def log(self, split: str) -> dict | None:
         """The metrics over every held-out prompt of every rank, through ``module.log`` (callbacks and loggers see
-        them; the row's ``step`` is the number of RL steps done); None in Lightning's sanity check."""
+        them; the row's ``step`` is the number of RL steps done). Lightning's sanity check logs nothing, unless it is
+        the step-0 validation (:func:`is_step_zero`), which goes to the loggers directly; None then."""
         module, trainer = self.module, self.module.trainer
         metrics = self.tally.reduce(all_reduce_sum, prefix=split)
-        if trainer.sanity_checking:
+        if trainer.sanity_checking and not is_step_zero(trainer, module):
             return None
         seconds = time.perf_counter() - self.start
-        # fp64 tensors: Lightning keeps their dtype (a float would be stored as fp32); the same value on every rank
-        module.log_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}, sync_dist=True)
-        # sync_dist: the same step on every rank, the mean validation time (Lightning warns about epoch-level logs without it)
-        module.log_dict({"step": float(module.rl_step), "time/val_s": seconds}, sync_dist=True)
+        if trainer.sanity_checking:  # Lightning drops what is logged in its sanity check
+            if trainer.is_global_zero:
+                for logger in module.loggers:
+                    logger.log_metrics({**metrics, "time/val_s": seconds}, step=0)
+                    logger.save()
+        else:
+            # fp64 tensors: Lightning keeps their dtype (a float would be stored as fp32); the same value on every rank
+            module.log_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}, sync_dist=True)
+            # sync_dist: the same step on every rank, the mean validation time (Lightning warns about epoch-level logs
+            # without it)
+            module.log_dict({"step": float(module.rl_step), "time/val_s": seconds}, sync_dist=True)
         if due(module.rl_step, module.validation.log_completions_every_n_steps) and trainer.is_global_zero:
             log_completions(module.loggers, module.rl_step, *self.shown)
             if module.validation.print_completions and self.shown[0]:
@@ -75,4 +83,10 @@ class GreedyValidation:
                     terminal_table(module.rl_step, split, *self.shown, self.shown_scores)
                 )
         rank_zero_info(f"step {module.rl_step}: {split}/reward = {metrics[f'{split}/reward']:.4f} ({seconds:.1f} s)")
-        return metrics
+        return None if trainer.sanity_checking else metrics
+
+
+def is_step_zero(trainer, module) -> bool:
+    """Whether Lightning's sanity check is the fit's validation before the first update: a fresh run's (no RL step
+    done), over every held-out batch (``num_sanity_val_steps=-1``, or at least as many as there are)."""
+    return module.rl_step == 0 and trainer.num_sanity_val_batches == trainer.num_val_batches

@@ -160,7 +160,7 @@ def run_one(args: list[str]) -> None:
     # in a catch_warnings block: that would also undo the filters RLModule installs for the fit below.
     warnings.filterwarnings("ignore", message=CLI_ARGS_WARNING)
     cli = cli_main(args, run=False)
-    cli.fit(cli.model, datamodule=cli.datamodule)  # as `lit-gspo fit`: val/reward before the first update, then the fit
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)  # as `lit-gspo fit`
 
 
 def run_dir_of(ab: Ablation, arm: Arm, seed: int) -> Path:

@@ -163,9 +163,9 @@ class OneRunPerDirectory(Callback):
     """At the start of a fit, the run lock of ``default_root_dir`` (:class:`RunLock`), refused on every rank when
     another live run holds it; released when the fit ends or fails.
 
-    ``lit-gspo fit`` takes the lock before anything is built (``lit_gspo.lightning.run_dir.place_fit``: before the warm
-    start and the step-0 validation, which run in ``trainer.validate`` before ``trainer.fit``); this callback then adopts
-    it, from the first stage that runs, and releases it when the fit ends or any stage fails."""
+    ``lit-gspo fit`` takes the lock before anything is built (``lit_gspo.lightning.run_dir.place_fit``: before the
+    Trainer, the warm start and the step-0 validation); this callback then adopts it, from the first stage that runs,
+    and releases it when the fit ends or any stage fails."""
 
     def __init__(self) -> None:
         self._lock: RunLock | None = None
