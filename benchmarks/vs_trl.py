@@ -197,7 +197,7 @@ def run_lit(args) -> dict:
     trainer = Trainer(
         accelerator=args.device,
         devices=1,
-        max_steps=args.cycles * UPDATES_PER_ROLLOUT,
+        max_steps=args.cycles,  # RL steps (rollout + UPDATES_PER_ROLLOUT updates each)
         logger=False,
         limit_val_batches=0,  # timing only: no validation
         enable_checkpointing=False,

@@ -264,7 +264,7 @@ class RLCLI(LightningCLI):
             "--checkpoint_every_n_steps",
             type=int,
             default=50,
-            help="save <default_root_dir>/checkpoints/last.ckpt every n optimiser steps "
+            help="save <default_root_dir>/checkpoints/last.ckpt every n RL steps "
             "(with trainer.enable_checkpointing; 0 = at the end of each epoch)",
         )
         parser.add_argument(

@@ -169,7 +169,7 @@ TOP_LEVEL: dict[str, Flag] = {
     ),
     "ckpt_path": Flag(HONOURED, "resume (`last`: <root>/checkpoints/last.ckpt)"),
     "weights_only": Flag(HONOURED, "torch.load's weights_only when resuming"),
-    "checkpoint_every_n_steps": Flag(HONOURED, "lit_gspo's: last.ckpt every n optimiser steps"),
+    "checkpoint_every_n_steps": Flag(HONOURED, "lit_gspo's: last.ckpt every n RL steps"),
     "push_to_hub": Flag(HONOURED, "lit_gspo's: upload the export after training"),
     "hub_private": Flag(HONOURED, "lit_gspo's: with push_to_hub"),
 }

@@ -1,4 +1,4 @@
-"""``<root>/checkpoints/last.ckpt`` every n optimiser steps and after the final step, and the CLI's checkpoint
+"""``<root>/checkpoints/last.ckpt`` every n RL steps and after the final step, and the CLI's checkpoint
 defaults (FSDP1 refused, atomic writes)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from lit_gspo.lightning.checkpoint_io import AtomicCheckpointIO
 
 
 class LastCheckpoint(ModelCheckpoint):
-    """``<root>/checkpoints/last.ckpt`` every n optimiser steps, and after the final step too: a 60-step run with
+    """``<root>/checkpoints/last.ckpt`` every n RL steps, and after the final step too: a 60-step run with
     n = 50 ends with step 60's ``last.ckpt``, not step 50's (Lightning's ``ModelCheckpoint`` saves on its interval only).
     Nothing under ``fast_dev_run``."""
 
@@ -30,7 +30,7 @@ def configure_checkpointing(config: dict, callbacks: list, every_n_steps: int | 
     """Trainer defaults of the CLI: FSDP1 refused, atomic writes, and ``<root>/checkpoints/last.ckpt`` every n steps.
 
     With ``trainer.enable_checkpointing`` (Lightning's default), a :class:`LastCheckpoint` writes ``last.ckpt``
-    every ``every_n_steps`` optimiser steps (0/None: at the end of each epoch) and after the final step, into
+    every ``every_n_steps`` RL steps (0/None: at the end of each epoch) and after the final step, into
     ``<default_root_dir>/checkpoints``, so that ``--ckpt_path last`` finds it whatever logger version directory a
     run gets; unless a ``ModelCheckpoint`` the user gives keeps a last checkpoint itself (``save_last``). A user's
     ``ModelCheckpoint(monitor="val/reward", save_top_k=k)`` keeps its k best beside it.
