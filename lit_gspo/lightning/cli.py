@@ -21,6 +21,7 @@ from lit_gspo.lightning import class_switch, run_dir, trainer_flags
 from lit_gspo.lightning.component_errors import NamingInstantiator, component_error
 from lit_gspo.lightning.datamodule import PromptDataModule
 from lit_gspo.lightning.module import RLModule, validation_schedule
+from lit_gspo.lightning.schedule import ScheduleCadence
 
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
 from lit_gspo.rl import advantages, engines, envs  # noqa: F401
@@ -568,8 +569,9 @@ def map_top_level_optimisation(cfg) -> None:
 
 
 def check_plateau(model) -> None:
-    """A ReduceLROnPlateau: torch's (no monitor) or a monitor that is neither ``val/*`` nor ``train/*`` is refused in
-    one line at start (``lit_gspo.lightning.module.plateau_monitor`` checks the ``val/*`` names when the module is set
+    """``model.lr_scheduler_interval``/``_frequency`` other than the defaults without a schedule or with a
+    ReduceLROnPlateau are refused (``lit_gspo.lightning.schedule``). A ReduceLROnPlateau: torch's (no monitor) or a
+    monitor that is neither ``val/*`` nor ``train/*`` is refused in one line at start (``lit_gspo.lightning.module.plateau_monitor`` checks the ``val/*`` names when the module is set
     up, ``RLModule._step_plateau`` a ``train/*`` name at the first step)."""
     import torch
 
@@ -577,6 +579,8 @@ def check_plateau(model) -> None:
 
     scheduler = model.get("lr_scheduler")
     cls = _class_of(scheduler)
+    cadence = ScheduleCadence(model.get("lr_scheduler_interval", "step"), model.get("lr_scheduler_frequency", 1))
+    cadence.check(cls or scheduler)  # at start, not when the fit configures its optimiser
     if isinstance(cls, type) and issubclass(cls, torch.optim.lr_scheduler.ReduceLROnPlateau):
         # a single-turn run validates reward and length; a multi-turn environment's names are checked at set-up
         single_turn = model.get("environment") is None

@@ -33,6 +33,7 @@ from lit_gspo.lightning.completions_log import due, log_completions, terminal_ta
 from lit_gspo.lightning.fp16 import GradScalerStep
 from lit_gspo.lightning.progress import optimizer_steps_per_rl_step, total_rl_steps
 from lit_gspo.lightning.quiet import silence_lightning_noise
+from lit_gspo.lightning.schedule import Interval, ScheduleCadence
 from lit_gspo.lightning.seed import resolve_seed
 from lit_gspo.lightning.strategy import check_strategy
 from lit_gspo.models.policies import build_policies
@@ -69,6 +70,10 @@ class RLModule(LightningModule):
             Hugging Face directory, a ``.gguf`` file, or a hub id.
         model_config: overrides of the built-in model's config (layers, hidden size, ...).
         objective: the loss; by class name in YAML/CLI (``--model.objective GSPO``).
+        lr_scheduler_interval: when ``lr_scheduler`` steps: ``step`` (each optimiser step), ``rl_step`` (each RL step
+            that updated the policy) or ``epoch`` (each data epoch): Lightning's ``interval``
+            (``lit_gspo/lightning/schedule.py``).
+        lr_scheduler_frequency: the schedule steps every n-th interval (Lightning's ``frequency``).
         rewards: reward functions ``(prompts, completions, **columns) -> list[float | None]``.
         reward_weights: one weight per reward function (default 1 each).
         environment: what the policy talks to (default :class:`~lit_gspo.rl.envs.SingleTurn`: the row's
@@ -103,6 +108,8 @@ class RLModule(LightningModule):
         objective: Objective | None = None,
         optimizer: OptimizerCallable = default_optimizer,
         lr_scheduler: LRSchedulerCallable | None = None,
+        lr_scheduler_interval: Interval = "step",
+        lr_scheduler_frequency: int = 1,
         rewards: list[Callable] | None = None,
         reward_weights: list[float] | None = None,
         environment: Environment | None = None,
@@ -139,6 +146,7 @@ class RLModule(LightningModule):
         self.objective = objective if objective is not None else GSPO()
         self.advantage = advantage if advantage is not None else get_advantage(self.objective.paper_advantage)
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
+        self.schedule_cadence = ScheduleCadence(lr_scheduler_interval, lr_scheduler_frequency).check(lr_scheduler)
         # copies: the defaults above are one instance for every module (several fits run in one process: ablate)
         generation, update, sampling, validation, routing, rollout_dumps, warm_start = (
             replace(group) if group is not None else kind()
@@ -243,6 +251,7 @@ class RLModule(LightningModule):
                     world_size=self.trainer.world_size,
                 )
             )
+            self._step_schedule_per_rl_step(stats)
             stats["time/update_s"] = time.perf_counter() - start
         if self._async is not None:  # the worker's next rollouts use the weights after this step
             self._async.publish(self.policy, self.rl_step + 1)
@@ -376,12 +385,25 @@ class RLModule(LightningModule):
         self._plateau_monitor = plateau_monitor(
             scheduler, ["val/reward", "val/response_length"] + [f"val/{k}" for k in self._episode_metric_keys()]
         )
-        # the learner steps a schedule after each optimiser step; a ReduceLROnPlateau is stepped by _step_plateau
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        self.schedule_cadence.check(scheduler)  # a ReduceLROnPlateau steps when its monitor is logged
+        # stepped here at its cadence (lit_gspo/lightning/schedule.py); a ReduceLROnPlateau by _step_plateau
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, **self.schedule_cadence.lightning_config()}}
+
+    def _schedule(self):
+        """The schedule stepped at its cadence (None: none, or a ReduceLROnPlateau)."""
+        return None if getattr(self, "_plateau_monitor", None) else self.lr_schedulers()
 
     def _scheduler_per_step(self):
-        """The schedule the learner steps after each optimiser step (None: none, or a ReduceLROnPlateau)."""
-        return None if getattr(self, "_plateau_monitor", None) else self.lr_schedulers()
+        """What the learner steps after each optimiser step (None: no schedule, or not at this cadence)."""
+        return self.schedule_cadence.per_optimizer_step(self._schedule(), lambda: self.global_step)
+
+    def _step_schedule_per_rl_step(self, stats: dict) -> None:
+        """An ``rl_step`` schedule steps after the RL step's updates; ``train/lr`` is then the rate after it."""
+        if self.schedule_cadence.after("rl_step", self._schedule(), self.rl_step + 1):
+            stats["lr"] = self.optimizers().param_groups[0]["lr"]
+
+    def on_train_epoch_end(self) -> None:
+        self.schedule_cadence.after("epoch", self._schedule(), self.current_epoch + 1)
 
     def _step_plateau(self, values: dict, split: str) -> None:
         """Step a ReduceLROnPlateau with its monitored metric when ``split``'s metrics (``train``/``val``) are logged during
