@@ -21,6 +21,7 @@ from lit_gspo.lightning import class_switch, run_dir, trainer_flags
 from lit_gspo.lightning.component_errors import NamingInstantiator, component_error
 from lit_gspo.lightning.datamodule import PromptDataModule
 from lit_gspo.lightning.module import RLModule, validation_schedule
+from lit_gspo.lightning.monitors import check_monitors, config_monitors, logged_names
 from lit_gspo.lightning.schedule import ScheduleCadence
 
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
@@ -306,6 +307,9 @@ class RLCLI(LightningCLI):
         raise SettingsError(f"{group}{inner}".strip()) from exc
 
     def before_fit(self) -> None:
+        """Before the first validation: a monitor the run never logs (``lit_gspo.lightning.monitors``), a hub that
+        cannot take the push."""
+        check_monitors(logged_names(self.model), config_monitors(self.config.fit))
         repo_id = self.config.fit.get("push_to_hub")
         if repo_id:
             from lit_gspo.models.push import check_can_push

@@ -31,6 +31,7 @@ from lit_gspo.lightning.async_rollouts import StopAsyncRollouts, async_mismatch,
 from lit_gspo.lightning.callbacks import run_callbacks
 from lit_gspo.lightning.completions_log import due, log_completions, terminal_table
 from lit_gspo.lightning.fp16 import GradScalerStep
+from lit_gspo.lightning.monitors import check_monitors, logged_names, object_monitors
 from lit_gspo.lightning.progress import optimizer_steps_per_rl_step, total_rl_steps
 from lit_gspo.lightning.quiet import silence_lightning_noise
 from lit_gspo.lightning.schedule import Interval, ScheduleCadence
@@ -474,6 +475,8 @@ class RLModule(LightningModule):
 
     def on_fit_start(self) -> None:
         self._check_data()
+        plateau, callbacks = getattr(self, "_plateau_monitor", None), self.trainer.callbacks
+        check_monitors(logged_names(self), object_monitors(plateau, callbacks))  # a misspelt one: before any step
 
     def _check_data(self) -> None:
         """A reward function whose parameters no dataset column fills, or a prompt too long for the context, fails
