@@ -81,9 +81,7 @@ class LoggedNames:
         if name.startswith("train/"):
             short = name.removeprefix("train/")
             return (
-                self.open_by is not None
-                or name in self.train
-                or any(_matches(p, short) for p in self.train_patterns)
+                self.open_by is not None or name in self.train or any(_matches(p, short) for p in self.train_patterns)
             )
         return True
 
