@@ -250,3 +250,29 @@ def test_eval_names_the_option_too(tmp_path):
     rewards = ["--model.rewards+=lit_gspo.rl.rewards.OverlongPenalty", "--model.rewards.max_len", "3"]
     with pytest.raises(SettingsError, match=r"^--model.rewards.cache_len -2 \(model.rewards\[1\], OverlongPenalty\): "):
         load([*QUICKSTART, *rewards, "--model.rewards.cache_len", "-2"])
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--model.optimizer.lr", "-1"], "error: --model.optimizer.lr -1.0: Invalid learning rate: -1.0"),
+        (
+            [
+                *("--model.lr_scheduler", "lightning.pytorch.cli.ReduceLROnPlateau"),
+                *("--model.lr_scheduler.monitor", "val/reward", "--model.lr_scheduler.factor", "2"),
+            ],
+            "error: --model.lr_scheduler.factor 2.0: Factor should be < 1.0.",
+        ),
+    ],
+    ids=["optimizer", "scheduler"],
+)
+def test_a_value_the_optimiser_or_schedule_refuses_is_one_line_before_the_first_validation(
+    extra, expected, tmp_path, capsys
+):
+    """Torch's classes, built by the fit only after the step-0 validation: built once at start on a placeholder."""
+    from lit_gspo.tools.main import main
+
+    with pytest.raises(SystemExit):
+        main(["fit", *QUICKSTART, "--trainer.default_root_dir", str(tmp_path), *extra])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == expected
+    assert not list(tmp_path.rglob("metrics.csv"))

@@ -307,9 +307,10 @@ class RLCLI(LightningCLI):
         raise SettingsError(f"{group}{inner}".strip()) from exc
 
     def before_fit(self) -> None:
-        """Before the first validation: a monitor the run never logs (``lit_gspo.lightning.monitors``), a hub that
-        cannot take the push."""
+        """Before the first validation: a monitor the run never logs (``lit_gspo.lightning.monitors``), a value the
+        optimiser or the schedule refuses, a hub that cannot take the push."""
         check_monitors(logged_names(self.model), config_monitors(self.config.fit))
+        check_optimisation(self.model)
         repo_id = self.config.fit.get("push_to_hub")
         if repo_id:
             from lit_gspo.models.push import check_can_push
@@ -592,6 +593,24 @@ def check_plateau(model) -> None:
             (scheduler.get("init_args") or Namespace()).get("monitor"),
             ["val/reward", "val/response_length"] if single_turn else None,
         )
+
+
+def check_optimisation(module) -> None:
+    """The module's optimiser and schedule built once on a placeholder parameter, before the step-0 validation: a value
+    their classes refuse (``--model.optimizer.lr -1``) is one line naming the option now
+    (``lit_gspo.lightning.component_errors``), not when the fit configures them. Any other failure is left to that."""
+    import torch
+
+    from lit_gspo.lightning.component_errors import ComponentError
+
+    try:
+        optimizer = module.optimizer_factory([torch.nn.Parameter(torch.zeros(1))])
+        if module.scheduler_factory is not None:
+            module.scheduler_factory(optimizer)
+    except ComponentError:
+        raise
+    except Exception:  # e.g. an optimiser that needs the real parameters' device: configure_optimizers will say
+        return
 
 
 def _group_value(model, name: str, key: str):

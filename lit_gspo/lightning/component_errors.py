@@ -90,13 +90,29 @@ def _defaults(cls: type) -> dict:
     return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
 
 
+def _names(key: str, message: str) -> bool:
+    """Whether ``message`` names the setting ``key`` (a word, maybe after its group's name: ``mismatch.old_logprobs``)."""
+    return re.search(rf"(?<!\w){re.escape(key)}(?!\w)", message, re.IGNORECASE) is not None
+
+
+def _quotes(value, message: str) -> bool:
+    """Whether ``message`` quotes the number or text ``value`` (``-1.0`` in ``rate: -1.0.``, not in ``-1.05``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)) or value == "":
+        return False
+    return re.search(rf"(?<![\w.-]){re.escape(str(value))}(?!\w|\.\d)", message) is not None
+
+
 def named_settings(cls: type, args: Namespace, message: str) -> list[str]:
     """The settings of ``args`` that ``message`` names (as words), those given other than their default first: of
-    ``clip_low and clip_high must be >= 0`` with clip_low given, ``clip_low``."""
-    named = [k for k in args.keys(nested=False) if re.search(rf"(?<!\w){re.escape(k)}(?!\w)", message)]
+    ``clip_low and clip_high must be >= 0`` with clip_low given, ``clip_low``. A message naming none (torch's
+    ``Invalid learning rate: -1.0``): the settings given other than their default whose value it quotes."""
     defaults = _defaults(cls)
-    given = [k for k in named if k not in defaults or args.get(k) != defaults[k]]
-    return given or named
+    keys = [k for k in args.keys(nested=False) if not k.startswith("__")]
+    changed = [k for k in keys if k not in defaults or args.get(k) != defaults[k]]
+    named = [k for k in keys if _names(k, message)]
+    if named:
+        return [k for k in named if k in changed] or named
+    return [k for k in changed if _quotes(args.get(k), message)]
 
 
 def _typed(value):
