@@ -161,6 +161,57 @@ def test_a_second_fresh_fit_into_a_locked_directory_goes_to_its_own_leaving_noth
     assert (other / "checkpoints" / "last.ckpt").is_file() and not (other / ".lit_gspo.lock").exists()
 
 
+def lock_held(root: Path) -> bool:
+    """Whether a live holder has the run lock of ``root`` (a flock of another open file fails)."""
+    import fcntl
+    import os
+
+    from lit_gspo.lightning.callbacks.run_lock import LOCK_NAME
+
+    if not (root / LOCK_NAME).exists():
+        return False
+    fd = os.open(root / LOCK_NAME, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def python_api(root: Path, *extra: str):
+    """A Trainer, an RLModule and its data as a Python user has them (built by the CLI, nothing run)."""
+    from lit_gspo.lightning.cli import cli_main
+
+    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root), *TINY]
+    return cli_main([*args, "--trainer.max_steps", "1", *extra], run=False)
+
+
+def test_python_validate_before_fit_takes_the_run_lock_and_keeps_it_for_the_fit(tmp_path):
+    """``trainer.validate(module)`` writes the run's ``lightning_logs/version_0``: it takes the lock (before: only the
+    fit did, so another run could start in the directory between the two) and the fit keeps it until it ends."""
+    cli = python_api(tmp_path)
+    cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
+    assert lock_held(tmp_path)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert not lock_held(tmp_path) and (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_python_validate_into_a_directory_another_run_holds_is_refused_writing_nothing(locked, capsys):
+    """A validate that would write a ``version_N`` into a locked run's directory is refused; the CLI's ``validate``
+    (its own ``lightning_logs/validate/``, beside the run) takes no lock."""
+    from lit_gspo.lightning.callbacks.run_lock import RunLockedError
+
+    cli = python_api(locked)
+    with pytest.raises(RunLockedError, match="is in use by another run"):
+        cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
+    assert files(locked) == [".lit_gspo.lock"]
+    run("validate", locked)
+    assert "lightning_logs/validate/metrics.csv" in files(locked)
+    assert all(f.startswith("lightning_logs/validate/") for f in files(locked) if f != ".lit_gspo.lock")
+
+
 # ------------------------------------------------------------------------------------------- eval without a run
 @pytest.fixture(scope="module")
 def bare_model(tmp_path_factory):

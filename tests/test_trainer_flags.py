@@ -348,7 +348,7 @@ def test_a_train_monitor_never_logged_is_one_line(tmp_path, capsys):
             ]
         )
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("error: --model.lr_scheduler.monitor train/rewrd: not logged") and "train/reward" in last
+    assert last.startswith("error: --model.lr_scheduler.monitor train/rewrd: never logged") and "train/reward" in last
 
 
 @pytest.mark.slow

@@ -19,8 +19,11 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lit_gspo.lightning import class_switch, run_dir, trainer_flags
 from lit_gspo.lightning.checks import validation_schedule
+from lit_gspo.lightning.component_errors import NamingInstantiator, component_error
 from lit_gspo.lightning.datamodule import PromptDataModule
 from lit_gspo.lightning.module import RLModule
+from lit_gspo.lightning.monitors import check_monitors, config_monitors, logged_names
+from lit_gspo.lightning.schedule import ScheduleCadence
 
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
 from lit_gspo.rl import advantages, engines, envs  # noqa: F401
@@ -120,6 +123,45 @@ def one_line_value_error(message: str) -> str:
     return f"--{head.group(1)} {given.group(1).strip()}: {what}"
 
 
+def nested_value_error(message: str) -> str | None:
+    """jsonargparse's error about a parameter of a class a setting names, nested in the setting's union errors, as one
+    line naming the full option: a bad value (``--model.objective.kl_estimator bogus: expected one of 'k1', 'k2',
+    'k3'``) or an unknown parameter (``--model.objective.clip_lo: not a parameter of GSPO; ...``); None for another
+    error."""
+    lines = message.splitlines()
+    head = re.match(r'Parser key "([^"]+)"', lines[0]) if lines else None
+    if not head:
+        return None
+    keys, class_path = [head.group(1)], None
+    for line in lines[1:]:
+        nested = re.match(r'\s*(?:- )?Parser key "([^"]+)"', line)
+        given = re.search(r"Problem with given class_path '([\w.]+)'", line)
+        bad_value = re.match(r"\s*(?:- )?(?:.*: )?--([\w.]+) (\S.*?): (expected .*?)(?:\. Got value: .*)?$", line)
+        unknown = re.match(r"\s*(?:- )?(?:Option|Key) '([\w.]+)' is not (?:accepted|expected)", line)
+        if nested:
+            keys.append(nested.group(1))
+        elif given:
+            class_path = given.group(1)
+        elif bad_value:
+            name, value, what = bad_value.groups()
+            return f"--{'.'.join(keys)}.{name} {value}: {what}"
+        elif unknown and class_path:
+            return _unknown_parameter(".".join(keys), unknown.group(1), class_path)
+    return None
+
+
+def _unknown_parameter(option: str, name: str, class_path: str) -> str | None:
+    try:
+        cls = import_path(class_path)
+        fields = _fields(cls)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+    close = difflib.get_close_matches(name, fields, n=1)
+    return f"--{option}.{name}: not a parameter of {cls.__name__}; its parameters: {', '.join(fields) or 'none'}" + (
+        f" (did you mean --{option}.{close[0]}?)" if close else ""
+    )
+
+
 class RLArgumentParser(LightningArgumentParser):
     """Parser errors about the objective list the objectives that exist, about a misspelled nested key the valid
     fields, about a class path of a missing optional package the extra to install, about an unknown option the
@@ -133,6 +175,9 @@ class RLArgumentParser(LightningArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
+        nested = nested_value_error(message)
+        if nested and self.exit_on_error and not user_errors.debug_requested():
+            user_errors.parser_error(nested)
         hint = (
             objective_hint(message)
             + nested_key_hint(message)
@@ -210,6 +255,7 @@ class RLCLI(LightningCLI):
             self.parser.error(f"`{self.subcommand}` must come first: lit-gspo {self.subcommand} --help")
         cfg = self.config[self.subcommand] if self.subcommand else self.config
         user_errors.mark_starting()
+        self.name_component_errors()
         trainer_flags.refuse_unsupported(cfg.trainer)
         map_top_level_optimisation(cfg)
         schedule_validation(cfg.model, cfg.trainer)
@@ -224,29 +270,48 @@ class RLCLI(LightningCLI):
         ):  # one run per directory: compare with the run there (lit_gspo/lightning/run_dir.py)
             run_dir.place_fit(self)
 
+    def name_component_errors(self) -> None:
+        """A class the config names that refuses a value in its ``__init__`` (``--model.objective.clip_low -1``) is
+        reported naming the option (``lit_gspo.lightning.component_errors``)."""
+        self.component_instantiator = NamingInstantiator(
+            lambda: self.config[self.subcommand] if self.subcommand else self.config
+        )
+        self.parser.add_instantiator(self.component_instantiator, object, subclasses=True)
+
     def instantiate_classes(self) -> None:
-        """A settings group whose own check fails (``--model.generation.num_generations 0``): one line naming the group,
-        not jsonargparse's dump of the parsed namespace."""
         try:
             super().instantiate_classes()
-        except ValueError as exc:
-            inner = exc.__cause__ or exc.__context__
-            while inner is not None and not user_errors.is_user_error(inner):
-                inner = inner.__cause__ or inner.__context__
-            if inner is None or user_errors.is_user_error(exc):
-                raise
-            found = re.search(r"<class 'lit_gspo\.[\w.]+\.(\w+)'>", str(exc))
-            group = next(
-                (
-                    f"--model.{name}: "
-                    for name, p in inspect.signature(RLModule.__init__).parameters.items()
-                    if found and re.search(rf"\b{found.group(1)}\b", str(p.annotation))
-                ),
-                "",
-            )
-            raise SettingsError(f"{group}{inner}".strip()) from exc
+        except Exception as exc:
+            self.raise_one_line(exc)
+
+    def raise_one_line(self, exc: Exception) -> None:
+        """``exc``, raised while building the config's classes, as one line naming the option when it is a class or
+        settings group refusing a value (``--model.objective.clip_low -1``, ``--model.generation.num_generations 0``),
+        not jsonargparse's dump of the parsed namespace; another error as it is."""
+        named = component_error(exc, getattr(self, "component_instantiator", None))
+        if named is not None:
+            raise named from named.__cause__  # the class's own error (shown with --debug)
+        inner = exc.__cause__ or exc.__context__
+        while inner is not None and not user_errors.is_user_error(inner):
+            inner = inner.__cause__ or inner.__context__
+        if not isinstance(exc, ValueError) or inner is None or user_errors.is_user_error(exc):
+            raise exc
+        found = re.search(r"<class 'lit_gspo\.[\w.]+\.(\w+)'>", str(exc))
+        group = next(
+            (
+                f"--model.{name}: "
+                for name, p in inspect.signature(RLModule.__init__).parameters.items()
+                if found and re.search(rf"\b{found.group(1)}\b", str(p.annotation))
+            ),
+            "",
+        )
+        raise SettingsError(f"{group}{inner}".strip()) from exc
 
     def before_fit(self) -> None:
+        """Before the first validation: a monitor the run never logs (``lit_gspo.lightning.monitors``), a value the
+        optimiser or the schedule refuses, a hub that cannot take the push."""
+        check_monitors(logged_names(self.model), config_monitors(self.config.fit))
+        check_optimisation(self.model)
         repo_id = self.config.fit.get("push_to_hub")
         if repo_id:
             from lit_gspo.models.push import check_can_push
@@ -517,15 +582,22 @@ def map_top_level_optimisation(cfg) -> None:
 
 
 def check_plateau(model) -> None:
-    """A ReduceLROnPlateau: torch's (no monitor) or a monitor that is neither ``val/*`` nor ``train/*`` is refused in
-    one line at start (``lit_gspo.lightning.module.plateau_monitor`` checks the ``val/*`` names when the module is set
-    up, ``lit_gspo.lightning.plateau.step_plateau`` a ``train/*`` name at the first step)."""
+    """``model.update.scheduler_interval``/``scheduler_frequency`` other than the defaults without a schedule or with a
+    ReduceLROnPlateau are refused (``lit_gspo.lightning.schedule``). A ReduceLROnPlateau: torch's (no monitor) or a
+    monitor that is neither ``val/*`` nor ``train/*`` is refused in one line at start (``lit_gspo.lightning.plateau``
+    checks the ``val/*`` names when the module is set up)."""
     import torch
 
     from lit_gspo.lightning.plateau import check_plateau_monitor
 
     scheduler = model.get("lr_scheduler")
     cls = _class_of(scheduler)
+    interval, frequency = (
+        _group_value(model, "update", "scheduler_interval"),
+        _group_value(model, "update", "scheduler_frequency"),
+    )
+    cadence = ScheduleCadence(interval or "step", 1 if frequency is None else frequency)
+    cadence.check(cls or scheduler)  # at start, not when the fit configures its optimiser
     if isinstance(cls, type) and issubclass(cls, torch.optim.lr_scheduler.ReduceLROnPlateau):
         # a single-turn run validates reward and length; a multi-turn environment's names are checked at set-up
         single_turn = model.get("environment") is None
@@ -533,6 +605,24 @@ def check_plateau(model) -> None:
             (scheduler.get("init_args") or Namespace()).get("monitor"),
             ["val/reward", "val/response_length"] if single_turn else None,
         )
+
+
+def check_optimisation(module) -> None:
+    """The module's optimiser and schedule built once on a placeholder parameter, before the step-0 validation: a value
+    their classes refuse (``--model.optimizer.lr -1``) is one line naming the option now
+    (``lit_gspo.lightning.component_errors``), not when the fit configures them. Any other failure is left to that."""
+    import torch
+
+    from lit_gspo.lightning.component_errors import ComponentError
+
+    try:
+        optimizer = module.optimizer_factory([torch.nn.Parameter(torch.zeros(1))])
+        if module.scheduler_factory is not None:
+            module.scheduler_factory(optimizer)
+    except ComponentError:
+        raise
+    except Exception:  # e.g. an optimiser that needs the real parameters' device: configure_optimizers will say
+        return
 
 
 def _group_value(model, name: str, key: str):

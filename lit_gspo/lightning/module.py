@@ -30,10 +30,12 @@ from lit_gspo.lightning.async_rollouts import FitRollouts, StopAsyncRollouts, as
 from lit_gspo.lightning.callbacks import run_callbacks
 from lit_gspo.lightning.checks import check_data, check_stages_fit, check_validation_schedule
 from lit_gspo.lightning.fp16 import GradScalerStep
+from lit_gspo.lightning.monitors import check_monitors, logged_names, object_monitors
 from lit_gspo.lightning.plateau import plateau_monitor, step_plateau
 from lit_gspo.lightning.progress import SkippedSteps, is_last_rl_step, reward_trainer_state
 from lit_gspo.lightning.quiet import silence_lightning_noise
 from lit_gspo.lightning.rl_step_optimizer import RLStepOptimizer
+from lit_gspo.lightning.schedule import ScheduleCadence, after_epoch, after_rl_step, learner_schedule
 from lit_gspo.lightning.seed import resolve_seed
 from lit_gspo.lightning.step_log import StepLog
 from lit_gspo.lightning.strategy import check_strategy
@@ -70,8 +72,8 @@ class RLModule(LightningModule):
             reply); it also holds ``system_prompt`` and ``chat_template``.
         engine: what samples (default: :class:`~lit_gspo.rl.engines.StaticCacheSampler` on CUDA, else
             :class:`~lit_gspo.rl.engines.HFGenerate`, chosen in ``setup``; ``LeanSampler`` is faster on CPU).
-        optimizer, lr_scheduler: LightningCLI's optimiser and schedule (stepped after each optimiser step; a
-            ``ReduceLROnPlateau`` with its ``monitor``).
+        optimizer, lr_scheduler: LightningCLI's optimiser and schedule (stepped at ``update.scheduler_interval``; a
+            ``ReduceLROnPlateau`` with its ``monitor`` when that is logged).
         generation: the rollouts: G completions per prompt, their length and distribution, dynamic sampling, staleness.
         update: how each rollout batch updates the policy: K epochs × M minibatches, micro-batches, clipping, π_old.
         validation: greedy completions of the held-out prompts, scored (``val/reward``), and their logging.
@@ -107,6 +109,10 @@ class RLModule(LightningModule):
         self.objective = objective if objective is not None else GSPO()
         self.advantage = advantage if advantage is not None else get_advantage(self.objective.paper_advantage)
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
+        self.schedule_cadence = ScheduleCadence(update.scheduler_interval, update.scheduler_frequency).check(
+            lr_scheduler
+        )
+        self.optimizer_steps = 0  # taken, across resumes (a schedule's cadence counts them)
         check_stages_fit(self.objective, self.advantage, self.generation)
         self.seed = resolve_seed(None)
         self.rl_step = 0  # RL steps (rollout batches) done, across epochs and resumes: the ``step`` of the logs
@@ -148,17 +154,18 @@ class RLModule(LightningModule):
             every = self.generation.dump_every_n_steps
             if every and self.rl_step and self.rl_step % every == 0:
                 export.save_rollout(self, rollout)
-            schedule = None if self.plateau_metric else self.lr_schedulers()  # a plateau is stepped on its metric
+            optimizer = RLStepOptimizer(self.optimizers(), self.trainer.strategy, self._count_optimizer_step)
             stats.update(
                 self.learner.learn(
                     rollout,
-                    RLStepOptimizer(self.optimizers(), self.trainer.strategy),  # one Lightning step per RL step
-                    schedule,
+                    optimizer,  # one Lightning step per RL step
+                    learner_schedule(self),
                     backward=self.manual_backward,
                     step=self._scaled_step,
                     world_size=self.trainer.world_size,
                 )
             )
+            after_rl_step(self, stats)
             stats["time/update_s"] = time.perf_counter() - start
         if self.async_rollouts:
             self.async_rollouts.publish(stats)
@@ -182,6 +189,9 @@ class RLModule(LightningModule):
         if sync_s is not None:
             stats["time/weight_sync_s"] = sync_s
         return rollout, stats
+
+    def _count_optimizer_step(self) -> None:
+        self.optimizer_steps += 1
 
     def refill_rows(self, count: int) -> list[dict]:
         """``count`` training rows drawn with the run's refill generator (dynamic sampling's extra prompts)."""
@@ -213,8 +223,9 @@ class RLModule(LightningModule):
         val_metrics = ["val/reward", "val/response_length"]
         val_metrics += [f"val/{k}" for k in episode_metric_keys(self.collector.environment)]
         self.plateau_metric = plateau_monitor(scheduler, val_metrics)
-        # the learner steps a schedule after each optimiser step; a ReduceLROnPlateau is stepped by step_plateau
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        self.schedule_cadence.check(scheduler)  # a ReduceLROnPlateau steps when its monitor is logged
+        # stepped at its cadence (lit_gspo/lightning/schedule.py); a ReduceLROnPlateau by step_plateau
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, **self.schedule_cadence.lightning_config()}}
 
     def setup(self, stage: str) -> None:
         trainer = self.trainer
@@ -254,21 +265,27 @@ class RLModule(LightningModule):
         checkpoint["rng_states"] = rng_states(self._refill_generator)
         checkpoint["rl_step"] = self.rl_step
         checkpoint["warm_started"] = self.warm_started
+        checkpoint["optimizer_steps"] = self.optimizer_steps
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "rng_states" in checkpoint:
             restore_rng_states(checkpoint["rng_states"], self.global_rank, self._refill_generator)
         self.rl_step = checkpoint["rl_step"]
         self.warm_started = checkpoint["warm_started"]
+        self.optimizer_steps = checkpoint["optimizer_steps"]
 
     def on_fit_start(self) -> None:
         """The fit's first stages, once the policy is on its device and a checkpoint restored: the data checked, then a
         fresh run's warm start. Lightning's sanity check follows: over every held-out batch it is ``val/reward`` at
         step 0, the policy RL starts from (``lit-gspo fit``'s default, ``Trainer(num_sanity_val_steps=-1)``)."""
         check_data(self)
+        check_monitors(logged_names(self), object_monitors(self.plateau_metric, self.trainer.callbacks))
         if not self.warm_started and self.global_step == 0:  # never after a resume
             self.warm_started = True
             supervised_warm_start(self)
+
+    def on_train_epoch_end(self) -> None:
+        after_epoch(self)
 
     def on_train_end(self) -> None:
         if not self.trainer.fast_dev_run:  # a dry run writes nothing

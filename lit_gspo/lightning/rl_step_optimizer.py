@@ -16,8 +16,10 @@ def _no_closure() -> None:
 
 
 class RLStepOptimizer:
-    def __init__(self, lightning_optimizer, strategy):
-        self.lightning_optimizer, self.strategy = lightning_optimizer, strategy
+    """``on_step()`` after each optimiser step taken (the module's count of them, in its checkpoints)."""
+
+    def __init__(self, lightning_optimizer, strategy, on_step):
+        self.lightning_optimizer, self.strategy, self.on_step = lightning_optimizer, strategy, on_step
         self.counted = False
 
     @property
@@ -30,5 +32,8 @@ class RLStepOptimizer:
     def step(self):
         if not self.counted:
             self.counted = True
-            return self.lightning_optimizer.step()
-        return self.strategy.optimizer_step(self.lightning_optimizer.optimizer, _no_closure)
+            out = self.lightning_optimizer.step()
+        else:
+            out = self.strategy.optimizer_step(self.lightning_optimizer.optimizer, _no_closure)
+        self.on_step()
+        return out

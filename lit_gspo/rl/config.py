@@ -126,6 +126,11 @@ class Update:
     max_nonfinite_steps: int = 3
     """a minibatch whose loss or gradient norm is NaN/inf makes no optimiser step (counted as ``nonfinite_steps``,
     with a warning); this many such minibatches in a row stop the run."""
+    scheduler_interval: Literal["step", "rl_step", "epoch"] = "step"
+    """when ``model.lr_scheduler`` steps (Lightning's ``interval``, in RL terms): ``step`` (after each optimiser step),
+    ``rl_step`` (after each RL step that updated the policy) or ``epoch`` (after each data epoch)."""
+    scheduler_frequency: int = 1
+    """the schedule steps every n-th ``scheduler_interval`` (Lightning's ``frequency``)."""
     mismatch: Mismatch | None = None
     """measure the sampler–trainer mismatch every step (``train/mismatch/*``) and correct it: ``corrections`` (TIS, MIS,
     SequenceMIS, OPSM) and ``old_logprobs`` (``trainer``, or ``sampler``: the engine's log-probs are π_old);

@@ -120,10 +120,14 @@ class EvalCLI(RLCLI):
             cfg["model.policy.lora"] = None  # a saved hf_model has the adapters merged
         cfg["model.policy.kl_to_ref"] = False  # no frozen copy of the policy just to evaluate
         cfg["trainer.logger"], cfg["trainer.callbacks"] = None, None  # no Trainer is built
+        self.name_component_errors()
 
     def instantiate_classes(self) -> None:
         """The model and the data module only (``LightningCLI`` would also build a Trainer)."""
-        self.config_init = self.parser.instantiate_classes(self.config)
+        try:
+            self.config_init = self.parser.instantiate_classes(self.config)
+        except Exception as exc:
+            self.raise_one_line(exc)
         self.model = self._get(self.config_init, "model")
         self.datamodule = self._get(self.config_init, "data")
         self.trainer = None

@@ -159,13 +159,32 @@ def _alive(holder: dict) -> bool:
     return isinstance(pid, int) and pid_alive(pid, holder.get("start"))
 
 
-class OneRunPerDirectory(Callback):
-    """At the start of a fit, the run lock of ``default_root_dir`` (:class:`RunLock`), refused on every rank when
-    another live run holds it; released when the fit ends or fails.
+def writes_run_files(trainer, stage: str) -> bool:
+    """Whether ``stage`` writes the run's own files in ``default_root_dir``: a fit always (checkpoints, the export, its
+    logs); a validate or test when a logger writes a log folder there (Lightning's ``lightning_logs/version_N``, which a
+    fit's logs share). The CLI's ``validate``/``test`` log to ``lightning_logs/validate``/``test``, beside any run."""
+    if stage == "fit":
+        return True
+    root = Path(trainer.default_root_dir).resolve()
+    for logger in trainer.loggers:
+        log_dir = getattr(logger, "log_dir", None)
+        if log_dir is None:
+            continue
+        path = Path(log_dir).resolve()
+        if path.is_relative_to(root) and path.name not in ("validate", "test"):
+            return True
+    return False
 
-    ``lit-gspo fit`` takes the lock before anything is built (``lit_gspo.lightning.run_dir.place_fit``: before the
-    Trainer, the warm start and the step-0 validation); this callback then adopts it, from the first stage that runs,
-    and releases it when the fit ends or any stage fails."""
+
+class OneRunPerDirectory(Callback):
+    """At the start of the first stage that writes the run's files (:func:`writes_run_files`: a fit, or a validate or
+    test whose logger writes a ``version_N`` there), the run lock of ``default_root_dir`` (:class:`RunLock`), refused on
+    every rank when another live run holds it. Released when a fit ends, when any stage fails, or when the process
+    exits: a ``trainer.validate`` before ``trainer.fit`` keeps it for the fit, so no
+    other run can start in between.
+
+    ``lit-gspo fit`` takes the lock before anything is built (``lit_gspo.lightning.run_dir.place_fit``); this callback
+    then adopts it, from the first stage that runs."""
 
     def __init__(self) -> None:
         self._lock: RunLock | None = None
@@ -173,7 +192,7 @@ class OneRunPerDirectory(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self._lock is None and trainer.is_global_zero:
             self._lock = held_lock(trainer.default_root_dir)  # taken by the CLI before the Trainer was built
-        if stage != "fit" or self._lock is not None and trainer.world_size == 1:
+        if not writes_run_files(trainer, stage) or self._lock is not None and trainer.world_size == 1:
             return
         error = None
         if trainer.is_global_zero and self._lock is None:
