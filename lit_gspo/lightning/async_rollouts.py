@@ -69,9 +69,7 @@ def build_async_rollouts(module) -> AsyncRollouts:
     refill = module.refill_rows
 
     def sample(policy, rows, trainer_state):
-        collector.trainer_state = trainer_state
-        collector.engine.sync_weights(policy)
-        return collector.collect(policy, rows, refill)
+        return collector.rollout(policy, rows, refill, trainer_state)
 
     before = torch.get_num_threads()
     main, worker = worker_threads(module.generation.async_worker_threads)

@@ -720,7 +720,9 @@ def load_export(model, ckpt_path):
 
     if ckpt_path is None or not Path(ckpt_path).is_dir():
         return ckpt_path
-    model.load_trained_policy(ckpt_path)
+    from lit_gspo.lightning.export import load_trained_policy
+
+    load_trained_policy(model, ckpt_path)
     return None
 
 

@@ -134,3 +134,18 @@ def export_if_missing(module) -> None:
     paths = [export_path(module)] + ([adapter_path(export_path(module))] if module.settings.lora is not None else [])
     if module.trainer.strategy.broadcast(not all(export_is_complete(p) for p in paths)):
         export_policy(module)
+
+
+def load_trained_policy(module, path) -> None:
+    """The policy's weights from a run's Hugging Face export (``<run>/hf_model``), to validate or test it: the run's
+    warm start is in them, so none is done again."""
+    from transformers import AutoModelForCausalLM
+
+    if module.settings.lora is not None:
+        raise ValueError(
+            f"{path}: a LoRA run's hf_model holds the merged weights; validate it without --model.policy.lora"
+        )
+    trained = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32)
+    module.policy.load_state_dict(trained.state_dict())
+    module.warm_started = True
+    rank_zero_info(f"loaded the policy from {path}")

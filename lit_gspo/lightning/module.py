@@ -7,50 +7,48 @@
         metrics  = learn(rollout)             K epochs × M minibatches of optimiser steps           (rl/learn/learner.py)
         log(metrics)
 
-The stages are built by ``lit_gspo/rl/stages.py``; this file owns what needs Lightning: the optimiser and scheduler,
-manual backward, the hooks of a fit, the RL-step counter in checkpoints. Validation is ``validation.py``, the step's
-metrics ``step_log.py``, the refusals ``checks.py``, the Hugging Face export ``export.py``.
-"""
+Built by ``rl/stages.py``; a fit's hooks here, each stage's Lightning side in its own file (``validation.py``,
+``step_log.py``, ``warm_start.py``, ``schedule.py``, ``export.py``, ``checks.py``, ``run_state.py``)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.strategies import ModelParallelStrategy
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 
 from lit_gspo.lightning import export
 from lit_gspo.lightning.async_rollouts import FitRollouts, StopAsyncRollouts, async_mismatch, check_async
 from lit_gspo.lightning.callbacks import run_callbacks
 from lit_gspo.lightning.checks import check_data, check_stages_fit, check_validation_schedule
+from lit_gspo.lightning.device_defaults import DeviceDefaults
 from lit_gspo.lightning.fp16 import GradScalerStep
 from lit_gspo.lightning.monitors import check_monitors, logged_names, object_monitors
 from lit_gspo.lightning.plateau import plateau_monitor, step_plateau
 from lit_gspo.lightning.progress import SkippedSteps, is_last_rl_step, reward_trainer_state
 from lit_gspo.lightning.quiet import silence_lightning_noise
 from lit_gspo.lightning.rl_step_optimizer import RLStepOptimizer
+from lit_gspo.lightning.run_state import load_run_state, save_run_state
 from lit_gspo.lightning.schedule import ScheduleCadence, after_epoch, after_rl_step, learner_schedule
 from lit_gspo.lightning.seed import resolve_seed
 from lit_gspo.lightning.step_log import StepLog
 from lit_gspo.lightning.strategy import check_strategy
-from lit_gspo.lightning.validation import GreedyValidation, episode_metric_keys
+from lit_gspo.lightning.validation import GreedyValidation
 from lit_gspo.lightning.warm_start import supervised_warm_start
 from lit_gspo.rl.advantages import AdvantageEstimator, get_advantage
 from lit_gspo.rl.config import Generation, Policy, Update, Validation
-from lit_gspo.rl.engines import RolloutEngine, default_engine
+from lit_gspo.rl.engines import RolloutEngine
 from lit_gspo.rl.envs import Environment
 from lit_gspo.rl.objectives import GSPO, Objective
 from lit_gspo.rl.stages import build_stages
 from lit_gspo.runtime.collectives import any_rank, gather_objects
-from lit_gspo.runtime.hardware import SlowPrecisionWarning, bf16_on_cpu_warning, deterministic_on_cpu
 from lit_gspo.runtime.optim import shard_aware
-from lit_gspo.runtime.rng import local_rng_state, restore_local_rng_state, restore_rng_states, rng_states
+from lit_gspo.runtime.rng import local_rng_state, restore_local_rng_state
 from lit_gspo.runtime.sharding import apply_fsdp2
 
 
@@ -118,13 +116,12 @@ class RLModule(LightningModule):
         self.rl_step = 0  # RL steps (rollout batches) done, across epochs and resumes: the ``step`` of the logs
         self.skipped_steps = SkippedSteps(self.generation.max_skipped_steps)
         self.warm_started = False  # saved in checkpoints: a resume never warm-starts again
-        self._warned_precision = False
         self.async_rollouts = FitRollouts(self) if self.generation.max_staleness else None  # docs/async.md
-        self._default_engine = None if engine is not None else default_engine("cpu")  # resolved for the device in setup
+        self.device_defaults = DeviceDefaults(engine_given=engine is not None)
         stages = build_stages(
             self.settings,
             self.objective,
-            engine or self._default_engine,
+            engine or self.device_defaults.engine,
             self.generation,
             update,
             rewards=rewards,
@@ -137,14 +134,19 @@ class RLModule(LightningModule):
         self.ref_policy = stages.reference  # saved with the run
         self.collector, self.learner = stages.collector, stages.learner
         self.step_log = StepLog()
-        self._refill_generator = torch.Generator().manual_seed(self.seed)
+        self.refill_generator = torch.Generator().manual_seed(self.seed)
         self._scaled_step: GradScalerStep | None = None  # fp16: set in setup from Lightning's precision plugin
         self.plateau_metric: str | None = None  # the metric a ReduceLROnPlateau follows
 
     # ------------------------------------------------------------------ one RL step
     def training_step(self, rows: list[dict], batch_idx: int) -> None:
         trainer_state = reward_trainer_state(self.trainer, self)
-        rollout, stats = self.async_rollouts.next(rows, trainer_state) if self.async_rollouts else self._rollout(rows)
+        if self.async_rollouts:
+            rollout, stats = self.async_rollouts.next(rows, trainer_state)
+        else:
+            rollout, stats = self.collector.rollout(
+                self.policy, rows, self.refill_rows, trainer_state, synced_gpus=self.synced_gpus()
+            )
         if not any_rank(rollout is not None and bool(rollout.completion_mask.any())):
             rollout = None  # every sample of every rank failed: no rank updates, all count a skipped step alike
         if rollout is not None:
@@ -169,9 +171,7 @@ class RLModule(LightningModule):
             stats["time/update_s"] = time.perf_counter() - start
         if self.async_rollouts:
             self.async_rollouts.publish(stats)
-        self.skipped_steps.count(
-            rollout is not None, stats, [e for e in gather_objects(self.collector.rewards.last_error) if e]
-        )
+        self.skipped_steps.count(rollout is not None, stats, lambda: gather_objects(self.collector.rewards.last_error))
         values = self.step_log.values(stats, rollout)
         self.step_log.log(self, values, batch_size=len(rows))
         step_plateau(self, values, "train")
@@ -179,24 +179,13 @@ class RLModule(LightningModule):
         if is_last_rl_step(self.trainer, self):
             self.trainer.should_stop = True  # Lightning's loop then validates after this step (val/reward at the end)
 
-    def _rollout(self, rows: list[dict]):
-        start = time.perf_counter()
-        self.collector.trainer_state = reward_trainer_state(self.trainer, self)
-        self.collector.engine.sync_weights(self.policy)
-        sync_s = self.collector.engine.last_sync_s  # an engine with its own copy of the weights (VLLMEngine)
-        rollout, stats = self.collector.collect(self.policy, rows, self.refill_rows, synced_gpus=self.synced_gpus())
-        stats["time/rollout_s"] = time.perf_counter() - start
-        if sync_s is not None:
-            stats["time/weight_sync_s"] = sync_s
-        return rollout, stats
-
-    def _count_optimizer_step(self) -> None:
+    def _count_optimizer_step(self) -> None:  # an optimiser step taken
         self.optimizer_steps += 1
 
     def refill_rows(self, count: int) -> list[dict]:
         """``count`` training rows drawn with the run's refill generator (dynamic sampling's extra prompts)."""
         pool = self.trainer.datamodule.train_rows
-        idx = torch.randint(len(pool), (count,), generator=self._refill_generator)
+        idx = torch.randint(len(pool), (count,), generator=self.refill_generator)
         return [pool[int(i)] for i in idx]
 
     def attached(self) -> bool:
@@ -211,7 +200,6 @@ class RLModule(LightningModule):
         strategy = self.trainer.strategy if self.attached() else None
         return isinstance(strategy, ModelParallelStrategy) and self.trainer.world_size > 1
 
-    # ------------------------------------------------------------------ Lightning plumbing
     def configure_optimizers(self):
         params = [p for p in self.policy.parameters() if p.requires_grad]
         if self.value_head is not None:
@@ -220,9 +208,7 @@ class RLModule(LightningModule):
         if self.scheduler_factory is None:
             return opt
         scheduler = self.scheduler_factory(opt)
-        val_metrics = ["val/reward", "val/response_length"]
-        val_metrics += [f"val/{k}" for k in episode_metric_keys(self.collector.environment)]
-        self.plateau_metric = plateau_monitor(scheduler, val_metrics)
+        self.plateau_metric = plateau_monitor(scheduler, logged_names(self).val)
         self.schedule_cadence.check(scheduler)  # a ReduceLROnPlateau steps when its monitor is logged
         # stepped at its cadence (lit_gspo/lightning/schedule.py); a ReduceLROnPlateau by step_plateau
         return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, **self.schedule_cadence.lightning_config()}}
@@ -237,16 +223,7 @@ class RLModule(LightningModule):
         self._scaled_step = GradScalerStep(scaler) if scaler is not None else None
         if stage == "fit" and trainer.log_every_n_steps > 1:
             rank_zero_info(f"train/* metrics every {trainer.log_every_n_steps} RL steps (log_every_n_steps)")
-        # the default engine depends on the device, known now; an engine given or set since is kept
-        if self.collector.engine is self._default_engine:
-            engine = default_engine(trainer.strategy.root_device, sharded=self.synced_gpus())
-            if type(engine) is not type(self._default_engine):
-                self.collector.engine = self._default_engine = engine
-        deterministic_on_cpu(trainer.strategy.root_device.type)  # before the warm start's first backward
-        advice = bf16_on_cpu_warning(trainer.precision, trainer.strategy.root_device.type)
-        if advice and not self._warned_precision:  # bf16 emulated on this CPU (once: validate, then fit)
-            self._warned_precision = True
-            rank_zero_warn(advice, category=SlowPrecisionWarning)
+        self.device_defaults.apply(self)
 
     def on_before_optimizer_step(self, optimizer) -> None:
         """fp16: Lightning's GradScaler has just unscaled the gradients; clip them now (``GradScalerStep``)."""
@@ -261,18 +238,10 @@ class RLModule(LightningModule):
             apply_fsdp2(self, self.device_mesh)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Every rank's torch/numpy/python RNG states, the refill generator and the RL-step counter (Lightning saves none)."""
-        checkpoint["rng_states"] = rng_states(self._refill_generator)
-        checkpoint["rl_step"] = self.rl_step
-        checkpoint["warm_started"] = self.warm_started
-        checkpoint["optimizer_steps"] = self.optimizer_steps
+        save_run_state(self, checkpoint)  # RNG states, RL steps, ... (Lightning saves none of them)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "rng_states" in checkpoint:
-            restore_rng_states(checkpoint["rng_states"], self.global_rank, self._refill_generator)
-        self.rl_step = checkpoint["rl_step"]
-        self.warm_started = checkpoint["warm_started"]
-        self.optimizer_steps = checkpoint["optimizer_steps"]
+        load_run_state(self, checkpoint)
 
     def on_fit_start(self) -> None:
         """The fit's first stages, once the policy is on its device and a checkpoint restored: the data checked, then a
@@ -315,10 +284,10 @@ class RLModule(LightningModule):
     def validation_step(self, rows: list[dict], batch_idx: int) -> None:
         self._val.step(rows)
 
-    def on_validation_epoch_end(self) -> None:
-        metrics = self._val.log("val")
+    def on_validation_epoch_end(self, split: str = "val") -> None:
+        metrics = self._val.log(split)
         if metrics is not None:
-            step_plateau(self, metrics, "val")
+            step_plateau(self, metrics, split)
 
     def on_validation_end(self) -> None:
         restore_local_rng_state(self._rng_before_validation)
@@ -328,20 +297,4 @@ class RLModule(LightningModule):
     on_test_start, test_step, on_test_end = on_validation_start, validation_step, on_validation_end
 
     def on_test_epoch_end(self) -> None:
-        metrics = self._val.log("test")
-        if metrics is not None:
-            step_plateau(self, metrics, "test")
-
-    def load_trained_policy(self, path: str | Path) -> None:
-        """The policy's weights from a run's Hugging Face export (``<run>/hf_model``), to validate or test it: the run's
-        warm start is in them, so none is done again."""
-        from transformers import AutoModelForCausalLM
-
-        if self.settings.lora is not None:
-            raise ValueError(
-                f"{path}: a LoRA run's hf_model holds the merged weights; validate it without --model.policy.lora"
-            )
-        trained = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32)
-        self.policy.load_state_dict(trained.state_dict())
-        self.warm_started = True
-        rank_zero_info(f"loaded the policy from {path}")
+        self.on_validation_epoch_end("test")

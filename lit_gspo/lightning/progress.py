@@ -11,6 +11,7 @@ plain ``lightning.Trainer`` pass ``callbacks=[RLProgressBar()]``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
@@ -106,9 +107,11 @@ class SkippedSteps:
     def __init__(self, limit: int):
         self.limit, self.in_a_row = limit, 0
 
-    def count(self, updated: bool, stats: dict, reward_errors: list[str]) -> None:
+    def count(self, updated: bool, stats: dict, reward_errors: Callable[[], list[str]]) -> None:
+        """``reward_errors()``: the last reward error of every rank (a collective: called on every rank alike)."""
         self.in_a_row = 0 if updated else self.in_a_row + 1
         if self.in_a_row >= self.limit:
+            reward_errors = [e for e in reward_errors() if e]
             raise RuntimeError(
                 f"{self.in_a_row} RL steps in a row had nothing to learn from (frac_zero_std_groups="
                 f"{stats.get('frac_zero_std_groups', float('nan')):.2f}, reward_failed={stats.get('reward_failed', 0):.0f}): "

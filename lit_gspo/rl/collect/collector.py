@@ -12,6 +12,7 @@ dynamic sampling: drop groups whose rewards are all equal, sample new prompts, â
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable
 
@@ -243,6 +244,26 @@ class Collector:
         if self.environment.max_turns > 1:
             stats.update(episode_stats(episodes))
         return rewards.to(device), token_rewards, stats  # the advantages are computed where the rollout lives
+
+    def rollout(
+        self,
+        policy: nn.Module,
+        rows: list[dict],
+        refill: Callable[[int], list[dict]],
+        trainer_state: TrainerState | None,
+        synced_gpus: bool = False,
+    ) -> tuple[RolloutBatch | None, dict[str, float]]:
+        """One RL step's rollout: ``policy``'s weights to the engine, then :meth:`collect`; with ``time/rollout_s`` (and
+        ``time/weight_sync_s`` for an engine with its own copy of the weights, as vLLM's)."""
+        start = time.perf_counter()
+        self.trainer_state = trainer_state
+        self.engine.sync_weights(policy)
+        sync_s = self.engine.last_sync_s
+        rollout, stats = self.collect(policy, rows, refill, synced_gpus=synced_gpus)
+        stats["time/rollout_s"] = time.perf_counter() - start
+        if sync_s is not None:
+            stats["time/weight_sync_s"] = sync_s
+        return rollout, stats
 
     def collect(
         self, policy: nn.Module, rows: list[dict], refill: Callable[[int], list[dict]], synced_gpus: bool = False

@@ -1,0 +1,21 @@
+"""What a checkpoint of an RL run holds beyond Lightning's own state: every rank's torch/numpy/python RNG states and the
+refill generator, the RL-step counter, whether the warm start was done, the optimiser steps taken. A resume restores
+them, so that it continues the uninterrupted run bit for bit."""
+
+from __future__ import annotations
+
+from lit_gspo.runtime.rng import restore_rng_states, rng_states
+
+
+def save_run_state(module, checkpoint: dict) -> None:
+    checkpoint["rng_states"] = rng_states(module.refill_generator)
+    checkpoint["rl_step"] = module.rl_step
+    checkpoint["warm_started"] = module.warm_started
+    checkpoint["optimizer_steps"] = module.optimizer_steps
+
+
+def load_run_state(module, checkpoint: dict) -> None:
+    restore_rng_states(checkpoint["rng_states"], module.global_rank, module.refill_generator)
+    module.rl_step = checkpoint["rl_step"]
+    module.warm_started = checkpoint["warm_started"]
+    module.optimizer_steps = checkpoint["optimizer_steps"]
