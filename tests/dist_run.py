@@ -94,8 +94,8 @@ def main() -> None:
     from lightning.pytorch.callbacks import Callback
 
     class TrackStep(Callback):
-        def on_train_batch_start(self, trainer, *args):
-            _Step.value = trainer.global_step
+        def on_train_batch_start(self, trainer, pl_module, *args):
+            _Step.value = pl_module.optimizer_steps  # optimiser steps taken (global_step counts RL steps)
 
     cli.trainer.callbacks.append(TrackStep())
     start = time.perf_counter()

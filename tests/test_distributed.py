@@ -42,7 +42,7 @@ FSDP2 = [
 ]
 
 
-def run_args(root: Path, *extra: str, prompts: int = 4, devices: int = 1, steps: int = 4) -> list[str]:
+def run_args(root: Path, *extra: str, prompts: int = 4, devices: int = 1, steps: int = 2) -> list[str]:
     """2 RL steps (×2 epochs = 4 optimiser steps): 4 prompts × 4 completions per step in total."""
     return [
         "--config",
@@ -342,9 +342,9 @@ def test_adamw8bit_under_fsdp2_keeps_uint8_state_tracks_adamw_and_resumes_from_a
         "--trainer.enable_checkpointing",
         "true",
         "--checkpoint_every_n_steps",
-        "2",
+        "1",
     ]
-    first = launch(tmp_path / "a", run_args(tmp_path, *FSDP2, *eight_bit, prompts=2, devices=2, steps=2))
+    first = launch(tmp_path / "a", run_args(tmp_path, *FSDP2, *eight_bit, prompts=2, devices=2, steps=1))
     assert first["optimizer"] == "ShardAwareAdamW8bit"
     # bitsandbytes keeps 8-bit state for tensors of >= 4096 elements (min_8bit_size) and fp32 state below
     assert "torch.uint8" in first["state_dtypes"]["state1"] and "torch.float32" in first["state_dtypes"]["state1"]
@@ -352,7 +352,7 @@ def test_adamw8bit_under_fsdp2_keeps_uint8_state_tracks_adamw_and_resumes_from_a
     last = tmp_path / "checkpoints" / "last.ckpt"
     assert last.is_dir(), "FSDP2 writes a distributed (sharded) checkpoint directory"
     resumed = launch(
-        tmp_path / "b", run_args(tmp_path, *FSDP2, *eight_bit, prompts=2, devices=2, steps=4), ckpt_path="last"
+        tmp_path / "b", run_args(tmp_path, *FSDP2, *eight_bit, prompts=2, devices=2, steps=2), ckpt_path="last"
     )
     # the resumed run (a new logger version) logs only the second RL step
     newest = resumed["metrics_by_file"][max(resumed["metrics_by_file"])]
