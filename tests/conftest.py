@@ -69,8 +69,16 @@ def _parse_each_docstring_once():
     _optionals.parse_docstring = parse_docstring
 
 
+#: torch's intra-op threads in the test process (``LIT_GSPO_TEST_THREADS``, default 1). The tests' models are tiny: a
+#: second thread does not speed them up, and on a shared machine every parallel region waits for a core another process
+#: holds (the default suite ran ~3x slower with 2 threads on 2 busy cores). The tests of thread behaviour set their own
+#: count (test_hardware's two-thread fits); subprocess runs (golden, distributed) set OMP_NUM_THREADS=1 themselves.
+TEST_THREADS = int(os.environ.get("LIT_GSPO_TEST_THREADS", "1"))
+
+
 def pytest_configure(config):
     _parse_each_docstring_once()
+    torch.set_num_threads(TEST_THREADS)
 
 
 def pytest_addoption(parser):
