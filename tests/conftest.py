@@ -41,6 +41,46 @@ def no_global_seed_between_tests():
 CUDA_TESTS_ON = os.environ.get("LIT_GSPO_CUDA_TESTS_ON", "cuda")
 
 
+def _parse_each_docstring_once():
+    """Each LightningCLI built in a test re-reads and re-parses the source of every class it documents (jsonargparse's
+    ``parse_docstring`` with attribute docstrings: ~1.3 s of a 3 s quickstart fit); the sources do not change during a
+    session, so the suite parses each once. The parsed docstrings are the same objects jsonargparse would build."""
+    try:
+        from jsonargparse import _optionals
+    except ImportError:
+        return
+    original = getattr(_optionals, "parse_docstring", None)
+    if not hasattr(_optionals, "get_docstring_parse_options") or original is None or hasattr(original, "parsed"):
+        return
+    parsed = {}
+
+    def parse_docstring(component, params=False, logger=None):
+        options = _optionals.get_docstring_parse_options()
+        key = (component, params, options["style"], options["attribute_docstrings"])
+        try:
+            hash(key)
+        except TypeError:  # an unhashable component
+            return original(component, params=params, logger=logger)
+        if key not in parsed:
+            parsed[key] = original(component, params=params, logger=logger)
+        return parsed[key]
+
+    parse_docstring.parsed = parsed
+    _optionals.parse_docstring = parse_docstring
+
+
+#: torch's intra-op threads in the test process (``LIT_GSPO_TEST_THREADS``, default 1). The tests' models are tiny: a
+#: second thread does not speed them up, and on a shared machine every parallel region waits for a core another process
+#: holds (the default suite ran ~3x slower with 2 threads on 2 busy cores). The tests of thread behaviour set their own
+#: count (test_hardware's two-thread fits); subprocess runs (golden, distributed) set OMP_NUM_THREADS=1 themselves.
+TEST_THREADS = int(os.environ.get("LIT_GSPO_TEST_THREADS", "1"))
+
+
+def pytest_configure(config):
+    _parse_each_docstring_once()
+    torch.set_num_threads(TEST_THREADS)
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--runslow",

@@ -146,7 +146,11 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(t
     (tmp_path / "out").mkdir()
     marker = tmp_path / "out" / "crashing"
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONWARNINGS": "ignore"}
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},  # as the test process (conftest)
     )
     try:
         deadline = time.monotonic() + 120

@@ -107,7 +107,9 @@ def nondeterministic_torch():
 
 
 def moe_fit_weights(tmp_path: Path, name: str) -> dict[str, torch.Tensor]:
-    """Warm start + 2 RL steps of a 4-layer Qwen3-MoE with 16 experts, top-4 (the size whose backward varied run to run)."""
+    """2 warm-start steps + 1 RL step (2 minibatches) of a 4-layer Qwen3-MoE with 16 experts, top-4 (the size whose
+    backward varied run to run: without deterministic kernels ~40 of its 47 tensors differ between two such fits,
+    validation or not)."""
     args = [
         "--config",
         str(ROOT / "configs/quickstart.yaml"),
@@ -116,7 +118,7 @@ def moe_fit_weights(tmp_path: Path, name: str) -> dict[str, torch.Tensor]:
         "--trainer.accelerator",
         "cpu",
         "--trainer.max_steps",
-        "4",
+        "1",
         "--trainer.enable_progress_bar",
         "false",
         "--trainer.enable_checkpointing",
@@ -130,11 +132,11 @@ def moe_fit_weights(tmp_path: Path, name: str) -> dict[str, torch.Tensor]:
         "--model.update.num_minibatches",
         "2",
         "--model.policy.warm_start.steps",
-        "5",
+        "2",
         "--data.num_train",
         "32",
         "--data.num_val",
-        "4",
+        "0",  # no validation: its generation is forward-only and, on 2 busy cores, most of the time
         "--data.prompts_per_step",
         "8",
     ]
@@ -143,6 +145,25 @@ def moe_fit_weights(tmp_path: Path, name: str) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in cli.model.policy.state_dict().items()}
 
 
+def test_a_cpu_fit_turns_torchs_deterministic_algorithms_on(tmp_path, nondeterministic_torch):
+    """What the two-thread test below relies on, in a 1-thread fit of the tiny dense quickstart: the fit turns them on."""
+    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path)]
+    args += [
+        "--trainer.max_steps",
+        "1",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--model.policy.warm_start.steps",
+        "1",
+    ]
+    args += ["--data.num_train", "8", "--data.num_val", "0", "--data.prompts_per_step", "2"]
+    cli = cli_main(args, run=False)
+    assert not torch.are_deterministic_algorithms_enabled()
+    cli.fit(cli.model, datamodule=cli.datamodule)
+    assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+@pytest.mark.slow  # 2 threads: ~1 s on an idle machine, 40-100 s while other processes share its 2 cores
 def test_cpu_fits_of_one_seed_are_bit_identical_on_two_threads(tmp_path, nondeterministic_torch):
     # Without deterministic kernels this MoE's backward differs between identical passes on 2 threads (every
     # gradient below the last MoE block), so two fits of one seed drift apart from the warm start on.

@@ -39,10 +39,11 @@ def exit_code_and_error(capsys, args) -> tuple[int, list[str], str]:
 
 
 # ------------------------------------------------------------------------------------------- the command line
-def test_a_misspelled_option_is_the_error_and_its_close_matches_not_the_usage_dump():
-    proc = cli("fit", "--config", QUICKSTART, "--data.prompts_per_stp", "3")
-    assert proc.returncode == 2
-    assert proc.stderr.splitlines() == [
+def test_a_misspelled_option_is_the_error_and_its_close_matches_not_the_usage_dump(capsys):
+    """In-process (``main(argv)``); the test below runs ``python -m lit_gspo.tools.main`` as typed."""
+    code, _, err = exit_code_and_error(capsys, ["fit", "--config", QUICKSTART, "--data.prompts_per_stp", "3"])
+    assert code == 2
+    assert err.splitlines() == [
         "error: unrecognized arguments: --data.prompts_per_stp 3",
         "  Did you mean: --data.prompts_per_step, --data.prompt_column, --data.train_split?",
     ]
@@ -64,24 +65,29 @@ def test_a_bad_value_in_the_config_is_one_error_line_without_a_traceback(tmp_pat
     assert not (tmp_path / "checkpoints").exists()
 
 
-def test_debug_shows_the_traceback_and_the_usage(tmp_path):
-    proc = cli(
-        "fit",
-        "--config",
-        QUICKSTART,
-        "--model.generation.num_generations",
-        "1",
-        "--debug",
-        "--trainer.default_root_dir",
-        str(tmp_path),
-    )
+def test_debug_shows_the_traceback_and_the_usage(tmp_path, capsys, monkeypatch):
+    """In-process: with ``--debug`` the ValueError propagates out of ``main`` (Python prints its traceback, exit 1)."""
+    monkeypatch.setenv(user_errors.DEBUG_ENV, "0")  # off; --debug sets it to 1 (for launched ranks): undone after
+    with pytest.raises(ValueError, match=r"^generation.num_generations=1"):  # without --debug: the test above
+        main(
+            [
+                "fit",
+                "--config",
+                QUICKSTART,
+                "--model.generation.num_generations",
+                "1",
+                "--debug",
+                "--trainer.default_root_dir",
+                str(tmp_path),
+            ]
+        )
+    monkeypatch.setenv(user_errors.DEBUG_ENV, "1")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--data.prompts_per_stp", "3"])
     assert (
-        proc.returncode == 1
-        and "Traceback" in proc.stderr
-        and "ValueError: generation.num_generations=1" in proc.stderr
-    )
-    proc = cli("fit", "--data.prompts_per_stp", "3", env={**ENV, user_errors.DEBUG_ENV: "1"})
-    assert proc.returncode == 2 and "usage:" in proc.stderr  # jsonargparse's own message, usage included
+        exit_info.value.code == 2 and "usage:" in capsys.readouterr().err
+    )  # jsonargparse's own message, usage included
 
 
 @pytest.mark.parametrize(
