@@ -133,3 +133,18 @@ def test_fit_from_an_empty_checkpoint_names_it(tmp_path):
     )
     with pytest.raises(CheckpointError, match=rf"checkpoint {ckpt} is empty \(0 bytes\)"):
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(ckpt))
+
+
+@pytest.mark.parametrize("error", [IndexError, TypeError, AttributeError, OverflowError])
+def test_whatever_the_unpickler_raises_on_a_file_that_is_no_checkpoint_is_reported_as_corrupt(tmp_path, error):
+    """Random bytes reach torch's unpickler, which then raises whatever the bytes lead it to (IndexError seen)."""
+    from lit_gspo.runtime.checkpoint_files import load_verified
+
+    path = tmp_path / "last.ckpt"
+    path.write_bytes(b"\x80\x02garbage")
+
+    def load():
+        raise error("from the unpickler")
+
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} is corrupt or truncated.*raised {error.__name__}"):
+        load_verified(path, load)
