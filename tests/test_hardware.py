@@ -159,7 +159,7 @@ def test_a_cpu_fit_turns_torchs_deterministic_algorithms_on(tmp_path, nondetermi
     args += ["--data.num_train", "8", "--data.num_val", "0", "--data.prompts_per_step", "2"]
     cli = cli_main(args, run=False)
     assert not torch.are_deterministic_algorithms_enabled()
-    cli.fit(cli.model, datamodule=cli.datamodule)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
 
 

@@ -75,7 +75,7 @@ def test_fits_one_after_another_in_one_process_each_build_their_vllm(tmp_path):
     failing = cli_main(args(tmp_path / "failing", "VLLMEngine", *quick), run=False)
     failing.trainer.callbacks.append(FailsAtTheFirstStep())
     with pytest.raises(RuntimeError, match="a fit that fails"):
-        failing.fit(failing.model, datamodule=failing.datamodule)
+        failing.trainer.fit(failing.model, datamodule=failing.datamodule)
     assert failing.model.collector.engine.llm is None
     third = fit(args(tmp_path / "third", "VLLMEngine", *quick))
     assert len(column(metrics(tmp_path / "third"), "train/reward")) == 1

@@ -120,7 +120,7 @@ class SaveOnSignal(Callback):
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in STOP_SIGNALS:
-            self._previous[signum] = signal.getsignal(signum)
+            self._previous.setdefault(signum, signal.getsignal(signum))  # kept from the step-0 validation's, if any
             signal.signal(signum, self._on_signal)
         self._watchdog = _SecondSignalWatchdog()
 
@@ -141,7 +141,7 @@ class SaveOnSignal(Callback):
             )
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        if trainer.state.fn != "fit":
+        if trainer.state.fn != "fit" or trainer.sanity_checking:  # validate/test, or a fit's step-0 validation
             self._stop_at_once(trainer)
 
     def on_test_start(self, trainer, pl_module) -> None:
