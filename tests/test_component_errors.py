@@ -285,3 +285,14 @@ def test_a_value_the_optimiser_or_schedule_refuses_is_one_line_before_the_first_
         main(["fit", *QUICKSTART, "--trainer.default_root_dir", str(tmp_path), *extra])
     assert capsys.readouterr().err.strip().splitlines()[-1] == expected
     assert not list(tmp_path.rglob("metrics.csv"))
+
+
+@pytest.mark.parametrize("given", ["OverlongPenalty", "CharAccuracy"])
+def test_a_reward_given_by_its_short_name_is_refused_naming_its_full_path(given, capsys):
+    """Objectives and engines take short names (``--model.objective DAPO``); a reward is any callable, by dotted path."""
+    with pytest.raises(SystemExit):
+        cli_main([*QUICKSTART, f"--model.rewards+={given}"], run=False)
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --model.rewards {given}: expected a dot import path such as ") and "\n" not in err
+    path = err.split("such as ", 1)[1].split(" ", 1)[0]
+    assert getattr(reward_module, given).__module__.startswith("lit_gspo.rl.rewards") and path.endswith(f".{given}")

@@ -117,10 +117,22 @@ def one_line_value_error(message: str) -> str:
         f"{'an' if t[0] in 'aeiou' else 'a'} {t}" for t in types
     ]
     nullable = " or null" if any("NoneType" in e for e in errors) else ""
+    paths = [p for e in errors for p in re.findall(r"^Expected a dot import path string: (\S+)$", e)]
+    if paths:  # a function or class by name (rewards): a dotted path, lit_gspo's by its full path
+        others = [e for e in others if not e.startswith("Expected a dot import path")]
+        valid.append("a dot import path" + (f" such as {full_path(paths[0])}" if full_path(paths[0]) else ""))
     if not others and not valid:
         return message
     what = "; ".join(others) if others else "expected " + " or ".join(valid) + nullable
     return f"--{head.group(1)} {given.group(1).strip()}: {what}"
+
+
+def full_path(name: str) -> str | None:
+    """``lit_gspo.rl.rewards.OverlongPenalty`` for ``OverlongPenalty``: the dotted path of a name lit_gspo exports."""
+    import lit_gspo
+
+    module = lit_gspo._EXPORTS.get(name) if "." not in name else None
+    return f"{module}.{name}" if module else None
 
 
 def nested_value_error(message: str) -> str | None:
