@@ -345,6 +345,31 @@ def test_a_resume_regenerates_the_rollouts_in_flight(tmp_path):
     assert by_step == {0: 0.0, 1: 1.0, 2: 0.0, 3: 1.0}
 
 
+def test_sigterm_with_k1_saves_the_finished_step_stops_the_worker_and_the_resume_goes_on(tmp_path):
+    """A stop signal mid-run under K = 1: the RL step finishes, its checkpoint is saved, the process exits 143, no
+    rollout worker outlives the fit (in-flight rollouts are discarded), and the resume samples afresh (staleness 0)."""
+    import signal
+
+    from test_safe_ends import SendSignal
+
+    extra = ["--model.generation.max_staleness", "1", "--trainer.enable_checkpointing", "true"]
+    extra += ["--checkpoint_every_n_steps", "100"]
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "4", *extra), run=False)
+    cli.trainer.callbacks.append(SendSignal(1, signal.SIGTERM))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert exit_info.value.code == 143 and not workers_alive()
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["rl_step"] == 2 and checkpoint["global_step"] == 2  # RL step 1 finished, then saved
+    assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)  # the handlers put back
+    cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "4", *extra), run=False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path="last")
+    assert cli.trainer.global_step == 4 and not workers_alive()
+    rows = [r for f in sorted(tmp_path.glob("**/metrics.csv")) for r in csv.DictReader(open(f))]
+    by_step = {int(r["step"]): float(r["train/staleness"]) for r in rows if r.get("train/staleness")}
+    assert by_step == {0: 0.0, 1: 1.0, 2: 0.0, 3: 1.0}
+
+
 @pytest.mark.parametrize("config", ["multiturn/reversal_retry.yaml"])
 def test_multi_turn_and_dynamic_sampling_run_in_the_worker(tmp_path, config):
     cli = cli_main(
