@@ -103,19 +103,21 @@ class EveryNth:
             self.scheduler.step()
 
 
+def stepped_schedule(module):
+    """``module``'s schedule stepped at its cadence (None: none, or a ReduceLROnPlateau, stepped on its metric)."""
+    return None if module.plateau_metric else module.lr_schedulers()
+
+
 def learner_schedule(module):
     """What the learner steps after each optimiser step of ``module`` (an RLModule)."""
-    schedule = None if module.plateau_metric else module.lr_schedulers()  # a plateau is stepped on its metric
-    return module.schedule_cadence.per_optimizer_step(schedule, lambda: module.optimizer_steps)
+    return module.schedule_cadence.per_optimizer_step(stepped_schedule(module), lambda: module.optimizer_steps)
 
 
 def after_rl_step(module, stats: dict) -> None:
     """An ``rl_step`` schedule steps after the RL step's updates; ``train/lr`` is then the rate after it."""
-    schedule = None if module.plateau_metric else module.lr_schedulers()
-    if module.schedule_cadence.after("rl_step", schedule, module.rl_step + 1):
+    if module.schedule_cadence.after("rl_step", stepped_schedule(module), module.rl_step + 1):
         stats["lr"] = module.optimizers().param_groups[0]["lr"]
 
 
 def after_epoch(module) -> None:
-    schedule = None if module.plateau_metric else module.lr_schedulers()
-    module.schedule_cadence.after("epoch", schedule, module.current_epoch + 1)
+    module.schedule_cadence.after("epoch", stepped_schedule(module), module.current_epoch + 1)
