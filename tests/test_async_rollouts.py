@@ -6,6 +6,11 @@ quickstart learns."""
 from __future__ import annotations
 
 import csv
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +25,7 @@ from torch import nn
 
 from lit_gspo.lightning.async_rollouts import async_mismatch, check_async
 from lit_gspo.rl.collect.async_rollouts import AsyncRollouts, Produced, RolloutWorker, ThreadRolloutWorker, WorkerFailed
+from lit_gspo.rl.collect.process_worker import ProcessRolloutWorker
 from lit_gspo.rl.config import Generation
 from lit_gspo.rl.engines import HFGenerate
 from lit_gspo.rl.learn.mismatch import TIS, Mismatch
@@ -45,8 +51,10 @@ def column(rows, key):
     return [float(r[key]) for r in rows if r.get(key) not in (None, "")]
 
 
-def workers_alive() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith(WORKER) and t.is_alive()]
+def workers_alive() -> list:
+    """The rollout workers still running: threads of this process and processes forked by it."""
+    threads = [t for t in threading.enumerate() if t.name.startswith(WORKER) and t.is_alive()]
+    return threads + [p for p in multiprocessing.active_children() if p.name.startswith(WORKER)]
 
 
 # ---------------------------------------------------------------------- the pipeline on its own (a fake collector)
@@ -79,21 +87,28 @@ def slow_sampler(delays: list[float]):
     return sample
 
 
-class LateWeights(ThreadRolloutWorker):
-    """Weights that arrive late (as from another process): each publish lands after a drawn delay, so the worker
-    sometimes samples under older weights than the trainer's and the trainer must drop what is too stale."""
+def late_weights(base: type[RolloutWorker]) -> type[RolloutWorker]:
+    """``base`` with weights that arrive late (as from another machine): each publish lands after a drawn delay, so
+    the worker sometimes samples under older weights than the trainer's and the trainer must drop what is too
+    stale."""
 
-    def __init__(self, *args, publish_delays: list[float], **kwargs):
-        super().__init__(*args, **kwargs)
-        self.publish_delays = iter(publish_delays * 1000)
-        self.timers: list[threading.Timer] = []
+    class LateWeights(base):
+        def __init__(self, *args, publish_delays: list[float], **kwargs):
+            super().__init__(*args, **kwargs)
+            self.publish_delays = iter(publish_delays * 1000)
+            self.timers: list[threading.Timer] = []
 
-    def publish(self, policy, version):
-        frozen = versioned_policy()
-        set_version(frozen, version)
-        timer = threading.Timer(next(self.publish_delays), ThreadRolloutWorker.publish, (self, frozen, version))
-        timer.start()
-        self.timers.append(timer)
+        def publish(self, policy, version):
+            frozen = versioned_policy()
+            set_version(frozen, version)
+            timer = threading.Timer(next(self.publish_delays), base.publish, (self, frozen, version))
+            timer.start()
+            self.timers.append(timer)
+
+    return LateWeights
+
+
+WORKERS = [ThreadRolloutWorker, ProcessRolloutWorker]
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -104,11 +119,12 @@ class LateWeights(ThreadRolloutWorker):
     update_delays=st.lists(st.floats(0, 0.02), min_size=1, max_size=8),
     publish_delays=st.lists(st.floats(0, 0.04), min_size=1, max_size=8),
 )
+@pytest.mark.parametrize("kind", WORKERS, ids=lambda w: w.__name__)
 def test_no_trained_sample_is_older_than_k_versions_and_each_is_sampled_under_one_version(
-    K, steps, sample_delays, update_delays, publish_delays
+    kind, K, steps, sample_delays, update_delays, publish_delays
 ):
     policy = versioned_policy()
-    worker = LateWeights(slow_sampler(sample_delays), policy, publish_delays=publish_delays, poll_s=0.005)
+    worker = late_weights(kind)(slow_sampler(sample_delays), policy, publish_delays=publish_delays, poll_s=0.005)
     worker.start()
     pipeline = AsyncRollouts(worker, K, refill=lambda n: [("refill", i) for i in range(n)])
     trained, dropped = [], 0
@@ -158,11 +174,12 @@ def test_too_stale_rollouts_are_dropped_counted_and_their_rows_replaced():
     assert stats["async/staleness_hist_1"] == 1.0
 
 
-def test_a_worker_error_reaches_the_trainer_in_one_line_and_the_thread_ends():
+@pytest.mark.parametrize("kind", WORKERS, ids=lambda w: w.__name__)
+def test_a_worker_error_reaches_the_trainer_in_one_line_and_the_worker_ends(kind):
     def sample(policy, rows, state):
         raise ValueError("boom\nsecond line")
 
-    worker = ThreadRolloutWorker(sample, versioned_policy(), poll_s=0.01)
+    worker = kind(sample, versioned_policy(), poll_s=0.01)
     worker.start()
     worker.submit([1])
     with pytest.raises(WorkerFailed, match="rollout worker .* failed: ValueError: boom second line") as raised:
@@ -172,18 +189,110 @@ def test_a_worker_error_reaches_the_trainer_in_one_line_and_the_thread_ends():
     assert not worker.alive
 
 
-def test_paused_worker_starts_no_rollout_until_resumed():
-    worker = ThreadRolloutWorker(lambda policy, rows, state: (Rollout(rows), {}), versioned_policy(), poll_s=0.01)
+def echo(policy, rows, state):
+    return Rollout(rows), {}
+
+
+@pytest.mark.parametrize("kind", WORKERS, ids=lambda w: w.__name__)
+def test_paused_worker_starts_no_rollout_until_resumed(kind):
+    worker = kind(echo, versioned_policy(), poll_s=0.01)
     worker.start()
     try:
         worker.pause()
         worker.submit([1])
-        time.sleep(0.2)
+        time.sleep(0.3)
         assert worker._outbox.empty()
         worker.resume()
         assert worker.get().rows == [1]
     finally:
         worker.stop()
+
+
+# ---------------------------------------------------------------------- the process worker's ends
+def sleepy(seconds: float):
+    def sample(policy, rows, state):
+        time.sleep(seconds)
+        return Rollout(rows), {"pid": os.getpid()}
+
+    return sample
+
+
+def test_a_killed_process_worker_fails_get_and_publish_in_one_line_without_a_hang():
+    policy = versioned_policy()
+    worker = ProcessRolloutWorker(sleepy(30), policy, poll_s=0.01)
+    worker.start()
+    worker.submit([1])
+    time.sleep(0.2)
+    os.kill(worker.pid, signal.SIGKILL)
+    start = time.perf_counter()
+    with pytest.raises(WorkerFailed, match=r"rollout worker .*pid \d+\) is not running: it died \(killed by SIGKILL\)"):
+        worker.get()
+    with pytest.raises(WorkerFailed, match="killed by SIGKILL"):
+        worker._weights.acquire()  # as if it had died holding the weights' lock
+        worker.publish(policy, 1)
+    assert time.perf_counter() - start < 5
+    worker.stop()
+    assert not worker.alive
+
+
+def test_a_process_worker_ignores_sigint_and_ends_after_its_rollout_on_sigterm():
+    worker = ProcessRolloutWorker(sleepy(0.5), versioned_policy(), poll_s=0.01)
+    worker.start()
+    worker.submit(["a"])
+    time.sleep(0.1)
+    os.kill(worker.pid, signal.SIGINT)  # Ctrl-C reaches the process group: the trainer, not the worker, handles it
+    time.sleep(0.1)
+    assert worker.alive
+    os.kill(worker.pid, signal.SIGTERM)  # mid-rollout: it finishes and delivers it, then ends
+    assert worker.get().rows == ["a"]
+    worker._process.join(5)
+    assert not worker.alive and worker._process.exitcode == 0
+    worker.stop()
+
+
+def test_a_process_worker_ends_when_the_trainer_process_is_gone(tmp_path):
+    """A trainer killed outright (no teardown) leaves no worker behind."""
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import os, sys, time, torch\n"
+        "from lit_gspo.rl.collect.process_worker import ProcessRolloutWorker\n"
+        "def sample(policy, rows, state):\n"
+        "    return rows, {}\n"
+        "w = ProcessRolloutWorker(sample, torch.nn.Linear(1, 1), poll_s=0.01)\n"
+        "w.start()\n"
+        "print(w.pid, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
+    pid = int(out.stdout.split()[0])
+    deadline = time.time() + 10
+    while time.time() < deadline and process_running(pid):
+        time.sleep(0.05)
+    assert not process_running(pid)
+
+
+def process_running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in state  # a zombie has ended (nobody reaped it yet)
+
+
+def test_a_process_worker_draws_its_own_random_stream():
+    def draw(policy, rows, state):
+        return Rollout(rows), {"draw": float(torch.rand(()))}
+
+    torch.manual_seed(0)
+    worker = ProcessRolloutWorker(draw, versioned_policy(), seed=123, poll_s=0.01)
+    worker.start()
+    try:
+        worker.submit([1])
+        theirs = worker.get().stats["draw"]
+    finally:
+        worker.stop()
+    mine = float(torch.rand(()))
+    assert theirs != mine and theirs == float(torch.rand((), generator=torch.Generator().manual_seed(123)))
 
 
 # ---------------------------------------------------------------------- settings
@@ -208,7 +317,7 @@ def test_the_ratio_denominator_is_chosen_once_through_the_mismatch_layer():
 def test_what_k_ge_1_does_not_support_is_refused_in_one_line():
     module = SimpleNamespace(
         generation=Generation(max_staleness=1),
-        trainer=SimpleNamespace(world_size=2),
+        trainer=SimpleNamespace(world_size=2, strategy=SimpleNamespace(root_device=torch.device("cpu"))),
         collector=SimpleNamespace(engine=HFGenerate()),
     )
     with pytest.raises(SettingsError, match="max_staleness 1: asynchronous rollouts run in one process"):
@@ -217,6 +326,17 @@ def test_what_k_ge_1_does_not_support_is_refused_in_one_line():
     with pytest.raises(SettingsError, match="generation.dump_every_n_steps 5"):
         check_async(module)
     module.generation.dump_every_n_steps = 0
+    module.generation.async_worker_threads = 2  # auto on CPU: a forked process, which has one thread
+    with pytest.raises(SettingsError, match="async_worker_threads 2 with --model.generation.async_worker process"):
+        check_async(module)
+    module.generation.async_worker = "thread"
+    check_async(module)
+    module.generation.async_worker, module.generation.async_worker_threads = "process", None
+    module.trainer.strategy.root_device = torch.device("cuda", 0)
+    with pytest.raises(SettingsError, match="async_worker process forks, and cuda cannot be used in a forked child"):
+        check_async(module)
+    module.generation.async_worker = "auto"  # a thread on an accelerator
+    check_async(module)
     module.collector.engine = SimpleNamespace(lock=threading.Lock())  # cannot be copied, as a server's client
     with pytest.raises(SettingsError, match="its own copy of --model.engine"):
         check_async(module)
@@ -254,8 +374,9 @@ def test_k0_is_the_synchronous_run_bit_for_bit(tmp_path):
         assert torch.equal(v, runs[1][1][k]), k
 
 
+@pytest.mark.parametrize("worker", ["process", "thread"])
 @pytest.mark.parametrize("old", ["sampler", "proximal"])
-def test_k1_fit_logs_staleness_and_stops_its_worker(tmp_path, old):
+def test_k1_fit_logs_staleness_and_stops_its_worker(tmp_path, old, worker):
     cli = cli_main(
         tiny_args(
             tmp_path,
@@ -265,6 +386,8 @@ def test_k1_fit_logs_staleness_and_stops_its_worker(tmp_path, old):
             "1",
             "--model.generation.async_old_logprobs",
             old,
+            "--model.generation.async_worker",
+            worker,
         ),
         run=False,
     )
@@ -300,10 +423,13 @@ class FailingEngine(HFGenerate):
         return super().sample(policy, prompt_ids, **kwargs)
 
 
-def test_a_failing_worker_stops_the_fit_in_one_line_without_a_hang(tmp_path):
+@pytest.mark.parametrize("worker", ["process", "thread"])
+def test_a_failing_worker_stops_the_fit_in_one_line_without_a_hang(tmp_path, worker):
     cli = cli_main(
         tiny_args(
             tmp_path,
+            "--model.generation.async_worker",
+            worker,
             "--trainer.max_steps",
             "6",
             "--model.generation.max_staleness",
@@ -345,7 +471,8 @@ def test_a_resume_regenerates_the_rollouts_in_flight(tmp_path):
     assert by_step == {0: 0.0, 1: 1.0, 2: 0.0, 3: 1.0}
 
 
-def test_sigterm_with_k1_saves_the_finished_step_stops_the_worker_and_the_resume_goes_on(tmp_path):
+@pytest.mark.parametrize("worker", ["process", "thread"])
+def test_sigterm_with_k1_saves_the_finished_step_stops_the_worker_and_the_resume_goes_on(tmp_path, worker):
     """A stop signal mid-run under K = 1: the RL step finishes, its checkpoint is saved, the process exits 143, no
     rollout worker outlives the fit (in-flight rollouts are discarded), and the resume samples afresh (staleness 0)."""
     import signal
@@ -353,7 +480,7 @@ def test_sigterm_with_k1_saves_the_finished_step_stops_the_worker_and_the_resume
     from test_safe_ends import SendSignal
 
     extra = ["--model.generation.max_staleness", "1", "--trainer.enable_checkpointing", "true"]
-    extra += ["--checkpoint_every_n_steps", "100"]
+    extra += ["--checkpoint_every_n_steps", "100", "--model.generation.async_worker", worker]
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "4", *extra), run=False)
     cli.trainer.callbacks.append(SendSignal(1, signal.SIGTERM))
     with pytest.raises(SystemExit) as exit_info:

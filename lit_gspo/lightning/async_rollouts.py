@@ -4,11 +4,13 @@ and the callback that stops it with the fit. The pipeline itself is ``lit_gspo/r
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 from lightning.pytorch import Callback
 
 from lit_gspo.rl.collect.async_rollouts import AsyncRollouts, ThreadRolloutWorker, staleness_tagged, worker_threads
+from lit_gspo.rl.collect.process_worker import ProcessRolloutWorker
 from lit_gspo.rl.learn.mismatch import TIS, Mismatch
 from lit_gspo.runtime.user_errors import SettingsError
 
@@ -49,6 +51,20 @@ def check_async(module) -> None:
             f"{module.generation.dump_every_n_steps}: a dump's policy would not be the one that sampled "
             "it; set one of them to 0"
         )
+    if worker_kind(module) == "process":
+        device = module.trainer.strategy.root_device
+        if device.type != "cpu":
+            raise SettingsError(
+                f"--model.generation.async_worker process forks, and {device.type} cannot be used in a forked "
+                "child: use --model.generation.async_worker thread (or auto)"
+            )
+        if (module.generation.async_worker_threads or 1) > 1:
+            raise SettingsError(
+                f"--model.generation.async_worker_threads {module.generation.async_worker_threads} with "
+                "--model.generation.async_worker process: a forked worker samples with one thread (GNU OpenMP "
+                "cannot run a team of threads in a forked child); use --model.generation.async_worker thread "
+                "to give the worker more"
+            )
     try:
         copy.deepcopy(module.collector.engine)
     except Exception as error:  # noqa: BLE001 - a server, another process
@@ -59,35 +75,53 @@ def check_async(module) -> None:
         ) from None
 
 
+def worker_kind(module) -> str:
+    """``generation.async_worker`` resolved: ``auto`` is a process on CPU, a thread on an accelerator."""
+    kind = module.generation.async_worker
+    if kind == "auto":
+        return "process" if module.trainer.strategy.root_device.type == "cpu" else "thread"
+    return kind
+
+
 def build_async_rollouts(module) -> AsyncRollouts:
-    """The pipeline of one fit of ``module`` (an RLModule), started: a worker thread with a copy of the policy as it is
-    now (after the warm start, or as the resumed checkpoint left it), its own engine and collector (the same
-    environment, reward functions and tokenizer), Lightning's precision context around each rollout."""
+    """The pipeline of one fit of ``module`` (an RLModule), started: a worker with a copy of the policy as it is now
+    (after the warm start, or as the resumed checkpoint left it), its own engine and collector (a thread shares the
+    environment, reward functions and tokenizer; a process has its own copies), Lightning's precision context around
+    each rollout, its own refill prompts and (a process) its own random stream."""
     collector = copy.copy(module.collector)  # its own trainer_state and last_* (the reward set and environment shared)
     collector.engine = copy.deepcopy(module.collector.engine)
     collector.last_extra, collector.last_per_function = {}, {}
-    refill = module.refill_rows
+    seed = worker_seed(module.seed, module.global_rank, module.rl_step)
+    refill = functools.partial(module.refill_rows, generator=torch.Generator().manual_seed(seed))
 
     def sample(policy, rows, trainer_state):
         return collector.rollout(policy, rows, refill, trainer_state)
 
     before = torch.get_num_threads()
-    main, worker = worker_threads(module.generation.async_worker_threads)
-    torch.set_num_threads(main)
-    thread = ThreadRolloutWorker(
-        sample,
-        module.policy,
-        version=module.rl_step,
-        num_threads=worker,
-        context=module.trainer.precision_plugin.forward_context,
-    )
-    thread.start()
+    kind = worker_kind(module)
+    context = module.trainer.precision_plugin.forward_context
+    if kind == "process":
+        torch.set_num_threads(max(1, before - 1))
+        worker = ProcessRolloutWorker(sample, module.policy, version=module.rl_step, seed=seed, context=context)
+    else:
+        main, threads = worker_threads(module.generation.async_worker_threads)
+        torch.set_num_threads(main)
+        worker = ThreadRolloutWorker(
+            sample, module.policy, version=module.rl_step, num_threads=threads, context=context
+        )
+    worker.start()
 
     def on_stop():
         collector.engine.close()
         torch.set_num_threads(before)
 
-    return AsyncRollouts(thread, module.generation.max_staleness, refill, on_stop=on_stop)
+    return AsyncRollouts(worker, module.generation.max_staleness, module.refill_rows, on_stop=on_stop)
+
+
+def worker_seed(seed: int, rank: int, version: int) -> int:
+    """The worker's own seed (refill prompts; a process's sampling): per run, rank and starting version (a resume
+    draws afresh), never the trainer's."""
+    return (seed * 1_000_003 + rank * 7_919 + version * 104_729 + 1) % 2**63
 
 
 class StopAsyncRollouts(Callback):

@@ -182,10 +182,11 @@ class RLModule(LightningModule):
     def _count_optimizer_step(self) -> None:  # an optimiser step taken
         self.optimizer_steps += 1
 
-    def refill_rows(self, count: int) -> list[dict]:
-        """``count`` training rows drawn with the run's refill generator (dynamic sampling's extra prompts)."""
+    def refill_rows(self, count: int, generator: torch.Generator | None = None) -> list[dict]:
+        """``count`` training rows drawn with ``generator`` (None: the run's refill generator): dynamic sampling's
+        extra prompts."""
         pool = self.trainer.datamodule.train_rows
-        idx = torch.randint(len(pool), (count,), generator=self.refill_generator)
+        idx = torch.randint(len(pool), (count,), generator=generator or self.refill_generator)
         return [pool[int(i)] for i in idx]
 
     def attached(self) -> bool:

@@ -46,9 +46,14 @@ class Generation:
     async_old_logprobs: str = "proximal"
     """π_old, the ratio's denominator, when ``max_staleness`` >= 1: ``proximal`` (the trainer's log-probs before the
     update, with TIS on π_prox/π_behav: decoupled PPO) or ``sampler`` (the worker's log-probs, ratio π_θ/π_behav)."""
+    async_worker: Literal["auto", "process", "thread"] = "auto"
+    """where the rollout worker runs when ``max_staleness`` >= 1: ``process`` (a forked process: its own interpreter,
+    no GIL shared with the trainer, one intra-op thread; CPU only), ``thread`` (a thread of the trainer's process, its
+    own torch threads; any device); ``auto``: process on CPU, thread on an accelerator."""
     async_worker_threads: int | None = None
-    """torch intra-op threads of the rollout worker's thread when ``max_staleness`` >= 1 (the trainer's thread keeps
-    the rest); None: half of torch's threads each."""
+    """torch intra-op threads of a ``thread`` rollout worker when ``max_staleness`` >= 1 (the trainer's thread keeps
+    the rest); None: half of torch's threads each. A ``process`` worker samples with one (a forked child cannot run
+    an OpenMP team); the trainer keeps the others."""
     dump_every_n_steps: int = 0
     """rollouts on disk for ``lit-gspo compare`` (``lit_gspo/rl/rollout_io.py``; training is unchanged by them): the
     rollout of every RL step K that is a positive multiple of n, after its advantages and before its update, goes to
@@ -82,6 +87,8 @@ class Generation:
             raise ValueError(f"max_staleness must be >= 0 (0: synchronous), got {self.max_staleness}")
         if self.async_old_logprobs not in ("sampler", "proximal"):
             raise ValueError(f"async_old_logprobs must be 'sampler' or 'proximal', got {self.async_old_logprobs!r}")
+        if self.async_worker not in ("auto", "process", "thread"):
+            raise ValueError(f"async_worker must be 'auto', 'process' or 'thread', got {self.async_worker!r}")
         if self.async_worker_threads is not None and self.async_worker_threads < 1:
             raise ValueError(f"async_worker_threads must be >= 1 or null, got {self.async_worker_threads}")
         if self.dump_every_n_steps < 0:
