@@ -108,6 +108,8 @@ def main() -> None:
         else {k: v.detach().clone() for k, v in model.policy.state_dict().items()}
     )
     opt = cli.trainer.optimizers[0]
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(weights, out / f"weights_rank{cli.trainer.global_rank}.pt")  # each rank's own copy
     if cli.trainer.is_global_zero:
         rows, by_file = [], {}
         root = Path(cli.trainer.default_root_dir)

@@ -41,3 +41,22 @@ class AlwaysRaises:
 
     def __call__(self, prompts, completions, **columns):
         raise ConnectionError(f"reward server down (rank {os.environ.get('LOCAL_RANK', '0')})")
+
+
+from lit_gspo.rl.engines import HFGenerate  # noqa: E402 - the engines after the light reward helpers
+
+
+class FailsOnRank1(HFGenerate):
+    """HFGenerate whose ``fail_at``-th sampling (greedy validation not counted) raises on rank 1 only: a rollout
+    worker failing on one rank of a DDP run."""
+
+    def __init__(self, fail_at: int = 2):
+        super().__init__()
+        self.fail_at, self.calls = fail_at, 0
+
+    def sample(self, policy, prompt_ids, **kwargs):
+        if not kwargs.get("greedy") and os.environ.get("LOCAL_RANK", "0") == "1":
+            self.calls += 1
+            if self.calls >= self.fail_at:
+                raise RuntimeError("sampler out of memory on rank 1")
+        return super().sample(policy, prompt_ids, **kwargs)

@@ -22,6 +22,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -376,3 +377,67 @@ def test_fsdp1_strategy_is_refused_with_a_pointer_to_fsdp2(tmp_path):
     assert "19626" in FSDP1_MESSAGE and "19685" in FSDP1_MESSAGE
     with pytest.raises(ValueError, match="FSDP2"):
         check_strategy(FSDPStrategy)
+
+
+def processes_of(root: Path) -> list[int]:
+    """Processes whose command line names ``root``: a run's ranks and the rollout workers they forked."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            status = (cmdline.parent / "status").read_text()
+        except OSError:
+            continue
+        if str(root) in text and "\nState:\tZ" not in status:
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("worker", ["process", "thread"])
+def test_ddp_with_k1_runs_a_worker_per_rank_keeps_the_ranks_in_step_and_leaves_none_behind(tmp_path, worker):
+    """Asynchronous rollouts under DDP (issue 38): each rank samples its batches in its own worker, the learners stay
+    identical, every step after the first trains on a batch sampled one version earlier, and no worker outlives the
+    run."""
+    extra = ["--trainer.strategy", "ddp", "--model.generation.max_staleness", "1"]
+    extra += ["--model.generation.async_worker", worker, "--model.validation.every_n_steps", "2"]
+    result = launch(tmp_path, run_args(tmp_path, *extra, prompts=2, devices=2, steps=4))
+    assert result["world_size"] == 2
+    assert [v for _, v in metric(result, "train/staleness")] == [0.0, 1.0, 1.0, 1.0]
+    assert [s for s, _ in metric(result, "val/reward")] == [0, 2, 4]
+    rank0, rank1 = (torch.load(tmp_path / f"weights_rank{r}.pt", weights_only=True) for r in (0, 1))
+    initial, _ = load_policy("tiny-llama", config_overrides=MODEL_CONFIG, seed=0)
+    assert any(not torch.equal(rank0[k], v) for k, v in initial.state_dict().items())  # it learned
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name
+    assert not processes_of(tmp_path)
+
+
+@pytest.mark.distributed
+def test_ddp_with_a_rollout_worker_failing_on_one_rank_stops_every_rank_naming_it(tmp_path):
+    cmd = [sys.executable, "-m", "lit_gspo.tools.main", "fit"]
+    cmd += run_args(
+        tmp_path,
+        "--trainer.strategy",
+        "ddp",
+        "--model.generation.max_staleness",
+        "1",
+        "--model.engine",
+        "fault_helpers.FailsOnRank1",
+        "--trainer.enable_checkpointing",
+        "true",
+        "--checkpoint_every_n_steps",
+        "1",
+        prompts=2,
+        devices=2,
+        steps=20,
+    )
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=ddp_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and time.perf_counter() - start < 120, proc.stderr[-3000:]
+    assert (
+        "WorkerFailed: the rollout worker (lit-gspo-rollout-worker-rank1, pid " in proc.stderr
+        and ") failed: RuntimeError: sampler out of memory on rank 1" in proc.stderr
+    ), proc.stderr[-3000:]
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] >= 1
+    assert not processes_of(tmp_path)

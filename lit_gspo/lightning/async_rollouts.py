@@ -38,13 +38,6 @@ def async_mismatch(generation, mismatch: Mismatch | None) -> Mismatch | None:
 def check_async(module) -> None:
     """What K >= 1 does not support yet, refused in one line naming the setting."""
     K = module.generation.max_staleness
-    trainer = module.trainer
-    if trainer.world_size > 1:
-        raise SettingsError(
-            f"--model.generation.max_staleness {K}: asynchronous rollouts run in one process for now; "
-            f"this fit has {trainer.world_size} (use --model.generation.max_staleness 0 with several "
-            "devices or nodes)"
-        )
     if module.generation.dump_every_n_steps:
         raise SettingsError(
             f"--model.generation.max_staleness {K} with --model.generation.dump_every_n_steps "
@@ -99,16 +92,16 @@ def build_async_rollouts(module) -> AsyncRollouts:
 
     before = torch.get_num_threads()
     kind = worker_kind(module)
-    context = module.trainer.precision_plugin.forward_context
+    common = dict(
+        version=module.rl_step, context=module.trainer.precision_plugin.forward_context, name=worker_name(module)
+    )
     if kind == "process":
         torch.set_num_threads(max(1, before - 1))
-        worker = ProcessRolloutWorker(sample, module.policy, version=module.rl_step, seed=seed, context=context)
+        worker = ProcessRolloutWorker(sample, module.policy, seed=seed, **common)
     else:
         main, threads = worker_threads(module.generation.async_worker_threads)
         torch.set_num_threads(main)
-        worker = ThreadRolloutWorker(
-            sample, module.policy, version=module.rl_step, num_threads=threads, context=context
-        )
+        worker = ThreadRolloutWorker(sample, module.policy, num_threads=threads, **common)
     worker.start()
 
     def on_stop():
@@ -116,6 +109,12 @@ def build_async_rollouts(module) -> AsyncRollouts:
         torch.set_num_threads(before)
 
     return AsyncRollouts(worker, module.generation.max_staleness, module.refill_rows, on_stop=on_stop)
+
+
+def worker_name(module) -> str:
+    """``lit-gspo-rollout-worker``, with the rank where there are several (each rank has its own worker)."""
+    world = module.trainer.world_size
+    return "lit-gspo-rollout-worker" + (f"-rank{module.global_rank}" if world > 1 else "")
 
 
 def worker_seed(seed: int, rank: int, version: int) -> int:
