@@ -217,3 +217,27 @@ def test_a_bf16_mixed_fit_on_the_device_trains_with_finite_losses(tmp_path, cuda
     assert len(out["losses"]) == 2 and all(math.isfinite(v) for v in out["losses"]) and out["nonfinite"] == 0
     assert ("torch.uint8" in out["state1"]) == (optimizer == "AdamW8bit")
     assert (tmp_path / "hf_model" / "config.json").exists()
+
+
+def test_a_k1_fit_on_the_device_samples_in_its_worker_with_finite_losses(tmp_path, cuda_device):
+    """Asynchronous rollouts on the device (issue 38): ``async_worker: auto`` is the thread worker on an accelerator (a
+    forked child cannot use CUDA), its copy of the policy on the device and bf16 autocast entered in its thread; the
+    fit trains with finite losses, every step after the first on a batch one version old, and no worker is left."""
+    import csv
+    import threading
+
+    from test_trainer import tiny_args
+
+    from lit_gspo.lightning.async_rollouts import worker_kind
+    from lit_gspo.tools.main import cli_main
+
+    args = tiny_args(tmp_path, "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "4")
+    args += ["--trainer.accelerator", cuda_device.type, "--trainer.precision", "bf16-mixed"]
+    cli = cli_main([*args, "--model.generation.max_staleness", "1"], run=False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert worker_kind(cli.model) == ("thread" if cuda_device.type == "cuda" else "process")
+    with open(sorted(tmp_path.glob("**/metrics.csv"))[-1]) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train/staleness")]
+    assert [float(r["train/staleness"]) for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    assert all(math.isfinite(float(r["train/loss"])) for r in rows if r.get("train/loss"))
+    assert not [t for t in threading.enumerate() if t.name.startswith("lit-gspo-rollout-worker")]
