@@ -98,6 +98,9 @@ def main() -> None:
             _Step.value = pl_module.optimizer_steps  # optimiser steps taken (global_step counts RL steps)
 
     cli.trainer.callbacks.append(TrackStep())
+    refills: list = []  # the rows this rank's trainer drew as refills (dynamic sampling, an async pipeline's priming)
+    draw = cli.model.refill_rows
+    cli.model.refill_rows = lambda count, generator=None: refills.extend(draw(count, generator)) or refills[-count:]
     start = time.perf_counter()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=args.ckpt_path)
     elapsed = time.perf_counter() - start
@@ -110,6 +113,7 @@ def main() -> None:
     opt = cli.trainer.optimizers[0]
     out.mkdir(parents=True, exist_ok=True)
     torch.save(weights, out / f"weights_rank{cli.trainer.global_rank}.pt")  # each rank's own copy
+    torch.save(refills, out / f"refills_rank{cli.trainer.global_rank}.pt")
     if cli.trainer.is_global_zero:
         rows, by_file = [], {}
         root = Path(cli.trainer.default_root_dir)

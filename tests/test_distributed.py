@@ -410,6 +410,9 @@ def test_ddp_with_k1_runs_a_worker_per_rank_keeps_the_ranks_in_step_and_leaves_n
     assert any(not torch.equal(rank0[k], v) for k, v in initial.state_dict().items())  # it learned
     for name in rank0:
         assert torch.equal(rank0[name], rank1[name]), name
+    # step 1 trains the batch drawn to prime the pipeline: each rank its own prompts, not the same twice
+    refills = [torch.load(tmp_path / f"refills_rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert len(refills[0]) == len(refills[1]) == 2 and refills[0] != refills[1]
     assert not processes_of(tmp_path)
 
 

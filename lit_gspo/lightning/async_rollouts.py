@@ -9,6 +9,7 @@ import functools
 import torch
 from lightning.pytorch import Callback
 
+from lit_gspo.lightning.seed import stream_seed
 from lit_gspo.rl.collect.async_rollouts import AsyncRollouts, ThreadRolloutWorker, staleness_tagged, worker_threads
 from lit_gspo.rl.collect.process_worker import ProcessRolloutWorker
 from lit_gspo.rl.learn.mismatch import TIS, Mismatch
@@ -84,7 +85,7 @@ def build_async_rollouts(module) -> AsyncRollouts:
     collector = copy.copy(module.collector)  # its own trainer_state and last_* (the reward set and environment shared)
     collector.engine = copy.deepcopy(module.collector.engine)
     collector.last_extra, collector.last_per_function = {}, {}
-    seed = worker_seed(module.seed, module.global_rank, module.rl_step)
+    seed = stream_seed(module.seed, rank=module.global_rank, stream=1 + module.rl_step)  # a resume draws afresh
     refill = functools.partial(module.refill_rows, generator=torch.Generator().manual_seed(seed))
 
     def sample(policy, rows, trainer_state):
@@ -115,12 +116,6 @@ def worker_name(module) -> str:
     """``lit-gspo-rollout-worker``, with the rank where there are several (each rank has its own worker)."""
     world = module.trainer.world_size
     return "lit-gspo-rollout-worker" + (f"-rank{module.global_rank}" if world > 1 else "")
-
-
-def worker_seed(seed: int, rank: int, version: int) -> int:
-    """The worker's own seed (refill prompts; a process's sampling): per run, rank and starting version (a resume
-    draws afresh), never the trainer's."""
-    return (seed * 1_000_003 + rank * 7_919 + version * 104_729 + 1) % 2**63
 
 
 class StopAsyncRollouts(Callback):

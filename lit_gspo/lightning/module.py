@@ -35,7 +35,7 @@ from lit_gspo.lightning.quiet import silence_lightning_noise
 from lit_gspo.lightning.rl_step_optimizer import RLStepOptimizer
 from lit_gspo.lightning.run_state import load_run_state, save_run_state
 from lit_gspo.lightning.schedule import ScheduleCadence, after_epoch, after_rl_step, learner_schedule
-from lit_gspo.lightning.seed import resolve_seed
+from lit_gspo.lightning.seed import resolve_seed, stream_seed
 from lit_gspo.lightning.step_log import StepLog
 from lit_gspo.lightning.strategy import check_strategy
 from lit_gspo.lightning.validation import GreedyValidation
@@ -134,7 +134,8 @@ class RLModule(LightningModule):
         self.ref_policy = stages.reference  # saved with the run
         self.collector, self.learner = stages.collector, stages.learner
         self.step_log = StepLog()
-        self.refill_generator = torch.Generator().manual_seed(self.seed)
+        self.refill_generator = torch.Generator().manual_seed(self.seed)  # per rank from setup on
+        self.refill_ranked = False
         self._scaled_step: GradScalerStep | None = None  # fp16: set in setup from Lightning's precision plugin
         self.plateau_metric: str | None = None  # the metric a ReduceLROnPlateau follows
 
@@ -220,6 +221,9 @@ class RLModule(LightningModule):
             check_validation_schedule(trainer, self.validation.every_n_steps)
         if stage == "fit" and self.async_rollouts:
             check_async(self)
+        if stage == "fit" and not self.refill_ranked:  # each rank its own refill prompts (rank 0: the run's seed)
+            self.refill_generator.manual_seed(stream_seed(self.seed, rank=self.global_rank))
+            self.refill_ranked = True
         scaler = getattr(trainer.precision_plugin, "scaler", None)  # fp16's GradScaler (public attributes of both)
         self._scaled_step = GradScalerStep(scaler) if scaler is not None else None
         if stage == "fit" and trainer.log_every_n_steps > 1:
