@@ -1,9 +1,11 @@
-"""Reward functions for the fault-injection tests (importable by the subprocess runs: tests/ is on their PYTHONPATH)."""
+"""Reward functions and engines for the tests' runs, faults included (importable by the subprocess runs: tests/ is on
+their PYTHONPATH)."""
 
 from __future__ import annotations
 
 import os
 import time
+import zlib
 
 
 class StuckOnRank1:
@@ -41,6 +43,14 @@ class AlwaysRaises:
 
     def __call__(self, prompts, completions, **columns):
         raise ConnectionError(f"reward server down (rank {os.environ.get('LOCAL_RANK', '0')})")
+
+
+class CoinFlip:
+    """crc32(completion) mod 2: nothing to learn, but a signal in nearly every group of a random policy (its G
+    replies differ), so every RL step updates."""
+
+    def __call__(self, prompts, completions, **columns):
+        return [float(zlib.crc32(str(c).encode()) % 2) for c in completions]
 
 
 from lit_gspo.rl.engines import HFGenerate  # noqa: E402 - the engines after the light reward helpers

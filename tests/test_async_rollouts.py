@@ -387,6 +387,8 @@ def test_k1_fit_logs_staleness_and_stops_its_worker(tmp_path, old, worker):
             old,
             "--model.generation.async_worker",
             worker,
+            "--model.rewards",  # a signal on every step: k3 and clip_frac computed, the policy moved
+            "[{class_path: fault_helpers.CoinFlip}]",
         ),
         run=False,
     )
@@ -400,8 +402,10 @@ def test_k1_fit_logs_staleness_and_stops_its_worker(tmp_path, old, worker):
     assert staleness == [0.0, 1.0, 1.0, 1.0]  # step 0: rows_0 under version 0; then the batch sampled a step before
     assert column(rows, "train/async/dropped") == [0.0] * 4
     assert column(rows, "train/async/staleness_hist_1")[-1] == 0.75
-    for key in ("train/async/k3_staleness1", "train/async/clip_frac_staleness1"):  # NaN on a step without signal
-        assert any(v == v for v in column(rows, key)), key
+    for key, tagged in (("train/mismatch/k3", "k3"), ("train/clip_frac", "clip_frac")):  # the step's, by staleness
+        steps = [r for r in rows if r.get("train/staleness")]
+        assert all(r[key] == r[f"train/async/{tagged}_staleness{r['train/staleness'][0]}"] != "" for r in steps)
+        assert all(float(r[key]) == float(r[key]) for r in steps), key  # finite: computed on every step
     assert column(rows, "train/async/clip_frac_staleness0")[0] == column(rows, "train/clip_frac")[0]
     assert len(column(rows, "val/reward")) == 3  # before, step 2, the end: validation on the trainer's policy
     assert any(not torch.equal(v, cli.model.policy.state_dict()[k]) for k, v in before.items())
