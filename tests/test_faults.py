@@ -96,6 +96,39 @@ def test_a_signalled_cli_run_saves_exits_non_zero_and_resumes_without_losing_a_s
     assert (tmp_path / "hf_model" / "model.safetensors").exists()
 
 
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_k1_run_signalled_as_a_process_group_saves_leaves_no_worker_and_resumes(tmp_path, signum, code):
+    """Asynchronous rollouts (issue 38), the signal sent to the whole process group as a terminal's Ctrl-C or a
+    scheduler's SIGTERM is: the trainer finishes the step, saves, exits; the forked worker ignores SIGINT and ends
+    after its rollout on SIGTERM, so no process of the group outlives the trainer; the resume loses no step."""
+    extra = ("--model.generation.max_staleness", "1", "--model.generation.async_worker", "process")
+    proc = subprocess.Popen(
+        cli(tmp_path, *extra),
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: len(train_steps(tmp_path)) >= 2, proc)
+        os.killpg(proc.pid, signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == code, err[-3000:]
+    assert _group_ends(proc.pid, within=10), "the rollout worker outlived the trainer"
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    done = subprocess.run(
+        cli(tmp_path, *extra, "--ckpt_path", str(last)), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(train_steps(tmp_path)) == list(range(12))  # every step once: none lost, none repeated
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
