@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -117,7 +116,9 @@ def main() -> None:
     if args.reward_latency_s:
         slow = {"class_path": "async_rollouts.SlowCharAccuracy", "init_args": {"latency_s": args.reward_latency_s}}
         extra = ["--model.rewards", json.dumps([slow]), *extra]
-    cpu = cpu_name()
+    from lit_gspo.runtime.hardware import cpu_model
+
+    cpu = cpu_model()
     results: dict[str, list[dict]] = {name: [] for name in args.runs}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
@@ -151,14 +152,6 @@ def main() -> None:
         first = statistics.fmean(r["val_first"] for r in rs)
         last = statistics.fmean(r["val_last"] for r in rs)
         print(f"| {name} | {step * 1000:.1f} ms | {base / step:.2f}× | {fit:.1f} s | {first:.3f} → {last:.3f} |")
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":
