@@ -11,9 +11,10 @@ The first step of a fit (and of a resume: in-flight rollouts are not checkpointe
 drawn like dynamic sampling's refills, so the worker is always K batches ahead: step s trains on rows submitted K steps
 earlier, sampled under a version ≥ s − K. Weights change only between the worker's rollouts (no partial rollouts).
 
-The worker is behind :class:`RolloutWorker` (start, submit, get, publish, stop, paused); :class:`ThreadRolloutWorker` is
-the one built in: a daemon thread of the trainer's process with its own copy of the policy (torch kernels release the
-GIL; rewards, environments and tools are used as they are, unpickled). A process or a second device can replace it.
+The worker is behind :class:`RolloutWorker` (start, submit, get, publish, stop, paused). Two are built in:
+:class:`ThreadRolloutWorker`, a daemon thread of the trainer's process with its own copy of the policy (torch kernels
+release the GIL; rewards, environments and tools are used as they are; the default on an accelerator), and
+``process_worker.ProcessRolloutWorker``, a forked process (no GIL shared; the default on CPU).
 Nothing here is in the objectives: π_old is chosen once through the mismatch layer
 (``lit_gspo.lightning.async_rollouts.async_mismatch``).
 """

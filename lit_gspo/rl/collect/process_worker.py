@@ -8,10 +8,11 @@
         integer, under a shared lock                      under the lock into its policy → a rollout wholly under v
 
 Forked, not spawned: the worker inherits the trainer's objects as they are (a user's lambda reward included) and
-starts in milliseconds. What crosses the pipes is pickled to bytes here, tensors included (torch's own reduction
-would pass file descriptors that vanish with a worker that ends before the trainer reads them). The price is GNU OpenMP's: a team of threads cannot run in a forked child (measured: a
+starts in milliseconds. The price is GNU OpenMP's: a team of threads cannot run in a forked child (measured: a
 2-thread matmul in the child hangs), so the worker samples with one intra-op thread, and CUDA cannot be used in a
-forked child at all (the thread worker serves accelerators).
+forked child at all (the thread worker serves accelerators). What crosses the pipes is pickled to bytes here,
+tensors included: torch's own reduction would pass file descriptors that vanish with a worker that ends before the
+trainer reads them.
 
 Ends: :meth:`stop` asks the worker to finish, then kills it; the worker ignores SIGINT (a terminal's Ctrl-C reaches
 the whole process group; the trainer handles it and stops the worker), ends after its current rollout on SIGTERM,
