@@ -20,6 +20,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lightning.pytorch.strategies import ModelParallelStrategy
 from test_trainer import tiny_args as trainer_tiny_args
 from torch import nn
 
@@ -317,9 +318,12 @@ def test_the_ratio_denominator_is_chosen_once_through_the_mismatch_layer():
 def test_what_k_ge_1_does_not_support_is_refused_in_one_line():
     module = SimpleNamespace(
         generation=Generation(max_staleness=1),
-        trainer=SimpleNamespace(world_size=2, strategy=SimpleNamespace(root_device=torch.device("cpu"))),
+        trainer=SimpleNamespace(world_size=2, strategy=ModelParallelStrategy()),
         collector=SimpleNamespace(engine=HFGenerate()),
     )
+    with pytest.raises(SettingsError, match=r"max_staleness 1 under FSDP2 \(ModelParallelStrategy\)"):
+        check_async(module)
+    module.trainer.strategy = SimpleNamespace(root_device=torch.device("cpu"))  # DDP's, as far as this reads
     check_async(module)  # several processes: each rank has its own worker (tests/test_distributed.py)
     module.generation.dump_every_n_steps = 5
     with pytest.raises(SettingsError, match="generation.dump_every_n_steps 5"):

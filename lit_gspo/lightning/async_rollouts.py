@@ -8,6 +8,7 @@ import functools
 
 import torch
 from lightning.pytorch import Callback
+from lightning.pytorch.strategies import ModelParallelStrategy
 
 from lit_gspo.lightning.seed import stream_seed
 from lit_gspo.rl.collect.async_rollouts import AsyncRollouts, ThreadRolloutWorker, staleness_tagged, worker_threads
@@ -44,6 +45,12 @@ def check_async(module) -> None:
             f"--model.generation.max_staleness {K} with --model.generation.dump_every_n_steps "
             f"{module.generation.dump_every_n_steps}: a dump's policy would not be the one that sampled "
             "it; set one of them to 0"
+        )
+    if isinstance(module.trainer.strategy, ModelParallelStrategy):
+        raise SettingsError(
+            f"--model.generation.max_staleness {K} under FSDP2 (ModelParallelStrategy): a worker's copy of a sharded "
+            "policy would gather its parameters beside the trainer's collectives (measured: a forked worker hangs, "
+            "a thread's copy is refused by FSDP); use DDP or --model.generation.max_staleness 0"
         )
     if worker_kind(module) == "process":
         device = module.trainer.strategy.root_device
