@@ -52,6 +52,12 @@ def column(rows, key):
     return [float(r[key]) for r in rows if r.get(key) not in (None, "")]
 
 
+def staleness_by_step(root: Path) -> dict[int, float]:
+    """``train/staleness`` of every RL step, over every metrics file under ``root`` (a fit and its resume)."""
+    rows = [r for f in sorted(root.glob("**/metrics.csv")) for r in csv.DictReader(open(f))]
+    return {int(r["step"]): float(r["train/staleness"]) for r in rows if r.get("train/staleness")}
+
+
 def workers_alive() -> list:
     """The rollout workers still running: threads of this process and processes forked by it."""
     threads = [t for t in threading.enumerate() if t.name.startswith(WORKER) and t.is_alive()]
@@ -473,9 +479,7 @@ def test_a_resume_regenerates_the_rollouts_in_flight(tmp_path):
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "4", *extra), run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path="last")
     assert cli.trainer.global_step == 4 and not workers_alive()
-    rows = [r for f in sorted(tmp_path.glob("**/metrics.csv")) for r in csv.DictReader(open(f))]
-    by_step = {int(r["step"]): float(r["train/staleness"]) for r in rows if r.get("train/staleness")}
-    assert by_step == {0: 0.0, 1: 1.0, 2: 0.0, 3: 1.0}
+    assert staleness_by_step(tmp_path) == {0: 0.0, 1: 1.0, 2: 0.0, 3: 1.0}
 
 
 @pytest.mark.parametrize("worker", ["process", "thread"])
@@ -499,9 +503,7 @@ def test_sigterm_with_k1_saves_the_finished_step_stops_the_worker_and_the_resume
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "4", *extra), run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path="last")
     assert cli.trainer.global_step == 4 and not workers_alive()
-    rows = [r for f in sorted(tmp_path.glob("**/metrics.csv")) for r in csv.DictReader(open(f))]
-    by_step = {int(r["step"]): float(r["train/staleness"]) for r in rows if r.get("train/staleness")}
-    assert by_step == {0: 0.0, 1: 1.0, 2: 0.0, 3: 1.0}
+    assert staleness_by_step(tmp_path) == {0: 0.0, 1: 1.0, 2: 0.0, 3: 1.0}
 
 
 @pytest.mark.parametrize("config", ["multiturn/reversal_retry.yaml"])
