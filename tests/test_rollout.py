@@ -118,21 +118,3 @@ def test_shared_prompt_forward_runs_each_distinct_prompt_once(model):
     assert states.shape == (6, 3, 32)
     distinct = batch_of([[2, 5], [2, 6]], [[10], [11]])  # nothing shared: the caller runs the full forward
     assert completion_states_shared_prompts(model, distinct) is None
-
-
-def test_target_logprob_backward_is_autograds_and_the_entropy_is_the_softmaxs():
-    from lit_gspo.rl.rollout import target_logprobs_and_entropy
-
-    g = torch.Generator().manual_seed(0)
-    logits = (3 * torch.randn(2, 3, 7, generator=g, dtype=torch.float64)).requires_grad_()
-    targets = torch.randint(7, (2, 3), generator=g)
-    assert torch.autograd.gradcheck(lambda z: target_logprobs_and_entropy(z, targets)[0], (logits,))
-    logp, entropy = target_logprobs_and_entropy(logits, targets, with_entropy=True)
-    reference = logits.log_softmax(-1)
-    torch.testing.assert_close(logp, reference.gather(-1, targets[..., None]).squeeze(-1))
-    torch.testing.assert_close(entropy, -(reference.exp() * reference).sum(-1))
-    assert not entropy.requires_grad
-    with torch.no_grad():  # the no-grad path gives the same numbers
-        plain = target_logprobs_and_entropy(logits, targets, with_entropy=True)
-    torch.testing.assert_close(plain[0], logp.detach())
-    torch.testing.assert_close(plain[1], entropy)

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from lit_gspo.rl.lm_head import chunk_logprobs_and_entropy, head_weights
+
 
 @dataclass
 class RolloutBatch:
@@ -216,15 +218,16 @@ def token_logprobs(
             "the LM head weight is still sharded after the root's forward: do not set "
             "reshard_after_forward=True on the root fully_shard (lit_gspo.runtime.sharding.apply_fsdp2)"
         )
+    weights = head_weights(head)  # fp32, or bf16x3 on CUDA under bf16 autocast (lm_head.py)
     chunk = max(1, max_chunk_elements // max(1, hidden.shape[0] * head.weight.shape[0]))
     logps, ents = [], []
     for start in range(0, T, chunk):
         h, y = hidden[:, start : start + chunk], targets[:, start : start + chunk]
-        args = (h, y, head.weight, head.bias, temperature, with_entropy)
+        args = (h, y, weights, temperature, with_entropy)
         if torch.is_grad_enabled() and chunk < T:  # the chunk's (B, c, V) logits are recomputed in backward
-            logp, entropy = checkpoint(_chunk_logprobs_and_entropy, *args, use_reentrant=False)
+            logp, entropy = checkpoint(chunk_logprobs_and_entropy, *args, use_reentrant=False)
         else:
-            logp, entropy = _chunk_logprobs_and_entropy(*args)
+            logp, entropy = chunk_logprobs_and_entropy(*args)
         logps.append(logp)
         if with_entropy:
             ents.append(entropy)
@@ -325,66 +328,3 @@ def _decoder_output_through_root(
     finally:
         handle.remove()
     return captured["hidden"]
-
-
-def _logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
-    with torch.autocast(hidden.device.type, enabled=False):  # the LM head in fp32, always
-        logits = F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
-        return logits if temperature == 1.0 else logits / temperature
-
-
-def _chunk_logprobs_and_entropy(
-    hidden: Tensor, targets: Tensor, weight: Tensor, bias: Tensor | None, temperature: float, with_entropy: bool
-) -> tuple[Tensor, Tensor | None]:
-    """One LM-head matmul and one softmax serve the log-probs and the entropy."""
-    return target_logprobs_and_entropy(_logits(hidden, weight, bias, temperature), targets, with_entropy)
-
-
-def target_logprobs_and_entropy(
-    logits: Tensor, targets: Tensor, with_entropy: bool = False
-) -> tuple[Tensor, Tensor | None]:
-    """log softmax(z)[y] (with grad) and, if asked, the entropy of softmax(z) (detached), for (B, c, V) fp32 logits z."""
-    if torch.is_grad_enabled() and logits.requires_grad:
-        logp, entropy = _TargetLogprob.apply(logits, targets, with_entropy)
-        return logp, entropy if with_entropy else None
-    logp, lse = _target_logprob_and_lse(logits, targets)
-    return logp, _entropy(logits, lse) if with_entropy else None
-
-
-def _target_logprob_and_lse(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-    """(z_y − logsumexp(z), logsumexp(z)) without materialising the log-softmax."""
-    lse = logits.logsumexp(-1)
-    return logits.gather(-1, targets[..., None]).squeeze(-1) - lse, lse
-
-
-class _TargetLogprob(torch.autograd.Function):
-    """log p_y = z_y − logsumexp(z), keeping p = softmax(z) for backward: ∂ log p_y / ∂z = onehot(y) − p.
-
-    Autograd's own graph for ``gather − logsumexp`` recomputes exp(z − lse) and fills a zero (B, c, V)
-    buffer for the gather in backward; here backward is one multiply and one scatter. The entropy
-    H = lse − Σ p·z comes from the same p (no gradient: it is a diagnostic).
-    """
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, with_entropy: bool):
-        logp, lse = _target_logprob_and_lse(logits, targets)
-        probs = (logits - lse[..., None]).exp_()
-        entropy = _entropy(logits, lse, probs) if with_entropy else logp.new_zeros(())
-        ctx.save_for_backward(probs, targets)
-        ctx.mark_non_differentiable(entropy)
-        return logp, entropy
-
-    @staticmethod
-    def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
-        probs, targets = ctx.saved_tensors
-        grad = probs * -grad_logp[..., None]
-        grad.scatter_add_(-1, targets[..., None], grad_logp[..., None])
-        return grad, None, None
-
-
-@torch.no_grad()
-def _entropy(logits: Tensor, lse: Tensor, probs: Tensor | None = None) -> Tensor:
-    """H = −Σ p log p = lse − Σ p·z for p = softmax(z) (given, or computed from lse = logsumexp(z))."""
-    if probs is None:
-        probs = (logits - lse[..., None]).exp()
-    return lse - (probs * logits).sum(-1)
