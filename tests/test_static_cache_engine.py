@@ -1,6 +1,7 @@
 """StaticCacheSampler on CPU (eager, the same static cache as on CUDA): the lean sampler's greedy tokens, the trainer's
 log-probs, caches reused across calls of one bucket, seeded draws, a CLI fit with it, the default engine per device."""
 
+import copy
 import csv
 from pathlib import Path
 
@@ -201,6 +202,26 @@ def test_compiled_decoding_gives_the_eager_tokens(model):
     eager = sample(StaticCacheSampler(compile=False), model, greedy=True, return_logprobs=True)
     assert torch.equal(compiled.input_ids, eager.input_ids)
     torch.testing.assert_close(compiled.engine_logprobs, eager.engine_logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_the_compiled_step_compiles_once_per_bucket_across_rl_steps(model):
+    """What changes between RL steps (prompt lengths, rows within the bucket, the weights, validation's inference mode)
+    reuses the compiled step: on CUDA a recompile is a new compilation and CUDA graph capture (seconds), and after
+    torch.compile's recompile limit the step silently runs eagerly. Without ``generate``'s ``inference_mode(False)``
+    the inference-mode call recompiles (its tensors' dispatch keys differ)."""
+    engine = StaticCacheSampler(compile=True)
+    policy = copy.deepcopy(model)
+    sample(engine, policy, greedy=True)  # compiles: 9 rows -> bucket 16, cache of 64
+    with torch.no_grad():
+        for p in policy.parameters():  # an optimiser step: the same tensors, new values
+            p.add_(0.01 * torch.randn_like(p))
+    with torch.compiler.set_stance("fail_on_recompile"):
+        sample(engine, policy, prompts=[[3, 4], [5, 6, 7], [8], [9, 10]], max_new_tokens=20)  # 12 rows, shorter
+        with torch.inference_mode():
+            sample(engine, policy, prompts=[[3, 4, 5, 6], [7], [8, 9]])  # 9 rows: bucket 16
+        sample(engine, policy, greedy=True)
+    assert engine.caches_built == 1
 
 
 def test_a_cache_built_under_inference_mode_serves_a_later_no_grad_call(model):

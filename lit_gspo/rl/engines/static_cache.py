@@ -122,13 +122,11 @@ class StaticCacheSampler(RolloutEngine):
             or layer.keys.device != like.device
         ):
             self.caches.pop(rows, None)  # free the old one before allocating
-            # normal tensors, not inference ones: validation (inference mode) and training rollouts share the cache
-            with torch.inference_mode(False):
-                cache = StaticCache(config=policy.config, max_cache_len=length)
-                for layer in cache.layers:
-                    layer.lazy_initialization(
-                        like.new_empty(rows, *like.shape[1:]), like_values.new_empty(rows, *like_values.shape[1:])
-                    )
+            cache = StaticCache(config=policy.config, max_cache_len=length)  # normal tensors (generate)
+            for layer in cache.layers:
+                layer.lazy_initialization(
+                    like.new_empty(rows, *like.shape[1:]), like_values.new_empty(rows, *like_values.shape[1:])
+                )
             self.caches[rows] = cache
             self.caches_built += 1
         return cache
@@ -145,6 +143,35 @@ class StaticCacheSampler(RolloutEngine):
         eos_id: int | list[int],
         sampling: dict,
         synced_gpus: bool,
+        return_logprobs: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        # normal tensors even under a caller's inference mode (``eval``, a user's loop): an inference tensor reaching
+        # the compiled step fails its guards (another dispatch key set), and it would compile and capture again;
+        # leaving inference mode turns gradients back on, hence no_grad
+        with torch.inference_mode(False), torch.no_grad():
+            return self._generate(
+                policy,
+                input_ids,
+                attention_mask,
+                num_generations=num_generations,
+                max_new_tokens=max_new_tokens,
+                pad_id=pad_id,
+                eos_id=eos_id,
+                sampling=sampling,
+                return_logprobs=return_logprobs,
+            )
+
+    def _generate(
+        self,
+        policy: nn.Module,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        *,
+        num_generations: int,
+        max_new_tokens: int,
+        pad_id: int,
+        eos_id: int | list[int],
+        sampling: dict,
         return_logprobs: bool,
     ) -> tuple[Tensor, Tensor | None]:
         from transformers import DynamicCache
