@@ -224,6 +224,37 @@ def test_the_compiled_step_compiles_once_per_bucket_across_rl_steps(model):
     assert engine.caches_built == 1
 
 
+@pytest.mark.slow
+def test_a_fit_compiles_the_step_in_its_first_steps_and_never_again(tmp_path):
+    """The whole loop as a user runs it (validation at steps 0, 2, 4 and the end, training rollouts, the learner between them):
+    once steps 0 and 1 have compiled each row bucket, nothing compiles again."""
+    from lightning.pytorch import Callback
+
+    from lit_gspo.tools.main import cli_main
+
+    class NoRecompileAfterStep1(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if batch_idx == 1:
+                torch.compiler.set_stance("fail_on_recompile")
+
+    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path)]
+    args += ["--trainer.max_steps", "5", "--trainer.enable_progress_bar", "false"]
+    args += ["--model.policy.warm_start.steps", "0", "--model.validation.every_n_steps", "2"]
+    args += ["--data.num_train", "40", "--data.num_val", "4", "--data.prompts_per_step", "4"]
+    args += ["--model.engine", "StaticCacheSampler", "--model.engine.compile", "true"]
+    cli = cli_main(args, run=False)
+    cli.trainer.callbacks.append(NoRecompileAfterStep1())
+    try:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    finally:
+        torch.compiler.set_stance("default")
+    (path,) = tmp_path.rglob("metrics.csv")
+    rows = list(csv.DictReader(open(path)))
+    assert (
+        len([r for r in rows if r.get("train/reward")]) == 5 and len([r for r in rows if r.get("val/reward")]) == 4
+    )  # 0, 2, 4 and the end
+
+
 def test_a_cache_built_under_inference_mode_serves_a_later_no_grad_call(model):
     """Validation samples under inference mode, training rollouts under no_grad: both use one cache."""
     engine = StaticCacheSampler()
