@@ -262,3 +262,46 @@ def test_a_cache_built_under_inference_mode_serves_a_later_no_grad_call(model):
         first = sample(engine, model, greedy=True)
     again = sample(engine, model, greedy=True)
     assert engine.caches_built == 1 and torch.equal(first.input_ids, again.input_ids)
+
+
+def test_under_autocast_the_step_reads_precast_weights_with_the_same_tokens_and_logprobs(model):
+    """The Linear weights cast once per rollout give what autocast's per-step casts give, bit for bit, and follow the
+    policy's updates; every other parameter is the policy's own tensor (no second copy of the model)."""
+    policy = copy.deepcopy(model)
+    precast, per_step = StaticCacheSampler(), StaticCacheSampler(precast_weights=False)
+    for update in range(2):
+        if update:
+            with torch.no_grad():
+                for p in policy.parameters():  # an optimiser step between two rollouts
+                    p.add_(0.05 * torch.randn_like(p))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ours = sample(precast, policy, seed=update, return_logprobs=True)
+            theirs = sample(per_step, policy, seed=update, return_logprobs=True)
+        assert torch.equal(ours.input_ids, theirs.input_ids)
+        assert torch.equal(ours.engine_logprobs, theirs.engine_logprobs)
+    view = precast.precast.copy
+    linears = {name for name, m in policy.named_modules() if type(m) is torch.nn.Linear}
+    for name, tensor in view.named_parameters(remove_duplicate=False):
+        module_name = name.rsplit(".", 1)[0]
+        if module_name in linears:
+            assert tensor.dtype == torch.bfloat16
+            assert torch.equal(tensor, policy.get_parameter(name).detach().bfloat16())
+        else:
+            assert tensor is policy.get_parameter(name)  # shared, not copied
+    assert view.get_parameter("lm_head.weight").dtype == torch.bfloat16  # a tied head: its own bf16 copy
+    assert view.get_parameter("model.embed_tokens.weight") is policy.get_parameter("model.embed_tokens.weight")
+    with torch.no_grad():  # outside autocast the step reads the policy itself
+        assert precast.precast.view(policy) is policy
+
+
+def test_a_copy_of_a_used_engine_holds_none_of_its_caches_or_weights(model):
+    """An async worker deep-copies the engine: it gets the settings, not the KV caches, compiled step or weights. The
+    engine then samples outside autocast: its bf16-valued cache is rebuilt (fp32 values), not written into."""
+    engine = StaticCacheSampler(finished_check_every=4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        sample(engine, model)
+    assert engine.caches and engine.precast.copy is not None
+    twin = copy.deepcopy(engine)
+    assert (twin.caches, twin.caches_built, twin.precast.copy) == ({}, 0, None)
+    assert twin.finished_check_every == 4 and engine.caches  # the original keeps its own
+    assert torch.equal(sample(twin, model, greedy=True).input_ids, sample(engine, model, greedy=True).input_ids)

@@ -11,7 +11,8 @@ token. To keep replaying the same graphs across RL steps:
 - **finished rows stay in the batch** (their tokens forced to ``pad_id`` after EOS) instead of leaving it, and
   whether every row has finished is read every ``finished_check_every`` steps, not every token (a host sync);
 - the prompt's **prefill runs once per prompt** (eager, dynamic shapes) and its keys and values are copied G
-  times into the static cache.
+  times into the static cache;
+- under autocast the step reads **Linear weights cast once per rollout** (``precast.py``), not at every token.
 
 Sampling is :func:`~lit_gspo.rl.engines.fast_generate.filter_logits` and
 :func:`~lit_gspo.rl.engines.fast_generate.sample_tokens` in fp32, as in the lean sampler; the log-probs are those of
@@ -21,6 +22,7 @@ eagerly (testable; greedy tokens equal the lean sampler's).
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import torch
@@ -28,6 +30,7 @@ from torch import Tensor, nn
 
 from lit_gspo.rl.engines.base import RolloutEngine
 from lit_gspo.rl.engines.fast_generate import fast_generate, filter_logits, sample_tokens
+from lit_gspo.rl.engines.precast import PrecastLinears
 
 CACHE_LENGTH_MULTIPLE = 64
 MIN_ROW_BUCKET = 8
@@ -64,6 +67,9 @@ class StaticCacheSampler(RolloutEngine):
         max_cache_len: the cache length (prompt + completion tokens) of every cache, so one graph per row bucket
             for the whole run; a longer prompt + ``max_new_tokens`` is refused. None: grown as needed (multiples of 64).
         finished_check_every: decoding steps between two checks whether every row has emitted EOS.
+        precast_weights: under autocast, the decoding step reads Linear weights cast once per rollout
+            (:class:`~lit_gspo.rl.engines.precast.PrecastLinears`: the same numbers, a copy of those weights in
+            autocast's dtype) instead of casting them at every token inside the compiled graph.
 
     Under sharded parameters (``synced_gpus``) it samples with ``generate``, as :class:`LeanSampler` does; a model
     with sliding-window or other non-full-attention cache layers samples with the lean sampler's loop.
@@ -77,11 +83,13 @@ class StaticCacheSampler(RolloutEngine):
         compile: bool | None = None,
         max_cache_len: int | None = None,
         finished_check_every: int = 8,
+        precast_weights: bool = True,
     ):
         super().__init__(attn_implementation)
         if finished_check_every < 1:
             raise ValueError(f"finished_check_every must be ≥ 1, got {finished_check_every}")
         self.compile, self.max_cache_len, self.finished_check_every = compile, max_cache_len, finished_check_every
+        self.precast_weights, self.precast = precast_weights, PrecastLinears()
         self.caches: dict[int, object] = {}  # row bucket -> its StaticCache
         self.caches_built = 0
         self._compiled_step = None
@@ -89,12 +97,20 @@ class StaticCacheSampler(RolloutEngine):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(attn_implementation={self.attn_implementation!r}, compile={self.compile!r}, "
-            f"max_cache_len={self.max_cache_len!r})"
+            f"max_cache_len={self.max_cache_len!r}, precast_weights={self.precast_weights!r})"
         )
+
+    def __deepcopy__(self, memo) -> StaticCacheSampler:
+        """The same settings without the runtime state (caches, compiled step, precast weights, which reference the
+        policy): an async worker's copy builds its own instead of duplicating KV caches and weights on the device."""
+        fresh = copy.copy(self)
+        fresh.caches, fresh.caches_built, fresh._compiled_step, fresh.precast = {}, 0, None, PrecastLinears()
+        return fresh
 
     def close(self) -> None:
         self.caches.clear()
         self._compiled_step = None
+        self.precast.close()
 
     def _decode_step(self, device: torch.device):
         if not (self.compile if self.compile is not None else device.type == "cuda"):
@@ -110,7 +126,8 @@ class StaticCacheSampler(RolloutEngine):
         return self._compiled_step
 
     def _cache_for(self, policy: nn.Module, rows: int, length: int, like: Tensor, like_values: Tensor):
-        """The row bucket's static cache, built (again) when it is shorter than ``length`` or of another dtype/device."""
+        """The row bucket's static cache, built (again) when it is shorter than ``length`` or its keys or values are of
+        another dtype or device than ``like``/``like_values``."""
         from transformers import StaticCache
 
         cache = self.caches.get(rows)
@@ -119,6 +136,7 @@ class StaticCacheSampler(RolloutEngine):
             layer is None
             or layer.max_cache_len < length
             or layer.keys.dtype != like.dtype
+            or layer.values.dtype != like_values.dtype  # under autocast: bf16 values, rotated keys fp32
             or layer.keys.device != like.device
         ):
             self.caches.pop(rows, None)  # free the old one before allocating
@@ -236,6 +254,7 @@ class StaticCacheSampler(RolloutEngine):
         next_positions[:rows] = positions[:, -1:].repeat_interleave(G, 0) + 1
         step_tokens = torch.full((bucket, 1), pad_id, dtype=torch.long, device=device)
         decode = self._decode_step(device)
+        decoder = self.precast.view(policy) if self.precast_weights else policy
 
         eos = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], device=device)
         tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -258,7 +277,7 @@ class StaticCacheSampler(RolloutEngine):
             if used == max_new_tokens or used % self.finished_check_every == 0 and bool(finished.all()):
                 break
             step_tokens[:rows, 0] = chosen
-            logits = decode(policy, cache, step_tokens, next_positions, mask)[:rows]
+            logits = decode(decoder, cache, step_tokens, next_positions, mask)[:rows]
             next_positions += 1
         prompts = input_ids.repeat_interleave(G, 0)
         sequences = torch.cat([prompts, tokens[:, :used]], 1)
