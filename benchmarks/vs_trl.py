@@ -285,7 +285,7 @@ class RegionProfile:
 
     def __init__(self, side: str, directory: Path, device: str):
         self.side, self.path, self.cuda = side, directory / f"profile_{side}.txt", device == "cuda"
-        self.prof, self.armed, self.extra, self.summary = None, False, {}, None
+        self.prof, self.armed, self.extra, self.summary, self.error = None, False, {}, None, "never started"
 
     def start(self) -> None:
         import torch
@@ -294,19 +294,22 @@ class RegionProfile:
         if self.cuda:
             torch.cuda.synchronize()  # the kernels before the region stay out of it
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        self.prof = profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False)
-        self.prof.start()
+        try:  # a profiler that cannot start costs the profile, not the benchmark's numbers
+            self.prof = profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False)
+            self.prof.start()
+        except Exception as e:
+            self.prof, self.error = None, f"start: {type(e).__name__}: {e}"
 
     def stop(self, region: str, label: str) -> dict:
         import torch
 
-        if self.prof is None:
-            return dict(error="the profiler never started")
-        if self.cuda:
-            torch.cuda.synchronize()
-        begin = time.perf_counter()
-        self.prof.stop()
-        try:
+        begin, table = time.perf_counter(), ""
+        try:  # the benchmark's numbers come back even if the profile's analysis fails
+            if self.prof is None:
+                raise RuntimeError(self.error)
+            if self.cuda:
+                torch.cuda.synchronize()
+            self.prof.stop()
             out = profile_summary(self.prof, region, self.cuda)
             rows = self.prof.key_averages()
             # a record_function's GPU-side span would top a self-device-time table: its kernels are counted already
@@ -316,8 +319,8 @@ class RegionProfile:
                 if r.device_type == torch.autograd.DeviceType.CPU or not getattr(r, "is_user_annotation", False)
             ]
             table = rows.table(sort_by="self_cuda_time_total" if self.cuda else "self_cpu_time_total", row_limit=30)
-        except Exception as e:  # the benchmark's numbers come back even if the analysis fails
-            out, table = dict(error=f"{type(e).__name__}: {e}"), ""
+        except Exception as e:
+            out = dict(error=f"{type(e).__name__}: {e}")
         out.update(self.extra, parse_s=round(time.perf_counter() - begin, 1), file=str(self.path))
         out["headline"] = profile_headline(label, out)
         self.path.parent.mkdir(parents=True, exist_ok=True)
