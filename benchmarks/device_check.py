@@ -13,7 +13,11 @@ Parts, each a subprocess with its own time limit (a crash or a time-out is one r
 3. ``sampler``: ``benchmarks/sampler_speed.py``: completion tokens/s of each engine at 8 prompts × 8 × 256 new
    tokens, Qwen3-0.6B's shape, bf16 (target ≥ 20,000 for the CUDA default engine).
 4. ``vs TRL``: ``benchmarks/vs_trl.py`` at 8 × 8 × 256 a rollout (4 prompts per update), Qwen3-0.6B's shape: seconds
-   per update, update-phase MFU, peak GPU memory and host RSS on both sides.
+   per update, update-phase MFU, peak GPU memory and host RSS on both sides (one timed cycle after the warm-up), and
+   the evidence of where the update's time and the host memory go: a ``torch.profiler`` profile of one more cycle's
+   update on each side (``profile/profile_{lit,trl}.txt`` under ``--out``; the row gives each side's shares of
+   matmul, LM head, attention, optimizer and its syncs) and each side's host RSS by phase (in ``vs.log``). The dry
+   run's ``vs TRL tiny`` runs the same on CPU (SmolLM2-135M, 1 prompt × 2 × 8 tokens).
 
 On the workplace's GPU machine (no network): here, ``scripts/device_wheels.sh --trl``, then one ``run`` with
 ``carry [".whl"]`` and ``timeout_s 600``:
@@ -83,6 +87,32 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
                     str(out / "sampler_speed.json"),
                 ],
             ),
+            dict(
+                name="vs TRL tiny",
+                limit=180,  # ~60 s on 2 CPU cores
+                cmd=[
+                    py,
+                    "benchmarks/vs_trl.py",
+                    "--model-dir",
+                    "runs/smollm2-135m-instruct-hf",
+                    "--prompts-per-update",
+                    "1",
+                    "--num-generations",
+                    "2",
+                    "--max-new-tokens",
+                    "8",
+                    "--rounds",
+                    "1",
+                    "--cycles",
+                    "2",
+                    "--checkpointing",
+                    "off",
+                    "--skip-zero-advantage",
+                    "off",
+                    "--profile-dir",
+                    str(out / "profile"),
+                ],
+            ),
         ]
     return [
         dict(
@@ -124,7 +154,7 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
         ),
         dict(
             name="vs TRL 8x8x256",
-            limit=110,
+            limit=120,  # 110 before the profiled cycle (its parse: a few seconds a side); the parts' limits sum to 480
             cmd=[
                 py,
                 "benchmarks/vs_trl.py",
@@ -147,7 +177,9 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
                 "--rounds",
                 "1",
                 "--cycles",
-                "3",
+                "2",  # warm-up, one timed cycle, then the profiled one (3 a side, as before the profile)
+                "--profile-dir",
+                str(out / "profile"),
             ],
         ),
     ]
@@ -166,6 +198,17 @@ def case_verdict(case: dict) -> str:
     return case.get("check_error") or "ran, not checked"
 
 
+def profile_brief(side: str, p: dict) -> str:
+    """vs_trl.py's profile of one side's update, short: ``lit update 812 ms device (2 steps): matmul 41%, ...``."""
+    if "error" in p:
+        return f"{side} profile failed: {p['error'][:80]}"
+    shares = ", ".join(f"{k} {100 * p['shares'][k]:.0f}%" for k in ("matmul", "head", "attention", "optimizer"))
+    line = f"{side} update {p['total_ms']:.0f} ms {p['time']} ({p['optimizer_steps']} step{'s' * (p['optimizer_steps'] != 1)}): {shares}"
+    if p.get("syncs") is not None:
+        line += f", syncs {p['syncs']}, GPU busy {100 * p['busy']:.0f}%"
+    return line
+
+
 def summary(name: str, output: str, out: Path) -> str:
     """One line of what the part measured, read from its output."""
     if name == "cuda tests":
@@ -181,7 +224,9 @@ def summary(name: str, output: str, out: Path) -> str:
         )
     if name.startswith("vs TRL"):
         ratio = re.findall(r"^ratio trl/lit: .*$", output, re.M)
-        return ratio[-1] if ratio else "no ratio"
+        found = re.findall(r"^JSON (.*)$", output, re.M)
+        profiles = (json.loads(found[-1]).get("profile") or {}) if found else {}
+        return "; ".join([ratio[-1] if ratio else "no ratio"] + [profile_brief(s, p) for s, p in profiles.items() if p])
     return ""
 
 

@@ -17,7 +17,12 @@ warm-up and not counted). Reported per side: median seconds per update step (= r
 generation included), completion tokens/s, peak RSS of the process, and training-phase model FLOP
 utilisation: the FLOPs executed per update (6 · params · (prompt + completion tokens) × ``work``, the
 share of that work actually run; recompute not counted) over the time of the update phase, against
-a matmul of the model's shape measured in the same process.
+a matmul of the model's shape measured in the same process. Each worker also reads its host RSS (current/peak, from
+/proc/self/status) at start, model loaded, first step, after the first cycle and at the end: one line per side.
+``--profile-dir DIR``: the last round's runs add one untimed cycle under ``torch.profiler`` (lit_gspo: its update,
+the ``lit_gspo.update`` region, from the end of its rollout; TRL: its step without generation) and write
+``DIR/profile_{lit,trl}.txt``: the shares of matmul, LM-head log-softmax, attention, optimizer, the syncs on CUDA, the
+top 30 ops (a peak RSS read after it includes the profiler's own memory: see the "profile parsed" phase).
 
     pip install -e '.[bench]'
     python benchmarks/vs_trl.py --rounds 2 --cycles 2 --threads 2 --precision fp32 --checkpointing on
@@ -143,8 +148,189 @@ def prompt_tokens(tokenizer, rows) -> float:
     return sum(map(len, ids)) / len(ids)
 
 
+# ---------------------------------------------------------------------------------------------- evidence
+def rss_mb() -> list[int]:
+    """[current, peak] resident set of this process in MB: VmRSS and VmHWM of /proc/self/status (Linux; else 0)."""
+    fields = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    fields[key] = int(value.split()[0]) / 1024  # kB
+    except OSError:
+        pass
+    return [round(fields.get("VmRSS", 0)), round(fields.get("VmHWM", 0))]
+
+
+# op-name patterns (case-insensitive) of the profile's categories. An op under an attention or optimizer op is that
+# (outermost match); else the innermost matmul or head op above it (itself included) decides; else "other".
+OUTER = {
+    "attention": r"scaled_?dot_?product|flash|efficient_attention|cudnn_attention",
+    "optimizer": r"^Optimizer\.|_fused_adam|adamw",
+}
+INNER = {
+    "matmul": r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|addmv|mv|_scaled_mm)$|^(Mm|Addmm|Bmm|Baddbmm)Backward",
+    "head": r"logsumexp|log_softmax|softmax|^aten::exp_?$|gather|scatter_add|TargetLogprob",
+}
+GEMM_KERNEL, ATTENTION_KERNEL = r"gemm|cutlass|sm90|nvjet|cublas", r"flash|fmha|attention|sdpa"
+SYNCS = {
+    "stream": "cudaStreamSynchronize",
+    "device": "cudaDeviceSynchronize",
+    "event": "cudaEventSynchronize",
+}
+
+
+def profile_summary(prof, region: str, cuda: bool) -> dict:
+    """Where the time of ``region`` (a ``record_function`` in the profile) went: its ops' self device time on CUDA
+    (the kernels each op launched itself), else their self CPU time, split into categories; the ops of every
+    thread that start inside the region's span count (CUDA's backward runs on the autograd engine's thread)."""
+    import re
+
+    import torch
+
+    cpu = torch.autograd.DeviceType.CPU
+    events = [e for e in prof.events() if e.device_type == cpu and not e.is_async]
+    spans = [e.time_range for e in events if e.name == region]
+    if not spans:
+        return dict(error=f"no {region} region in the profile ({len(events)} events)")
+    start, end = spans[0].start, spans[-1].end
+    inside = [e for e in events if start <= e.time_range.start <= end]
+    outer = {k: re.compile(v, re.I) for k, v in OUTER.items()}
+    inner = {k: re.compile(v, re.I) for k, v in INNER.items()}
+    memo: dict[int, tuple] = {}
+
+    def classify(e) -> tuple:  # (outermost OUTER category, innermost INNER category) of e and its parents
+        if id(e) not in memo:
+            up = classify(e.cpu_parent) if e.cpu_parent is not None else (None, None)
+            memo[id(e)] = (
+                up[0] or next((k for k, r in outer.items() if r.search(e.name)), None),
+                next((k for k, r in inner.items() if r.search(e.name)), None) or up[1],
+            )
+        return memo[id(e)]
+
+    def self_us(e) -> float:
+        if cuda:
+            return e.self_device_time_total if hasattr(e, "self_device_time_total") else e.self_cuda_time_total
+        return e.self_cpu_time_total
+
+    by_category: dict[str, float] = dict.fromkeys([*OUTER, *INNER, "other"], 0.0)
+    by_op: dict[str, float] = {}
+    for e in inside:
+        t = self_us(e)
+        if t:
+            outer_cat, inner_cat = classify(e)
+            by_category[outer_cat or inner_cat or "other"] += t
+            by_op[e.name] = by_op.get(e.name, 0.0) + t
+    total = sum(by_category.values()) or 1e-9
+    region_us = end - start
+    out = dict(
+        region=region,
+        time="device" if cuda else "cpu",
+        region_ms=round(region_us / 1e3, 1),
+        total_ms=round(total / 1e3, 1),
+        optimizer_steps=sum(e.name.startswith("Optimizer.step") for e in inside),
+        shares={k: round(v / total, 3) for k, v in by_category.items()},
+        top_ops=[[n, round(t / 1e3, 1)] for n, t in sorted(by_op.items(), key=lambda x: -x[1])[:10]],
+        events=len(events),
+        syncs=None,
+    )
+    if cuda:
+        syncs = {k: sum(e.name.startswith(n) for e in inside) for k, n in SYNCS.items()}
+        syncs["dtoh_copies"] = sum(k.name.startswith("Memcpy DtoH") for e in inside for k in e.kernels)
+        gemm, attention = re.compile(GEMM_KERNEL, re.I), re.compile(ATTENTION_KERNEL, re.I)
+        out.update(
+            syncs=sum(syncs.values()),
+            sync_kinds=syncs,
+            # host time blocked in syncs and copies: the GPU is idle behind it when the launch queue runs dry
+            sync_wait_ms=round(
+                sum(e.self_cpu_time_total for e in inside if e.name.startswith((*SYNCS.values(), "cudaMemcpy"))) / 1e3,
+                1,
+            ),
+            busy=round(total / max(region_us, 1e-9), 3),  # kernel time over the region's wall time
+            gemm_kernel_share=round(
+                sum(
+                    k.duration
+                    for e in inside
+                    for k in e.kernels
+                    if gemm.search(k.name) and not attention.search(k.name)
+                )
+                / total,
+                3,
+            ),
+        )
+    return out
+
+
+def profile_headline(label: str, p: dict) -> str:
+    """One line of a profile summary: ``lit update: 812 ms device time in 1020 ms (2 optimiser steps), matmul 41%,
+    ..., syncs 37 (host blocked 120 ms), GPU busy 80%``."""
+    if "error" in p:
+        return f"{label}: profile failed: {p['error']}"
+    shares = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(p["shares"].items(), key=lambda x: -x[1]))
+    line = (
+        f"{label}: {p['total_ms']:.0f} ms {p['time']} time in {p['region_ms']:.0f} ms "
+        f"({p['optimizer_steps']} optimiser step{'s' * (p['optimizer_steps'] != 1)}), {shares}"
+    )
+    if p.get("syncs") is not None:
+        line += f", syncs {p['syncs']} (host blocked {p['sync_wait_ms']:.0f} ms), GPU busy {100 * p['busy']:.0f}%"
+    if p.get("rollout_s") is not None:
+        line += f"; rollout {p['rollout_s']:.2f} s (not profiled)"
+    return line
+
+
+class RegionProfile:
+    """``--profile-dir``: ``torch.profiler`` over one region of a worker, started and stopped by its callbacks;
+    writes ``profile_{side}.txt`` (the summary, then the 30 ops of most self device time, or CPU time on a CPU)."""
+
+    def __init__(self, side: str, directory: Path, device: str):
+        self.side, self.path, self.cuda = side, directory / f"profile_{side}.txt", device == "cuda"
+        self.prof, self.armed, self.extra, self.summary, self.error = None, False, {}, None, "never started"
+
+    def start(self) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        if self.cuda:
+            torch.cuda.synchronize()  # the kernels before the region stay out of it
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        try:  # a profiler that cannot start costs the profile, not the benchmark's numbers
+            self.prof = profile(activities=activities, record_shapes=False, with_stack=False, profile_memory=False)
+            self.prof.start()
+        except Exception as e:
+            self.prof, self.error = None, f"start: {type(e).__name__}: {e}"
+
+    def stop(self, region: str, label: str) -> dict:
+        import torch
+
+        begin, table = time.perf_counter(), ""
+        try:  # the benchmark's numbers come back even if the profile's analysis fails
+            if self.prof is None:
+                raise RuntimeError(self.error)
+            if self.cuda:
+                torch.cuda.synchronize()
+            self.prof.stop()
+            out = profile_summary(self.prof, region, self.cuda)
+            rows = self.prof.key_averages()
+            # a record_function's GPU-side span would top a self-device-time table: its kernels are counted already
+            rows[:] = [
+                r
+                for r in rows
+                if r.device_type == torch.autograd.DeviceType.CPU or not getattr(r, "is_user_annotation", False)
+            ]
+            table = rows.table(sort_by="self_cuda_time_total" if self.cuda else "self_cpu_time_total", row_limit=30)
+        except Exception as e:
+            out = dict(error=f"{type(e).__name__}: {e}")
+        out.update(self.extra, parse_s=round(time.perf_counter() - begin, 1), file=str(self.path))
+        out["headline"] = profile_headline(label, out)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(out["headline"] + "\n" + json.dumps(out) + "\n\n" + table)
+        self.prof = None
+        return out
+
+
 # ---------------------------------------------------------------------------------------------- workers
-def run_lit(args) -> dict:
+def run_lit(args, rss: dict, profile: RegionProfile | None) -> dict:
     import torch
     from lightning.pytorch import Callback, Trainer
 
@@ -155,14 +341,31 @@ def run_lit(args) -> dict:
     from lit_gspo.rl.objectives import GSPO
     from lit_gspo.rl.rewards import AnswerMatch
 
+    rss["start"] = rss_mb()
     cycles, update_phase, tokens, trained = [], [], [], []
 
     class Timer(Callback):
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if not cycles:
+                rss["on device"] = rss_mb()
+            if profile is not None and len(cycles) == args.cycles:  # the extra cycle: profiled once sampled
+                rss["profiled cycle"] = rss_mb()
+                profile.armed = True
             self.start = time.perf_counter()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if profile is not None and profile.armed:  # not timed: the profiler slows it
+                profile.extra.update(
+                    cycle_s=time.perf_counter() - self.start,
+                    update_phase_s=float(trainer.callback_metrics["time/update_s"]) / UPDATES_PER_ROLLOUT,
+                )
+                profile.armed = False
+                profile.summary = profile.stop("lit_gspo.update", "lit update")
+                rss["profile parsed"] = rss_mb()
+                return
             cycles.append(time.perf_counter() - self.start)
+            if len(cycles) == 1:
+                rss["after cycle 1"] = rss_mb()
             m = trainer.callback_metrics
             update_phase.append(float(m["time/update_s"]))
             tokens.append(float(m["train/response_length"]))
@@ -187,6 +390,20 @@ def run_lit(args) -> dict:
             micro_batch_tokens=args.micro_batch_tokens or None,
         ),
     )
+    rss["loaded"] = rss_mb()
+    if profile is not None:  # the profile starts once the rollout is sampled: decoding's ~10⁶ ops would take a
+        # minute to parse on a GPU; the rollout's own time is its wall-clock time (lit_gspo.rollout is not profiled)
+        rollout = module.collector.rollout
+
+        def profiled_rollout(*a, **kw):
+            start = time.perf_counter()
+            out = rollout(*a, **kw)
+            if profile.armed:
+                profile.extra["rollout_s"] = round(time.perf_counter() - start, 3)
+                profile.start()
+            return out
+
+        module.collector.rollout = profiled_rollout
     data = PromptDataModule(
         train_source="arithmetic",
         num_train=400,
@@ -197,7 +414,7 @@ def run_lit(args) -> dict:
     trainer = Trainer(
         accelerator=args.device,
         devices=1,
-        max_steps=args.cycles,  # RL steps (rollout + UPDATES_PER_ROLLOUT updates each)
+        max_steps=args.cycles + (profile is not None),  # RL steps (rollout + UPDATES_PER_ROLLOUT updates each)
         logger=False,
         limit_val_batches=0,  # timing only: no validation
         enable_checkpointing=False,
@@ -208,6 +425,7 @@ def run_lit(args) -> dict:
         default_root_dir=str(ROOT / "runs" / "bench_lit"),
     )
     trainer.fit(module, datamodule=data)
+    rss["end"] = rss_mb()
     rows = train_rows(64)
     return dict(
         cycle_s=cycles,
@@ -298,17 +516,38 @@ def trl_trainer(
     )
 
 
-def run_trl(args) -> dict:
+def run_trl(args, rss: dict, profile: RegionProfile | None) -> dict:
+    import datasets  # noqa: F401  (imported before "start", as lit_gspo's side imports its own)
+    import torch
     from transformers import TrainerCallback
 
+    from lit_gspo.runtime.extras import require
+
+    require("trl", "Comparing with TRL")
+    rss["start"] = rss_mb()
     steps, lengths = [], []
+    timed = args.cycles * UPDATES_PER_ROLLOUT  # then, with --profile-dir, one more cycle: its train-only step profiled
 
     class Timer(TrainerCallback):
         def on_step_begin(self, a, state, control, **kw):
+            if not steps:
+                rss["on device"] = rss_mb()
+            if profile is not None and len(steps) == timed + 1:  # the extra cycle's step without generation
+                rss["profiled cycle"] = rss_mb()
+                profile.start()
+                self.region = torch.profiler.record_function("trl.step")
+                self.region.__enter__()
             self.start = time.perf_counter()
 
         def on_step_end(self, a, state, control, **kw):
             steps.append(time.perf_counter() - self.start)
+            if len(steps) == UPDATES_PER_ROLLOUT:
+                rss["after cycle 1"] = rss_mb()
+            if profile is not None and len(steps) == timed + 2:
+                self.region.__exit__(None, None, None)
+                profile.extra.update(cycle_s=steps[-2] + steps[-1], update_phase_s=steps[-1])
+                profile.summary = profile.stop("trl.step", "trl update")
+                rss["profile parsed"] = rss_mb()
 
         def on_log(self, a, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs:
@@ -317,7 +556,7 @@ def run_trl(args) -> dict:
     trainer = trl_trainer(
         args.model_dir,
         ROOT / "runs" / "bench_trl",
-        updates=args.cycles * UPDATES_PER_ROLLOUT,
+        updates=timed + UPDATES_PER_ROLLOUT * (profile is not None),
         precision=args.precision,
         checkpointing=args.checkpointing == "on",
         num_prompts=400,
@@ -328,7 +567,10 @@ def run_trl(args) -> dict:
         num_generations=args.num_generations,
         max_new_tokens=args.max_new_tokens,
     )
+    rss["loaded"] = rss_mb()
     trainer.train()
+    rss["end"] = rss_mb()
+    steps = steps[:timed]
     cycles = [steps[i] + steps[i + 1] for i in range(0, len(steps) - 1, UPDATES_PER_ROLLOUT)]
     train_only = [steps[i + 1] for i in range(0, len(steps) - 1, UPDATES_PER_ROLLOUT)]  # no generation in step 2
     per_gen = lengths[::UPDATES_PER_ROLLOUT] if len(lengths) >= 2 * len(cycles) else lengths
@@ -355,7 +597,12 @@ def worker(args) -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    out = run_lit(args) if args.worker == "lit" else run_trl(args)
+    rss: dict[str, list[int]] = {}
+    profile = RegionProfile(args.worker, args.profile_dir, args.device) if args.profile_dir else None
+    out = (run_lit if args.worker == "lit" else run_trl)(args, rss, profile)
+    out["rss_phases"] = rss
+    if profile is not None:
+        out["profile"] = profile.summary or dict(error="the profiled cycle never ended")
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     if args.device == "cuda":
         out["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20  # before the matmul's own buffers
@@ -451,6 +698,12 @@ def main(argv=None) -> None:
     )
     p.add_argument("--num-generations", type=int, default=G, help="completions per prompt (G)")
     p.add_argument("--max-new-tokens", type=int, default=MAX_NEW, help="the completion budget on both sides")
+    p.add_argument(
+        "--profile-dir",
+        type=Path,
+        help="the last round's runs add one untimed cycle under torch.profiler (lit_gspo: its update; TRL: its "
+        "step without generation) and write profile_lit.txt, profile_trl.txt here",
+    )
     p.add_argument("--only", choices=["lit", "trl"], help="run one side only")
     p.add_argument("--worker", choices=["lit", "trl"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -478,6 +731,7 @@ def main(argv=None) -> None:
     )
     for round_ in range(args.rounds):
         for side in sides:
+            profiled = args.profile_dir is not None and round_ == args.rounds - 1
             cmd = [
                 sys.executable,
                 __file__,
@@ -511,6 +765,7 @@ def main(argv=None) -> None:
                 str(args.num_generations),
                 "--max-new-tokens",
                 str(args.max_new_tokens),
+                *(["--profile-dir", str(args.profile_dir.resolve())] if profiled else []),
             ]
             start = time.perf_counter()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
@@ -551,8 +806,20 @@ def main(argv=None) -> None:
             f"RSS lit/trl {table['lit']['peak_rss_mb'] / table['trl']['peak_rss_mb']:.2f}"
         )
     print("work: update-phase FLOPs executed / 6·params·tokens (lit_gspo skips rows with zero advantage)")
+    for s, r in results.items():
+        phases = r[-1].get("rss_phases", {})
+        print(
+            f"host RSS by phase (MB, current/peak) {s}: " + ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in phases.items())
+        )
+    for s, r in results.items():
+        if "profile" in r[-1]:  # "profile lit update: 812 ms device time in 1020 ms, matmul 41%, ..."
+            print("profile " + r[-1]["profile"].get("headline", f"{s}: {r[-1]['profile'].get('error')}"))
     print(f"reproduce: {command}")
-    print("JSON " + json.dumps(dict(table, device=args.device, precision=args.precision, command=command)))
+    evidence = dict(
+        rss_phases={s: r[-1].get("rss_phases") for s, r in results.items()},
+        profile={s: r[-1].get("profile") for s, r in results.items()},
+    )
+    print("JSON " + json.dumps(dict(table, device=args.device, precision=args.precision, command=command, **evidence)))
 
 
 if __name__ == "__main__":

@@ -142,33 +142,35 @@ class RLModule(LightningModule):
     # ------------------------------------------------------------------ one RL step
     def training_step(self, rows: list[dict], batch_idx: int) -> None:
         trainer_state = reward_trainer_state(self.trainer, self)
-        if self.async_rollouts:
-            rollout, stats = self.async_rollouts.next(rows, trainer_state)
-        else:
-            rollout, stats = self.collector.rollout(
-                self.policy, rows, self.refill_rows, trainer_state, synced_gpus=self.synced_gpus()
-            )
+        with torch.profiler.record_function("lit_gspo.rollout"):  # named regions for torch.profiler
+            if self.async_rollouts:
+                rollout, stats = self.async_rollouts.next(rows, trainer_state)
+            else:
+                rollout, stats = self.collector.rollout(
+                    self.policy, rows, self.refill_rows, trainer_state, synced_gpus=self.synced_gpus()
+                )
         if not any_rank(rollout is not None and bool(rollout.completion_mask.any())):
             rollout = None  # every sample of every rank failed: no rank updates, all count a skipped step alike
         if rollout is not None:
             start = time.perf_counter()
-            self.learner.snapshot(rollout)
-            rollout.advantages = self.advantage(rollout, self.generation.num_generations)
-            every = self.generation.dump_every_n_steps
-            if every and self.rl_step and self.rl_step % every == 0:
-                export.save_rollout(self, rollout)
-            optimizer = RLStepOptimizer(self.optimizers(), self.trainer.strategy, self._count_optimizer_step)
-            stats.update(
-                self.learner.learn(
-                    rollout,
-                    optimizer,  # one Lightning step per RL step
-                    learner_schedule(self),
-                    backward=self.manual_backward,
-                    step=self._scaled_step,
-                    world_size=self.trainer.world_size,
+            with torch.profiler.record_function("lit_gspo.update"):
+                self.learner.snapshot(rollout)
+                rollout.advantages = self.advantage(rollout, self.generation.num_generations)
+                every = self.generation.dump_every_n_steps
+                if every and self.rl_step and self.rl_step % every == 0:
+                    export.save_rollout(self, rollout)
+                optimizer = RLStepOptimizer(self.optimizers(), self.trainer.strategy, self._count_optimizer_step)
+                stats.update(
+                    self.learner.learn(
+                        rollout,
+                        optimizer,  # one Lightning step per RL step
+                        learner_schedule(self),
+                        backward=self.manual_backward,
+                        step=self._scaled_step,
+                        world_size=self.trainer.world_size,
+                    )
                 )
-            )
-            after_rl_step(self, stats)
+                after_rl_step(self, stats)
             stats["time/update_s"] = time.perf_counter() - start
         if self.async_rollouts:
             self.async_rollouts.publish(stats)
