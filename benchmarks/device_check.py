@@ -13,7 +13,7 @@ Parts, each a subprocess with its own time limit (a crash or a time-out is one r
 3. ``sampler``: ``benchmarks/sampler_speed.py``: completion tokens/s of each engine at 8 prompts × 8 × 256 new
    tokens, Qwen3-0.6B's shape, bf16 (target ≥ 20,000 for the CUDA default engine).
 4. ``vs TRL``: ``benchmarks/vs_trl.py`` at 8 × 8 × 256 a rollout (4 prompts per update), Qwen3-0.6B's shape: seconds
-   per update, update-phase MFU, peak GPU memory and host RSS on both sides (one timed cycle after the warm-up), and
+   per update, update-phase MFU, peak GPU memory and host RSS on both sides (two timed cycles after the warm-up), and
    the evidence of where the update's time and the host memory go: a ``torch.profiler`` profile of one more cycle's
    update on each side (``profile/profile_{lit,trl}.txt`` under ``--out``; the row gives each side's shares of
    matmul, LM head, attention, optimizer and its syncs) and each side's host RSS by phase (in ``vs.log``). The dry
@@ -120,7 +120,7 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
         ),
         dict(
             name="correctness",
-            limit=240,  # the quickstart's cases come with gpu_check's default --quickstart
+            limit=230,  # the quickstart's cases come with gpu_check's default --quickstart
             cmd=[
                 py,
                 "benchmarks/gpu_check.py",
@@ -133,7 +133,7 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
                 "--more-cases",
                 "",
                 "--budget-s",
-                "230",
+                "220",
                 "--out",
                 str(out / "gpu_check.json"),
             ],
@@ -154,7 +154,7 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
         ),
         dict(
             name="vs TRL 8x8x256",
-            limit=120,  # 110 before the profiled cycle (its parse: a few seconds a side); the parts' limits sum to 480
+            limit=130,  # ~100 s on the H100 before the profiled cycle (+ its parse, a few seconds a side); sum 480
             cmd=[
                 py,
                 "benchmarks/vs_trl.py",
@@ -177,7 +177,7 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
                 "--rounds",
                 "1",
                 "--cycles",
-                "2",  # warm-up, one timed cycle, then the profiled one (3 a side, as before the profile)
+                "3",  # warm-up, two timed cycles, then the profiled one
                 "--profile-dir",
                 str(out / "profile"),
             ],

@@ -154,23 +154,7 @@ class RLModule(LightningModule):
         if rollout is not None:
             start = time.perf_counter()
             with torch.profiler.record_function("lit_gspo.update"):
-                self.learner.snapshot(rollout)
-                rollout.advantages = self.advantage(rollout, self.generation.num_generations)
-                every = self.generation.dump_every_n_steps
-                if every and self.rl_step and self.rl_step % every == 0:
-                    export.save_rollout(self, rollout)
-                optimizer = RLStepOptimizer(self.optimizers(), self.trainer.strategy, self._count_optimizer_step)
-                stats.update(
-                    self.learner.learn(
-                        rollout,
-                        optimizer,  # one Lightning step per RL step
-                        learner_schedule(self),
-                        backward=self.manual_backward,
-                        step=self._scaled_step,
-                        world_size=self.trainer.world_size,
-                    )
-                )
-                after_rl_step(self, stats)
+                self.rl_update(rollout, stats)
             stats["time/update_s"] = time.perf_counter() - start
         if self.async_rollouts:
             self.async_rollouts.publish(stats)
@@ -181,6 +165,21 @@ class RLModule(LightningModule):
         self.rl_step += 1
         if is_last_rl_step(self.trainer, self):
             self.trainer.should_stop = True  # Lightning's loop then validates after this step (val/reward at the end)
+
+    def rl_update(self, rollout, stats: dict) -> None:
+        """Snapshot, advantages, K × M optimiser steps (one Lightning step per RL step); the step's metrics into ``stats``."""
+        self.learner.snapshot(rollout)
+        rollout.advantages = self.advantage(rollout, self.generation.num_generations)
+        every = self.generation.dump_every_n_steps
+        if every and self.rl_step and self.rl_step % every == 0:
+            export.save_rollout(self, rollout)
+        optimizer = RLStepOptimizer(self.optimizers(), self.trainer.strategy, self._count_optimizer_step)
+        schedule, world = learner_schedule(self), self.trainer.world_size
+        metrics = self.learner.learn(
+            rollout, optimizer, schedule, backward=self.manual_backward, step=self._scaled_step, world_size=world
+        )
+        stats.update(metrics)
+        after_rl_step(self, stats)
 
     def _count_optimizer_step(self) -> None:  # an optimiser step taken
         self.optimizer_steps += 1
