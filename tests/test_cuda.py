@@ -219,7 +219,9 @@ def test_a_bf16_mixed_fit_on_the_device_trains_with_finite_losses(tmp_path, cuda
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
     assert out["devices"] == [cuda_device.type]
-    assert len(out["losses"]) == 2 and all(math.isfinite(v) for v in out["losses"]) and out["nonfinite"] == 0
+    assert (
+        len(out["losses"]) == 4 and all(math.isfinite(v) for v in out["losses"]) and out["nonfinite"] == 0
+    )  # max_steps: RL steps
     assert ("torch.uint8" in out["state1"]) == (optimizer == "AdamW8bit")
     assert (tmp_path / "hf_model" / "config.json").exists()
 
