@@ -1,13 +1,15 @@
 """Completion tokens per second of each rollout engine at one shape: issue 36's sampler target.
 
-    python benchmarks/sampler_speed.py --device cuda                      # Qwen3-0.6B's shape, bf16, 8 prompts × 8 × 256
+    python benchmarks/sampler_speed.py --device cuda                      # Qwen3-0.6B's shape, bf16-mixed, 8 prompts × 8 × 256
     python benchmarks/sampler_speed.py --device cpu --dry-run             # a 2-layer Qwen3, fp32, 2 × 4 × 16: the code path
 
 The policy has random weights of ``--model-config``'s shape (default ``benchmarks/shapes/qwen3-0.6b.config.json``):
 no download. Prompts are random token ids of ``--prompt-length``; no token is an EOS, so every row decodes
 ``--max-new-tokens`` tokens (the EOS id is one past the vocabulary) and the rate is that of the full shape (the target: ≥ 20,000 completion tokens/s on an
-H100 for 64 rows × 256 new tokens in bf16). Each engine samples once untimed (warm-up: CUDA graphs, compilation),
-then ``--repeats`` times; the median is reported. Engines run one after another in this process.
+H100 for 64 rows × 256 new tokens in bf16). ``--precision``: as a fit's rollouts run under Lightning's precision of that
+name: ``bf16-mixed`` (the CUDA default: fp32 weights under bf16 autocast, as training holds them), ``bf16-true`` (bf16
+weights), ``32-true``. Each engine samples once untimed (warm-up: CUDA graphs, compilation), then ``--repeats`` times;
+the median is reported. Engines run one after another in this process.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ DRY_RUN_CONFIG = dict(
     num_key_value_heads=2,
     head_dim=16,
 )
+
+
+PRECISIONS = ("bf16-mixed", "bf16-true", "32-true")
 
 
 def build_policy(config_path: Path, device: str, dtype, dry_run: bool):
@@ -70,7 +75,7 @@ def main(argv=None) -> dict:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--dry-run", action="store_true", help="tiny shapes (a 2-layer Qwen3, 2 prompts × 4 × 16 tokens)")
     p.add_argument("--model-config", type=Path, default=ROOT / "benchmarks/shapes/qwen3-0.6b.config.json")
-    p.add_argument("--dtype", choices=["bfloat16", "float32"], help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--precision", choices=PRECISIONS, help="default: bf16-mixed on CUDA, 32-true on CPU")
     p.add_argument("--prompts", type=int, help="default 8 (dry run 2)")
     p.add_argument("--G", type=int, help="completions per prompt (default 8, dry run 4)")
     p.add_argument("--max-new-tokens", type=int, help="default 256 (dry run 16)")
@@ -93,12 +98,14 @@ def main(argv=None) -> dict:
         args.G or (4 if small else 8),
         args.max_new_tokens or (16 if small else 256),
     )
-    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
+    precision = args.precision or ("bf16-mixed" if args.device == "cuda" else "32-true")
+    dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
     policy, vocab = build_policy(args.model_config, args.device, dtype, small)
+    autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
     generator = torch.Generator().manual_seed(0)
     prompts = torch.randint(3, vocab, (prompts_n, args.prompt_length), generator=generator).tolist()
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else args.device
-    shape = f"{prompts_n} prompts × {G} × {T} new tokens, prompt {args.prompt_length}, {dtype}"
+    shape = f"{prompts_n} prompts × {G} × {T} new tokens, prompt {args.prompt_length}, {precision}"
     print(f"sampler speed on {where}: {'dry run' if small else args.model_config.name}, {shape}", flush=True)
     results = {}
     for name in args.engines.split(","):
@@ -108,11 +115,15 @@ def main(argv=None) -> dict:
             continue
         torch.manual_seed(0)
         try:
-            results[name] = measure(
-                cls(), policy, prompts, G=G, T=T, repeats=args.repeats, device=args.device, never=vocab
-            )  # an id past the vocabulary: no row ends early
+            with autocast:
+                results[name] = measure(
+                    cls(), policy, prompts, G=G, T=T, repeats=args.repeats, device=args.device, never=vocab
+                )  # an id past the vocabulary: no row ends early
         except Exception as error:  # a crash is one row of the table
             results[name] = dict(error=f"{type(error).__name__}: {error}"[:300])
+        if args.json:  # after each engine: a time limit that ends the run keeps what was measured
+            args.json.write_text(json.dumps(dict(device=where, shape=shape, engines=results), indent=1))
+        print(f"{name}: {results[name]}", flush=True)
     print(f"{'engine':<20} {'tok/s':>10} {'median s':>9} {'warm-up s':>10} {'tokens':>7}")
     for name, r in results.items():
         if "error" in r:

@@ -5,7 +5,8 @@ chat-templated prompts ("What is A + B? Answer with just the number."), G = 8, 1
 update (2 prompts), 2 updates per rollout (TRL ``steps_per_generation=2``; lit_gspo
 ``num_minibatches=2``), ≤ 48 new tokens, AdamW lr 5e-6 constant, β = 0, ε 3e-4/4e-4, the same loss
 normalisation (token-mean = TRL's default ``loss_type="dapo"``), the same precision and thread count.
-lit_gspo runs as a user would: its lean sampler (``LeanSampler``, eager GQA attention while decoding),
+lit_gspo runs as a user would: on CPU its lean sampler as configs/smollm2 sets it (``LeanSampler``, eager GQA
+attention while decoding), on CUDA its default engine there (``StaticCacheSampler``) and micro-batches from free memory,
 skipping rows with zero advantage (``--skip-zero-advantage off`` runs every row, as TRL does), old
 log-probs only for the second minibatch. Gradient checkpointing is the same on both sides
 (``--checkpointing``, default on = TRL's default) unless ``--lit-checkpointing`` sets lit_gspo's alone:
@@ -337,7 +338,6 @@ def run_lit(args, rss: dict, profile: RegionProfile | None) -> dict:
     from lit_gspo.lightning.datamodule import PromptDataModule
     from lit_gspo.lightning.module import RLModule
     from lit_gspo.rl.config import Generation, Policy, Update
-    from lit_gspo.rl.engines import HFGenerate, LeanSampler, VLLMEngine
     from lit_gspo.rl.objectives import GSPO
     from lit_gspo.rl.rewards import AnswerMatch
 
@@ -377,17 +377,13 @@ def run_lit(args, rss: dict, profile: RegionProfile | None) -> dict:
         objective=GSPO(clip_low=3e-4, clip_high=4e-4, beta=0.0, aggregation="token-mean"),
         optimizer=lambda p: torch.optim.AdamW(p, lr=LR, weight_decay=0.0, fused=True),  # TRL: adamw_torch_fused
         rewards=[AnswerMatch(mode="last_number")],
-        engine=VLLMEngine(kv_cache_gb=VLLM_KV_CACHE_GB)
-        if args.backend == "vllm"
-        else (LeanSampler if args.backend == "fast" else HFGenerate)(
-            attn_implementation=None if args.sampling_attention == "none" else args.sampling_attention
-        ),
+        engine=lit_engine(args),
         generation=Generation(num_generations=args.num_generations, max_new_tokens=args.max_new_tokens),
         update=Update(
             num_minibatches=UPDATES_PER_ROLLOUT,
             max_grad_norm=1.0,
             skip_zero_advantage_rows=args.skip_zero_advantage == "on",
-            micro_batch_tokens=args.micro_batch_tokens or None,
+            micro_batch_tokens=lit_micro_batch_tokens(args),
         ),
     )
     rss["loaded"] = rss_mb()
@@ -584,6 +580,29 @@ def run_trl(args, rss: dict, profile: RegionProfile | None) -> dict:
     )
 
 
+def lit_backend(args) -> str:
+    return args.backend if args.backend != "auto" else ("static" if args.device == "cuda" else "fast")
+
+
+def lit_engine(args):
+    """lit_gspo's engine for ``--backend`` and ``--sampling-attention``."""
+    from lit_gspo.rl.engines import HFGenerate, LeanSampler, StaticCacheSampler, VLLMEngine
+
+    backend = lit_backend(args)
+    if backend == "vllm":
+        return VLLMEngine(kv_cache_gb=VLLM_KV_CACHE_GB)
+    attention = args.sampling_attention
+    if attention == "auto":
+        attention = "none" if backend == "static" else "lit_gqa_eager"
+    engine = {"static": StaticCacheSampler, "fast": LeanSampler, "hf": HFGenerate}[backend]
+    return engine(attn_implementation=None if attention == "none" else attention)
+
+
+def lit_micro_batch_tokens(args) -> int | str | None:
+    value = str(args.micro_batch_tokens)
+    return "auto" if value == "auto" else (int(value) or None)
+
+
 def rows_per_update(args) -> int:
     return args.num_generations * args.prompts_per_update
 
@@ -649,9 +668,10 @@ def main(argv=None) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both sides sample and train")
     p.add_argument(
         "--backend",
-        choices=["hf", "fast", "vllm"],
-        default="fast",
-        help="lit_gspo engine: fast = LeanSampler, hf = HFGenerate; vllm = VLLMEngine, and TRL samples with "
+        choices=["auto", "static", "fast", "hf", "vllm"],
+        default="auto",
+        help="lit_gspo engine: auto = the default a user gets (static on CUDA, fast on CPU); static = "
+        "StaticCacheSampler, fast = LeanSampler, hf = HFGenerate; vllm = VLLMEngine, and TRL samples with "
         "vLLM too (use_vllm=True, vllm_mode='colocate'); needs the `vllm` extra's environment",
     )
     p.add_argument(
@@ -674,14 +694,15 @@ def main(argv=None) -> None:
     )
     p.add_argument(
         "--micro-batch-tokens",
-        type=int,
-        default=0,
-        help="lit_gspo update.micro_batch_tokens (0: one micro-batch per minibatch)",
+        default="auto",
+        help="lit_gspo update.micro_batch_tokens: auto (the default a user gets: a budget from free GPU memory, none on "
+        "the CPU), N tokens, or 0: one micro-batch per minibatch",
     )
     p.add_argument(
         "--sampling-attention",
-        default="lit_gqa_eager",
-        help="lit_gspo engine attn_implementation while sampling (as in configs/smollm2; eager: HF eager; none: the model's)",
+        default="auto",
+        help="lit_gspo engine attn_implementation while sampling: auto = lit_gqa_eager (as in configs/smollm2) for the "
+        "fast and hf engines, the model's own for static (its compiled step); eager: HF eager; none: the model's",
     )
     p.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "smollm2-135m-instruct-hf")
     p.add_argument(
@@ -785,8 +806,8 @@ def main(argv=None) -> None:
         f"\n{args.model_dir.name} on {where}, {rows_per_update(args)} completions/update "
         f"({args.prompts_per_update} prompts × {args.num_generations}), {UPDATES_PER_ROLLOUT} updates/rollout, "
         f"≤{args.max_new_tokens} new tokens, {args.precision}, {args.threads} thread(s), gradient checkpointing {args.checkpointing} (lit_gspo {lit_checkpointing(args)}), "
-        f"lit_gspo skip_zero_advantage_rows {args.skip_zero_advantage}, micro_batch_tokens {args.micro_batch_tokens or None}, "
-        f"lit_gspo backend {args.backend}"
+        f"lit_gspo skip_zero_advantage_rows {args.skip_zero_advantage}, micro_batch_tokens {lit_micro_batch_tokens(args)}, "
+        f"lit_gspo backend {lit_backend(args)}"
     )
     print(
         f"{'':>8} {'s/update':>9} {'compl tok/s':>12} {'update-phase s':>15} {'MFU':>6} {'matmul GFLOP/s':>15} "

@@ -94,6 +94,38 @@ def test_under_bf16_autocast_the_lm_head_and_the_logprobs_stay_fp32(gpu_model, c
     assert ours <= 1e-4 and bf16 > 1e-5 and ours < bf16 / 10, (float(ours), float(bf16))
 
 
+def test_the_compiled_static_cache_step_samples_with_the_weights_of_the_moment(gpu_model, cuda_device):
+    """StaticCacheSampler as it runs on the GPU (compiled: CUDA graphs there; inductor on the CPU dry run) under bf16
+    autocast, across what an RL step does between two rollouts (an in-place optimiser step that moves the log-probs
+    far more than bf16 does, validation under inference mode): the log-probs it reports are the trainer's for the
+    weights of the moment, not those its graph was captured with, and nothing compiles again."""
+    from lit_gspo.rl.engines import StaticCacheSampler
+
+    policy, engine = copy.deepcopy(gpu_model), StaticCacheSampler(compile=True)
+
+    def trainer_logprobs(batch):
+        with torch.no_grad(), torch.autocast(cuda_device.type, dtype=torch.bfloat16):
+            return token_logprobs(policy, batch).logprobs
+
+    try:
+        for step in range(3):
+            with torch.autocast(cuda_device.type, dtype=torch.bfloat16):
+                batch = sample(engine, policy, seed=step, return_logprobs=True)
+            mask = batch.completion_mask
+            before = trainer_logprobs(batch)
+            assert (batch.engine_logprobs - before)[mask].abs().max() < 0.05, f"rollout {step}"
+            with torch.no_grad():
+                for p in policy.parameters():  # an optimiser step: new values in the same tensors
+                    p.add_(torch.randn_like(p) * p.abs().mean())
+            assert (trainer_logprobs(batch) - before)[mask].abs().max() > 0.3  # stale weights would show
+            if step == 0:
+                torch.compiler.set_stance("fail_on_recompile")
+        with torch.inference_mode(), torch.autocast(cuda_device.type, dtype=torch.bfloat16):
+            sample(engine, policy, greedy=True)  # validation's call
+    finally:
+        torch.compiler.set_stance("default")
+
+
 def test_an_on_policy_gspo_step_under_bf16_autocast_is_finite_with_a_ratio_of_one(cuda_device):
     policy, tokenizer = load_policy("tiny-llama", seed=0)
     policy.to(cuda_device)
