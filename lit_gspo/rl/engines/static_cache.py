@@ -23,6 +23,7 @@ eagerly (testable; greedy tokens equal the lean sampler's).
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 
 import torch
@@ -56,6 +57,19 @@ def decode_logits(model: nn.Module, cache, tokens: Tensor, positions: Tensor, ma
         logits_to_keep=1,
     )
     return out.logits[:, -1].float()
+
+
+def outside_inference_mode(generate):
+    """Run ``generate`` on normal tensors under ``no_grad``, even when the caller is in inference mode (``eval``, a
+    user's loop): an inference tensor reaching the compiled step fails its guards (another dispatch key set), and it
+    would compile and capture again. (Leaving inference mode turns gradients back on, hence ``no_grad``.)"""
+
+    @functools.wraps(generate)
+    def outside(*args, **kwargs):
+        with torch.inference_mode(False), torch.no_grad():
+            return generate(*args, **kwargs)
+
+    return outside
 
 
 class StaticCacheSampler(RolloutEngine):
@@ -149,6 +163,7 @@ class StaticCacheSampler(RolloutEngine):
             self.caches_built += 1
         return cache
 
+    @outside_inference_mode
     def generate(
         self,
         policy: nn.Module,
@@ -161,35 +176,6 @@ class StaticCacheSampler(RolloutEngine):
         eos_id: int | list[int],
         sampling: dict,
         synced_gpus: bool,
-        return_logprobs: bool,
-    ) -> tuple[Tensor, Tensor | None]:
-        # normal tensors even under a caller's inference mode (``eval``, a user's loop): an inference tensor reaching
-        # the compiled step fails its guards (another dispatch key set), and it would compile and capture again;
-        # leaving inference mode turns gradients back on, hence no_grad
-        with torch.inference_mode(False), torch.no_grad():
-            return self._generate(
-                policy,
-                input_ids,
-                attention_mask,
-                num_generations=num_generations,
-                max_new_tokens=max_new_tokens,
-                pad_id=pad_id,
-                eos_id=eos_id,
-                sampling=sampling,
-                return_logprobs=return_logprobs,
-            )
-
-    def _generate(
-        self,
-        policy: nn.Module,
-        input_ids: Tensor,
-        attention_mask: Tensor,
-        *,
-        num_generations: int,
-        max_new_tokens: int,
-        pad_id: int,
-        eos_id: int | list[int],
-        sampling: dict,
         return_logprobs: bool,
     ) -> tuple[Tensor, Tensor | None]:
         from transformers import DynamicCache
