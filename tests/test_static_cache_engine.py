@@ -225,6 +225,18 @@ def test_the_compiled_step_compiles_once_per_bucket_across_rl_steps(model):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16 autocast, precast weights"])
+def test_the_decoding_step_compiles_as_one_graph(any_model, autocast):
+    """No graph break in the step with the installed transformers (Llama, Qwen3): a break would leave part of every
+    token's work outside the CUDA graph on a GPU."""
+    engine = StaticCacheSampler(compile=True, fullgraph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        compiled = sample(engine, any_model, greedy=True)
+    if not autocast:  # (a graph break raised above) and the one graph decodes the eager step's tokens
+        assert torch.equal(compiled.input_ids, sample(StaticCacheSampler(), any_model, greedy=True).input_ids)
+
+
+@pytest.mark.slow
 def test_a_fit_compiles_the_step_in_its_first_steps_and_never_again(tmp_path):
     """The whole loop as a user runs it (validation at steps 0, 2, 4 and the end, training rollouts, the learner between them):
     once steps 0 and 1 have compiled each row bucket, nothing compiles again."""

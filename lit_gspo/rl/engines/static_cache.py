@@ -78,6 +78,8 @@ class StaticCacheSampler(RolloutEngine):
     Args:
         attn_implementation: the attention kernel while sampling (see :class:`RolloutEngine`).
         compile: compile the decoding step (``torch.compile(mode="reduce-overhead")``); None: on CUDA only.
+        fullgraph: raise at a graph break in the decoding step (another transformers version, another model) instead
+            of running the break eagerly, which leaves part of the step outside the CUDA graph: slower, not wrong.
         max_cache_len: the cache length (prompt + completion tokens) of every cache, so one graph per row bucket
             for the whole run; a longer prompt + ``max_new_tokens`` is refused. None: grown as needed (multiples of 64).
         finished_check_every: decoding steps between two checks whether every row has emitted EOS.
@@ -98,12 +100,14 @@ class StaticCacheSampler(RolloutEngine):
         max_cache_len: int | None = None,
         finished_check_every: int = 8,
         precast_weights: bool = True,
+        fullgraph: bool = False,
     ):
         super().__init__(attn_implementation)
         if finished_check_every < 1:
             raise ValueError(f"finished_check_every must be ≥ 1, got {finished_check_every}")
         self.compile, self.max_cache_len, self.finished_check_every = compile, max_cache_len, finished_check_every
         self.precast_weights, self.precast = precast_weights, PrecastLinears()
+        self.fullgraph = fullgraph
         self.caches: dict[int, object] = {}  # row bucket -> its StaticCache
         self.caches_built = 0
         self._compiled_step = None
@@ -130,7 +134,7 @@ class StaticCacheSampler(RolloutEngine):
         if not (self.compile if self.compile is not None else device.type == "cuda"):
             return decode_logits
         if self._compiled_step is None:
-            compiled = torch.compile(decode_logits, mode="reduce-overhead", dynamic=False)
+            compiled = torch.compile(decode_logits, mode="reduce-overhead", dynamic=False, fullgraph=self.fullgraph)
 
             def step(*args):
                 torch.compiler.cudagraph_mark_step_begin()  # the last step's logits are used up: its buffers are free
