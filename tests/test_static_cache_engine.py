@@ -317,3 +317,24 @@ def test_a_copy_of_a_used_engine_holds_none_of_its_caches_or_weights(model):
     assert (twin.caches, twin.caches_built, twin.precast.copy) == ({}, 0, None)
     assert twin.finished_check_every == 4 and engine.caches  # the original keeps its own
     assert torch.equal(sample(twin, model, greedy=True).input_ids, sample(engine, model, greedy=True).input_ids)
+
+
+def test_precast_weights_with_lora_adapters_sample_what_autocast_samples():
+    """PEFT's LoRA layers are not nn.Linear; their base and adapter Linears are precast, with the same numbers."""
+    from lit_gspo.models import load_policy
+    from lit_gspo.models.lora import apply_lora
+
+    policy, _ = load_policy("tiny-llama", seed=0)
+    policy = apply_lora(policy, r=4, alpha=8)
+    with torch.no_grad():  # adapters that change the output (lora_B starts at zero)
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    precast, per_step = StaticCacheSampler(), StaticCacheSampler(precast_weights=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = sample(precast, policy, return_logprobs=True)
+        theirs = sample(per_step, policy, return_logprobs=True)
+    assert torch.equal(ours.input_ids, theirs.input_ids)
+    assert torch.equal(ours.engine_logprobs, theirs.engine_logprobs)
+    adapters = [t for t, _ in precast.precast.pairs if t.shape[0] == 4 or t.shape[1] == 4]  # r = 4
+    assert adapters and all(t.dtype == torch.bfloat16 for t in adapters)
