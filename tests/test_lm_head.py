@@ -72,10 +72,21 @@ def test_bf16x3_gradients_are_the_fp32_heads_at_bf16_precision():
         assert float(torch.nn.functional.cosine_similarity(split.flatten(), fp32.flatten(), dim=0)) > 0.9999
 
 
+def test_with_bf16_weights_and_states_bf16x3_is_one_gemm_with_the_fp32_gemms_numbers():
+    hidden64, weight64, _ = a_trained_looking_head()
+    hidden, weight = hidden64.bfloat16(), weight64.bfloat16()  # bf16-true: no low parts
+    split = HeadWeights(weight, None, *bf16_parts(weight))
+    assert split.lo is None and bf16_parts(hidden)[1] is None
+    torch.testing.assert_close(
+        head_logits(hidden, split), head_logits(hidden, HeadWeights(weight)), atol=1e-5, rtol=1e-6
+    )
+
+
 def test_the_cpu_runs_the_fp32_head_even_under_bf16_autocast():
     assert not lm_head.gemm_bf16_to_fp32_exists("cpu")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert head_precision(torch.device("cpu")) == "fp32"  # the golden runs and CPU timings are unchanged
+    assert head_precision(torch.device("cpu"), torch.bfloat16) == "fp32"
 
 
 @pytest.mark.parametrize("chunk", [2**26, 2 * 23], ids=["one chunk", "recomputed chunks"])
@@ -87,7 +98,7 @@ def test_token_logprobs_with_the_bf16x3_head(model, monkeypatch, chunk):
     batch = batch_of([[2, 5, 6], [2, 7]], [[10, 11, 12, 13], [14, 15, 1]])
     results = {}
     for precision in ("fp32", "bf16x3"):
-        monkeypatch.setattr(lm_head, "head_precision", lambda device, p=precision: p)
+        monkeypatch.setattr(lm_head, "head_precision", lambda device, dtype, p=precision: p)
         model.zero_grad()
         out = token_logprobs(model, batch, with_entropy=True, max_chunk_elements=chunk)
         (out.logprobs * batch.completion_mask).sum().backward()

@@ -13,7 +13,8 @@ Log-probs, ratios and their reductions are fp32. The head's matmul is fp32 too, 
   A bf16 product is exact in fp32, so only the splits round: measured on SmolLM2-135M's trained head, the log-probs
   are within 5.3e-5 of fp64's (fp32's: 2.3e-5; one bf16 GEMM with fp32 output: 3.3e-2). Backward, ∂h = ∂z W and
   ∂W = ∂zᵀ h are one bf16 GEMM each with fp32 output: gradients at bf16 precision, as autocast gives the decoder's.
-  An operand already in bf16 has no low part (``bf16-true``: one GEMM).
+  An operand already in bf16 has no low part: with ``bf16-true`` weights and states, one GEMM whose products and fp32
+  sums are the fp32 GEMM's.
 
 Chunks of positions share one :class:`HeadWeights` (W is split once per forward, not once per chunk).
 """
@@ -44,16 +45,18 @@ class HeadWeights(NamedTuple):
 def head_weights(head: nn.Module, precision: str | None = None) -> HeadWeights:
     """The weights ``head_logits`` uses; ``precision`` None: :func:`head_precision` of the weight's device."""
     weight, bias = head.weight, head.bias
-    if (precision or head_precision(weight.device)) == "fp32":
+    if (precision or head_precision(weight.device, weight.dtype)) == "fp32":
         return HeadWeights(weight, bias)
     hi, lo = bf16_parts(weight.detach())
     return HeadWeights(weight, bias, hi, lo)
 
 
-def head_precision(device: torch.device) -> str:
-    """``bf16x3`` on a device with bf16 GEMMs returning fp32 while bf16 autocast is on there; else ``fp32``."""
+def head_precision(device: torch.device, weight_dtype: torch.dtype = torch.float32) -> str:
+    """``bf16x3`` on a device with bf16 GEMMs returning fp32, while bf16 autocast is on there or the weights are bf16
+    (``bf16-true``: then one GEMM, the fp32 GEMM's numbers); else ``fp32``."""
     bf16_autocast = torch.is_autocast_enabled(device.type) and torch.get_autocast_dtype(device.type) == torch.bfloat16
-    return "bf16x3" if bf16_autocast and gemm_bf16_to_fp32_exists(device.type) else "fp32"
+    bf16 = bf16_autocast or weight_dtype == torch.bfloat16
+    return "bf16x3" if bf16 and gemm_bf16_to_fp32_exists(device.type) else "fp32"
 
 
 @cache
