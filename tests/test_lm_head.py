@@ -104,6 +104,7 @@ def test_token_logprobs_with_the_bf16x3_head(model, monkeypatch, chunk):
         (out.logprobs * batch.completion_mask).sum().backward()
         results[precision] = (out.logprobs.detach(), out.entropy, model.lm_head.weight.grad.clone())
     (lp32, ent32, grad32), (lp3, ent3, grad3) = results["fp32"], results["bf16x3"]
+    assert not torch.equal(lp3, lp32)  # the bf16x3 path ran (its rounding is not fp32's)
     torch.testing.assert_close(lp3, lp32, atol=1e-5, rtol=0)
     torch.testing.assert_close(ent3, ent32, atol=1e-5, rtol=0)
     assert float((grad3 - grad32).norm() / grad32.norm()) < 1e-2
