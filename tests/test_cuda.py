@@ -1,6 +1,6 @@
 """The CUDA path (``pytest -m cuda``; every test here is skipped where torch sees no GPU, never failed).
 
-On the GPU: the engines' log-probs are the trainer's in fp32; under bf16 autocast the LM head (bf16x3 on CUDA), log-probs and
+On the GPU: the engines' log-probs (StaticCacheSampler compiled, with CUDA graphs) are the trainer's in fp32; under bf16 autocast the LM head (bf16x3 on CUDA), log-probs and
 ratios stay fp32 and an on-policy GSPO step is finite with a ratio of exactly 1; fused AdamW steps as the
 plain one; bitsandbytes' 8-bit AdamW keeps uint8 state; a fit in bf16-mixed, one process and under FSDP2
 (``ModelParallelStrategy``, one process: NCCL) with AdamW and AdamW8bit, trains and logs finite losses.
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from lit_gspo.models import load_policy
 from lit_gspo.rl.advantages import GroupNormalized
 from lit_gspo.rl.config import Update
-from lit_gspo.rl.engines import HFGenerate, LeanSampler
+from lit_gspo.rl.engines import HFGenerate, LeanSampler, StaticCacheSampler
 from lit_gspo.rl.learn.learner import Learner
 from lit_gspo.rl.lm_head import head_precision
 from lit_gspo.rl.objectives import GSPO
@@ -50,8 +50,10 @@ def sample(engine, model, seed=0, **kwargs):
     return engine.sample(model, PROMPTS, num_generations=3, max_new_tokens=8, pad_id=PAD, eos_id=EOS, **kwargs)
 
 
-@pytest.mark.parametrize("engine", [HFGenerate(), LeanSampler()], ids=["hf", "lean"])
+@pytest.mark.parametrize("engine", [HFGenerate, LeanSampler, StaticCacheSampler], ids=["hf", "lean", "static"])
 def test_engine_logprobs_are_the_trainers_on_the_device_in_fp32(gpu_model, cuda_device, engine):
+    """StaticCacheSampler as the device runs it by default: compiled, CUDA graphs (eager in the CPU dry run)."""
+    engine = engine()
     batch = sample(engine, gpu_model, temperature=0.7, return_logprobs=True)
     assert batch.input_ids.device.type == cuda_device.type and batch.engine_logprobs.dtype == torch.float32
     with torch.no_grad():
@@ -61,11 +63,12 @@ def test_engine_logprobs_are_the_trainers_on_the_device_in_fp32(gpu_model, cuda_
     torch.testing.assert_close(batch.engine_logprobs[mask], trainer[mask], atol=1e-4, rtol=0)
 
 
-def test_lean_and_hf_engines_agree_on_greedy_tokens_on_the_device(gpu_model):
+@pytest.mark.parametrize("engine", [LeanSampler, StaticCacheSampler], ids=["lean", "static"])
+def test_the_engines_agree_with_generate_on_greedy_tokens_on_the_device_in_fp32(gpu_model, engine):
     hf = sample(HFGenerate(), gpu_model, greedy=True, return_logprobs=True)
-    lean = sample(LeanSampler(), gpu_model, greedy=True, return_logprobs=True)
-    assert torch.equal(hf.input_ids, lean.input_ids) and torch.equal(hf.completion_mask, lean.completion_mask)
-    torch.testing.assert_close(hf.engine_logprobs, lean.engine_logprobs, atol=1e-4, rtol=0)
+    ours = sample(engine(), gpu_model, greedy=True, return_logprobs=True)
+    assert torch.equal(hf.input_ids, ours.input_ids) and torch.equal(hf.completion_mask, ours.completion_mask)
+    torch.testing.assert_close(hf.engine_logprobs, ours.engine_logprobs, atol=1e-4, rtol=0)
 
 
 def test_under_bf16_autocast_the_lm_head_and_the_logprobs_stay_fp32(gpu_model, cuda_device):
@@ -99,8 +102,6 @@ def test_the_compiled_static_cache_step_samples_with_the_weights_of_the_moment(g
     autocast, across what an RL step does between two rollouts (an in-place optimiser step that moves the log-probs
     far more than bf16 does, validation under inference mode): the log-probs it reports are the trainer's for the
     weights of the moment, not those its graph was captured with, and nothing compiles again."""
-    from lit_gspo.rl.engines import StaticCacheSampler
-
     policy, engine = copy.deepcopy(gpu_model), StaticCacheSampler(compile=True)
 
     def trainer_logprobs(batch):
