@@ -1,7 +1,8 @@
 """The CUDA path (``pytest -m cuda``; every test here is skipped where torch sees no GPU, never failed).
 
-On the GPU: the engines' log-probs (StaticCacheSampler compiled, with CUDA graphs) are the trainer's in fp32; under bf16 autocast the LM head (bf16x3 on CUDA), log-probs and
-ratios stay fp32 and an on-policy GSPO step is finite with a ratio of exactly 1; fused AdamW steps as the
+On the GPU: the engines' log-probs (StaticCacheSampler compiled, with CUDA graphs) are the trainer's in fp32; under
+bf16 autocast the LM head (bf16x3 on CUDA), log-probs and ratios stay fp32 and an on-policy GSPO step is finite with a
+ratio of exactly 1; the compiled step follows in-place weight updates without recompiling; fused AdamW steps as the
 plain one; bitsandbytes' 8-bit AdamW keeps uint8 state; a fit in bf16-mixed, one process and under FSDP2
 (``ModelParallelStrategy``, one process: NCCL) with AdamW and AdamW8bit, trains and logs finite losses.
 
