@@ -128,6 +128,18 @@ def test_the_compiled_static_cache_step_samples_with_the_weights_of_the_moment(g
         torch.compiler.set_stance("default")
 
 
+def test_one_engine_samples_on_the_device_then_on_the_cpu_after_lightnings_teardown(gpu_model, cuda_device):
+    """Lightning's teardown moves a fitted policy back to the CPU; the engine's precast weights and caches follow it."""
+    policy, engine = copy.deepcopy(gpu_model), StaticCacheSampler(compile=False)
+    with torch.autocast(cuda_device.type, dtype=torch.bfloat16):
+        on_device = sample(engine, policy, greedy=True)
+    policy.cpu()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        on_cpu = sample(engine, policy, greedy=True)
+    assert on_device.input_ids.device.type == cuda_device.type and on_cpu.input_ids.device.type == "cpu"
+    assert engine.precast.device == torch.device("cpu")
+
+
 def test_an_on_policy_gspo_step_under_bf16_autocast_is_finite_with_a_ratio_of_one(cuda_device):
     policy, tokenizer = load_policy("tiny-llama", seed=0)
     policy.to(cuda_device)

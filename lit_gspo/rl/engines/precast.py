@@ -27,6 +27,7 @@ class PrecastLinears:
     def __init__(self):
         self.source: nn.Module | None = None
         self.dtype: torch.dtype | None = None
+        self.device: torch.device | None = None
         self.copy: nn.Module | None = None
         self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []  # (the copy's tensor, the policy's)
 
@@ -35,8 +36,8 @@ class PrecastLinears:
         if not torch.is_autocast_enabled(device.type):
             return policy
         dtype = torch.get_autocast_dtype(device.type)
-        if self.copy is None or self.source is not policy or self.dtype != dtype:
-            self.build(policy, dtype)
+        if self.copy is None or self.source is not policy or (self.dtype, self.device) != (dtype, device):
+            self.build(policy, dtype)  # (Lightning's teardown moves a fitted policy back to the CPU)
         with torch.no_grad():
             for cast, weight in self.pairs:
                 cast.copy_(weight)
@@ -47,6 +48,7 @@ class PrecastLinears:
         shared = {id(t): t for t in itertools.chain(policy.parameters(), policy.buffers())}
         self.copy = copy.deepcopy(policy, memo=shared)  # new modules around the same tensors
         self.source, self.dtype, self.pairs = policy, dtype, []
+        self.device = next(policy.parameters()).device
         for name, module in self.copy.named_modules():
             if type(module) is not nn.Linear:  # not quantised or adapter layers: their forward is their own
                 continue
@@ -60,5 +62,5 @@ class PrecastLinears:
                 self.pairs.append((cast, tensor))
 
     def close(self) -> None:
-        self.source = self.copy = self.dtype = None
+        self.source = self.copy = self.dtype = self.device = None
         self.pairs = []
