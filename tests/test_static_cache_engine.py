@@ -338,3 +338,24 @@ def test_precast_weights_with_lora_adapters_sample_what_autocast_samples():
     assert torch.equal(ours.engine_logprobs, theirs.engine_logprobs)
     adapters = [t for t, _ in precast.precast.pairs if t.shape[0] == 4 or t.shape[1] == 4]  # r = 4
     assert adapters and all(t.dtype == torch.bfloat16 for t in adapters)
+
+
+def test_under_autocast_the_cache_holds_keys_in_its_dtype_with_the_same_tokens_and_logprobs(any_model):
+    """The rotary embedding leaves keys in fp32 under autocast; the attention casts them to bf16 when it reads them. Stored
+    in bf16 they take half the memory and reads, and the tokens and log-probs are the same, bit for bit."""
+
+    class AsComputed(StaticCacheSampler):
+        store_in_autocast_dtype = False
+
+    ours, as_computed = StaticCacheSampler(), AsComputed()
+    for attention in (None, "eager"):
+        ours.attn_implementation = as_computed.attn_implementation = attention
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            a = sample(ours, any_model, return_logprobs=True, seed=1)
+            b = sample(as_computed, any_model, return_logprobs=True, seed=1)
+        assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.engine_logprobs, b.engine_logprobs)
+    ours_layer, computed_layer = ours.caches[16].layers[0], as_computed.caches[16].layers[0]
+    assert (ours_layer.keys.dtype, ours_layer.values.dtype) == (torch.bfloat16, torch.bfloat16)
+    assert computed_layer.keys.dtype == torch.float32  # what it saves: half the keys' bytes
+    sample(ours, any_model)  # outside autocast: fp32 again (the cache is rebuilt)
+    assert ours.caches[16].layers[0].keys.dtype == torch.float32

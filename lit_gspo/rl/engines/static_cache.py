@@ -12,7 +12,8 @@ token. To keep replaying the same graphs across RL steps:
   whether every row has finished is read every ``finished_check_every`` steps, not every token (a host sync);
 - the prompt's **prefill runs once per prompt** (eager, dynamic shapes) and its keys and values are copied G
   times into the static cache;
-- under autocast the step reads **Linear weights cast once per rollout** (``precast.py``), not at every token.
+- under autocast the step reads **Linear weights cast once per rollout** (``precast.py``), not at every token, and
+  the cache **stores keys and values in autocast's dtype** (the attention casts them to it anyway: the same numbers).
 
 Sampling is :func:`~lit_gspo.rl.engines.fast_generate.filter_logits` and
 :func:`~lit_gspo.rl.engines.fast_generate.sample_tokens` in fp32, as in the lean sampler; the log-probs are those of
@@ -28,6 +29,7 @@ import warnings
 
 import torch
 from torch import Tensor, nn
+from transformers.cache_utils import StaticLayer
 
 from lit_gspo.rl.engines.base import RolloutEngine
 from lit_gspo.rl.engines.fast_generate import fast_generate, filter_logits, sample_tokens
@@ -72,6 +74,14 @@ def outside_inference_mode(generate):
     return outside
 
 
+class StoredInCacheDtype(StaticLayer):
+    """A static cache layer that stores new keys and values in its own dtype (autocast's, where the attention casts
+    them to it anyway); transformers' ``StaticLayer`` requires the computed dtype."""
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        return super().update(key_states.to(self.keys.dtype), value_states.to(self.values.dtype), *args, **kwargs)
+
+
 class StaticCacheSampler(RolloutEngine):
     """Decoding on a static KV cache with a compiled one-token step (CUDA graphs on CUDA; the default engine there).
 
@@ -92,6 +102,8 @@ class StaticCacheSampler(RolloutEngine):
     """
 
     samples_sharded = False  # RolloutEngine.sample uses generate's synchronised loop there
+    #: under autocast, keys and values stored in its dtype (False: as computed; the rotary embedding's keys are fp32)
+    store_in_autocast_dtype = True
 
     def __init__(
         self,
@@ -143,25 +155,27 @@ class StaticCacheSampler(RolloutEngine):
             self._compiled_step = step
         return self._compiled_step
 
-    def _cache_for(self, policy: nn.Module, rows: int, length: int, like: Tensor, like_values: Tensor):
+    def _cache_for(self, policy: nn.Module, rows: int, length: int, like: Tensor, like_values: Tensor, dtype):
         """The row bucket's static cache, built (again) when it is shorter than ``length`` or its keys or values are of
-        another dtype or device than ``like``/``like_values``."""
+        another device than ``like``/``like_values`` or dtype than ``dtype`` (None: theirs)."""
         from transformers import StaticCache
 
+        keys_dtype, values_dtype = dtype or like.dtype, dtype or like_values.dtype
         cache = self.caches.get(rows)
         layer = cache.layers[0] if cache is not None else None
         if (
             layer is None
             or layer.max_cache_len < length
-            or layer.keys.dtype != like.dtype
-            or layer.values.dtype != like_values.dtype  # under autocast: bf16 values, rotated keys fp32
+            or (layer.keys.dtype, layer.values.dtype) != (keys_dtype, values_dtype)
             or layer.keys.device != like.device
         ):
             self.caches.pop(rows, None)  # free the old one before allocating
             cache = StaticCache(config=policy.config, max_cache_len=length)  # normal tensors (generate)
+            cache.layers = [StoredInCacheDtype(max_cache_len=length) for _ in cache.layers]
             for layer in cache.layers:
                 layer.lazy_initialization(
-                    like.new_empty(rows, *like.shape[1:]), like_values.new_empty(rows, *like_values.shape[1:])
+                    like.new_empty(rows, *like.shape[1:], dtype=keys_dtype),
+                    like_values.new_empty(rows, *like_values.shape[1:], dtype=values_dtype),
                 )
             self.caches[rows] = cache
             self.caches_built += 1
@@ -229,7 +243,11 @@ class StaticCacheSampler(RolloutEngine):
         bucket = row_bucket(rows)
         length = self.max_cache_len or round_up(needed, CACHE_LENGTH_MULTIPLE)
         first = prefill.layers[0]
-        cache = self._cache_for(policy, bucket, length, first.keys, first.values)
+        # under autocast the attention reads keys and values in its dtype: stored so, the same numbers in less memory
+        # (the rotary embedding leaves the keys in fp32: half the cache's bytes, and of each step's reads of it)
+        autocast = torch.is_autocast_enabled(device.type) and self.store_in_autocast_dtype
+        dtype = torch.get_autocast_dtype(device.type) if autocast else None
+        cache = self._cache_for(policy, bucket, length, first.keys, first.values, dtype)
         for static, dynamic in zip(cache.layers, prefill.layers):  # each prompt's keys and values, G times
             static.keys[:rows, :, :P].copy_(dynamic.keys.repeat_interleave(G, 0))
             static.values[:rows, :, :P].copy_(dynamic.values.repeat_interleave(G, 0))
