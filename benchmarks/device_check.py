@@ -120,7 +120,7 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
     return [
         dict(
             name="cuda tests",
-            limit=130,  # 11 tests took 73 s on the H100 (beside gpu_check); now 17, five of them fits in a subprocess
+            limit=130,  # 11 tests took 73 s on the H100 (beside gpu_check); now 16, five of them fits in a subprocess
             cmd=[py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
         ),
         dict(
