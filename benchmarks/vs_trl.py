@@ -19,7 +19,9 @@ generation included), completion tokens/s, peak RSS of the process, and training
 utilisation: the FLOPs executed per update (6 · params · (prompt + completion tokens) × ``work``, the
 share of that work actually run; recompute not counted) over the time of the update phase, against
 a matmul of the model's shape measured in the same process. Each worker also reads its host RSS (current/peak, from
-/proc/self/status) at start, model loaded, first step, after the first cycle and at the end: one line per side.
+/proc/self/status) at start, model loaded, first step, after the first cycle, when training ends (lit_gspo: before
+Lightning's teardown, which moves the policy and the optimiser's state to the host) and at the end: one line per side;
+"while training" compares the peaks before that teardown.
 ``--profile-dir DIR``: the last round's runs add one untimed cycle under ``torch.profiler`` (lit_gspo: its update,
 the ``lit_gspo.update`` region, from the end of its rollout; TRL: its step without generation) and write
 ``DIR/profile_{lit,trl}.txt``: the shares of matmul, LM-head log-softmax, attention, optimizer, the syncs on CUDA, the
@@ -371,6 +373,11 @@ def run_lit(args, rss: dict, profile: RegionProfile | None) -> dict:
             tokens.append(float(m["train/response_length"]))
             trained.append(float(m["train/rows_with_gradient"]))
 
+        def on_train_end(
+            self, trainer, module
+        ):  # before Lightning's teardown moves the module and optimiser to the host
+            rss["trained"] = rss_mb()
+
     # token-mean = TRL's default loss_type "dapo" (Σ tokens / tokens in the batch), so both optimise the same loss
     module = RLModule(
         policy=Policy(str(args.model_dir), kl_to_ref=False, gradient_checkpointing=lit_checkpointing(args) == "on"),
@@ -421,7 +428,7 @@ def run_lit(args, rss: dict, profile: RegionProfile | None) -> dict:
         default_root_dir=str(ROOT / "runs" / "bench_lit"),
     )
     trainer.fit(module, datamodule=data)
-    rss["end"] = rss_mb()
+    rss["end"] = rss_mb()  # after Lightning's teardown: the policy and the optimiser's state on the host
     rows = train_rows(64)
     return dict(
         cycle_s=cycles,
@@ -628,6 +635,8 @@ def worker(args) -> None:
         out["device_name"] = torch.cuda.get_device_name(0)
     out["matmul_flops"] = matmul_peak(dtype, args.threads, args.device)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # while training: lit_gspo's peak before Lightning's teardown (TRL has none), the profiler's memory included
+    out["train_peak_rss_mb"] = rss.get("trained", rss["end"])[1]
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -653,6 +662,7 @@ def summarise(runs: list[dict], rows: int) -> dict:
         work_fraction=work,
         matmul_gflops=peak / 1e9,
         peak_rss_mb=max(r["peak_rss_mb"] for r in runs),
+        train_peak_rss_mb=max(r.get("train_peak_rss_mb", r["peak_rss_mb"]) for r in runs),
         mean_completion=statistics.median(comp),
         cycles_counted=len(cycle),
         peak_gpu_mb=max((r.get("peak_gpu_mb", 0.0) for r in runs), default=0.0),
@@ -824,7 +834,9 @@ def main(argv=None) -> None:
     if len(table) == 2:
         print(
             f"ratio trl/lit: {table['trl']['sec_per_update'] / table['lit']['sec_per_update']:.2f}x s/update, "
-            f"RSS lit/trl {table['lit']['peak_rss_mb'] / table['trl']['peak_rss_mb']:.2f}"
+            f"RSS lit/trl {table['lit']['peak_rss_mb'] / table['trl']['peak_rss_mb']:.2f} "
+            f"(while training {table['lit']['train_peak_rss_mb'] / table['trl']['train_peak_rss_mb']:.2f}: "
+            "Lightning's teardown then moves the policy and the optimiser's state to the host)"
         )
     print("work: update-phase FLOPs executed / 6·params·tokens (lit_gspo skips rows with zero advantage)")
     for s, r in results.items():

@@ -501,3 +501,26 @@ def test_compare_replays_through_the_learners_public_hooks_only():
         "__init__",
         "after_backward",
     }
+
+
+def test_gradients_are_freed_once_applied_by_the_update_and_the_warm_start():
+    """Held after the last step, the gradients (the model's size again) would sit on the device through the next
+    rollout and reach the host at Lightning's teardown; the optimiser's state is kept (a checkpoint after fit saves it)."""
+    from lit_gspo.rl.config import WarmStart
+    from lit_gspo.rl.warm_start import warm_start
+
+    learner = make_learner(Update(num_minibatches=2))
+    rollout = with_rewards(learner, sample_rollout(learner.policy), [float(i % 3) for i in range(len(ROWS) * G)])
+    params = list(learner.policy.parameters())
+    before = [p.detach().clone() for p in params]
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    learner.learn(rollout, opt)
+    assert any(not torch.equal(p, b) for p, b in zip(params, before))  # it stepped
+    assert all(p.grad is None for p in params)
+    assert opt.state and all("exp_avg" in s for s in opt.state.values())
+
+    policy, tokenizer = load_policy("tiny-llama", seed=0)
+    rows = [dict(row) for row in ROWS]
+    encode = lambda chosen: [tokenizer(r["prompt"])["input_ids"] for r in chosen]  # noqa: E731
+    warm_start(policy, tokenizer, rows, encode, WarmStart(steps=2, batch_size=2), seed=0)
+    assert all(p.grad is None for p in policy.parameters())

@@ -51,6 +51,7 @@ def warm_start(
         opt.zero_grad()
         loss.backward()
         opt.step()
+    opt.zero_grad()  # the last gradients are applied: not held on the device through the fit's first rollout
     return float(loss.detach())
 
 

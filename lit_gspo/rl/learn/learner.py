@@ -215,6 +215,7 @@ class Learner:
                             backward(loss * world_size)  # DDP/FSDP2 average gradients over ranks
                     self.hooks.after_backward(update, minibatch)
                     self.optimizer_step(update, minibatch, optimizer, scheduler, step)
+                    optimizer.zero_grad()  # applied: freed, not held through the next rollout (or to the end)
             return self.metrics(update, optimizer)
 
     # ------------------------------------------------------------------ the steps of learn, in the order it takes them
