@@ -1,8 +1,8 @@
 """The LM head: fp32 logits z = h Wᵀ + b, and log π(y) = z_y − logsumexp(z) without the (B, c, V) log-softmax.
 
-Log-probs, ratios and their reductions are fp32. The head's matmul is fp32 too, in one of two ways:
+Log-probs, ratios and their reductions are fp32. The head's matmul has fp32 precision too, in one of two ways:
 
-- ``fp32``: one fp32 GEMM. What the CPU runs, and every device outside bf16 autocast.
+- ``fp32``: one fp32 GEMM. What the CPU runs, and CUDA outside bf16 (autocast or weights).
 - ``bf16x3``: on CUDA under bf16 autocast (Lightning's ``bf16-mixed``). There an fp32 GEMM runs at about 1/15 of the
   bf16 tensor cores' rate, and the head (V × H) is a small model's largest matmul (Qwen3-0.6B: 156M of its 596M
   parameters, 0.3 GFLOP a token forward). Each fp32 operand is split into two bf16 parts, x = x_hi + x_lo with
@@ -37,15 +37,11 @@ class HeadWeights(NamedTuple):
     hi: Tensor | None = None
     lo: Tensor | None = None
 
-    @property
-    def precision(self) -> str:
-        return "fp32" if self.hi is None else "bf16x3"
 
-
-def head_weights(head: nn.Module, precision: str | None = None) -> HeadWeights:
-    """The weights ``head_logits`` uses; ``precision`` None: :func:`head_precision` of the weight's device."""
+def head_weights(head: nn.Module) -> HeadWeights:
+    """The weights ``head_logits`` uses, split into bf16 parts where :func:`head_precision` says bf16x3."""
     weight, bias = head.weight, head.bias
-    if (precision or head_precision(weight.device, weight.dtype)) == "fp32":
+    if head_precision(weight.device, weight.dtype) == "fp32":
         return HeadWeights(weight, bias)
     hi, lo = bf16_parts(weight.detach())
     return HeadWeights(weight, bias, hi, lo)
@@ -64,9 +60,14 @@ def gemm_bf16_to_fp32_exists(device_type: str) -> bool:
     """Whether ``torch.mm(a, b, out_dtype=torch.float32)`` runs for bf16 ``a``, ``b`` on this device type (CUDA)."""
     if device_type != "cuda":
         return False  # the CPU has no such kernel; emulating it costs three fp32 GEMMs
-    try:
-        a = torch.ones(2, 2, dtype=torch.bfloat16, device=device_type)
-        return torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+    try:  # the calls the head makes: h Wᵀ (forward), ∂z W and ∂zᵀ h (backward), on transposed views; no RNG drawn
+        h, w, z = (
+            (torch.arange(r * c, device=device_type) % 5 - 2).reshape(r, c).to(torch.bfloat16)
+            for r, c in ((3, 8), (5, 8), (3, 5))
+        )
+        pairs = ((h, w.t()), (z, w), (z.t(), h))
+        with torch.autocast(device_type, enabled=False):  # asked first under the fit's autocast
+            return all(torch.equal(torch.mm(a, b, out_dtype=torch.float32), a.float() @ b.float()) for a, b in pairs)
     except (RuntimeError, TypeError, NotImplementedError):
         return False
 
