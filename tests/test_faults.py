@@ -64,6 +64,19 @@ def train_steps(root: Path) -> list[int]:
     return steps
 
 
+def launch(cmd: list[str], env: dict = ENV, new_session: bool = False) -> subprocess.Popen:
+    """A CLI run in the background: its stderr kept for the assertions, ``new_session`` its own process group."""
+    return subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=new_session,
+    )
+
+
 def wait_for(condition, proc: subprocess.Popen, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -74,9 +87,7 @@ def wait_for(condition, proc: subprocess.Popen, timeout: float = 180) -> None:
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signalled_cli_run_saves_exits_non_zero_and_resumes_without_losing_a_step(tmp_path, signum, code):
-    proc = subprocess.Popen(
-        cli(tmp_path), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    proc = launch(cli(tmp_path))
     try:
         wait_for(lambda: len(train_steps(tmp_path)) >= 2, proc)
         proc.send_signal(signum)
@@ -102,15 +113,7 @@ def test_a_k1_run_signalled_as_a_process_group_saves_leaves_no_worker_and_resume
     scheduler's SIGTERM is: the trainer finishes the step, saves, exits; the forked worker ignores SIGINT and ends
     after its rollout on SIGTERM, so no process of the group outlives the trainer; the resume loses no step."""
     extra = ("--model.generation.max_staleness", "1", "--model.generation.async_worker", "process")
-    proc = subprocess.Popen(
-        cli(tmp_path, *extra),
-        cwd=ROOT,
-        env=ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = launch(cli(tmp_path, *extra), new_session=True)
     try:
         wait_for(lambda: len(train_steps(tmp_path)) >= 2, proc)
         os.killpg(proc.pid, signum)
@@ -172,9 +175,7 @@ def test_ddp_with_a_rank_hung_in_its_reward_ends_on_a_second_sigterm(tmp_path):
     )
     marker = tmp_path / "rank1_hung"
     env = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "FAULT_MARKER": str(marker)}
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    proc = launch(cmd, env, new_session=True)
     try:
         wait_for(marker.exists, proc)  # after the first validation, rank 1 hangs in the first training step's reward
         time.sleep(5)  # and rank 0 waits for it in a collective
@@ -238,9 +239,7 @@ def test_ddp_with_a_rank_hung_in_its_reward_fails_after_the_process_group_timeou
         "[{class_path: fault_helpers.StuckOnRank1}]",
     )
     env = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "FAULT_MARKER": str(marker)}
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    proc = launch(cmd, env, new_session=True)
     try:
         wait_for(marker.exists, proc)
         start = time.monotonic()
@@ -267,14 +266,7 @@ def test_a_signal_while_validating_stops_at_once_not_after_the_batch(tmp_path, s
         "    return [0.0] * len(completions)\n"
     )
     env = {**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path), ENV["PYTHONPATH"]])}
-    proc = subprocess.Popen(
-        cli(tmp_path / "run", "--model.rewards", "[slow_reward.slow]"),
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = launch(cli(tmp_path / "run", "--model.rewards", "[slow_reward.slow]"), env)
     try:
         wait_for(marker.exists, proc)
         start = time.monotonic()
