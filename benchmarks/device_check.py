@@ -3,7 +3,8 @@
     python benchmarks/device_check.py --out $OUT                # on the GPU machine (below: the whole call)
     python benchmarks/device_check.py --dry-run --out runs/dc   # here, on CPU: tiny shapes, the same code paths
 
-Parts, each a subprocess with its own time limit (a crash or a time-out is one row, the next part still runs):
+Parts, each a subprocess with its own time limit (a crash or a time-out is one row, the next part still runs; a time-out
+ends every process the part started); the first two time nothing and run side by side, the others alone:
 
 1. ``cuda tests``: ``pytest -m cuda`` (tests/test_cuda.py and every other test marked ``cuda``); on the dry run the
    same tests on the CPU (``LIT_GSPO_CUDA_TESTS_ON=cpu``).
@@ -37,6 +38,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -120,12 +122,14 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
     return [
         dict(
             name="cuda tests",
-            limit=130,  # 11 tests took 73 s on the H100 (beside gpu_check); now 16, five of them fits in a subprocess
-            cmd=[py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
+            group="checks",  # beside the correctness cases: neither times anything
+            limit=170,  # 17 tests took ~135 s on the H200 (2026-11-27), five of them fits in a subprocess
+            cmd=[py, "-m", "pytest", "-v", "--tb=short", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
         ),
         dict(
             name="correctness",
-            limit=130,  # FSDP2 on one GPU (it crashed) with its CPU fp32 replay, then the quickstart in fp32 and bf16
+            group="checks",
+            limit=170,  # FSDP2 on one GPU (it crashed) with its CPU fp32 replay, then the quickstart in fp32 and bf16
             cmd=[
                 py,
                 "benchmarks/gpu_check.py",
@@ -138,14 +142,14 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
                 "--more-cases",
                 "",
                 "--budget-s",
-                "125",
+                "165",
                 "--out",
                 str(out / "gpu_check.json"),
             ],
         ),
         dict(
             name="sampler",
-            limit=100,  # StaticCacheSampler's compile of a 28-layer step first; each engine's row is saved as it ends
+            limit=100,  # 98 s on the H200: StaticCacheSampler's compile (39 s), LeanSampler's 2 × 7 s; rows saved as they end
             cmd=[
                 py,
                 "benchmarks/sampler_speed.py",
@@ -161,7 +165,7 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
         ),
         dict(
             name="vs TRL 8x8x256",
-            limit=120,  # ~100 s on the H100 before the profiled cycle (+ its parse); the parts' limits sum to 480
+            limit=190,  # 133 s on the H200 without the profiled cycle (+ its parse); the limits sum to 170 + 100 + 190
             cmd=[
                 py,
                 "benchmarks/vs_trl.py",
@@ -237,6 +241,53 @@ def summary(name: str, output: str, out: Path) -> str:
     return ""
 
 
+def start(part: dict, out: Path) -> dict:
+    """The part's process, started in its own session (a time-out ends it with every process it started: a test's
+    fit, a benchmark's worker), its output streamed to its log as it runs."""
+    log = out / (part["name"].split()[0] + ".log")
+    env = dict(
+        os.environ,
+        **part.get("env", {}),
+        PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])),
+    )
+    handle = log.open("w")
+    proc = subprocess.Popen(
+        part["cmd"], cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    return dict(part=part, proc=proc, log=log, handle=handle, start=time.perf_counter())
+
+
+def finish(running: dict, out: Path) -> dict:
+    """Wait for a started part until its time limit, then its row."""
+    part, proc = running["part"], running["proc"]
+    try:
+        rc = proc.wait(timeout=max(part["limit"] - (time.perf_counter() - running["start"]), 0))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        rc = f"time-out {part['limit']} s"
+    running["handle"].close()
+    output = running["log"].read_text(errors="replace")
+    return dict(
+        part=part["name"],
+        rc=rc,
+        seconds=round(time.perf_counter() - running["start"], 1),
+        result=summary(part["name"], output, out),
+        log=str(running["log"]),
+    )
+
+
+def groups(parts: list[dict]) -> list[list[dict]]:
+    """Consecutive parts of one ``group`` run side by side (checks that time nothing); every other part alone."""
+    out: list[list[dict]] = []
+    for part in parts:
+        if out and part.get("group") and out[-1][0].get("group") == part["group"]:
+            out[-1].append(part)
+        else:
+            out.append([part])
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "runs/device_check")))
@@ -244,33 +295,14 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="comma-separated part names to run (default: all)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    chosen = [part for part in parts(args.dry_run, args.out) if not args.only or part["name"] in args.only.split(",")]
     rows = []
-    for part in parts(args.dry_run, args.out):
-        if args.only and part["name"] not in args.only.split(","):
-            continue
-        start = time.perf_counter()
-        log = args.out / (part["name"].split()[0] + ".log")
-        env = dict(
-            os.environ,
-            **part.get("env", {}),
-            PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])),
-        )
-        try:
-            proc = subprocess.run(part["cmd"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=part["limit"])
-            output, rc = proc.stdout + proc.stderr, proc.returncode
-        except subprocess.TimeoutExpired as expired:
-            output = (expired.stdout or b"").decode(errors="replace") + (expired.stderr or b"").decode(errors="replace")
-            rc = f"time-out {part['limit']} s"
-        log.write_text(output)
-        row = dict(
-            part=part["name"],
-            rc=rc,
-            seconds=round(time.perf_counter() - start, 1),
-            result=summary(part["name"], output, args.out),
-            log=str(log),
-        )
-        rows.append(row)
-        print(f"{row['part']}: rc {rc}, {row['seconds']} s: {row['result']}", flush=True)
+    for group in groups(chosen):
+        running = [start(part, args.out) for part in group]
+        for one in running:
+            row = finish(one, args.out)
+            rows.append(row)
+            print(f"{row['part']}: rc {row['rc']}, {row['seconds']} s: {row['result']}", flush=True)
     import torch
 
     where = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.dry_run else "CPU (dry run)"

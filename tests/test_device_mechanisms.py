@@ -143,3 +143,30 @@ def test_validation_never_runs_the_policy_under_inference_mode(tmp_path):
     cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
     assert probe.loop_in_inference_mode  # the condition: Lightning's loop is in inference mode
     assert probe.forwards > 0 and probe.under_inference_mode == 0
+
+
+def test_validation_logs_its_synced_metrics_on_the_modules_device():
+    """``log_dict(..., sync_dist=True)`` reduces with the process group's backend, and NCCL refuses CPU tensors ("No
+    backend type associated with device type cpu": FSDP2 on one H200, 2026-11-26): every tensor validation logs is on
+    the module's device (``meta`` here, as the GPU's stand-in)."""
+    from types import SimpleNamespace
+
+    from lit_gspo.lightning.validation import GreedyValidation
+
+    logged = []
+    module = SimpleNamespace(
+        device=torch.device("meta"),
+        rl_step=3,
+        collector=SimpleNamespace(environment=SimpleNamespace(max_turns=1)),
+        validation=SimpleNamespace(log_completions_every_n_steps=0, print_completions=False),
+        trainer=SimpleNamespace(sanity_checking=False, is_global_zero=True),
+        loggers=[],
+        log_dict=lambda values, **kwargs: logged.append((values, kwargs)),
+    )
+    validation = GreedyValidation(module)
+    validation.tally.sums[:3] = torch.tensor([2.0, 4.0, 12.0], dtype=torch.float64)
+    validation.log("val")
+    synced = [value for values, kwargs in logged if kwargs.get("sync_dist") for value in values.values()]
+    tensors = [value for value in synced if isinstance(value, torch.Tensor)]
+    assert tensors and all(t.device == module.device for t in tensors)
+    assert all(isinstance(value, torch.Tensor | float) for value in synced)  # floats: Lightning puts them there

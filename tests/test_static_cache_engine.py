@@ -3,6 +3,7 @@ log-probs, caches reused across calls of one bucket, seeded draws, a CLI fit wit
 
 import copy
 import csv
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -359,3 +360,56 @@ def test_under_autocast_the_cache_holds_keys_in_its_dtype_with_the_same_tokens_a
     assert computed_layer.keys.dtype == torch.float32  # what it saves: half the keys' bytes
     sample(ours, any_model)  # outside autocast: fp32 again (the cache is rebuilt)
     assert ours.caches[16].layers[0].keys.dtype == torch.float32
+
+
+@pytest.mark.parametrize("version, worker_mode", [("2.11.0+cu130", "default"), ("2.13.0", "reduce-overhead")])
+def test_a_worker_thread_compiles_the_step_without_cuda_graphs_where_torch_cannot_record_them_there(
+    model, monkeypatch, version, worker_mode
+):
+    """The asynchronous rollouts' worker is a thread: torch < 2.13 records CUDA graphs only in the main thread (on an
+    H200 with torch 2.11 the worker's first step failed a bare assert), so there the step compiles without them."""
+    import threading
+
+    modes = []
+
+    def recording_compile(fn, mode=None, **kwargs):
+        modes.append(mode)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    monkeypatch.setattr(torch, "__version__", version)
+    eager = sample(StaticCacheSampler(compile=False), model, greedy=True)
+    sample(StaticCacheSampler(compile=True), model, greedy=True)  # the main thread: CUDA graphs on every version
+    in_worker = {}
+    worker = threading.Thread(
+        target=lambda: in_worker.update(batch=sample(StaticCacheSampler(compile=True), model, greedy=True)),
+        name="lit-gspo-rollout-worker",
+    )
+    with pytest.warns(UserWarning, match="without CUDA graphs") if worker_mode == "default" else nullcontext():
+        worker.start()
+        worker.join()
+    assert modes == ["reduce-overhead", worker_mode]
+    assert torch.equal(in_worker["batch"].input_ids, eager.input_ids)
+
+
+def test_under_fsdp2_the_step_reads_the_policys_own_weights_eagerly(model):
+    """FSDP2's modules cannot be deep-copied (the precast weights' copy failed: FSDP2 on one H200, bf16-mixed) and its
+    hooks gather the parameters around every forward: the step runs eagerly on the policy, with the eager tokens."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        sharded = copy.deepcopy(model)
+        for layer in sharded.model.layers:
+            fully_shard(layer, mesh=init_device_mesh("cpu", (1,)))
+        fully_shard(sharded, mesh=init_device_mesh("cpu", (1,)))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            expected = sample(StaticCacheSampler(precast_weights=False), model, greedy=True, return_logprobs=True)
+            with pytest.warns(UserWarning, match="eagerly under FSDP2"):
+                got = sample(StaticCacheSampler(compile=True), sharded, greedy=True, return_logprobs=True)
+    finally:
+        dist.destroy_process_group()
+    assert torch.equal(got.input_ids, expected.input_ids)
+    torch.testing.assert_close(got.engine_logprobs, expected.engine_logprobs, atol=0, rtol=0)

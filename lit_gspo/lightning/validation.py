@@ -70,8 +70,12 @@ class GreedyValidation:
                     logger.log_metrics({**metrics, "time/val_s": seconds}, step=0)
                     logger.save()
         else:
-            # fp64 tensors: Lightning keeps their dtype (a float would be stored as fp32); the same value on every rank
-            module.log_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}, sync_dist=True)
+            # fp64 tensors: Lightning keeps their dtype (a float would be stored as fp32); the same value on every rank.
+            # On the module's device: sync_dist reduces them with the process group's backend (NCCL: CUDA tensors only)
+            module.log_dict(
+                {k: torch.tensor(v, dtype=torch.float64, device=module.device) for k, v in metrics.items()},
+                sync_dist=True,
+            )
             # sync_dist: the same step on every rank, the mean validation time (Lightning warns about epoch-level logs
             # without it)
             module.log_dict({"step": float(module.rl_step), "time/val_s": seconds}, sync_dist=True)

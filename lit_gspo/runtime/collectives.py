@@ -32,19 +32,27 @@ def end_process_group() -> None:
         dist.destroy_process_group()
 
 
-def all_reduce_sum(tensor: Tensor) -> Tensor:
-    """``tensor`` summed over ranks (unchanged in one process), on its own device.
+def all_reduce(tensor: Tensor, op=None, group=None) -> Tensor:
+    """``tensor`` reduced in place over the ranks of ``group`` (default: all; op: ``dist.ReduceOp``, default SUM),
+    wherever it lives; unchanged in one process.
 
-    NCCL reduces only CUDA tensors: under it a CPU tensor travels through the current GPU and back.
+    NCCL reduces only CUDA tensors ("No backend type associated with device type cpu"): under it a CPU tensor
+    travels through the current GPU and back. Gloo reduces both.
     """
     if world_size() > 1:
-        if dist.get_backend() == "nccl" and tensor.device.type == "cpu":
+        op = dist.ReduceOp.SUM if op is None else op
+        if dist.get_backend(group) == "nccl" and tensor.device.type == "cpu":
             on_gpu = tensor.to(f"cuda:{torch.cuda.current_device()}")
-            dist.all_reduce(on_gpu)
+            dist.all_reduce(on_gpu, op=op, group=group)
             tensor.copy_(on_gpu.cpu())
         else:
-            dist.all_reduce(tensor)
+            dist.all_reduce(tensor, op=op, group=group)
     return tensor
+
+
+def all_reduce_sum(tensor: Tensor) -> Tensor:
+    """``tensor`` summed over ranks (unchanged in one process), on its own device."""
+    return all_reduce(tensor)
 
 
 def sum_over_ranks(value: float) -> float:

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lit_gspo.runtime.collectives import all_reduce
+
 try:
     from torch.distributed.tensor import DTensor, Shard
 except ImportError:  # pragma: no cover - very old torch
@@ -111,7 +113,7 @@ class LocalShardUpdates:
         sizes = torch.tensor([e[2].numel() for e in entries], dtype=torch.int64)
         mesh = entries[0][3].device_mesh
         if torch.distributed.is_initialized() and mesh.size() > 1:
-            torch.distributed.all_reduce(sizes, op=torch.distributed.ReduceOp.MAX, group=mesh.get_group())
+            all_reduce(sizes, op=torch.distributed.ReduceOp.MAX, group=mesh.get_group())  # CPU sizes: NCCL-safe
         for (container, key, value, p), size in zip(entries, sizes.tolist()):
             flat = torch.zeros(size, dtype=value.dtype, device=value.device)
             flat[: value.numel()] = value.reshape(-1)

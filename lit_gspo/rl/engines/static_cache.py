@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import copy
 import functools
+import threading
 import warnings
 
 import torch
 from torch import Tensor, nn
+from torch.torch_version import TorchVersion
 from transformers.cache_utils import StaticLayer
 
 from lit_gspo.rl.engines.base import RolloutEngine
@@ -46,6 +48,24 @@ def row_bucket(rows: int) -> int:
 
 def round_up(length: int, multiple: int) -> int:
     return -(-length // multiple) * multiple
+
+
+def managed_by_fsdp(policy: nn.Module) -> bool:
+    """Whether FSDP2 (``fully_shard``) manages a module of ``policy``: its parameters are shards, gathered by hooks
+    around each forward."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(module, FSDPModule) for module in policy.modules())
+
+
+def cuda_graphs_serve_this_thread() -> bool:
+    """Whether ``torch.compile(mode="reduce-overhead")`` can record CUDA graphs in the calling thread. Before torch
+    2.13 its CUDA graph trees keep their state in the thread that imported torch (and autograd's threads): in any other
+    thread, such as the asynchronous rollouts' worker, the first step fails a bare ``assert`` (pytorch/pytorch#123177,
+    fixed by #184357; seen on an H200 with torch 2.11)."""
+    return threading.current_thread() is threading.main_thread() or TorchVersion(torch.__version__) >= "2.13"
 
 
 def decode_logits(model: nn.Module, cache, tokens: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
@@ -97,8 +117,9 @@ class StaticCacheSampler(RolloutEngine):
             (:class:`~lit_gspo.rl.engines.precast.PrecastLinears`: the same numbers, a copy of those weights in
             autocast's dtype) instead of casting them at every token inside the compiled graph.
 
-    Under sharded parameters (``synced_gpus``) it samples with ``generate``, as :class:`LeanSampler` does; a model
-    with sliding-window or other non-full-attention cache layers samples with the lean sampler's loop.
+    Under sharded parameters (``synced_gpus``) it samples with ``generate``, as :class:`LeanSampler` does; FSDP2 in one
+    process decodes eagerly on the policy's own weights; a model with sliding-window or other non-full-attention cache
+    layers samples with the lean sampler's loop.
     """
 
     samples_sharded = False  # RolloutEngine.sample uses generate's synchronised loop there
@@ -142,18 +163,34 @@ class StaticCacheSampler(RolloutEngine):
         self._compiled_step = None
         self.precast.close()
 
-    def _decode_step(self, device: torch.device):
+    def _decode_step(self, device: torch.device, policy: nn.Module):
         if not (self.compile if self.compile is not None else device.type == "cuda"):
             return decode_logits
-        if self._compiled_step is None:
-            compiled = torch.compile(decode_logits, mode="reduce-overhead", dynamic=False, fullgraph=self.fullgraph)
+        if managed_by_fsdp(policy):
+            warnings.warn(
+                "StaticCacheSampler decodes eagerly under FSDP2 (its hooks unshard and reshard the parameters around "
+                "every forward, which a compiled, graph-captured step cannot follow): DDP or one device samples faster",
+                stacklevel=3,
+            )
+            return decode_logits
+        mode = "reduce-overhead" if cuda_graphs_serve_this_thread() else "default"
+        if self._compiled_step is None or self._compiled_step[0] != mode:
+            if mode != "reduce-overhead":
+                warnings.warn(
+                    f"StaticCacheSampler compiles its decoding step without CUDA graphs in thread "
+                    f"{threading.current_thread().name!r}: torch {torch.__version__}'s CUDA graph trees serve only the "
+                    "main thread (torch ≥ 2.13 serves every thread)",
+                    stacklevel=3,
+                )
+            compiled = torch.compile(decode_logits, mode=mode, dynamic=False, fullgraph=self.fullgraph)
 
             def step(*args):
-                torch.compiler.cudagraph_mark_step_begin()  # the last step's logits are used up: its buffers are free
+                if mode == "reduce-overhead":
+                    torch.compiler.cudagraph_mark_step_begin()  # the last step's logits are used up: buffers free
                 return compiled(*args)
 
-            self._compiled_step = step
-        return self._compiled_step
+            self._compiled_step = (mode, step)
+        return self._compiled_step[1]
 
     def _cache_for(self, policy: nn.Module, rows: int, length: int, like: Tensor, like_values: Tensor, dtype):
         """The row bucket's static cache, built (again) when it is shorter than ``length`` or its keys or values are of
@@ -261,8 +298,9 @@ class StaticCacheSampler(RolloutEngine):
         next_positions = torch.zeros(bucket, 1, dtype=torch.long, device=device)
         next_positions[:rows] = positions[:, -1:].repeat_interleave(G, 0) + 1
         step_tokens = torch.full((bucket, 1), pad_id, dtype=torch.long, device=device)
-        decode = self._decode_step(device)
-        decoder = self.precast.view(policy) if self.precast_weights else policy
+        decode = self._decode_step(device, policy)
+        # (FSDP2's modules cannot be copied: under it the step reads the policy's own weights)
+        decoder = self.precast.view(policy) if self.precast_weights and not managed_by_fsdp(policy) else policy
 
         eos = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], device=device)
         tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)

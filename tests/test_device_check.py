@@ -1,0 +1,60 @@
+"""benchmarks/device_check.py's runner: parts side by side where they time nothing, and a part that outruns its limit
+ended with every process it started (a test's fit left on the GPU would slow the parts after it)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import device_check  # noqa: E402
+
+
+def part(name, limit, code, group=None):
+    return dict(name=name, limit=limit, group=group, cmd=[sys.executable, "-c", code])
+
+
+def test_the_gpu_parts_fit_eight_minutes_and_only_the_untimed_checks_share_the_device(tmp_path):
+    groups = device_check.groups(device_check.parts(dry_run=False, out=tmp_path))
+    assert [[p["name"] for p in g] for g in groups] == [["cuda tests", "correctness"], ["sampler"], ["vs TRL 8x8x256"]]
+    assert sum(max(p["limit"] for p in g) for g in groups) <= 480
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups")
+def test_a_part_past_its_limit_ends_with_the_processes_it_started(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    spawner = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "print('started', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    start = time.perf_counter()
+    running = device_check.start(part("slow one", 3, spawner), tmp_path)
+    row = device_check.finish(running, tmp_path)
+    assert row["rc"] == "time-out 3 s" and time.perf_counter() - start < 20
+    assert "started" in Path(row["log"]).read_text()  # streamed while it ran, kept after the kill
+    child = int(pid_file.read_text())
+    for _ in range(50):  # the kill is sent; the child's exit is reaped by init
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        if Path(f"/proc/{child}/stat").exists() and Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the part's child {child} outlived its time-out")
+
+
+def test_parts_of_one_group_run_side_by_side(tmp_path):
+    both = [part(f"p{i}", 30, "import time; time.sleep(2)", group="checks") for i in range(2)]
+    start = time.perf_counter()
+    rows = [device_check.finish(r, tmp_path) for r in [device_check.start(p, tmp_path) for p in both]]
+    assert [r["rc"] for r in rows] == [0, 0] and time.perf_counter() - start < 3.8
