@@ -118,3 +118,35 @@ def test_shared_prompt_forward_runs_each_distinct_prompt_once(model):
     assert states.shape == (6, 3, 32)
     distinct = batch_of([[2, 5], [2, 6]], [[10], [11]])  # nothing shared: the caller runs the full forward
     assert completion_states_shared_prompts(model, distinct) is None
+
+
+def test_a_shared_prompt_forward_runs_only_where_it_saves_the_share_of_tokens_asked(model):
+    """1 − (D·P + N·T) / (N·(P + T)): 6 rows of 2 distinct 4-token prompts with 3 completion tokens save
+    1 − (2·4 + 6·3) / (6·7) = 16/42 of the tokens; asked for more, the caller runs the full forward."""
+    from lit_gspo.rl.rollout import completion_states_shared_prompts, prompt_sharing_saving
+
+    assert prompt_sharing_saving(6, 2, 4, 3) == 1 - 26 / 42
+    assert abs(prompt_sharing_saving(64, 8, 32, 256) - 0.0972) < 1e-4  # the H200 run's shape: 10 % saved
+    batch = batch_of([[2, 5, 6, 7]] * 3 + [[2, 9]] * 3, [[10, 11, 12]] * 6)
+    assert completion_states_shared_prompts(model, batch, min_saving=16 / 42) is not None
+    assert completion_states_shared_prompts(model, batch, min_saving=0.5) is None
+    full = token_logprobs(model, batch, share_prompts=True, min_prompt_saving=0.5).logprobs
+    torch.testing.assert_close(full, token_logprobs(model, batch).logprobs, atol=0, rtol=0)
+
+
+def test_the_learner_shares_prompts_on_a_gpu_only_where_that_saves_half_the_tokens():
+    from types import SimpleNamespace
+
+    import pytest
+
+    from lit_gspo.rl.config import Update
+    from lit_gspo.rl.learn.learner import SHARED_PROMPT_MIN_SAVING_ON_GPU, Learner
+
+    def floor(setting, device):
+        fake = SimpleNamespace(cfg=Update(share_prompt_forward=setting), device=torch.device(device))
+        return Learner.min_prompt_saving.fget(fake)
+
+    assert SHARED_PROMPT_MIN_SAVING_ON_GPU == 0.5
+    assert floor("auto", "cpu") == 0.0 and floor("auto", "meta") == 0.5 and floor(True, "meta") == 0.0
+    with pytest.raises(ValueError, match="share_prompt_forward must be true, false or 'auto', got 'yes'"):
+        Update(share_prompt_forward="yes")

@@ -122,10 +122,12 @@ class Update:
     vanishes there (β = 0, no critic). Loss and gradient are unchanged (those rows still count in the normalisers);
     ``clip_frac`` stays a fraction of every token; entropy, KL and ratio statistics are then over the rows that carry a
     signal (one row when none does; no ratio statistics then)."""
-    share_prompt_forward: bool = True
+    share_prompt_forward: bool | Literal["auto"] = "auto"
     """rows of a micro-batch with the same prompt run it once and continue from its KV cache (P + G·T tokens per
     group instead of G·(P + T)); the same log-probs and gradients (``rollout.completion_states_shared_prompts``).
-    Off by itself for MoE, gradient checkpointing, FSDP2."""
+    Off by itself for MoE, gradient checkpointing, FSDP2. ``auto``: on the CPU whenever rows share a prompt; on a GPU
+    only where it saves at least half the tokens, since the two passes launch every layer's kernels twice (on an H200
+    at 32 prompt and 256 completion tokens, G = 8, it saved 10 % of the tokens and doubled the update's kernels)."""
     shuffle: str = "rows"
     """how rows are dealt to minibatches each epoch: ``rows`` (rows in random order, as TRL) or ``groups`` (whole
     groups in random order, as verl's consecutive minibatches: each minibatch holds every row of its prompts, so its
@@ -152,6 +154,8 @@ class Update:
             isinstance(self.micro_batch_tokens, int) and self.micro_batch_tokens >= 1
         ):
             raise ValueError(f"micro_batch_tokens must be >= 1, 'auto' or null, got {self.micro_batch_tokens!r}")
+        if self.share_prompt_forward not in (True, False, "auto"):
+            raise ValueError(f"share_prompt_forward must be true, false or 'auto', got {self.share_prompt_forward!r}")
         if self.shuffle not in ("groups", "rows"):
             raise ValueError(f"shuffle must be 'groups' or 'rows', got {self.shuffle!r}")
         if (

@@ -193,6 +193,7 @@ def token_logprobs(
     value_head: nn.Module | None = None,
     max_chunk_elements: int = 2**26,
     share_prompts: bool = False,
+    min_prompt_saving: float = 0.0,
     pack: bool = False,
 ) -> TokenForward:
     """log π(y_t | y_<t) of every completion token, gathering chunk by chunk in fp32.
@@ -200,14 +201,15 @@ def token_logprobs(
     The backbone runs once; the LM head and log-softmax run over chunks of positions so that at
     most ``max_chunk_elements`` logits exist at a time, and (with grad) each chunk is recomputed in
     backward instead of keeping its (B, c, V) logits alive. ``share_prompts``: rows with the same
-    prompt share one forward of it (:func:`completion_states_shared_prompts`); ``pack``: the rows run as one sequence
-    without padding (:func:`completion_states_packed`).
+    prompt share one forward of it (:func:`completion_states_shared_prompts`) where it saves at least
+    ``min_prompt_saving`` of the tokens; ``pack``: the rows run as one sequence without padding
+    (:func:`completion_states_packed`).
     """
     batch = batch.to(model.get_input_embeddings().weight.device)  # the caller's tensors may be elsewhere (CPU)
     P, T = batch.prompt_length, batch.completion_mask.shape[1]
     hidden = completion_states_packed(model, batch) if pack else None
     if hidden is None and share_prompts:
-        hidden = completion_states_shared_prompts(model, batch)
+        hidden = completion_states_shared_prompts(model, batch, min_prompt_saving)
     if hidden is None:
         hidden = _decoder_output_through_root(model, batch.input_ids, batch.attention_mask)
         hidden = hidden[:, P - 1 : P - 1 + T]  # the state that predicts completion token t
@@ -258,14 +260,15 @@ def completion_states_packed(model: nn.Module, batch: RolloutBatch) -> Tensor:
     return hidden[where[:, P - 1 : P - 1 + T]]  # padding positions read token 0's state: masked out of every loss
 
 
-def completion_states_shared_prompts(model: nn.Module, batch: RolloutBatch) -> Tensor | None:
+def completion_states_shared_prompts(model: nn.Module, batch: RolloutBatch, min_saving: float = 0.0) -> Tensor | None:
     """The decoder states that predict each completion token, running each distinct prompt once.
 
     A group's G rows share their prompt, so its forward (with grad) runs once per distinct prompt and
     its KV cache is indexed out to the rows; the completions then run on top of that cache. The
     states are those of the full-sequence forward (same computation, tested), and in backward the
     rows' gradients meet in the shared prompt's graph. Tokens through the backbone per group:
-    P + G·T instead of G·(P + T). Returns None when no two rows share a prompt (nothing to save).
+    P + G·T instead of G·(P + T). Returns None when no two rows share a prompt (nothing to save), or when the share of
+    the tokens it saves is below ``min_saving`` (:func:`prompt_sharing_saving`).
     Needs a model whose forward takes ``past_key_values`` (decoder-only HF models; not with
     gradient checkpointing, which recomputes layers that would append to the cache twice).
     """
@@ -274,7 +277,7 @@ def completion_states_shared_prompts(model: nn.Module, batch: RolloutBatch) -> T
     P, T = batch.prompt_length, batch.completion_mask.shape[1]
     prompt_rows = torch.cat([batch.input_ids[:, :P], batch.attention_mask[:, :P].long()], 1)
     distinct, row_to_prompt = torch.unique(prompt_rows, dim=0, return_inverse=True)
-    if len(distinct) == len(batch):
+    if len(distinct) == len(batch) or prompt_sharing_saving(len(batch), len(distinct), P, T) < min_saving:
         return None
     cache = DynamicCache(config=model.config)
     prompt_states = _decoder_output_through_root(model, distinct[:, :P], distinct[:, P:], past_key_values=cache)
@@ -291,6 +294,11 @@ def completion_states_shared_prompts(model: nn.Module, batch: RolloutBatch) -> T
         )
         states = torch.cat([states, completion_states], 1)
     return states
+
+
+def prompt_sharing_saving(rows: int, distinct_prompts: int, P: int, T: int) -> float:
+    """The share of the backbone's tokens a shared prompt forward saves: 1 − (D·P + N·T) / (N·(P + T))."""
+    return 1.0 - (distinct_prompts * P + rows * T) / (rows * (P + T))
 
 
 def _decoder_output_through_root(

@@ -50,6 +50,9 @@ from lit_gspo.runtime.token_budget import token_budget
 
 #: attention kernels that skip the other rows' blocks of a packed sequence (varlen / block-sparse)
 PACKING_KERNELS = ("flash_attention_2", "flash_attention_3", "flex_attention")
+#: on a GPU a shared prompt forward runs only where it saves this share of the backbone's tokens: its two passes
+#: launch every layer's kernels twice, and a small model's update is bound by those launches there
+SHARED_PROMPT_MIN_SAVING_ON_GPU = 0.5
 
 
 @dataclass
@@ -367,11 +370,24 @@ class Learner:
             return self.cfg.pack_sequences
         return getattr(getattr(self.policy, "config", None), "_attn_implementation", None) in PACKING_KERNELS
 
+    @property
+    def min_prompt_saving(self) -> float:
+        """The share of the tokens a shared prompt forward must save to run (``update.share_prompt_forward``)."""
+        if self.cfg.share_prompt_forward == "auto" and self.device.type != "cpu":
+            return SHARED_PROMPT_MIN_SAVING_ON_GPU
+        return 0.0
+
     def completion_logprobs(self, model: nn.Module, micro: RolloutBatch, **kwargs) -> TokenForward:
         """:func:`token_logprobs` at the sampling temperature, packed where :attr:`packs`, else sharing prompts where
-        :attr:`shares_prompts`."""
+        :attr:`shares_prompts` and it saves enough tokens (:attr:`min_prompt_saving`)."""
         return token_logprobs(
-            model, micro, temperature=self.temperature, share_prompts=self.shares_prompts, pack=self.packs, **kwargs
+            model,
+            micro,
+            temperature=self.temperature,
+            share_prompts=self.shares_prompts,
+            min_prompt_saving=self.min_prompt_saving,
+            pack=self.packs,
+            **kwargs,
         )
 
     @torch.no_grad()
