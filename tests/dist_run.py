@@ -140,6 +140,10 @@ def main() -> None:
         }
         out.mkdir(parents=True, exist_ok=True)
         torch.save(result, out / "result.pt")
+    if cli.trainer.world_size > 1:  # as `lit-gspo fit` does (run=False skips it): a live gloo group can abort the exit
+        from lit_gspo.runtime.collectives import end_process_group
+
+        end_process_group()
 
 
 if __name__ == "__main__":
