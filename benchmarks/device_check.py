@@ -46,6 +46,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN3_SHAPE = ROOT / "benchmarks/shapes/qwen3-0.6b.config.json"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import sampler_speed  # noqa: E402  (the wording of its profile's summary)
 
 
 def parts(dry_run: bool, out: Path) -> list[dict]:
@@ -90,6 +92,8 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
                     "1",
                     "--json",
                     str(out / "sampler_speed.json"),
+                    "--profile-dir",
+                    str(out / "profile"),
                 ],
             ),
             dict(
@@ -149,18 +153,20 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
         ),
         dict(
             name="sampler",
-            limit=100,  # 98 s on the H200: StaticCacheSampler's compile (39 s), LeanSampler's 2 × 7 s; rows saved as they end
+            limit=100,  # on the H200: StaticCacheSampler's compile 39 s, a sample 1.4 s (LeanSampler's 7 s: not run)
             cmd=[
                 py,
                 "benchmarks/sampler_speed.py",
                 "--device",
                 "cuda",
                 "--engines",
-                "StaticCacheSampler,LeanSampler",  # HFGenerate sampled as fast as LeanSampler there (2,030 tok/s)
+                "StaticCacheSampler",  # LeanSampler: 2,223 tok/s on the H200 (docs/gpu.md), HFGenerate as fast
                 "--repeats",
                 "2",
                 "--json",
                 str(out / "sampler_speed.json"),
+                "--profile-dir",  # the 5.4 ms a step on the H200: host or device?
+                str(out / "profile"),
             ],
         ),
         dict(
@@ -231,7 +237,9 @@ def summary(name: str, output: str, out: Path) -> str:
     if name == "sampler" and (out / "sampler_speed.json").exists():
         engines = json.loads((out / "sampler_speed.json").read_text())["engines"]
         return "; ".join(
-            f"{n}: {r['tok_s']:.0f} tok/s" if "tok_s" in r else f"{n}: {r['error'][:60]}" for n, r in engines.items()
+            (f"{n}: {r['tok_s']:.0f} tok/s" if "tok_s" in r else f"{n}: {r['error'][:60]}")
+            + (f" ({sampler_speed.profile_brief(r['profile'])})" if "profile" in r else "")
+            for n, r in engines.items()
         )
     if name.startswith("vs TRL"):
         ratio = re.findall(r"^ratio trl/lit: .*$", output, re.M)

@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the GPU machine runs the working tree, lit_gspo not installed
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # vs_trl's profile summary
 
 DRY_RUN_CONFIG = dict(
     vocab_size=512,
@@ -70,6 +71,49 @@ def measure(engine, policy, prompts, *, G: int, T: int, repeats: int, device: st
     return dict(warmup_s=warmup, median_s=median, tokens=once.tokens, tok_s=once.tokens / median)
 
 
+def profiled(engine, policy, prompts, *, G: int, T: int, device: str, never: int, table: Path) -> dict:
+    """One more, untimed ``sample`` under ``torch.profiler``: where a decoding step's time goes, on the device
+    (kernels; a CUDA graph's replay is one launch) and on the host (the ops' own CPU time: Python, dispatch, the
+    compiled step's guards). Writes the top ops by host time to ``table``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from vs_trl import profile_summary
+
+    cuda = device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        with torch.profiler.record_function("lit_gspo.sample"):
+            engine.sample(policy, prompts, num_generations=G, max_new_tokens=T, pad_id=0, eos_id=never, temperature=1.0)
+        if cuda:
+            torch.cuda.synchronize()
+    table.write_text(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+    host = profile_summary(prof, "lit_gspo.sample", cuda=False)
+    out = dict(host=host, per_step_ms=round(host.get("region_ms", 0) / T, 3))
+    if cuda:
+        out["device"] = profile_summary(prof, "lit_gspo.sample", cuda=True)
+        out["graph_launches"] = sum(e.name == "cudaGraphLaunch" for e in prof.events())
+    return out
+
+
+def profile_brief(p: dict) -> str:
+    """``5.40 ms a step; host: other 60%, ...; device 1.1 ms a step, busy 20%, 256 graph launches``."""
+    host = p["host"]
+    if "error" in host:
+        return host["error"]
+    line = f"{p['per_step_ms']:.2f} ms a step; host top ops: " + ", ".join(
+        f"{n} {t} ms" for n, t in host["top_ops"][:5]
+    )
+    device = p.get("device")
+    if device and "error" not in device:
+        steps = max(p["per_step_ms"] and host["region_ms"] / p["per_step_ms"], 1)
+        line += (
+            f"; device {device['total_ms'] / steps:.2f} ms a step, busy {100 * device['busy']:.0f}%, "
+            f"{p['graph_launches']} graph launches; device top ops: "
+            + ", ".join(f"{n} {t} ms" for n, t in device["top_ops"][:5])
+        )
+    return line
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -87,6 +131,12 @@ def main(argv=None) -> dict:
         help="class names in lit_gspo.rl.engines; one missing there is reported as such",
     )
     p.add_argument("--json", type=Path)
+    p.add_argument(
+        "--profile-dir",
+        type=Path,
+        help="profile one more sample of the first engine (torch.profiler): sampler_profile.txt there, a summary in "
+        "the JSON",
+    )
     args = p.parse_args(argv)
     import torch
 
@@ -114,13 +164,27 @@ def main(argv=None) -> dict:
             results[name] = dict(error="not in lit_gspo.rl.engines")
             continue
         torch.manual_seed(0)
+        engine = cls()
         try:
             with autocast:
                 results[name] = measure(
-                    cls(), policy, prompts, G=G, T=T, repeats=args.repeats, device=args.device, never=vocab
+                    engine, policy, prompts, G=G, T=T, repeats=args.repeats, device=args.device, never=vocab
                 )  # an id past the vocabulary: no row ends early
+                if args.profile_dir and name == args.engines.split(",")[0]:
+                    args.profile_dir.mkdir(parents=True, exist_ok=True)
+                    results[name]["profile"] = profiled(
+                        engine,
+                        policy,
+                        prompts,
+                        G=G,
+                        T=T,
+                        device=args.device,
+                        never=vocab,
+                        table=args.profile_dir / "sampler_profile.txt",
+                    )
+                    print(f"{name} profile: {profile_brief(results[name]['profile'])}", flush=True)
         except Exception as error:  # a crash is one row of the table
-            results[name] = dict(error=f"{type(error).__name__}: {error}"[:300])
+            results[name] = dict(results.get(name, {}), error=f"{type(error).__name__}: {error}"[:300])
         if args.json:  # after each engine: a time limit that ends the run keeps what was measured
             args.json.write_text(json.dumps(dict(device=where, shape=shape, engines=results), indent=1))
         print(f"{name}: {results[name]}", flush=True)
