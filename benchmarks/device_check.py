@@ -29,6 +29,12 @@ On the workplace's GPU machine (no network): here, ``scripts/device_wheels.sh --
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
       && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && python3 benchmarks/device_check.py --out $OUT
 
+Two more parts run only when named (``--only``), in a second call in the warm window after the first (~2.5 min
+each on the H200): ``vs TRL 16x8x256`` (the issue's other shape) and ``lit compiled 8x8x256`` (lit_gspo alone with
+``update.compile``, the opt-in compiled update):
+
+    python3 benchmarks/device_check.py --out $OUT --only "vs TRL 16x8x256,lit compiled 8x8x256"
+
 Writes ``device_check.json`` and each part's log under ``--out``; docs/gpu.md holds the latest table.
 """
 
@@ -172,33 +178,43 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
         dict(
             name="vs TRL 8x8x256",
             limit=190,  # 133 s on the H200 without the profiled cycle (+ its parse); the limits sum to 170 + 100 + 190
-            cmd=[
-                py,
-                "benchmarks/vs_trl.py",
-                "--device",
-                "cuda",
-                "--precision",
-                "bf16",
-                "--checkpointing",
-                "off",
-                "--skip-zero-advantage",
-                "off",
-                "--model-dir",
-                ".whl/smollm2-135m-shape",
-                "--model-config",
-                str(QWEN3_SHAPE),
-                "--prompts-per-update",
-                "4",
-                "--max-new-tokens",
-                "256",
-                "--rounds",
-                "1",
-                "--cycles",
-                "3",  # warm-up, two timed cycles, then the profiled one
-                "--profile-dir",
-                str(out / "profile"),
-            ],
+            cmd=vs_trl_at(4, "--profile-dir", str(out / "profile")),  # 4 prompts an update, 2 updates a rollout
         ),
+        # asked for by name only (--only), in a second call: the issue's other shape, and the opt-in compiled update
+        dict(name="vs TRL 16x8x256", extra=True, limit=240, cmd=vs_trl_at(8)),
+        dict(
+            name="lit compiled 8x8x256", extra=True, limit=200, cmd=vs_trl_at(4, "--only", "lit", "--lit-compile", "on")
+        ),
+    ]
+
+
+def vs_trl_at(prompts_per_update: int, *more: str) -> list[str]:
+    """``benchmarks/vs_trl.py`` on CUDA at Qwen3-0.6B's shape, bf16, 8 completions × 256 tokens a prompt, each side with
+    its defaults: a warm-up cycle, then two timed ones."""
+    return [
+        sys.executable,
+        "benchmarks/vs_trl.py",
+        "--device",
+        "cuda",
+        "--precision",
+        "bf16",
+        "--checkpointing",
+        "off",
+        "--skip-zero-advantage",
+        "off",
+        "--model-dir",
+        ".whl/smollm2-135m-shape",
+        "--model-config",
+        str(QWEN3_SHAPE),
+        "--prompts-per-update",
+        str(prompts_per_update),
+        "--max-new-tokens",
+        "256",
+        "--rounds",
+        "1",
+        "--cycles",
+        "3",
+        *more,
     ]
 
 
@@ -241,11 +257,19 @@ def summary(name: str, output: str, out: Path) -> str:
             + (f" ({sampler_speed.profile_brief(r['profile'])})" if "profile" in r else "")
             for n, r in engines.items()
         )
-    if name.startswith("vs TRL"):
+    if name.startswith(("vs TRL", "lit compiled")):
         ratio = re.findall(r"^ratio trl/lit: .*$", output, re.M)
         found = re.findall(r"^JSON (.*)$", output, re.M)
-        profiles = (json.loads(found[-1]).get("profile") or {}) if found else {}
-        return "; ".join([ratio[-1] if ratio else "no ratio"] + [profile_brief(s, p) for s, p in profiles.items() if p])
+        measured = json.loads(found[-1]) if found else {}
+        profiles = measured.get("profile") or {}
+        sides = [
+            f"{side} {r['sec_per_update']:.2f} s/update, update phase {r['update_phase_s']:.2f} s (MFU "
+            f"{100 * r['mfu']:.1f} %), peak GPU {r.get('peak_gpu_mb', 0) / 1024:.1f} GiB"
+            for side, r in measured.items()
+            if side in ("lit", "trl")
+        ]
+        head = ratio[-1:] if ratio else (["no ratio"] if name.startswith("vs TRL") else [])
+        return "; ".join(head + sides + [profile_brief(s, p) for s, p in profiles.items() if p]) or "no result"
     return ""
 
 
@@ -300,10 +324,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "runs/device_check")))
     p.add_argument("--dry-run", action="store_true", help="on CPU: tiny shapes, the same code paths")
-    p.add_argument("--only", help="comma-separated part names to run (default: all)")
+    p.add_argument(
+        "--only",
+        help="comma-separated part names to run (default: all but the extra ones: 'vs TRL 16x8x256', "
+        "'lit compiled 8x8x256', for a second call)",
+    )
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    chosen = [part for part in parts(args.dry_run, args.out) if not args.only or part["name"] in args.only.split(",")]
+    names = args.only.split(",") if args.only else None
+    chosen = [p for p in parts(args.dry_run, args.out) if (p["name"] in names if names else not p.get("extra"))]
     rows = []
     for group in groups(chosen):
         running = [start(part, args.out) for part in group]

@@ -391,6 +391,8 @@ def run_lit(args, rss: dict, profile: RegionProfile | None) -> dict:
             max_grad_norm=1.0,
             skip_zero_advantage_rows=args.skip_zero_advantage == "on",
             micro_batch_tokens=lit_micro_batch_tokens(args),
+            share_prompt_forward={"on": True, "off": False}.get(args.lit_share_prompts, "auto"),
+            compile=args.lit_compile == "on",
         ),
     )
     rss["loaded"] = rss_mb()
@@ -735,6 +737,19 @@ def main(argv=None) -> None:
         help="the last round's runs add one untimed cycle under torch.profiler (lit_gspo: its update; TRL: its "
         "step without generation) and write profile_lit.txt, profile_trl.txt here",
     )
+    p.add_argument(
+        "--lit-share-prompts",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="lit_gspo update.share_prompt_forward (auto, the default: on the CPU; on a GPU where it saves half the "
+        "tokens)",
+    )
+    p.add_argument(
+        "--lit-compile",
+        choices=["on", "off"],
+        default="off",
+        help="lit_gspo update.compile: the decoder layers compiled for the update (off: the default a user gets)",
+    )
     p.add_argument("--only", choices=["lit", "trl"], help="run one side only")
     p.add_argument("--worker", choices=["lit", "trl"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -788,6 +803,10 @@ def main(argv=None) -> None:
                 args.skip_zero_advantage,
                 "--micro-batch-tokens",
                 str(args.micro_batch_tokens),
+                "--lit-share-prompts",
+                args.lit_share_prompts,
+                "--lit-compile",
+                args.lit_compile,
                 "--model-dir",
                 str(args.model_dir),
                 "--prompts-per-update",
@@ -817,7 +836,8 @@ def main(argv=None) -> None:
         f"({args.prompts_per_update} prompts × {args.num_generations}), {UPDATES_PER_ROLLOUT} updates/rollout, "
         f"≤{args.max_new_tokens} new tokens, {args.precision}, {args.threads} thread(s), gradient checkpointing {args.checkpointing} (lit_gspo {lit_checkpointing(args)}), "
         f"lit_gspo skip_zero_advantage_rows {args.skip_zero_advantage}, micro_batch_tokens {lit_micro_batch_tokens(args)}, "
-        f"lit_gspo backend {lit_backend(args)}"
+        f"lit_gspo backend {lit_backend(args)}, share_prompt_forward {args.lit_share_prompts}, "
+        f"compile {args.lit_compile}"
     )
     print(
         f"{'':>8} {'s/update':>9} {'compl tok/s':>12} {'update-phase s':>15} {'MFU':>6} {'matmul GFLOP/s':>15} "

@@ -524,3 +524,40 @@ def test_gradients_are_freed_once_applied_by_the_update_and_the_warm_start():
     encode = lambda chosen: [tokenizer(r["prompt"])["input_ids"] for r in chosen]  # noqa: E731
     warm_start(policy, tokenizer, rows, encode, WarmStart(steps=2, batch_size=2), seed=0)
     assert all(p.grad is None for p in policy.parameters())
+
+
+def test_a_compiled_update_gives_the_eager_updates_parameters_and_leaves_the_policys_layers_as_they_were():
+    """``update.compile``: the decoder layers run compiled inside ``learn`` and ``snapshot`` only (the samplers, the
+    state dict and the user's model see the originals after it); two updates of different shapes (other rewards, other
+    rows with a gradient) give the parameters of the eager learner within float rounding."""
+    from lit_gspo.runtime.sharding import decoder_layer_list
+
+    class LayersSeen(UpdateHook):
+        def __init__(self):
+            self.swapped = []
+
+        def before_loss(self, update, step):
+            self.swapped.append(list(decoder_layer_list(compiled.policy)) != layers)
+
+    update = dict(epochs=2, num_minibatches=2)
+    eager, compiled = make_learner(Update(**update)), make_learner(Update(**update, compile=True))
+    layers, keys = list(decoder_layer_list(compiled.policy)), list(compiled.policy.state_dict())
+    seen = LayersSeen()
+    compiled.hooks.hooks.append(seen)
+    rollout = sample_rollout(eager.policy)
+    for rewards in ([1.0, 0.0, 0.0] * 4, [0.0, 1.0, 0.5, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0]):
+        metrics = {}
+        for name, learner in (("eager", eager), ("compiled", compiled)):
+            metrics[name] = learn(learner, with_rewards(learner, rollout, rewards), momentum_sgd=True)
+        assert metrics["compiled"]["loss"] == pytest.approx(metrics["eager"]["loss"], abs=1e-6)
+        for (name, a), b in zip(eager.policy.named_parameters(), compiled.policy.parameters()):
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4, msg=name)
+    assert seen.swapped and all(seen.swapped)  # every loss of the update came from the compiled layers
+    assert list(decoder_layer_list(compiled.policy)) == layers and list(compiled.policy.state_dict()) == keys
+
+
+def test_a_compiled_update_runs_eagerly_with_a_warning_where_it_is_not_supported():
+    learner = make_learner(Update(compile=True), gradient_checkpointing=True)
+    rollout = sample_rollout(learner.policy)
+    with pytest.warns(UserWarning, match="update.compile: the update runs eagerly under gradient checkpointing"):
+        learn(learner, with_rewards(learner, rollout, [1.0, 0.0, 0.0] * 4))

@@ -128,6 +128,11 @@ class Update:
     Off by itself for MoE, gradient checkpointing, FSDP2. ``auto``: on the CPU whenever rows share a prompt; on a GPU
     only where it saves at least half the tokens, since the two passes launch every layer's kernels twice (on an H200
     at 32 prompt and 256 completion tokens, G = 8, it saved 10 % of the tokens and doubled the update's kernels)."""
+    compile: bool = False
+    """compile the policy's decoder layers for the update (regional ``torch.compile``, dynamic shapes), swapped in
+    only while it runs (``models/regional_compile.py``): fuses each layer's norms, rotary embedding, activation and
+    autocast's casts. The first update pays the compile. Not with gradient checkpointing, FSDP2 or MoE routing records
+    (it then runs eagerly, with a warning). Numbers within float rounding of the eager update's, not bit for bit."""
     shuffle: str = "rows"
     """how rows are dealt to minibatches each epoch: ``rows`` (rows in random order, as TRL) or ``groups`` (whole
     groups in random order, as verl's consecutive minibatches: each minibatch holds every row of its prompts, so its

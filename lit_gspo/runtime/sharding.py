@@ -12,13 +12,19 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The transformer blocks of a Hugging Face causal LM (``model.model.layers`` and the like)."""
+def decoder_layer_list(model: nn.Module) -> nn.ModuleList:
+    """The ``nn.ModuleList`` of the transformer blocks of a Hugging Face causal LM (``model.model.layers`` and the
+    like), which the decoder's forward iterates."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
     layers = getattr(decoder, "layers", None) or getattr(decoder, "h", None) or getattr(decoder, "blocks", None)
     if layers is None:
-        raise ValueError(f"cannot find the decoder layers of {type(model).__name__} to shard")
-    return list(layers)
+        raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
+    return layers
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of a Hugging Face causal LM (``model.model.layers`` and the like)."""
+    return list(decoder_layer_list(model))
 
 
 def is_sharded(module: nn.Module) -> bool:

@@ -18,6 +18,7 @@ normalisers. No Lightning here: the trainer hands in the optimiser, the schedule
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from torch import Tensor, nn
 
 from lit_gspo.models import checkpointing_active
 from lit_gspo.models.lora import reference_mode
+from lit_gspo.models.regional_compile import CompiledLayers
 from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, rerouted_tokens, routing_volatility
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.learn.hooks import (
@@ -132,6 +134,7 @@ class Learner:
         self.records_routing = record_routing or routing_replay
         self.gradient_checkpointing, self.mismatch = gradient_checkpointing, mismatch
         self.is_moe = bool(moe_routers(policy))
+        self.compiled_layers = CompiledLayers() if update.compile else None
         self.old_policy = old_policy or old_policy_for(update, mismatch, self.old_logprobs)
         self.guard = FiniteGuard(update.max_nonfinite_steps)
         built_in: list[UpdateHook] = []
@@ -157,18 +160,19 @@ class Learner:
         old_pass = self.value_head is not None or self.records_routing or self.old_policy.snapshot_computes_old
         keep_old = self.old_policy.snapshot_computes_old or self.old_policy.snapshot_keeps_old
         olds, refs, vals, routes, order = [], [], [], [], []
-        for micro_rows, micro in self.micro_batches(rollout.to(self.device), with_rows=True):
-            order.append(micro_rows)
-            if old_pass:
-                with record_routing(self.policy) if self.records_routing else nullcontext() as recorder:
-                    fwd = self.completion_logprobs(self.policy, micro, value_head=self.value_head)
-                if recorder is not None:
-                    routes.append(recorder.record)
-                olds.append(fwd.logprobs)
-                if fwd.values is not None:
-                    vals.append(fwd.values.float())
-            if self.reference is not None:
-                refs.append(self.reference_logprobs(micro))
+        with self.compiled():
+            for micro_rows, micro in self.micro_batches(rollout.to(self.device), with_rows=True):
+                order.append(micro_rows)
+                if old_pass:
+                    with record_routing(self.policy) if self.records_routing else nullcontext() as recorder:
+                        fwd = self.completion_logprobs(self.policy, micro, value_head=self.value_head)
+                    if recorder is not None:
+                        routes.append(recorder.record)
+                    olds.append(fwd.logprobs)
+                    if fwd.values is not None:
+                        vals.append(fwd.values.float())
+                if self.reference is not None:
+                    refs.append(self.reference_logprobs(micro))
         # a token budget deals rows to micro-batches by length: put them back in rollout order
         inverse = torch.argsort(torch.cat(order)) if order else None
         if olds and keep_old:
@@ -204,7 +208,7 @@ class Learner:
         global minibatch, multiplied by the world size because DDP and FSDP2 average gradients over ranks.
         """
         backward, step = backward or Tensor.backward, step or clip_then_step
-        with checkpointing_active(self.policy):  # a no-op unless gradient checkpointing is on
+        with checkpointing_active(self.policy), self.compiled():  # each a no-op unless asked for
             update = self.begin(rollout.to(self.device))
             for epoch in range(self.cfg.epochs):
                 order = self.minibatch_order(len(rollout))
@@ -369,6 +373,20 @@ class Learner:
         if self.cfg.pack_sequences is not None:
             return self.cfg.pack_sequences
         return getattr(getattr(self.policy, "config", None), "_attn_implementation", None) in PACKING_KERNELS
+
+    def compiled(self):
+        """The policy's decoder layers compiled while in this context (``update.compile``), where that is supported."""
+        if self.compiled_layers is None:
+            return nullcontext()
+        why_not = (
+            "gradient checkpointing" * self.gradient_checkpointing
+            or "FSDP2" * is_sharded(self.policy)
+            or "MoE routing records" * self.records_routing
+        )
+        if why_not:
+            warnings.warn(f"update.compile: the update runs eagerly under {why_not}", stacklevel=3)
+            return nullcontext()
+        return self.compiled_layers.active(self.policy)
 
     @property
     def min_prompt_saving(self) -> float:
