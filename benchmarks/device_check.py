@@ -264,7 +264,8 @@ def summary(name: str, output: str, out: Path) -> str:
         profiles = measured.get("profile") or {}
         sides = [
             f"{side} {r['sec_per_update']:.2f} s/update, update phase {r['update_phase_s']:.2f} s (MFU "
-            f"{100 * r['mfu']:.1f} %), peak GPU {r.get('peak_gpu_mb', 0) / 1024:.1f} GiB"
+            f"{100 * r['mfu']:.1f} %)"
+            + (f", peak GPU {r['peak_gpu_mb'] / 1024:.1f} GiB" if r.get("peak_gpu_mb") else "")
             for side, r in measured.items()
             if side in ("lit", "trl")
         ]
