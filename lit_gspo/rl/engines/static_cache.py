@@ -36,6 +36,7 @@ from transformers.cache_utils import StaticLayer
 from lit_gspo.rl.engines.base import RolloutEngine
 from lit_gspo.rl.engines.fast_generate import fast_generate, filter_logits, sample_tokens
 from lit_gspo.rl.engines.precast import PrecastLinears
+from lit_gspo.runtime.sharding import is_sharded
 
 CACHE_LENGTH_MULTIPLE = 64
 MIN_ROW_BUCKET = 8
@@ -48,16 +49,6 @@ def row_bucket(rows: int) -> int:
 
 def round_up(length: int, multiple: int) -> int:
     return -(-length // multiple) * multiple
-
-
-def managed_by_fsdp(policy: nn.Module) -> bool:
-    """Whether FSDP2 (``fully_shard``) manages a module of ``policy``: its parameters are shards, gathered by hooks
-    around each forward."""
-    if not torch.distributed.is_available():
-        return False
-    from torch.distributed.fsdp import FSDPModule
-
-    return any(isinstance(module, FSDPModule) for module in policy.modules())
 
 
 def cuda_graphs_serve_this_thread() -> bool:
@@ -166,7 +157,7 @@ class StaticCacheSampler(RolloutEngine):
     def _decode_step(self, device: torch.device, policy: nn.Module):
         if not (self.compile if self.compile is not None else device.type == "cuda"):
             return decode_logits
-        if managed_by_fsdp(policy):
+        if is_sharded(policy):
             warnings.warn(
                 "StaticCacheSampler decodes eagerly under FSDP2 (its hooks unshard and reshard the parameters around "
                 "every forward, which a compiled, graph-captured step cannot follow): DDP or one device samples faster",
@@ -300,7 +291,7 @@ class StaticCacheSampler(RolloutEngine):
         step_tokens = torch.full((bucket, 1), pad_id, dtype=torch.long, device=device)
         decode = self._decode_step(device, policy)
         # (FSDP2's modules cannot be copied: under it the step reads the policy's own weights)
-        decoder = self.precast.view(policy) if self.precast_weights and not managed_by_fsdp(policy) else policy
+        decoder = self.precast.view(policy) if self.precast_weights and not is_sharded(policy) else policy
 
         eos = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], device=device)
         tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
