@@ -166,6 +166,22 @@ def rss_mb() -> list[int]:
     return [round(fields.get("VmRSS", 0)), round(fields.get("VmHWM", 0))]
 
 
+#: GPU memory by phase (MB, allocated now / the peak so far; CUDA only), beside the host RSS of the same phases
+GPU_PHASES: dict[str, list[int]] = {}
+
+
+def mark(rss: dict, phase: str) -> None:
+    """Host RSS (and on CUDA the GPU memory allocated) at ``phase`` of a worker's run."""
+    rss[phase] = rss_mb()
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        GPU_PHASES[phase] = [
+            round(torch.cuda.memory_allocated() / 2**20),
+            round(torch.cuda.max_memory_allocated() / 2**20),
+        ]
+
+
 # op-name patterns (case-insensitive) of the profile's categories. An op under an attention or optimizer op is that
 # (outermost match); else the innermost matmul or head op above it (itself included) decides; else "other".
 OUTER = {
@@ -343,15 +359,15 @@ def run_lit(args, rss: dict, profile: RegionProfile | None) -> dict:
     from lit_gspo.rl.objectives import GSPO
     from lit_gspo.rl.rewards import AnswerMatch
 
-    rss["start"] = rss_mb()
+    mark(rss, "start")
     cycles, update_phase, tokens, trained = [], [], [], []
 
     class Timer(Callback):
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
             if not cycles:
-                rss["on device"] = rss_mb()
+                mark(rss, "on device")
             if profile is not None and len(cycles) == args.cycles:  # the extra cycle: profiled once sampled
-                rss["profiled cycle"] = rss_mb()
+                mark(rss, "profiled cycle")
                 profile.armed = True
             self.start = time.perf_counter()
 
@@ -363,11 +379,11 @@ def run_lit(args, rss: dict, profile: RegionProfile | None) -> dict:
                 )
                 profile.armed = False
                 profile.summary = profile.stop("lit_gspo.update", "lit update")
-                rss["profile parsed"] = rss_mb()
+                mark(rss, "profile parsed")
                 return
             cycles.append(time.perf_counter() - self.start)
             if len(cycles) == 1:
-                rss["after cycle 1"] = rss_mb()
+                mark(rss, "after cycle 1")
             m = trainer.callback_metrics
             update_phase.append(float(m["time/update_s"]))
             tokens.append(float(m["train/response_length"]))
@@ -376,7 +392,7 @@ def run_lit(args, rss: dict, profile: RegionProfile | None) -> dict:
         def on_train_end(
             self, trainer, module
         ):  # before Lightning's teardown moves the module and optimiser to the host
-            rss["trained"] = rss_mb()
+            mark(rss, "trained")
 
     # token-mean = TRL's default loss_type "dapo" (Σ tokens / tokens in the batch), so both optimise the same loss
     module = RLModule(
@@ -395,20 +411,21 @@ def run_lit(args, rss: dict, profile: RegionProfile | None) -> dict:
             compile=args.lit_compile == "on",
         ),
     )
-    rss["loaded"] = rss_mb()
-    if profile is not None:  # the profile starts once the rollout is sampled: decoding's ~10⁶ ops would take a
-        # minute to parse on a GPU; the rollout's own time is its wall-clock time (lit_gspo.rollout is not profiled)
-        rollout = module.collector.rollout
+    mark(rss, "loaded")
+    rollout = module.collector.rollout
 
-        def profiled_rollout(*a, **kw):
-            start = time.perf_counter()
-            out = rollout(*a, **kw)
-            if profile.armed:
-                profile.extra["rollout_s"] = round(time.perf_counter() - start, 3)
-                profile.start()
-            return out
+    def observed_rollout(*a, **kw):
+        start = time.perf_counter()
+        out = rollout(*a, **kw)
+        if not cycles:  # the engine's caches (and precast weights) are resident from here on
+            mark(rss, "after rollout 1")
+        if profile is not None and profile.armed:  # the profile starts once the rollout is sampled: decoding's
+            # ~10⁶ ops would take a minute to parse on a GPU; the rollout's own time is its wall-clock time
+            profile.extra["rollout_s"] = round(time.perf_counter() - start, 3)
+            profile.start()
+        return out
 
-        module.collector.rollout = profiled_rollout
+    module.collector.rollout = observed_rollout
     data = PromptDataModule(
         train_source="arithmetic",
         num_train=400,
@@ -430,7 +447,7 @@ def run_lit(args, rss: dict, profile: RegionProfile | None) -> dict:
         default_root_dir=str(ROOT / "runs" / "bench_lit"),
     )
     trainer.fit(module, datamodule=data)
-    rss["end"] = rss_mb()  # after Lightning's teardown: the policy and the optimiser's state on the host
+    mark(rss, "end")  # after Lightning's teardown: the policy and the optimiser's state on the host
     rows = train_rows(64)
     return dict(
         cycle_s=cycles,
@@ -529,16 +546,16 @@ def run_trl(args, rss: dict, profile: RegionProfile | None) -> dict:
     from lit_gspo.runtime.extras import require
 
     require("trl", "Comparing with TRL")
-    rss["start"] = rss_mb()
+    mark(rss, "start")
     steps, lengths = [], []
     timed = args.cycles * UPDATES_PER_ROLLOUT  # then, with --profile-dir, one more cycle: its train-only step profiled
 
     class Timer(TrainerCallback):
         def on_step_begin(self, a, state, control, **kw):
             if not steps:
-                rss["on device"] = rss_mb()
+                mark(rss, "on device")
             if profile is not None and len(steps) == timed + 1:  # the extra cycle's step without generation
-                rss["profiled cycle"] = rss_mb()
+                mark(rss, "profiled cycle")
                 profile.start()
                 self.region = torch.profiler.record_function("trl.step")
                 self.region.__enter__()
@@ -547,12 +564,12 @@ def run_trl(args, rss: dict, profile: RegionProfile | None) -> dict:
         def on_step_end(self, a, state, control, **kw):
             steps.append(time.perf_counter() - self.start)
             if len(steps) == UPDATES_PER_ROLLOUT:
-                rss["after cycle 1"] = rss_mb()
+                mark(rss, "after cycle 1")
             if profile is not None and len(steps) == timed + 2:
                 self.region.__exit__(None, None, None)
                 profile.extra.update(cycle_s=steps[-2] + steps[-1], update_phase_s=steps[-1])
                 profile.summary = profile.stop("trl.step", "trl update")
-                rss["profile parsed"] = rss_mb()
+                mark(rss, "profile parsed")
 
         def on_log(self, a, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs:
@@ -572,9 +589,9 @@ def run_trl(args, rss: dict, profile: RegionProfile | None) -> dict:
         num_generations=args.num_generations,
         max_new_tokens=args.max_new_tokens,
     )
-    rss["loaded"] = rss_mb()
+    mark(rss, "loaded")
     trainer.train()
-    rss["end"] = rss_mb()
+    mark(rss, "end")
     steps = steps[:timed]
     cycles = [steps[i] + steps[i + 1] for i in range(0, len(steps) - 1, UPDATES_PER_ROLLOUT)]
     train_only = [steps[i + 1] for i in range(0, len(steps) - 1, UPDATES_PER_ROLLOUT)]  # no generation in step 2
@@ -629,6 +646,8 @@ def worker(args) -> None:
     profile = RegionProfile(args.worker, args.profile_dir, args.device) if args.profile_dir else None
     out = (run_lit if args.worker == "lit" else run_trl)(args, rss, profile)
     out["rss_phases"] = rss
+    if GPU_PHASES:
+        out["gpu_phases"] = GPU_PHASES
     if profile is not None:
         out["profile"] = profile.summary or dict(error="the profiled cycle never ended")
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
@@ -865,11 +884,19 @@ def main(argv=None) -> None:
             f"host RSS by phase (MB, current/peak) {s}: " + ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in phases.items())
         )
     for s, r in results.items():
+        if r[-1].get("gpu_phases"):
+            phases = r[-1]["gpu_phases"]
+            print(
+                f"GPU memory by phase (MB, allocated/peak) {s}: "
+                + ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in phases.items())
+            )
+    for s, r in results.items():
         if "profile" in r[-1]:  # "profile lit update: 812 ms device time in 1020 ms, matmul 41%, ..."
             print("profile " + r[-1]["profile"].get("headline", f"{s}: {r[-1]['profile'].get('error')}"))
     print(f"reproduce: {command}")
     evidence = dict(
         rss_phases={s: r[-1].get("rss_phases") for s, r in results.items()},
+        gpu_phases={s: r[-1].get("gpu_phases") for s, r in results.items()},
         profile={s: r[-1].get("profile") for s, r in results.items()},
     )
     print("JSON " + json.dumps(dict(table, device=args.device, precision=args.precision, command=command, **evidence)))
