@@ -378,11 +378,12 @@ class Learner:
         """The policy's decoder layers compiled while in this context (``update.compile``), where that is supported."""
         if self.compiled_layers is None:
             return nullcontext()
-        why_not = (
-            "gradient checkpointing" * self.gradient_checkpointing
-            or "FSDP2" * is_sharded(self.policy)
-            or "MoE routing records" * self.records_routing
-        )
+        unsupported = {
+            "gradient checkpointing": self.gradient_checkpointing,
+            "FSDP2": is_sharded(self.policy),
+            "MoE routing records": self.records_routing,
+        }
+        why_not = next((name for name, applies in unsupported.items() if applies), None)
         if why_not:
             warnings.warn(f"update.compile: the update runs eagerly under {why_not}", stacklevel=3)
             return nullcontext()
