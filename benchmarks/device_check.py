@@ -20,7 +20,7 @@ ends every process the part started); the first two time nothing and run side by
    per update, update-phase MFU, peak GPU memory and host RSS on both sides (two timed cycles after the warm-up), and
    the evidence of where the update's time and the host memory go: a ``torch.profiler`` profile of one more cycle's
    update on each side (``profile/profile_{lit,trl}.txt`` under ``--out``; the row gives each side's shares of
-   matmul, LM head, attention, optimizer and its syncs) and each side's host RSS by phase (in ``vs.log``). The dry
+   matmul, LM head, attention, optimizer and its syncs) and each side's host RSS by phase (in ``vs_trl_8x8x256.log``). The dry
    run's ``vs TRL tiny`` runs the same on CPU (SmolLM2-135M, 1 prompt × 2 × 8 tokens).
 
 On the workplace's GPU machine (no network): here, ``scripts/device_wheels.sh --trl``, then one ``run`` with
@@ -29,9 +29,10 @@ On the workplace's GPU machine (no network): here, ``scripts/device_wheels.sh --
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
       && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && python3 benchmarks/device_check.py --out $OUT
 
-Two more parts run only when named (``--only``), in a second call in the warm window after the first (~2.5 min
-each on the H200): ``vs TRL 16x8x256`` (the issue's other shape) and ``lit compiled 8x8x256`` (lit_gspo alone with
-``update.compile``, the opt-in compiled update):
+Three more parts run only when named (``--only``), in a second call in the warm window after the first: ``vs TRL
+16x8x256`` (the issue's other shape, ~4 min), ``lit compiled 8x8x256`` (lit_gspo alone with ``update.compile``, the
+opt-in compiled update, ~3 min) and ``sampler sdpa decode`` (the sampler with the decoding step's attention as
+transformers' sdpa runs it, which copies the KV cache once per query head: the A/B of ``decode_attention``, ~1.5 min):
 
     python3 benchmarks/device_check.py --out $OUT --only "vs TRL 16x8x256,lit compiled 8x8x256"
 
@@ -185,6 +186,23 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
         dict(
             name="lit compiled 8x8x256", extra=True, limit=200, cmd=vs_trl_at(4, "--only", "lit", "--lit-compile", "on")
         ),
+        dict(
+            name="sampler sdpa decode",  # the decoding step's attention as transformers' sdpa runs it (repeat_kv)
+            extra=True,
+            limit=90,
+            cmd=[
+                py,
+                "benchmarks/sampler_speed.py",
+                "--device",
+                "cuda",
+                "--engines",
+                "StaticCacheSampler(decode_attention=None)",
+                "--repeats",
+                "2",
+                "--json",
+                str(out / "sampler_sdpa.json"),
+            ],
+        ),
     ]
 
 
@@ -250,8 +268,9 @@ def summary(name: str, output: str, out: Path) -> str:
     if name == "correctness" and (out / "gpu_check.json").exists():
         cases = json.loads((out / "gpu_check.json").read_text()).get("cases", [])
         return "; ".join(f"{c['case']}: {case_verdict(c)}" for c in cases) or "no case ran"
-    if name == "sampler" and (out / "sampler_speed.json").exists():
-        engines = json.loads((out / "sampler_speed.json").read_text())["engines"]
+    measured = out / {"sampler": "sampler_speed.json", "sampler sdpa decode": "sampler_sdpa.json"}.get(name, "-")
+    if measured.is_file():
+        engines = json.loads(measured.read_text())["engines"]
         return "; ".join(
             (f"{n}: {r['tok_s']:.0f} tok/s" if "tok_s" in r else f"{n}: {r['error'][:60]}")
             + (f" ({sampler_speed.profile_brief(r['profile'])})" if "profile" in r else "")
@@ -274,10 +293,15 @@ def summary(name: str, output: str, out: Path) -> str:
     return ""
 
 
+def log_name(part: str) -> str:
+    """``vs TRL 8x8x256`` → ``vs_trl_8x8x256.log``: one log per part."""
+    return re.sub(r"\W+", "_", part.lower()).strip("_") + ".log"
+
+
 def start(part: dict, out: Path) -> dict:
     """The part's process, started in its own session (a time-out ends it with every process it started: a test's
     fit, a benchmark's worker), its output streamed to its log as it runs."""
-    log = out / (part["name"].split()[0] + ".log")
+    log = out / log_name(part["name"])
     env = dict(
         os.environ,
         **part.get("env", {}),
@@ -328,7 +352,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--only",
         help="comma-separated part names to run (default: all but the extra ones: 'vs TRL 16x8x256', "
-        "'lit compiled 8x8x256', for a second call)",
+        "'lit compiled 8x8x256', 'sampler sdpa decode', for a second call)",
     )
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

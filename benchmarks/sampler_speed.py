@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -47,6 +48,29 @@ def build_policy(config_path: Path, device: str, dtype, dry_run: bool):
 
     config = Qwen3Config(**DRY_RUN_CONFIG) if dry_run else AutoConfig.from_pretrained(config_path)
     return build_from_config(config, seed=0).to(device=device, dtype=dtype).eval(), config.vocab_size
+
+
+def engine_specs(text: str) -> list[tuple[str, str, dict]]:
+    """``"StaticCacheSampler,StaticCacheSampler(decode_attention=None),LeanSampler"`` → (label, class name, keyword
+    arguments) each: an engine class of lit_gspo.rl.engines, optionally with literal arguments (an A/B of one setting in
+    one run)."""
+    import ast
+
+    specs, depth, start = [], 0, 0
+    for i, char in enumerate(text + ","):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            label = text[start:i].strip()
+            start = i + 1
+            node = ast.parse(label, mode="eval").body
+            if isinstance(node, ast.Name):
+                specs.append((label, node.id, {}))
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args:
+                kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+                specs.append((label, node.func.id, kwargs))
+            else:
+                raise ValueError(f"an engine is Name or Name(key=literal, ...), got {label!r}")
+    return specs
 
 
 def measure(engine, policy, prompts, *, G: int, T: int, repeats: int, device: str, never: int) -> dict:
@@ -128,7 +152,8 @@ def main(argv=None) -> dict:
     p.add_argument(
         "--engines",
         default="StaticCacheSampler,LeanSampler,HFGenerate",
-        help="class names in lit_gspo.rl.engines; one missing there is reported as such",
+        help="class names in lit_gspo.rl.engines, each optionally with literal keyword arguments "
+        "(StaticCacheSampler(decode_attention=None)); one missing there is reported as such",
     )
     p.add_argument("--json", type=Path)
     p.add_argument(
@@ -158,19 +183,20 @@ def main(argv=None) -> dict:
     shape = f"{prompts_n} prompts × {G} × {T} new tokens, prompt {args.prompt_length}, {precision}"
     print(f"sampler speed on {where}: {'dry run' if small else args.model_config.name}, {shape}", flush=True)
     results = {}
-    for name in args.engines.split(","):
-        cls = getattr(engines, name, None)
+    specs = engine_specs(args.engines)
+    for name, class_name, kwargs in specs:
+        cls = getattr(engines, class_name, None)
         if cls is None:
             results[name] = dict(error="not in lit_gspo.rl.engines")
             continue
         torch.manual_seed(0)
-        engine = cls()
+        engine = cls(**kwargs)
         try:
             with autocast:
                 results[name] = measure(
                     engine, policy, prompts, G=G, T=T, repeats=args.repeats, device=args.device, never=vocab
                 )  # an id past the vocabulary: no row ends early
-                if args.profile_dir and name == args.engines.split(",")[0]:
+                if args.profile_dir and name == specs[0][0]:
                     args.profile_dir.mkdir(parents=True, exist_ok=True)
                     results[name]["profile"] = profiled(
                         engine,
@@ -188,13 +214,14 @@ def main(argv=None) -> dict:
         if args.json:  # after each engine: a time limit that ends the run keeps what was measured
             args.json.write_text(json.dumps(dict(device=where, shape=shape, engines=results), indent=1))
         print(f"{name}: {results[name]}", flush=True)
-    print(f"{'engine':<20} {'tok/s':>10} {'median s':>9} {'warm-up s':>10} {'tokens':>7}")
+    width = max(20, *(len(name) + 1 for name in results))
+    print(f"{'engine':<{width}} {'tok/s':>10} {'median s':>9} {'warm-up s':>10} {'tokens':>7}")
     for name, r in results.items():
         if "error" in r:
-            print(f"{name:<20} FAILED: {r['error']}")
+            print(f"{name:<{width}} FAILED: {r['error']}")
         else:
-            print(f"{name:<20} {r['tok_s']:10.0f} {r['median_s']:9.3f} {r['warmup_s']:10.2f} {r['tokens']:7d}")
-    command = "python benchmarks/sampler_speed.py " + " ".join(argv if argv is not None else sys.argv[1:])
+            print(f"{name:<{width}} {r['tok_s']:10.0f} {r['median_s']:9.3f} {r['warmup_s']:10.2f} {r['tokens']:7d}")
+    command = "python benchmarks/sampler_speed.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     print(f"reproduce: {command}")
     out = dict(device=where, shape=shape, engines=results, command=command)
     if args.json:

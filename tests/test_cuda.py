@@ -120,10 +120,10 @@ def test_the_compiled_static_cache_step_samples_with_the_weights_of_the_moment(g
                 for p in policy.parameters():  # an optimiser step: new values in the same tensors
                     p.add_(torch.randn_like(p) * p.abs().mean())
             assert (trainer_logprobs(batch) - before)[mask].abs().max() > 0.3  # stale weights would show
-            if step == 0:
+            with torch.inference_mode(), torch.autocast(cuda_device.type, dtype=torch.bfloat16):
+                sample(engine, policy, greedy=True)  # validation's call: the greedy step
+            if step == 0:  # each step (sampled, greedy) compiled once
                 torch.compiler.set_stance("fail_on_recompile")
-        with torch.inference_mode(), torch.autocast(cuda_device.type, dtype=torch.bfloat16):
-            sample(engine, policy, greedy=True)  # validation's call
     finally:
         torch.compiler.set_stance("default")
 

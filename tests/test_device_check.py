@@ -25,6 +25,20 @@ def test_the_gpu_parts_fit_eight_minutes_and_only_the_untimed_checks_share_the_d
     assert sum(max(p["limit"] for p in g) for g in groups) <= 480
 
 
+def test_every_part_writes_its_own_log_and_the_sampler_parts_read_their_own_results(tmp_path):
+    """Two parts once shared a log (``vs TRL 8x8x256`` and ``vs TRL 16x8x256`` both wrote ``vs.log``)."""
+    import json
+
+    names = [p["name"] for p in device_check.parts(dry_run=False, out=tmp_path)]
+    assert len({device_check.log_name(name) for name in names}) == len(names)
+    for name, file, rate in (
+        ("sampler", "sampler_speed.json", 12000),
+        ("sampler sdpa decode", "sampler_sdpa.json", 9000),
+    ):
+        (tmp_path / file).write_text(json.dumps(dict(engines={"StaticCacheSampler": dict(tok_s=rate)})))
+        assert device_check.summary(name, "", tmp_path) == f"StaticCacheSampler: {rate} tok/s"
+
+
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups")
 def test_a_part_past_its_limit_ends_with_the_processes_it_started(tmp_path):
     pid_file = tmp_path / "child.pid"

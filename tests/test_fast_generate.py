@@ -252,3 +252,15 @@ def test_grouped_query_eager_attention_equals_eager(model):
     assert torch.equal(gqa.input_ids, eager.input_ids)
     torch.testing.assert_close(gqa_lp, eager_lp, atol=1e-5, rtol=1e-5)
     assert model.config._attn_implementation != GQA_EAGER  # restored after the block
+
+
+@pytest.mark.parametrize("asked", [dict(sliding_window=4), dict(softcap=50.0), dict(s_aux=torch.zeros(4))])
+def test_grouped_query_eager_attention_refuses_more_than_plain_attention(asked):
+    """A sliding window, soft-capped logits or attention sinks change what attention computes: refused, not ignored."""
+    from lit_gspo.rl.engines.fast_generate import gqa_eager_attention
+
+    q, kv = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8)
+    plain, _ = gqa_eager_attention(torch.nn.Identity(), q, kv, kv, None, scaling=0.5, sliding_window=None)
+    assert plain.shape == (1, 3, 4, 8)
+    with pytest.raises(NotImplementedError, match=next(iter(asked))):
+        gqa_eager_attention(torch.nn.Identity(), q, kv, kv, None, scaling=0.5, **asked)

@@ -199,28 +199,31 @@ def test_a_quickstart_fit_samples_with_it(tmp_path):
 @pytest.mark.slow
 def test_compiled_decoding_gives_the_eager_tokens(model):
     """torch.compile of the decoding step on CPU (inductor, no CUDA graphs): about a minute on 2 cores."""
-    compiled = sample(StaticCacheSampler(compile=True), model, greedy=True, return_logprobs=True)
-    eager = sample(StaticCacheSampler(compile=False), model, greedy=True, return_logprobs=True)
-    assert torch.equal(compiled.input_ids, eager.input_ids)
-    torch.testing.assert_close(compiled.engine_logprobs, eager.engine_logprobs, atol=1e-5, rtol=0)
+    for greedy in (True, False):  # sampled: both invert the CDF at the same uniform draws
+        compiled = sample(StaticCacheSampler(compile=True), model, greedy=greedy, return_logprobs=True)
+        eager = sample(StaticCacheSampler(compile=False), model, greedy=greedy, return_logprobs=True)
+        assert torch.equal(compiled.input_ids, eager.input_ids)
+        torch.testing.assert_close(compiled.engine_logprobs, eager.engine_logprobs, atol=1e-5, rtol=0)
 
 
 @pytest.mark.slow
 def test_the_compiled_step_compiles_once_per_bucket_across_rl_steps(model):
-    """What changes between RL steps (prompt lengths, rows within the bucket, the weights, validation's inference mode)
-    reuses the compiled step: on CUDA a recompile is a new compilation and CUDA graph capture (seconds), and after
-    torch.compile's recompile limit the step silently runs eagerly. Without ``generate``'s ``inference_mode(False)``
-    the inference-mode call recompiles (its tensors' dispatch keys differ)."""
+    """What changes between RL steps (prompt lengths, rows within the bucket, the weights, the temperature,
+    validation's inference mode) reuses the compiled step (one for greedy decoding, one for sampling): on CUDA a
+    recompile is a new compilation and CUDA graph capture (seconds), and after torch.compile's recompile limit the
+    step silently runs eagerly. Without ``generate``'s ``inference_mode(False)`` the inference-mode call recompiles
+    (its tensors' dispatch keys differ)."""
     engine = StaticCacheSampler(compile=True)
     policy = copy.deepcopy(model)
-    sample(engine, policy, greedy=True)  # compiles: 9 rows -> bucket 16, cache of 64
+    sample(engine, policy, greedy=True)  # compiles the greedy step: 9 rows -> bucket 16, cache of 64
+    sample(engine, policy)  # and the sampling one
     with torch.no_grad():
         for p in policy.parameters():  # an optimiser step: the same tensors, new values
             p.add_(0.01 * torch.randn_like(p))
     with torch.compiler.set_stance("fail_on_recompile"):
         sample(engine, policy, prompts=[[3, 4], [5, 6, 7], [8], [9, 10]], max_new_tokens=20)  # 12 rows, shorter
         with torch.inference_mode():
-            sample(engine, policy, prompts=[[3, 4, 5, 6], [7], [8, 9]])  # 9 rows: bucket 16
+            sample(engine, policy, prompts=[[3, 4, 5, 6], [7], [8, 9]], temperature=0.7)  # 9 rows: bucket 16
         sample(engine, policy, greedy=True)
     assert engine.caches_built == 1
 
@@ -413,3 +416,93 @@ def test_under_fsdp2_the_step_reads_the_policys_own_weights_eagerly(model):
         dist.destroy_process_group()
     assert torch.equal(got.input_ids, expected.input_ids)
     torch.testing.assert_close(got.engine_logprobs, expected.engine_logprobs, atol=0, rtol=0)
+
+
+def ops_outside_the_decoding_step(monkeypatch, engine, model, max_new_tokens: int) -> int:
+    """The aten ops one sampling call dispatches outside the decoding step (the host's work around each token)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import lit_gspo.rl.engines.static_cache as static_cache
+
+    inside = []
+    for name in ("decode_next", "decode_next_greedy"):
+        step = getattr(static_cache, name)
+
+        def counted(*args, _step=step):
+            inside.append(True)
+            try:
+                return _step(*args)
+            finally:
+                inside.pop()
+
+        monkeypatch.setattr(static_cache, name, counted)
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += not inside
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        sample(engine, model, eos_id=-1, max_new_tokens=max_new_tokens)  # no EOS: every row to the limit
+    return Count.ops
+
+
+def test_between_two_tokens_the_host_only_copies_the_step_s_outputs(model, monkeypatch):
+    """Drawing, log-probs, EOS and the next input are the decoding step's own work (one CUDA graph per token on a GPU):
+    outside it each token costs the host its uniform draw copied in and the token copied out (the former loop ran ~25
+    ops a token there: softmax, cumsum, searchsorted, log_softmax, gather, isin, ... each a kernel launch)."""
+    short, long = (ops_outside_the_decoding_step(monkeypatch, StaticCacheSampler(), model, T) for T in (12, 44))
+    assert (long - short) / 32 <= 6
+
+
+def test_the_decoding_step_reads_the_cache_without_a_copy_per_query_head(model, monkeypatch):
+    """transformers' sdpa under a padding mask, compiled, repeats the cached keys and values once per query head
+    (``repeat_kv``) at every token: 5× the cache's bytes moved where the model has half as many key-value heads as
+    query heads. In the graph of the step as torch.compile traces it (its tensors' sizes), the step's attention
+    (``lit_gqa_eager``) makes no tensor as large as that copy."""
+    largest = []
+
+    def recording(graph, example_inputs):
+        values = [node.meta.get("example_value") for node in graph.graph.nodes if node.op.startswith("call")]
+        largest.append(max(value.numel() for value in values if isinstance(value, torch.Tensor)))
+        return graph.forward
+
+    compile = torch.compile
+    monkeypatch.setattr(
+        torch, "compile", lambda fn, **kwargs: compile(fn, backend=recording, fullgraph=True, dynamic=False)
+    )
+    torch.compiler.reset()  # no graph of the step from an earlier test
+    config = model.config
+    copy_per_head = 16 * config.num_attention_heads * 64 * (config.hidden_size // config.num_attention_heads)
+    batches = {}
+    for kernel in (None, "lit_gqa_eager"):  # None: the prefill's (sdpa)
+        largest.clear()
+        batches[kernel] = sample(StaticCacheSampler(compile=True, decode_attention=kernel), model, greedy=True)
+        assert largest and (max(largest) >= copy_per_head) == (kernel is None)  # bucket 16, cache 64
+    assert torch.equal(batches[None].input_ids, batches["lit_gqa_eager"].input_ids)
+
+
+def test_a_model_with_more_than_plain_attention_decodes_with_its_own_kernel(qwen3):
+    """Soft-capped logits (Gemma 2's ``attn_logit_softcapping``) or attention sinks: the decoding step keeps the
+    model's attention instead of lit_gqa_eager's plain one (which would refuse them)."""
+    from lit_gspo.rl.engines.static_cache import plain_attention
+
+    policy = copy.deepcopy(qwen3)
+    assert plain_attention(policy)
+    policy.config.attn_logit_softcapping = 50.0
+    assert not plain_attention(policy)
+    chosen = []
+    original = policy.set_attn_implementation
+
+    def recorded(implementation):
+        chosen.append(implementation)
+        return original(implementation)
+
+    policy.set_attn_implementation = recorded
+    sample(StaticCacheSampler(), policy, greedy=True)
+    assert "lit_gqa_eager" not in chosen
+    del policy.config.attn_logit_softcapping
+    policy.register_parameter("sinks", torch.nn.Parameter(torch.zeros(4)))
+    assert not plain_attention(policy)

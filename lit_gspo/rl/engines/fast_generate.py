@@ -41,17 +41,22 @@ def filter_logits(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_
     return logits
 
 
-def sample_tokens(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+def sample_tokens(probs: Tensor, generator: torch.Generator | None = None, uniform: Tensor | None = None) -> Tensor:
     """One token per row of ``probs`` (B, V): the first index whose cumulative probability exceeds u·total.
 
-    u ~ U[0, 1) scaled by each row's total, so a zero-probability token (cdf flat there) is never drawn.
+    u ~ U[0, 1) scaled by each row's total, so a zero-probability token (cdf flat there) is never drawn. ``uniform``
+    (B,): the rows' u, drawn beforehand (a compiled decoding step reads them); None: drawn here from ``generator``.
     """
     cdf = probs.float().cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cdf[:, -1:]
+    if uniform is None:
+        uniform = torch.rand(probs.shape[0], generator=generator, device=probs.device)
+    u = uniform[:, None] * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
 
 
 GQA_EAGER = "lit_gqa_eager"
+#: attention arguments of transformers' layers that change what attention computes (gqa_eager_attention has none)
+BEYOND_PLAIN_ATTENTION = ("sliding_window", "softcap", "s_aux")
 #: attention kernels an engine may switch to while sampling (None: the model's own)
 ATTENTION_IMPLEMENTATIONS = (None, "eager", GQA_EAGER, "sdpa", "flash_attention_2", "flex_attention")
 
@@ -72,8 +77,12 @@ def gqa_eager_attention(
     (``repeat_kv``), which while decoding copies the whole KV cache n_rep times per layer and step.
     Here the n_rep query heads that read one KV head are stacked along the query axis instead:
     (B, kv, n_rep·q, D) @ (B, kv, D, S). Same products, softmax in fp32 as in eager.
-    Registered as ``attn_implementation="lit_gqa_eager"`` (with eager's additive mask).
+    Registered as ``attn_implementation="lit_gqa_eager"`` (with eager's additive mask). Plain scaled dot-product
+    attention only: a layer that asks for more (a sliding window, logit soft-capping, attention sinks) is refused.
     """
+    asked = {name: kwargs.get(name) for name in BEYOND_PLAIN_ATTENTION if kwargs.get(name) is not None}
+    if asked:
+        raise NotImplementedError(f"{GQA_EAGER} computes plain attention; {type(module).__name__} asks for {asked}")
     B, H, q, D = query.shape
     kv = key.shape[1]
     n_rep = H // kv

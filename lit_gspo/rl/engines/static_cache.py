@@ -13,12 +13,18 @@ token. To keep replaying the same graphs across RL steps:
 - the prompt's **prefill runs once per prompt** (eager, dynamic shapes) and its keys and values are copied G
   times into the static cache;
 - under autocast the step reads **Linear weights cast once per rollout** (``precast.py``), not at every token, and
-  the cache **stores keys and values in autocast's dtype** (the attention casts them to it anyway: the same numbers).
+  the cache **stores keys and values in autocast's dtype** (the attention casts them to it anyway: the same numbers);
+- the step's attention reads **each layer's keys and values once** (``lit_gqa_eager``): transformers' sdpa under a
+  padding mask, compiled, first copies them once per query head (``repeat_kv``);
+- **the whole token is the step** (:func:`decode_next`): the forward, the draw, its log-prob, the EOS check and the
+  next input, written in place into a :class:`DecodeState` whose tensors keep their addresses. Between two replays
+  the host copies the token and its log-prob out and the next uniform draw in, nothing else.
 
 Sampling is :func:`~lit_gspo.rl.engines.fast_generate.filter_logits` and
-:func:`~lit_gspo.rl.engines.fast_generate.sample_tokens` in fp32, as in the lean sampler; the log-probs are those of
-the distribution sampled from. ``compile=None`` compiles on CUDA only: on CPU the same static-cache loop runs
-eagerly (testable; greedy tokens equal the lean sampler's).
+:func:`~lit_gspo.rl.engines.fast_generate.sample_tokens` in fp32, as in the lean sampler, at uniform draws made once
+per rollout (so the compiled and the eager step draw the same tokens); the log-probs are those of the distribution
+sampled from. ``compile=None`` compiles on CUDA only: on CPU the same static-cache loop runs eagerly (testable;
+greedy tokens equal the lean sampler's).
 """
 
 from __future__ import annotations
@@ -34,7 +40,14 @@ from torch.torch_version import TorchVersion
 from transformers.cache_utils import StaticLayer
 
 from lit_gspo.rl.engines.base import RolloutEngine
-from lit_gspo.rl.engines.fast_generate import fast_generate, filter_logits, sample_tokens
+from lit_gspo.rl.engines.fast_generate import (
+    ATTENTION_IMPLEMENTATIONS,
+    GQA_EAGER,
+    attention_implementation,
+    fast_generate,
+    filter_logits,
+    sample_tokens,
+)
 from lit_gspo.rl.engines.precast import PrecastLinears
 from lit_gspo.runtime.sharding import is_sharded
 
@@ -72,6 +85,59 @@ def decode_logits(model: nn.Module, cache, tokens: Tensor, positions: Tensor, ma
     return out.logits[:, -1].float()
 
 
+def next_tokens(
+    logits: Tensor, finished: Tensor, eos: Tensor, pad_id: int, uniform: Tensor | None, sampling: dict
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Each row's next token from its fp32 ``logits`` (R, V): drawn by inverting the CDF at ``uniform`` (R,) after
+    temperature (``sampling["temperature"]``: a tensor, so that another value reuses the compiled step), top-k and
+    top-p, or the argmax where ``sampling`` is empty; ``pad_id`` where the row has finished. Returns the tokens, their
+    log-probs under the distribution drawn from (0 where finished) and which rows have finished after them."""
+    if sampling:
+        top_k, top_p = sampling.get("top_k", 0), sampling.get("top_p", 1.0)
+        logits = filter_logits(logits / sampling["temperature"], top_k=top_k, top_p=top_p)
+        chosen = sample_tokens(logits.softmax(-1), uniform=uniform)
+    else:
+        chosen = logits.argmax(-1)
+    chosen = chosen.masked_fill(finished, pad_id)
+    logprobs = logits.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(1).masked_fill(finished, 0.0)
+    return chosen, logprobs, finished | torch.isin(chosen, eos)
+
+
+def decode_next(model: nn.Module, cache, state: DecodeState, eos: Tensor, pad_id: int, sampling: dict):
+    """One token of every row, in place: the forward of the rows' last tokens on the cache, the next tokens drawn from
+    its logits, written back as the rows' last tokens, positions advanced, finished rows marked. What a CUDA graph
+    replays once per token: nothing of a token's work is left to run op by op from Python. Returns the tokens and
+    their log-probs (the graph's outputs, valid until the next step)."""
+    logits = decode_logits(model, cache, state.tokens, state.positions, state.mask)
+    chosen, logprobs, finished = next_tokens(logits, state.finished, eos, pad_id, state.uniform, sampling)
+    state.tokens.copy_(chosen[:, None])
+    state.positions.add_(1)
+    state.finished.copy_(finished)
+    return chosen, logprobs
+
+
+def decode_next_greedy(model: nn.Module, cache, state: DecodeState, eos: Tensor, pad_id: int, sampling: dict):
+    """:func:`decode_next` as a function of its own for greedy decoding (validation's): torch.compile keeps its
+    compiled graphs per function, so greedy and sampled steps do not share one recompile limit."""
+    return decode_next(model, cache, state, eos, pad_id, sampling)
+
+
+class DecodeState:
+    """What the decoding step reads and advances in place, at addresses fixed per row bucket (a CUDA graph replays
+    them): each row's last token, next position, mask over the cache slots and whether it has finished, the uniform
+    draw its next token inverts and the sampling temperature. Rows past the batch's own are finished from the start."""
+
+    def __init__(self, rows: int, cache_len: int, device: torch.device):
+        self.tokens = torch.zeros(rows, 1, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, 1, dtype=torch.long, device=device)
+        self.mask = torch.ones(rows, cache_len, dtype=torch.bool, device=device)
+        self.finished = torch.ones(rows, dtype=torch.bool, device=device)
+        self.uniform = torch.zeros(rows, device=device)
+        self.temperature = torch.ones((), device=device)
+        for tensor in vars(self).values():
+            torch._dynamo.mark_static_address(tensor)
+
+
 def outside_inference_mode(generate):
     """Run ``generate`` on normal tensors under ``no_grad``, even when the caller is in inference mode (``eval``, a
     user's loop): an inference tensor reaching the compiled step fails its guards (another dispatch key set), and it
@@ -83,6 +149,14 @@ def outside_inference_mode(generate):
             return generate(*args, **kwargs)
 
     return outside
+
+
+def plain_attention(model: nn.Module) -> bool:
+    """Whether the model's attention is plain scaled dot-product attention, as ``lit_gqa_eager`` computes it: no logit
+    soft-capping (Gemma 2) and no attention sinks (gpt-oss). (Sliding windows are refused by ``lit_gqa_eager`` itself.)"""
+    if getattr(model.config, "attn_logit_softcapping", None) is not None:
+        return False
+    return not any(name.rsplit(".", 1)[-1] == "sinks" for name, _ in model.named_parameters())
 
 
 class StoredInCacheDtype(StaticLayer):
@@ -107,6 +181,12 @@ class StaticCacheSampler(RolloutEngine):
         precast_weights: under autocast, the decoding step reads Linear weights cast once per rollout
             (:class:`~lit_gspo.rl.engines.precast.PrecastLinears`: the same numbers, a copy of those weights in
             autocast's dtype) instead of casting them at every token inside the compiled graph.
+        decode_attention: the attention kernel of the one-token decoding step (the prompt's prefill runs
+            ``attn_implementation``). ``lit_gqa_eager`` (default) reads each layer's cached keys and values once
+            per token; transformers' ``sdpa`` under a padding mask first copies them once per query head
+            (``repeat_kv``): for Qwen3-0.6B's 16 query and 8 key-value heads, 5× the cache's bytes moved per token.
+            None: ``attn_implementation``'s. A model whose attention is more than plain attention (soft-capping,
+            sinks) decodes with ``attn_implementation``'s.
 
     Under sharded parameters (``synced_gpus``) it samples with ``generate``, as :class:`LeanSampler` does; FSDP2 in one
     process decodes eagerly on the policy's own weights; a model with sliding-window or other non-full-attention cache
@@ -125,47 +205,56 @@ class StaticCacheSampler(RolloutEngine):
         finished_check_every: int = 8,
         precast_weights: bool = True,
         fullgraph: bool = False,
+        decode_attention: str | None = GQA_EAGER,
     ):
         super().__init__(attn_implementation)
         if finished_check_every < 1:
             raise ValueError(f"finished_check_every must be ≥ 1, got {finished_check_every}")
+        if decode_attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"decode_attention must be one of {ATTENTION_IMPLEMENTATIONS}, got {decode_attention!r}")
+        self.decode_attention = decode_attention
         self.compile, self.max_cache_len, self.finished_check_every = compile, max_cache_len, finished_check_every
         self.precast_weights, self.precast = precast_weights, PrecastLinears()
         self.fullgraph = fullgraph
         self.caches: dict[int, object] = {}  # row bucket -> its StaticCache
+        self.states: dict[int, DecodeState] = {}  # row bucket -> the decoding step's inputs
         self.caches_built = 0
-        self._compiled_step = None
+        self._compiled_steps: dict[tuple[str, bool], object] = {}  # (mode, greedy) -> the compiled step
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(attn_implementation={self.attn_implementation!r}, compile={self.compile!r}, "
-            f"max_cache_len={self.max_cache_len!r}, precast_weights={self.precast_weights!r})"
+            f"max_cache_len={self.max_cache_len!r}, precast_weights={self.precast_weights!r}, "
+            f"decode_attention={self.decode_attention!r})"
         )
 
     def __deepcopy__(self, memo) -> StaticCacheSampler:
         """The same settings without the runtime state (caches, compiled step, precast weights, which reference the
         policy): an async worker's copy builds its own instead of duplicating KV caches and weights on the device."""
         fresh = copy.copy(self)
-        fresh.caches, fresh.caches_built, fresh._compiled_step, fresh.precast = {}, 0, None, PrecastLinears()
+        fresh.caches, fresh.states, fresh.caches_built = {}, {}, 0
+        fresh._compiled_steps, fresh.precast = {}, PrecastLinears()
         return fresh
 
     def close(self) -> None:
         self.caches.clear()
-        self._compiled_step = None
+        self.states.clear()
+        self._compiled_steps.clear()
         self.precast.close()
 
-    def _decode_step(self, device: torch.device, policy: nn.Module):
+    def _decode_step(self, device: torch.device, policy: nn.Module, greedy: bool):
+        step = decode_next_greedy if greedy else decode_next
         if not (self.compile if self.compile is not None else device.type == "cuda"):
-            return decode_logits
+            return step
         if is_sharded(policy):
             warnings.warn(
                 "StaticCacheSampler decodes eagerly under FSDP2 (its hooks unshard and reshard the parameters around "
                 "every forward, which a compiled, graph-captured step cannot follow): DDP or one device samples faster",
                 stacklevel=3,
             )
-            return decode_logits
+            return step
         mode = "reduce-overhead" if cuda_graphs_serve_this_thread() else "default"
-        if self._compiled_step is None or self._compiled_step[0] != mode:
+        if (mode, greedy) not in self._compiled_steps:
             if mode != "reduce-overhead":
                 warnings.warn(
                     f"StaticCacheSampler compiles its decoding step without CUDA graphs in thread "
@@ -173,15 +262,15 @@ class StaticCacheSampler(RolloutEngine):
                     "main thread (torch ≥ 2.13 serves every thread)",
                     stacklevel=3,
                 )
-            compiled = torch.compile(decode_logits, mode=mode, dynamic=False, fullgraph=self.fullgraph)
+            compiled = torch.compile(step, mode=mode, dynamic=False, fullgraph=self.fullgraph)
 
-            def step(*args):
+            def replay(*args):
                 if mode == "reduce-overhead":
-                    torch.compiler.cudagraph_mark_step_begin()  # the last step's logits are used up: buffers free
+                    torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are used up: buffers free
                 return compiled(*args)
 
-            self._compiled_step = (mode, step)
-        return self._compiled_step[1]
+            self._compiled_steps[mode, greedy] = replay
+        return self._compiled_steps[mode, greedy]
 
     def _cache_for(self, policy: nn.Module, rows: int, length: int, like: Tensor, like_values: Tensor, dtype):
         """The row bucket's static cache, built (again) when it is shorter than ``length`` or its keys or values are of
@@ -198,6 +287,7 @@ class StaticCacheSampler(RolloutEngine):
             or layer.keys.device != like.device
         ):
             self.caches.pop(rows, None)  # free the old one before allocating
+            self.states.pop(rows, None)
             cache = StaticCache(config=policy.config, max_cache_len=length)  # normal tensors (generate)
             cache.layers = [StoredInCacheDtype(max_cache_len=length) for _ in cache.layers]
             for layer in cache.layers:
@@ -206,6 +296,7 @@ class StaticCacheSampler(RolloutEngine):
                     like_values.new_empty(rows, *like_values.shape[1:], dtype=values_dtype),
                 )
             self.caches[rows] = cache
+            self.states[rows] = DecodeState(rows, length, like.device)
             self.caches_built += 1
         return cache
 
@@ -283,39 +374,44 @@ class StaticCacheSampler(RolloutEngine):
         del prefill, out
 
         # every row sees its prompt's real tokens and every slot from P on (the causal mask hides the future ones)
-        cache_len = cache.layers[0].max_cache_len
-        mask = torch.ones(bucket, cache_len, dtype=torch.bool, device=device)
-        mask[:rows, :P] = attention_mask.bool().repeat_interleave(G, 0)
-        next_positions = torch.zeros(bucket, 1, dtype=torch.long, device=device)
-        next_positions[:rows] = positions[:, -1:].repeat_interleave(G, 0) + 1
-        step_tokens = torch.full((bucket, 1), pad_id, dtype=torch.long, device=device)
-        decode = self._decode_step(device, policy)
+        state = self.states[bucket]
+        state.mask.fill_(True)
+        state.mask[:rows, :P] = attention_mask.bool().repeat_interleave(G, 0)
+        state.positions.zero_()
+        state.positions[:rows] = positions[:, -1:].repeat_interleave(G, 0) + 1
+        state.finished.fill_(True)  # the bucket's spare rows
+        state.finished[:rows] = False
+        if sampling:  # every draw of the rollout at once: the step reads its row of them
+            uniforms = torch.rand(max_new_tokens, bucket, device=device)
+            state.temperature.fill_(sampling["temperature"])
+            sampling = dict(sampling, temperature=state.temperature)
+        decode = self._decode_step(device, policy, greedy=not sampling)
         # (FSDP2's modules cannot be copied: under it the step reads the policy's own weights)
         decoder = self.precast.view(policy) if self.precast_weights and not is_sharded(policy) else policy
 
         eos = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], device=device)
         tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((rows, max_new_tokens), device=device) if return_logprobs else None
-        finished = torch.zeros(rows, dtype=torch.bool, device=device)
-        used = 0
-        for step in range(max_new_tokens):
-            if sampling:
-                logits = filter_logits(logits, **sampling)
-                chosen = sample_tokens(logits.softmax(-1))
-            else:
-                chosen = logits.argmax(-1)
-            chosen = chosen.masked_fill(finished, pad_id)
-            tokens[:, step] = chosen
-            if logprobs is not None:
-                picked = logits.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(1)
-                logprobs[:, step] = picked.masked_fill(finished, 0.0)
-            finished |= torch.isin(chosen, eos)
-            used = step + 1
-            if used == max_new_tokens or used % self.finished_check_every == 0 and bool(finished.all()):
-                break
-            step_tokens[:rows, 0] = chosen
-            logits = decode(decoder, cache, step_tokens, next_positions, mask)[:rows]
-            next_positions += 1
+        chosen, chosen_logprobs, finished = next_tokens(
+            logits, state.finished[:rows], eos, pad_id, uniforms[0, :rows] if sampling else None, sampling
+        )  # the first token from the prefill's logits, then one decoding step per token
+        state.tokens.fill_(pad_id)
+        state.tokens[:rows, 0] = chosen
+        state.finished[:rows] = finished
+        tokens[:, 0] = chosen
+        if logprobs is not None:
+            logprobs[:, 0] = chosen_logprobs
+        used = 1
+        decoding_kernel = self.decode_attention if plain_attention(policy) else self.attn_implementation
+        with attention_implementation(decoder, decoding_kernel):
+            while used < max_new_tokens and not (used % self.finished_check_every == 0 and bool(state.finished.all())):
+                if sampling:
+                    state.uniform.copy_(uniforms[used])
+                chosen, chosen_logprobs = decode(decoder, cache, state, eos, pad_id, sampling)
+                tokens[:, used] = chosen[:rows]
+                if logprobs is not None:
+                    logprobs[:, used] = chosen_logprobs[:rows]
+                used += 1
         prompts = input_ids.repeat_interleave(G, 0)
         sequences = torch.cat([prompts, tokens[:, :used]], 1)
         return sequences, (logprobs[:, :used] if logprobs is not None else None)
