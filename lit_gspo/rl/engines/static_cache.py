@@ -152,8 +152,11 @@ def outside_inference_mode(generate):
 
 
 def plain_attention(model: nn.Module) -> bool:
-    """Whether the model's attention is plain scaled dot-product attention, as ``lit_gqa_eager`` computes it: no logit
-    soft-capping (Gemma 2) and no attention sinks (gpt-oss). (Sliding windows are refused by ``lit_gqa_eager`` itself.)"""
+    """Whether the model's attention is plain scaled dot-product attention, as ``lit_gqa_eager`` computes it, and can be
+    switched to it: a transformers model (``set_attn_implementation``) without logit soft-capping (Gemma 2) or
+    attention sinks (gpt-oss). (Sliding windows are refused by ``lit_gqa_eager`` itself.)"""
+    if not hasattr(model, "set_attn_implementation"):
+        return False
     if getattr(model.config, "attn_logit_softcapping", None) is not None:
         return False
     return not any(name.rsplit(".", 1)[-1] == "sinks" for name, _ in model.named_parameters())
