@@ -556,6 +556,25 @@ def test_a_compiled_update_gives_the_eager_updates_parameters_and_leaves_the_pol
     assert list(decoder_layer_list(compiled.policy)) == layers and list(compiled.policy.state_dict()) == keys
 
 
+def test_an_update_on_aligned_rows_gives_the_padded_updates_parameters():
+    """``update.align_rows`` (on a GPU by default): every forward of the update (the old policy's pass, each
+    minibatch's loss) on rows aligned to their front without a mask; the parameters of the padded update."""
+    update = dict(epochs=2, num_minibatches=2, share_prompt_forward=False)
+    padded, aligned = make_learner(Update(**update, align_rows=False)), make_learner(Update(**update, align_rows=True))
+    assert not padded.aligns and aligned.aligns
+    assert not make_learner(Update()).aligns  # auto: the padded forward on the CPU, as before
+    rollout = sample_rollout(padded.policy)
+    assert rollout.attention_mask[:, : rollout.prompt_length].eq(0).any()  # prompts of different lengths
+    for learner in (padded, aligned):
+        rewards = [0.0, 1.0, 0.5, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+        learn(learner, with_rewards(learner, rollout, rewards), momentum_sgd=True)  # (Adam's g/√v: noise of ~0)
+    for (name, a), b in zip(padded.policy.named_parameters(), aligned.policy.parameters()):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=name)
+    assert any(
+        not torch.equal(a, b) for a, b in zip(padded.policy.parameters(), make_learner(Update()).policy.parameters())
+    )
+
+
 def test_a_compiled_update_runs_eagerly_with_a_warning_where_it_is_not_supported():
     learner = make_learner(Update(compile=True), gradient_checkpointing=True)
     rollout = sample_rollout(learner.policy)

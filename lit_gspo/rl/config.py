@@ -128,6 +128,12 @@ class Update:
     Off by itself for MoE, gradient checkpointing, FSDP2. ``auto``: on the CPU whenever rows share a prompt; on a GPU
     only where it saves at least half the tokens, since the two passes launch every layer's kernels twice (on an H200
     at 32 prompt and 256 completion tokens, G = 8, it saved 10 % of the tokens and doubled the update's kernels)."""
+    align_rows: bool | Literal["auto"] = "auto"
+    """run each row with its tokens first and its padding after, without an attention mask
+    (``rollout.completion_states_aligned``: the same log-probs and gradients). Without a padding mask sdpa runs its
+    causal flash kernel and reads grouped key-value heads as they are; with one, transformers copies the keys and
+    values once per query head in every layer (``repeat_kv``) and keeps the copies for backward. ``auto``: on a GPU
+    (on the CPU the padded forward, as before). Never with MoE routing records, which hold padded positions."""
     compile: bool = False
     """compile the policy's decoder layers for the update (regional ``torch.compile``, dynamic shapes), swapped in
     only while it runs (``models/regional_compile.py``): fuses each layer's norms, rotary embedding, activation and
@@ -159,8 +165,9 @@ class Update:
             isinstance(self.micro_batch_tokens, int) and self.micro_batch_tokens >= 1
         ):
             raise ValueError(f"micro_batch_tokens must be >= 1, 'auto' or null, got {self.micro_batch_tokens!r}")
-        if self.share_prompt_forward not in (True, False, "auto"):
-            raise ValueError(f"share_prompt_forward must be true, false or 'auto', got {self.share_prompt_forward!r}")
+        for name in ("share_prompt_forward", "align_rows"):
+            if getattr(self, name) not in (True, False, "auto"):
+                raise ValueError(f"{name} must be true, false or 'auto', got {getattr(self, name)!r}")
         if self.shuffle not in ("groups", "rows"):
             raise ValueError(f"shuffle must be 'groups' or 'rows', got {self.shuffle!r}")
         if (

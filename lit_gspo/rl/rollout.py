@@ -195,6 +195,7 @@ def token_logprobs(
     share_prompts: bool = False,
     min_prompt_saving: float = 0.0,
     pack: bool = False,
+    align: bool = False,
 ) -> TokenForward:
     """log π(y_t | y_<t) of every completion token, gathering chunk by chunk in fp32.
 
@@ -203,13 +204,16 @@ def token_logprobs(
     backward instead of keeping its (B, c, V) logits alive. ``share_prompts``: rows with the same
     prompt share one forward of it (:func:`completion_states_shared_prompts`) where it saves at least
     ``min_prompt_saving`` of the tokens; ``pack``: the rows run as one sequence without padding
-    (:func:`completion_states_packed`).
+    (:func:`completion_states_packed`); ``align``: each row's tokens first, its padding after, and no attention mask
+    (:func:`completion_states_aligned`).
     """
     batch = batch.to(model.get_input_embeddings().weight.device)  # the caller's tensors may be elsewhere (CPU)
     P, T = batch.prompt_length, batch.completion_mask.shape[1]
     hidden = completion_states_packed(model, batch) if pack else None
     if hidden is None and share_prompts:
         hidden = completion_states_shared_prompts(model, batch, min_prompt_saving)
+    if hidden is None and align:
+        hidden = completion_states_aligned(model, batch)
     if hidden is None:
         hidden = _decoder_output_through_root(model, batch.input_ids, batch.attention_mask)
         hidden = hidden[:, P - 1 : P - 1 + T]  # the state that predicts completion token t
@@ -258,6 +262,33 @@ def completion_states_packed(model: nn.Module, batch: RolloutBatch) -> Tensor:
     where = torch.zeros(real.shape, dtype=torch.long, device=real.device)  # (N, P + T): each real token's place in S
     where[real] = torch.arange(ids.shape[1], device=real.device)
     return hidden[where[:, P - 1 : P - 1 + T]]  # padding positions read token 0's state: masked out of every loss
+
+
+def completion_states_aligned(model: nn.Module, batch: RolloutBatch) -> Tensor | None:
+    """The decoder states that predict each completion token, (N, T, H), with each row's tokens moved to its front
+    (the prompt's left padding moved behind the completion) and no attention mask: causal attention alone keeps every
+    token from the padding after it, and the real tokens' positions are the padded rows'. The states are the padded
+    forward's
+    (tested); without a mask, sdpa runs its causal flash kernel and reads grouped key-value heads natively, where a
+    padding mask makes transformers copy keys and values once per query head (``repeat_kv``) and keep the copies for
+    backward. Returns None where a row's tokens are not contiguous (a mask with a hole: the padded forward then).
+    """
+    P, T = batch.prompt_length, batch.completion_mask.shape[1]
+    real = batch.attention_mask.bool()
+    length = real.sum(1)
+    first = real.long().argmax(1)  # each row's left padding
+    last = real.shape[1] - 1 - real.flip(1).long().argmax(1)
+    if not bool((last - first + 1 == length).all()):
+        return None
+    columns = torch.arange(real.shape[1], device=real.device)
+    source = (columns + first[:, None]).clamp(max=real.shape[1] - 1)  # aligned column c ← padded column c + first
+    ids = batch.input_ids.gather(1, source)
+    # the real tokens' positions, 0 on; the padding behind them goes on counting (positions that restart would read
+    # as packed sequences, for which transformers builds a mask)
+    positions = columns.expand_as(ids)
+    hidden = _decoder_output_through_root(model, ids, None, position_ids=positions)  # (N, P + T, H)
+    back = torch.arange(P - 1, P - 1 + T, device=real.device) - first[:, None]  # padded column P - 1 + t, aligned
+    return hidden[torch.arange(len(hidden), device=real.device)[:, None], back.clamp(min=0)]
 
 
 def completion_states_shared_prompts(model: nn.Module, batch: RolloutBatch, min_saving: float = 0.0) -> Tensor | None:

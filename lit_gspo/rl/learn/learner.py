@@ -374,6 +374,16 @@ class Learner:
             return self.cfg.pack_sequences
         return getattr(getattr(self.policy, "config", None), "_attn_implementation", None) in PACKING_KERNELS
 
+    @property
+    def aligns(self) -> bool:
+        """Whether a micro-batch's rows run with their tokens first and no attention mask (``update.align_rows``;
+        ``auto``: on a GPU). Never with MoE routing records, which hold padded positions."""
+        if self.records_routing:
+            return False
+        if self.cfg.align_rows == "auto":
+            return self.device.type != "cpu"
+        return self.cfg.align_rows
+
     def compiled(self):
         """The policy's decoder layers compiled while in this context (``update.compile``), where that is supported."""
         if self.compiled_layers is None:
@@ -398,7 +408,8 @@ class Learner:
 
     def completion_logprobs(self, model: nn.Module, micro: RolloutBatch, **kwargs) -> TokenForward:
         """:func:`token_logprobs` at the sampling temperature, packed where :attr:`packs`, else sharing prompts where
-        :attr:`shares_prompts` and it saves enough tokens (:attr:`min_prompt_saving`)."""
+        :attr:`shares_prompts` and it saves enough tokens (:attr:`min_prompt_saving`), else aligned where
+        :attr:`aligns`."""
         return token_logprobs(
             model,
             micro,
@@ -406,6 +417,7 @@ class Learner:
             share_prompts=self.shares_prompts,
             min_prompt_saving=self.min_prompt_saving,
             pack=self.packs,
+            align=self.aligns,
             **kwargs,
         )
 
