@@ -29,10 +29,12 @@ On the workplace's GPU machine (no network): here, ``scripts/device_wheels.sh --
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
       && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && python3 benchmarks/device_check.py --out $OUT
 
-Three more parts run only when named (``--only``), in a second call in the warm window after the first: ``vs TRL
+More parts run only when named (``--only``), in a second call in the warm window after the first: ``vs TRL
 16x8x256`` (the issue's other shape, ~4 min), ``lit compiled 8x8x256`` (lit_gspo alone with ``update.compile``, the
-opt-in compiled update, ~3 min) and ``sampler sdpa decode`` (the sampler with the decoding step's attention as
-transformers' sdpa runs it, which copies the KV cache once per query head: the A/B of ``decode_attention``, ~1.5 min):
+opt-in compiled update, ~3 min), and two A/Bs of this session's defaults: ``lit padded 8x8x256`` (lit_gspo alone with
+``update.align_rows`` off: the update's attention under a padding mask, ~3 min) and ``sampler sdpa decode`` (the
+sampler with the decoding step's attention as transformers' sdpa runs it, which copies the KV cache once per query
+head, ~1.5 min):
 
     python3 benchmarks/device_check.py --out $OUT --only "vs TRL 16x8x256,lit compiled 8x8x256"
 
@@ -187,6 +189,12 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
             name="lit compiled 8x8x256", extra=True, limit=200, cmd=vs_trl_at(4, "--only", "lit", "--lit-compile", "on")
         ),
         dict(
+            name="lit padded 8x8x256",  # update.align_rows off: the update's attention under a padding mask
+            extra=True,
+            limit=200,
+            cmd=vs_trl_at(4, "--only", "lit", "--lit-align-rows", "off"),
+        ),
+        dict(
             name="sampler sdpa decode",  # the decoding step's attention as transformers' sdpa runs it (repeat_kv)
             extra=True,
             limit=90,
@@ -276,7 +284,7 @@ def summary(name: str, output: str, out: Path) -> str:
             + (f" ({sampler_speed.profile_brief(r['profile'])})" if "profile" in r else "")
             for n, r in engines.items()
         )
-    if name.startswith(("vs TRL", "lit compiled")):
+    if name.startswith(("vs TRL", "lit ")):
         ratio = re.findall(r"^ratio trl/lit: .*$", output, re.M)
         found = re.findall(r"^JSON (.*)$", output, re.M)
         measured = json.loads(found[-1]) if found else {}
@@ -352,7 +360,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--only",
         help="comma-separated part names to run (default: all but the extra ones: 'vs TRL 16x8x256', "
-        "'lit compiled 8x8x256', 'sampler sdpa decode', for a second call)",
+        "'lit compiled 8x8x256', 'lit padded 8x8x256', 'sampler sdpa decode', for a second call)",
     )
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -408,6 +408,7 @@ def run_lit(args, rss: dict, profile: RegionProfile | None) -> dict:
             skip_zero_advantage_rows=args.skip_zero_advantage == "on",
             micro_batch_tokens=lit_micro_batch_tokens(args),
             share_prompt_forward={"on": True, "off": False}.get(args.lit_share_prompts, "auto"),
+            align_rows={"on": True, "off": False}.get(args.lit_align_rows, "auto"),
             compile=args.lit_compile == "on",
         ),
     )
@@ -764,6 +765,12 @@ def main(argv=None) -> None:
         "tokens)",
     )
     p.add_argument(
+        "--lit-align-rows",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="lit_gspo update.align_rows: rows' tokens first and no attention mask (auto, the default: on a GPU)",
+    )
+    p.add_argument(
         "--lit-compile",
         choices=["on", "off"],
         default="off",
@@ -824,6 +831,8 @@ def main(argv=None) -> None:
                 str(args.micro_batch_tokens),
                 "--lit-share-prompts",
                 args.lit_share_prompts,
+                "--lit-align-rows",
+                args.lit_align_rows,
                 "--lit-compile",
                 args.lit_compile,
                 "--model-dir",
@@ -856,7 +865,7 @@ def main(argv=None) -> None:
         f"≤{args.max_new_tokens} new tokens, {args.precision}, {args.threads} thread(s), gradient checkpointing {args.checkpointing} (lit_gspo {lit_checkpointing(args)}), "
         f"lit_gspo skip_zero_advantage_rows {args.skip_zero_advantage}, micro_batch_tokens {lit_micro_batch_tokens(args)}, "
         f"lit_gspo backend {lit_backend(args)}, share_prompt_forward {args.lit_share_prompts}, "
-        f"compile {args.lit_compile}"
+        f"align_rows {args.lit_align_rows}, compile {args.lit_compile}"
     )
     print(
         f"{'':>8} {'s/update':>9} {'compl tok/s':>12} {'update-phase s':>15} {'MFU':>6} {'matmul GFLOP/s':>15} "
