@@ -65,6 +65,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shlex
 import statistics
@@ -643,6 +644,9 @@ def worker(args) -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.device == "cuda" and args.gpu_memory_gb:  # a smaller card's memory on a larger one (an H100's on an H200)
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.gpu_memory_gb * 2**30 / total))
     rss: dict[str, list[int]] = {}
     profile = RegionProfile(args.worker, args.profile_dir, args.device) if args.profile_dir else None
     out = (run_lit if args.worker == "lit" else run_trl)(args, rss, profile)
@@ -663,6 +667,13 @@ def worker(args) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- driver
+def failure_line(stderr: str, returncode: int) -> str:
+    """The line that says why a side's run failed (``torch.OutOfMemoryError: CUDA out of memory. ...``)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception)\b", line)]
+    return (errors or lines or [f"exit code {returncode}"])[-1][:300]
+
+
 def summarise(runs: list[dict], rows: int) -> dict:
     """Median over counted cycles (the first cycle of each run is warm-up)."""
     cycle = [c for r in runs for c in r["cycle_s"][1:]]
@@ -776,6 +787,12 @@ def main(argv=None) -> None:
         default="off",
         help="lit_gspo update.compile: the decoder layers compiled for the update (off: the default a user gets)",
     )
+    p.add_argument(
+        "--gpu-memory-gb",
+        type=float,
+        help="cap each side's GPU memory at this many GiB (torch.cuda.set_per_process_memory_fraction): an 80 GB "
+        "H100's limit on a larger card",
+    )
     p.add_argument("--only", choices=["lit", "trl"], help="run one side only")
     p.add_argument("--worker", choices=["lit", "trl"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -789,6 +806,7 @@ def main(argv=None) -> None:
     )
     sides = [args.only] if args.only else ["lit", "trl"]
     results: dict[str, list[dict]] = {s: [] for s in sides}
+    failed: dict[str, str] = {}  # side -> the last line of its error
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -844,12 +862,15 @@ def main(argv=None) -> None:
                 "--max-new-tokens",
                 str(args.max_new_tokens),
                 *(["--profile-dir", str(args.profile_dir.resolve())] if profiled else []),
+                *(["--gpu-memory-gb", str(args.gpu_memory_gb)] if args.gpu_memory_gb else []),
             ]
             start = time.perf_counter()
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
             lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-            if proc.returncode or not lines:
-                sys.exit(f"{side} run failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
+            if proc.returncode or not lines:  # (out of memory, say): that side's row, the other side still runs
+                print(f"{side} run failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}", flush=True)
+                failed[side] = failure_line(proc.stderr, proc.returncode)
+                continue
             out = json.loads(lines[-1][7:])
             results[side].append(out)
             print(
@@ -857,8 +878,9 @@ def main(argv=None) -> None:
                 f"({time.perf_counter() - start:.0f} s with loading)",
                 flush=True,
             )
+    results = {s: r for s, r in results.items() if s not in failed and r}
     table = {s: summarise(r, rows_per_update(args)) for s, r in results.items()}
-    where = results[sides[0]][0].get("device_name", "CPU") if args.device == "cuda" else "CPU"
+    where = next((r[0].get("device_name") for r in results.values()), "CUDA") if args.device == "cuda" else "CPU"
     print(
         f"\n{args.model_dir.name} on {where}, {rows_per_update(args)} completions/update "
         f"({args.prompts_per_update} prompts × {args.num_generations}), {UPDATES_PER_ROLLOUT} updates/rollout, "
@@ -879,6 +901,8 @@ def main(argv=None) -> None:
             f"{t['cycles_counted']:7d} {t['work_fraction']:5.2f}"
             + (f" {t['peak_gpu_mb']:12.0f}" if args.device == "cuda" else "")
         )
+    for s, error in failed.items():
+        print(f"{s:>8} FAILED: {error}")
     if len(table) == 2:
         print(
             f"ratio trl/lit: {table['trl']['sec_per_update'] / table['lit']['sec_per_update']:.2f}x s/update, "
@@ -908,7 +932,12 @@ def main(argv=None) -> None:
         gpu_phases={s: r[-1].get("gpu_phases") for s, r in results.items()},
         profile={s: r[-1].get("profile") for s, r in results.items()},
     )
-    print("JSON " + json.dumps(dict(table, device=args.device, precision=args.precision, command=command, **evidence)))
+    print(
+        "JSON "
+        + json.dumps(
+            dict(table, failed=failed, device=args.device, precision=args.precision, command=command, **evidence)
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -72,3 +72,18 @@ def test_parts_of_one_group_run_side_by_side(tmp_path):
     start = time.perf_counter()
     rows = [device_check.finish(r, tmp_path) for r in [device_check.start(p, tmp_path) for p in both]]
     assert [r["rc"] for r in rows] == [0, 0] and time.perf_counter() - start < 3.8
+
+
+def test_a_side_that_runs_out_of_memory_is_named_with_its_error():
+    """vs_trl.py at 32 × 8 × 256 in 80 GB: a side that fails is a row of the table with the line that says why."""
+    import json
+
+    import vs_trl
+
+    stderr = "Traceback (most recent call last):\n  File x\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    assert vs_trl.failure_line(stderr, 1).startswith("torch.OutOfMemoryError: CUDA out of memory")
+    assert vs_trl.failure_line("", -9) == "exit code -9"
+    lit = dict(sec_per_update=2.0, update_phase_s=0.5, mfu=0.2, peak_gpu_mb=60 * 1024)
+    output = "JSON " + json.dumps(dict(lit=lit, failed={"trl": "torch.OutOfMemoryError: CUDA out of memory."}))
+    line = device_check.summary("vs TRL 32x8x256 in 80 GB", output, Path("."))
+    assert "no ratio" in line and "lit 2.00 s/update" in line and "trl FAILED: torch.OutOfMemoryError" in line
