@@ -236,8 +236,11 @@ def test_the_decoding_step_compiles_as_one_graph(any_model, autocast):
     engine = StaticCacheSampler(compile=True, fullgraph=True)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         compiled = sample(engine, any_model, greedy=True)
+        drawn = sample(engine, any_model, temperature=0.7, top_k=5, top_p=0.9)  # the sampling step: one graph too
     if not autocast:  # (a graph break raised above) and the one graph decodes the eager step's tokens
         assert torch.equal(compiled.input_ids, sample(StaticCacheSampler(), any_model, greedy=True).input_ids)
+        eager = sample(StaticCacheSampler(), any_model, temperature=0.7, top_k=5, top_p=0.9)
+        assert torch.equal(drawn.input_ids, eager.input_ids)
 
 
 @pytest.mark.slow
