@@ -264,3 +264,19 @@ def test_grouped_query_eager_attention_refuses_more_than_plain_attention(asked):
     assert plain.shape == (1, 3, 4, 8)
     with pytest.raises(NotImplementedError, match=next(iter(asked))):
         gqa_eager_attention(torch.nn.Identity(), q, kv, kv, None, scaling=0.5, **asked)
+
+
+def test_grouped_query_eager_attention_over_the_first_slots_is_the_masked_attention_over_all():
+    """``lit_attention_slots`` (length S): the keys past slot S are left unread, not just masked; where they are
+    masked anyway (a static cache's unwritten slots) the output is the same."""
+    from lit_gspo.rl.engines.fast_generate import ATTENTION_SLOTS, gqa_eager_attention
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 1, 8), torch.randn(3, 2, 10, 8), torch.randn(3, 2, 10, 8)
+    mask = torch.zeros(3, 1, 1, 10)
+    mask[..., 6:] = torch.finfo(torch.float32).min  # slots 6.. unwritten
+    module = torch.nn.Identity()
+    full, _ = gqa_eager_attention(module, q, k, v, mask, scaling=0.3)
+    k[:, :, 6:], v[:, :, 6:] = float("nan"), float("nan")  # what is not read cannot matter
+    first, _ = gqa_eager_attention(module, q, k, v, mask, scaling=0.3, **{ATTENTION_SLOTS: torch.arange(6)})
+    torch.testing.assert_close(first, full, atol=1e-6, rtol=0)

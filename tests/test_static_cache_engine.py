@@ -11,6 +11,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from lit_gspo.rl.engines import HFGenerate, LeanSampler, StaticCacheSampler, default_engine
+from lit_gspo.rl.engines.static_cache import SPARE_SLOTS
 from lit_gspo.rl.rollout import token_logprobs
 
 PAD, EOS = 0, 1  # conftest.py's tiny model
@@ -103,14 +104,14 @@ def test_calls_within_one_bucket_reuse_the_cache_and_a_longer_or_wider_call_buil
     sample(engine, model, prompts=PROMPTS * 2)  # 18 rows -> bucket 32
     assert engine.caches_built == 2 and set(engine.caches) == {16, 32}
     sample(engine, model, max_new_tokens=70)  # 5 + 70 tokens: the 16-row cache grows to 128
-    assert engine.caches_built == 3 and engine.caches[16].layers[0].max_cache_len == 128
+    assert engine.caches_built == 3 and engine.caches[16].layers[0].max_cache_len == 128 + SPARE_SLOTS
 
 
 def test_a_fixed_cache_length_is_kept_and_a_prompt_too_long_for_it_refused(model):
     engine = StaticCacheSampler(max_cache_len=40)
     sample(engine, model)
     sample(engine, model, max_new_tokens=30)
-    assert engine.caches_built == 1 and engine.caches[16].layers[0].max_cache_len == 40
+    assert engine.caches_built == 1 and engine.caches[16].layers[0].max_cache_len == 40 + SPARE_SLOTS
     with pytest.raises(ValueError, match="max_cache_len=40"):
         sample(engine, model, max_new_tokens=36)
 
@@ -509,3 +510,35 @@ def test_a_model_with_more_than_plain_attention_decodes_with_its_own_kernel(qwen
     del policy.config.attn_logit_softcapping
     policy.register_parameter("sinks", torch.nn.Parameter(torch.zeros(4)))
     assert not plain_attention(policy)
+
+
+def test_each_step_reads_the_written_slots_rounded_up_not_the_whole_cache(model):
+    """A rollout's cache holds its longest prompt + every new token from the first step on; the step's attention reads
+    the slots written so far, rounded up to one of at most 8 lengths (a CUDA graph each), with the same tokens."""
+    from lit_gspo.rl.engines.fast_generate import ATTENTION_SLOTS
+
+    seen = []
+    handle = model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs.get(ATTENTION_SLOTS)), with_kwargs=True
+    )
+    try:
+        batch = sample(StaticCacheSampler(), model, greedy=True, eos_id=-1, max_new_tokens=70)  # P 5: cache 128
+    finally:
+        handle.remove()
+    decoding = [len(slots) for slots in seen[1:]]  # (the prefill's forward reads the prompt only)
+    assert seen[0] is None and len(decoding) == 69
+    assert decoding == [64] * 59 + [128] * 10  # step t writes slot 5 + t - 1 and reads up to it
+    assert torch.equal(
+        batch.input_ids, sample(LeanSampler(), model, greedy=True, eos_id=-1, max_new_tokens=70).input_ids
+    )
+
+
+@pytest.mark.slow
+def test_the_compiled_step_reads_more_slots_without_compiling_again(model):
+    """The number of slots read is a dynamic size of the one compiled step (on CUDA: a CUDA graph per length)."""
+    engine = StaticCacheSampler(compile=True, max_cache_len=128)  # one cache: 64 and 128 slots
+    sample(engine, model, greedy=True, max_new_tokens=12)  # compiles, reading 64 slots
+    with torch.compiler.set_stance("fail_on_recompile"):
+        long = sample(engine, model, greedy=True, eos_id=-1, max_new_tokens=70)  # then 128
+    eager = sample(StaticCacheSampler(max_cache_len=128), model, greedy=True, eos_id=-1, max_new_tokens=70)
+    assert torch.equal(long.input_ids, eager.input_ids)

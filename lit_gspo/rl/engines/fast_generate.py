@@ -55,6 +55,8 @@ def sample_tokens(probs: Tensor, generator: torch.Generator | None = None, unifo
 
 
 GQA_EAGER = "lit_gqa_eager"
+#: the forward keyword that limits gqa_eager_attention to the first S key slots (a tensor of length S)
+ATTENTION_SLOTS = "lit_attention_slots"
 #: attention arguments of transformers' layers that change what attention computes (gqa_eager_attention has none)
 BEYOND_PLAIN_ATTENTION = ("sliding_window", "softcap", "s_aux")
 #: attention kernels an engine may switch to while sampling (None: the model's own)
@@ -79,19 +81,30 @@ def gqa_eager_attention(
     (B, kv, n_rep·q, D) @ (B, kv, D, S). Same products, softmax in fp32 as in eager.
     Registered as ``attn_implementation="lit_gqa_eager"`` (with eager's additive mask). Plain scaled dot-product
     attention only: a layer that asks for more (a sliding window, logit soft-capping, attention sinks) is refused.
+
+    ``lit_attention_slots`` (a tensor of length S, passed through the model's forward): attend to the first S key
+    slots only. A static cache holds all of a rollout's slots from its first token on; the slots past the last
+    written one are masked, and reading them is the bulk of a decoding step's memory traffic.
     """
     asked = {name: kwargs.get(name) for name in BEYOND_PLAIN_ATTENTION if kwargs.get(name) is not None}
     if asked:
         raise NotImplementedError(f"{GQA_EAGER} computes plain attention; {type(module).__name__} asks for {asked}")
     B, H, q, D = query.shape
-    kv = key.shape[1]
+    kv, S = key.shape[1], key.shape[2]
     n_rep = H // kv
-    scores = torch.matmul(query.reshape(B, kv, n_rep * q, D), key.transpose(2, 3)) * scaling
-    if attention_mask is not None:  # (B, 1, q, S), the same for every head
-        scores = (scores.view(B, kv, n_rep, q, -1) + attention_mask[:, :, None]).view(B, kv, n_rep * q, -1)
+    keys, values = key.reshape(B * kv, S, D), value.reshape(B * kv, S, D)  # a static cache's: views
+    slots = kwargs.get(ATTENTION_SLOTS)
+    if slots is not None:  # sliced after the reshape: the same strides for every S (one compiled graph)
+        S = slots.shape[0]
+        keys, values = keys[:, :S], values[:, :S]
+        attention_mask = attention_mask[..., :S] if attention_mask is not None else None
+    scores = torch.bmm(query.reshape(B * kv, n_rep * q, D), keys.transpose(1, 2)).view(B, kv, n_rep * q, S)
+    scores = scores * scaling
+    if attention_mask is not None:  # (B, 1, q, S), the same for every head: repeated for the stacked ones
+        scores = scores + attention_mask.repeat(1, 1, n_rep, 1)
     probs = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
-    out = torch.matmul(probs, value).view(B, H, q, D)
+    out = torch.bmm(probs.view(B * kv, n_rep * q, S), values).view(B, H, q, D)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -42,6 +42,7 @@ from transformers.cache_utils import StaticLayer
 from lit_gspo.rl.engines.base import RolloutEngine
 from lit_gspo.rl.engines.fast_generate import (
     ATTENTION_IMPLEMENTATIONS,
+    ATTENTION_SLOTS,
     GQA_EAGER,
     attention_implementation,
     fast_generate,
@@ -53,6 +54,11 @@ from lit_gspo.runtime.sharding import is_sharded
 
 CACHE_LENGTH_MULTIPLE = 64
 MIN_ROW_BUCKET = 8
+#: at most this many attention lengths per cache (a decoding step reads the written slots rounded up to one of them)
+SLOT_BUCKETS = 8
+#: slots a cache has past the longest a step reads, never written or read: the slots read are then never the whole
+#: cache, whose view torch.compile would take for another (contiguous) case and compile the step again for
+SPARE_SLOTS = 1
 
 
 def row_bucket(rows: int) -> int:
@@ -72,8 +78,11 @@ def cuda_graphs_serve_this_thread() -> bool:
     return threading.current_thread() is threading.main_thread() or TorchVersion(torch.__version__) >= "2.13"
 
 
-def decode_logits(model: nn.Module, cache, tokens: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
-    """One decoding step on the static cache: fp32 logits (R, V) of the next token."""
+def decode_logits(
+    model: nn.Module, cache, tokens: Tensor, positions: Tensor, mask: Tensor, slots: Tensor | None = None
+) -> Tensor:
+    """One decoding step on the static cache: fp32 logits (R, V) of the next token. ``slots``: the attention reads
+    the first ``len(slots)`` cache slots only (``lit_gqa_eager``)."""
     out = model(
         input_ids=tokens,
         attention_mask=mask,
@@ -81,6 +90,7 @@ def decode_logits(model: nn.Module, cache, tokens: Tensor, positions: Tensor, ma
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
+        **({ATTENTION_SLOTS: slots} if slots is not None else {}),
     )
     return out.logits[:, -1].float()
 
@@ -103,12 +113,14 @@ def next_tokens(
     return chosen, logprobs, finished | torch.isin(chosen, eos)
 
 
-def decode_next(model: nn.Module, cache, state: DecodeState, eos: Tensor, pad_id: int, sampling: dict):
+def decode_next(
+    model: nn.Module, cache, state: DecodeState, eos: Tensor, pad_id: int, sampling: dict, slots: Tensor | None
+):
     """One token of every row, in place: the forward of the rows' last tokens on the cache, the next tokens drawn from
     its logits, written back as the rows' last tokens, positions advanced, finished rows marked. What a CUDA graph
     replays once per token: nothing of a token's work is left to run op by op from Python. Returns the tokens and
-    their log-probs (the graph's outputs, valid until the next step)."""
-    logits = decode_logits(model, cache, state.tokens, state.positions, state.mask)
+    their log-probs (the graph's outputs, valid until the next step). ``slots``: see :func:`decode_logits`."""
+    logits = decode_logits(model, cache, state.tokens, state.positions, state.mask, slots)
     chosen, logprobs, finished = next_tokens(logits, state.finished, eos, pad_id, state.uniform, sampling)
     state.tokens.copy_(chosen[:, None])
     state.positions.add_(1)
@@ -116,10 +128,12 @@ def decode_next(model: nn.Module, cache, state: DecodeState, eos: Tensor, pad_id
     return chosen, logprobs
 
 
-def decode_next_greedy(model: nn.Module, cache, state: DecodeState, eos: Tensor, pad_id: int, sampling: dict):
+def decode_next_greedy(
+    model: nn.Module, cache, state: DecodeState, eos: Tensor, pad_id: int, sampling: dict, slots: Tensor | None
+):
     """:func:`decode_next` as a function of its own for greedy decoding (validation's): torch.compile keeps its
     compiled graphs per function, so greedy and sampled steps do not share one recompile limit."""
-    return decode_next(model, cache, state, eos, pad_id, sampling)
+    return decode_next(model, cache, state, eos, pad_id, sampling, slots)
 
 
 class DecodeState:
@@ -127,15 +141,28 @@ class DecodeState:
     them): each row's last token, next position, mask over the cache slots and whether it has finished, the uniform
     draw its next token inverts and the sampling temperature. Rows past the batch's own are finished from the start."""
 
-    def __init__(self, rows: int, cache_len: int, device: torch.device):
+    def __init__(self, rows: int, cache_len: int, device: torch.device):  # cache_len: the slots a step may read
         self.tokens = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, 1, dtype=torch.long, device=device)
-        self.mask = torch.ones(rows, cache_len, dtype=torch.bool, device=device)
+        self.mask = torch.ones(rows, cache_len + SPARE_SLOTS, dtype=torch.bool, device=device)
         self.finished = torch.ones(rows, dtype=torch.bool, device=device)
         self.uniform = torch.zeros(rows, device=device)
         self.temperature = torch.ones((), device=device)
+        self.slot_index = torch.arange(cache_len, device=device)  # its first S: the slots the attention reads
         for tensor in vars(self).values():
             torch._dynamo.mark_static_address(tensor)
+        self.slot_views: dict[int, Tensor] = {}
+
+    def slots(self, written: int) -> Tensor:
+        """The first S slot indices, S ≥ ``written`` rounded up to one of at most :data:`SLOT_BUCKETS` lengths (each
+        length is another CUDA graph of the one compiled step; its size is dynamic to torch.compile)."""
+        length = len(self.slot_index)
+        step = round_up(-(-length // SLOT_BUCKETS), CACHE_LENGTH_MULTIPLE)
+        S = min(length, round_up(written, step))
+        if S not in self.slot_views:
+            self.slot_views[S] = self.slot_index[:S]
+            torch._dynamo.maybe_mark_dynamic(self.slot_views[S], 0)
+        return self.slot_views[S]
 
 
 def outside_inference_mode(generate):
@@ -285,14 +312,14 @@ class StaticCacheSampler(RolloutEngine):
         layer = cache.layers[0] if cache is not None else None
         if (
             layer is None
-            or layer.max_cache_len < length
+            or layer.max_cache_len < length + SPARE_SLOTS
             or (layer.keys.dtype, layer.values.dtype) != (keys_dtype, values_dtype)
             or layer.keys.device != like.device
         ):
             self.caches.pop(rows, None)  # free the old one before allocating
             self.states.pop(rows, None)
-            cache = StaticCache(config=policy.config, max_cache_len=length)  # normal tensors (generate)
-            cache.layers = [StoredInCacheDtype(max_cache_len=length) for _ in cache.layers]
+            cache = StaticCache(config=policy.config, max_cache_len=length + SPARE_SLOTS)  # normal tensors (generate)
+            cache.layers = [StoredInCacheDtype(max_cache_len=length + SPARE_SLOTS) for _ in cache.layers]
             for layer in cache.layers:
                 layer.lazy_initialization(
                     like.new_empty(rows, *like.shape[1:], dtype=keys_dtype),
@@ -410,7 +437,9 @@ class StaticCacheSampler(RolloutEngine):
             while used < max_new_tokens and not (used % self.finished_check_every == 0 and bool(state.finished.all())):
                 if sampling:
                     state.uniform.copy_(uniforms[used])
-                chosen, chosen_logprobs = decode(decoder, cache, state, eos, pad_id, sampling)
+                # this step writes slot P + used - 1: lit_gqa_eager reads the slots up to it, not the whole cache
+                slots = state.slots(P + used) if decoding_kernel == GQA_EAGER else None
+                chosen, chosen_logprobs = decode(decoder, cache, state, eos, pad_id, sampling, slots)
                 tokens[:, used] = chosen[:rows]
                 if logprobs is not None:
                     logprobs[:, used] = chosen_logprobs[:rows]
