@@ -164,20 +164,8 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
         dict(
             name="sampler",
             limit=80,  # on the H200: StaticCacheSampler's compile 39 s, a sample 1.4 s (LeanSampler's 7 s: not run)
-            cmd=[
-                py,
-                "benchmarks/sampler_speed.py",
-                "--device",
-                "cuda",
-                "--engines",
-                "StaticCacheSampler",  # LeanSampler: 2,223 tok/s on the H200 (docs/gpu.md), HFGenerate as fast
-                "--repeats",
-                "2",
-                "--json",
-                str(out / "sampler_speed.json"),
-                "--profile-dir",  # the 5.4 ms a step on the H200: host or device?
-                str(out / "profile"),
-            ],
+            # LeanSampler: 2,223 tok/s on the H200 (docs/gpu.md), HFGenerate as fast; the profile: host or device?
+            cmd=sampler_with("StaticCacheSampler", out / "sampler_speed.json", "--profile-dir", str(out / "profile")),
         ),
         dict(
             name="vs TRL 8x8x256",
@@ -202,20 +190,16 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
             name="sampler sdpa decode",  # the decoding step's attention as transformers' sdpa runs it (repeat_kv)
             extra=True,
             limit=90,
-            cmd=[
-                py,
-                "benchmarks/sampler_speed.py",
-                "--device",
-                "cuda",
-                "--engines",
-                "StaticCacheSampler(decode_attention=None)",
-                "--repeats",
-                "2",
-                "--json",
-                str(out / "sampler_sdpa.json"),
-            ],
+            cmd=sampler_with("StaticCacheSampler(decode_attention=None)", out / "sampler_sdpa.json"),
         ),
     ]
+
+
+def sampler_with(engines: str, json_file: Path, *more: str) -> list[str]:
+    """``benchmarks/sampler_speed.py`` on CUDA at its defaults (Qwen3-0.6B's shape, bf16-mixed, 64 rows × 256 new
+    tokens), each engine sampled once to warm up and twice timed."""
+    command = [sys.executable, "benchmarks/sampler_speed.py", "--device", "cuda", "--engines", engines]
+    return command + ["--repeats", "2", "--json", str(json_file), *more]
 
 
 def vs_trl_at(prompts_per_update: int, *more: str) -> list[str]:
