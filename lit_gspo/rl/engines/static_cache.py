@@ -149,8 +149,8 @@ class DecodeState:
         self.uniform = torch.zeros(rows, device=device)
         self.temperature = torch.ones((), device=device)
         self.slot_index = torch.arange(cache_len, device=device)  # its first S: the slots the attention reads
-        for tensor in vars(self).values():
-            torch._dynamo.mark_static_address(tensor)
+        for tensor in vars(self).values():  # unguarded: a new state is a new CUDA graph recording, not a recompile
+            torch._dynamo.mark_static_address(tensor, guard=False)
         self.slot_views: dict[int, Tensor] = {}
 
     def slots(self, written: int) -> Tensor:
