@@ -89,19 +89,28 @@ def test_without_a_mask_sdpa_gets_the_key_value_heads_as_they_are(monkeypatch):
         assert calls == [(2, True, True, True)] * layers
 
 
-def test_auto_aligns_on_a_gpu_only_and_never_under_routing_records():
+def test_auto_aligns_on_a_gpu_in_16_bits_only_and_never_under_routing_records():
+    """In fp32 CUDA's sdpa takes grouped key-value heads only in its math kernel (every (L, L) score held): padded."""
     from types import SimpleNamespace
 
     from lit_gspo.rl.config import Update
     from lit_gspo.rl.learn.learner import Learner
 
-    def aligns(setting, device, records_routing=False):
+    def aligns(setting, device, dtype=torch.bfloat16, records_routing=False):
         fake = SimpleNamespace(
             cfg=Update(align_rows=setting), device=torch.device(device), records_routing=records_routing
         )
+        fake.compute_dtype = dtype
         return Learner.aligns.fget(fake)
 
-    assert not aligns("auto", "cpu") and aligns("auto", "meta") and aligns(True, "cpu") and not aligns(False, "meta")
+    assert (
+        aligns("auto", "meta") and aligns("auto", "meta", torch.float16) and not aligns("auto", "meta", torch.float32)
+    )
+    assert not aligns("auto", "cpu") and aligns(True, "cpu", torch.float32) and not aligns(False, "meta")
     assert not aligns(True, "meta", records_routing=True)  # MoE routing records hold padded positions
+    learner = SimpleNamespace(device=torch.device("cpu"), policy=tiny_qwen3())
+    assert Learner.compute_dtype.fget(learner) == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert Learner.compute_dtype.fget(learner) == torch.bfloat16
     with pytest.raises(ValueError, match="align_rows must be true, false or 'auto', got 'yes'"):
         Update(align_rows="yes")

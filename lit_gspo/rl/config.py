@@ -133,7 +133,8 @@ class Update:
     (``rollout.completion_states_aligned``: the same log-probs and gradients). Without a padding mask sdpa runs its
     causal flash kernel and reads grouped key-value heads as they are; with one, transformers copies the keys and
     values once per query head in every layer (``repeat_kv``) and keeps the copies for backward. ``auto``: on a GPU
-    (on the CPU the padded forward, as before). Never with MoE routing records, which hold padded positions."""
+    computing in bf16 or fp16 (in fp32 CUDA's sdpa takes grouped heads only in its math kernel, which holds every
+    (L, L) score; on the CPU the padded forward, as before). Never with MoE routing records (padded positions)."""
     compile: bool = False
     """compile the policy's decoder layers for the update (regional ``torch.compile``, dynamic shapes), swapped in
     only while it runs (``models/regional_compile.py``): fuses each layer's norms, rotary embedding, activation and

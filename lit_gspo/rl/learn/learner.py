@@ -375,13 +375,22 @@ class Learner:
         return getattr(getattr(self.policy, "config", None), "_attn_implementation", None) in PACKING_KERNELS
 
     @property
+    def compute_dtype(self) -> torch.dtype:
+        """What the forward computes in: autocast's dtype under mixed precision, else the parameters'."""
+        if torch.is_autocast_enabled(self.device.type):
+            return torch.get_autocast_dtype(self.device.type)
+        return next(self.policy.parameters()).dtype
+
+    @property
     def aligns(self) -> bool:
         """Whether a micro-batch's rows run with their tokens first and no attention mask (``update.align_rows``;
-        ``auto``: on a GPU). Never with MoE routing records, which hold padded positions."""
+        ``auto``: on a GPU computing in 16 bits, where sdpa's flash kernel takes grouped key-value heads as they are;
+        in fp32 only its math kernel does, which holds every (L, L) score, so fp32 rows stay padded for the efficient
+        kernel). Never with MoE routing records, which hold padded positions."""
         if self.records_routing:
             return False
         if self.cfg.align_rows == "auto":
-            return self.device.type != "cpu"
+            return self.device.type != "cpu" and self.compute_dtype in (torch.float16, torch.bfloat16)
         return self.cfg.align_rows
 
     def compiled(self):
@@ -455,12 +464,7 @@ class Learner:
         device = self.device
         if device.type != "cuda":
             return None
-        dtype = (
-            torch.get_autocast_dtype(device.type)
-            if torch.is_autocast_enabled(device.type)
-            else next(self.policy.parameters()).dtype
-        )
-        return token_budget(self.policy.config, device, dtype, checkpointing=self.gradient_checkpointing)
+        return token_budget(self.policy.config, device, self.compute_dtype, checkpointing=self.gradient_checkpointing)
 
     def micro_batches(self, batch: RolloutBatch, with_rows: bool = False):
         """Micro-batches of ``batch`` (with their row indices into it when ``with_rows``); see ``micro_batch_rows``."""
