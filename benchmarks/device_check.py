@@ -278,8 +278,9 @@ def summary(name: str, output: str, out: Path) -> str:
         measured = json.loads(found[-1]) if found else {}
         profiles = measured.get("profile") or {}
         sides = [
-            f"{side} {r['sec_per_update']:.2f} s/update, update phase {r['update_phase_s']:.2f} s (MFU "
-            f"{100 * r['mfu']:.1f} %)"
+            f"{side} {r['sec_per_update']:.2f} s/update"
+            + (f", rollout {r['rollout_tok_s']:.0f} tok/s" if r.get("rollout_tok_s") else "")
+            + f", update phase {r['update_phase_s']:.2f} s (MFU {100 * r['mfu']:.1f} %)"
             + (f", peak GPU {r['peak_gpu_mb'] / 1024:.1f} GiB" if r.get("peak_gpu_mb") else "")
             for side, r in measured.items()
             if side in ("lit", "trl")

@@ -682,6 +682,12 @@ def summarise(runs: list[dict], rows: int) -> dict:
     comp = [t for r in runs for t in r["mean_completion"][1:]]
     sec_per_update = statistics.median(cycle) / UPDATES_PER_ROLLOUT
     update_s = statistics.median(update)
+    # sampling alone: each cycle's completion tokens over the cycle less its updates (prefill, decoding, rewards)
+    rollout_tok_s = statistics.median(
+        t / max(c - UPDATES_PER_ROLLOUT * u, 1e-9)
+        for r in runs
+        for c, u, t in list(zip(r["cycle_s"], r["update_phase_s"], r["completion_tokens"]))[1:]
+    )
     params, prompt = runs[0]["params"], runs[0]["prompt_tokens"]
     train_tokens = rows * (prompt + statistics.median(comp))
     work = statistics.median(w for r in runs for w in r.get("work_fraction", [1.0])[1:] or [1.0])
@@ -690,6 +696,7 @@ def summarise(runs: list[dict], rows: int) -> dict:
     return dict(
         sec_per_update=sec_per_update,
         completion_tok_s=statistics.median(toks) / (2 * sec_per_update),
+        rollout_tok_s=rollout_tok_s,
         update_phase_s=update_s,
         mfu=flops / update_s / peak,
         work_fraction=work,
@@ -890,13 +897,15 @@ def main(argv=None) -> None:
         f"align_rows {args.lit_align_rows}, compile {args.lit_compile}"
     )
     print(
-        f"{'':>8} {'s/update':>9} {'compl tok/s':>12} {'update-phase s':>15} {'MFU':>6} {'matmul GFLOP/s':>15} "
+        f"{'':>8} {'s/update':>9} {'compl tok/s':>12} {'rollout tok/s':>14} {'update-phase s':>15} {'MFU':>6} "
+        f"{'matmul GFLOP/s':>15} "
         f"{'peak RSS MB':>12} {'mean len':>9} {'cycles':>7} {'work':>5}"
         + (f" {'peak GPU MB':>12}" if args.device == "cuda" else "")
     )
     for s, t in table.items():
         print(
-            f"{s:>8} {t['sec_per_update']:9.2f} {t['completion_tok_s']:12.1f} {t['update_phase_s']:15.2f} "
+            f"{s:>8} {t['sec_per_update']:9.2f} {t['completion_tok_s']:12.1f} {t['rollout_tok_s']:14.1f} "
+            f"{t['update_phase_s']:15.2f} "
             f"{100 * t['mfu']:5.1f}% {t['matmul_gflops']:15.1f} {t['peak_rss_mb']:12.0f} {t['mean_completion']:9.1f} "
             f"{t['cycles_counted']:7d} {t['work_fraction']:5.2f}"
             + (f" {t['peak_gpu_mb']:12.0f}" if args.device == "cuda" else "")
