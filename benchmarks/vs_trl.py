@@ -786,7 +786,8 @@ def main(argv=None) -> None:
         "--lit-align-rows",
         choices=["auto", "on", "off"],
         default="auto",
-        help="lit_gspo update.align_rows: rows' tokens first and no attention mask (auto, the default: on a GPU)",
+        help="lit_gspo update.align_rows: rows' tokens first and no attention mask (auto, the default: on a GPU in "
+        "bf16/fp16)",
     )
     p.add_argument(
         "--lit-compile",

@@ -268,10 +268,9 @@ def completion_states_aligned(model: nn.Module, batch: RolloutBatch) -> Tensor |
     """The decoder states that predict each completion token, (N, T, H), with each row's tokens moved to its front
     (the prompt's left padding moved behind the completion) and no attention mask: causal attention alone keeps every
     token from the padding after it, and the real tokens' positions are the padded rows'. The states are the padded
-    forward's
-    (tested); without a mask, sdpa runs its causal flash kernel and reads grouped key-value heads natively, where a
-    padding mask makes transformers copy keys and values once per query head (``repeat_kv``) and keep the copies for
-    backward. Returns None where a row's tokens are not contiguous (a mask with a hole: the padded forward then).
+    forward's (tested); without a mask, sdpa runs its causal flash kernel and reads grouped key-value heads natively,
+    where a padding mask makes transformers copy keys and values once per query head (``repeat_kv``) and keep the
+    copies for backward. Returns None where a row's tokens are not contiguous (a mask with a hole: padded then).
     """
     P, T = batch.prompt_length, batch.completion_mask.shape[1]
     real = batch.attention_mask.bool()
