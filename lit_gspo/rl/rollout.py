@@ -67,12 +67,11 @@ class RolloutBatch:
                 moved[f.name] = value.to(device)
         return replace(self, **moved) if moved else self
 
-    def trimmed(self) -> RolloutBatch:
-        """Drop prompt columns that are padding in every row and completion columns no row uses."""
+    def trimmed(self, extents: RowExtents | None = None) -> RolloutBatch:
+        """Drop prompt columns that are padding in every row and completion columns no row uses. ``extents``: this
+        batch's :class:`RowExtents`, where the caller holds them (else read from the masks: one copy to the host)."""
         P = self.prompt_length
-        first_real = int((self.attention_mask[:, :P].sum(0) > 0).long().argmax()) if P else 0
-        # keep one column even when every row is empty, so the loss still has a graph to backpropagate
-        used = int(self.completion_mask.any(0).nonzero().max()) + 1 if self.completion_mask.any() else 1
+        first_real, used = (extents or RowExtents.of(self)).trim(P)
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -122,21 +121,58 @@ def concat_rollouts(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     return RolloutBatch(**out)
 
 
-def micro_batch_rows(batch: RolloutBatch, max_rows: int | None = None, max_tokens: int | None = None) -> list[Tensor]:
+@dataclass
+class RowExtents:
+    """Each row's extent in a rollout's columns, on the host: what trimming a batch and dealing rows to micro-batches
+    read, taken from the masks in one copy (on a GPU each read of a mask's size or content stops the host until the
+    device catches up; an update reads these once). Index with a tensor of rows for theirs."""
+
+    prompt_first: Tensor  # (N,) the first real prompt column (P where the prompt has no real token)
+    prompt_tokens: Tensor  # (N,) real prompt tokens
+    completion_used: Tensor  # (N,) the last completion column in the loss mask + 1 (0: none)
+    completion_tokens: Tensor  # (N,) completion tokens in the loss mask
+
+    @classmethod
+    def of(cls, batch: RolloutBatch) -> RowExtents:
+        P, (n, T) = batch.prompt_length, batch.completion_mask.shape
+        prompt = batch.attention_mask[:, :P].bool()
+        mask = batch.completion_mask.bool()
+        none = torch.zeros(n, dtype=torch.long, device=mask.device)
+        first = torch.where(prompt.any(1), prompt.long().argmax(1), P) if P else none
+        used = (mask * torch.arange(1, T + 1, device=mask.device)).amax(1) if T else none
+        return cls(*torch.stack([first.to(mask.device), prompt.sum(1).to(mask.device), used, mask.sum(1)]).cpu())
+
+    def __getitem__(self, rows: Tensor) -> RowExtents:
+        return RowExtents(*(getattr(self, f.name)[rows] for f in fields(self)))
+
+    def trim(self, P: int) -> tuple[int, int]:
+        """(the first prompt column any row uses, the completion columns any row uses) of these rows; at least one
+        completion column, so that a batch of empty rows still has a loss to backpropagate."""
+        first = int(self.prompt_first.min()) if len(self.prompt_first) else P
+        used = int(self.completion_used.max()) if len(self.completion_used) else 0
+        return (first if first < P else 0), max(used, 1)
+
+
+def micro_batch_rows(
+    batch: RolloutBatch,
+    max_rows: int | None = None,
+    max_tokens: int | None = None,
+    extents: RowExtents | None = None,
+) -> list[Tensor]:
     """Row indices of ``batch``'s micro-batches: at most ``max_rows`` rows and ``max_tokens`` padded tokens each.
 
     Without a token budget: consecutive chunks of ``max_rows``. With one, rows are sorted by length
     (real prompt tokens + used completion tokens, longest first) and filled greedily, so that a
     micro-batch costs ``rows × (longest prompt + longest completion)`` after ``trimmed()``: rows of
     similar length go together and little padding is computed. A row longer than the budget runs alone.
+    ``extents``: the batch's :class:`RowExtents`, where the caller holds them.
     """
     n = len(batch)
     max_rows = max_rows or n
     if not max_tokens:
         return [torch.arange(start, min(start + max_rows, n)) for start in range(0, n, max_rows)]
-    prompt_len = batch.attention_mask[:, : batch.prompt_length].sum(1).cpu()
-    used = torch.arange(1, batch.completion_mask.shape[1] + 1)
-    completion_len = (batch.completion_mask.cpu() * used).amax(1)  # index of the last used column + 1
+    extents = extents or RowExtents.of(batch)
+    prompt_len, completion_len = extents.prompt_tokens, extents.completion_used
     order = torch.argsort(prompt_len + completion_len, descending=True, stable=True)
     groups, current, widest_prompt, widest_completion = [], [], 0, 0
     for row in order.tolist():

@@ -62,27 +62,36 @@ class RatioStats:
     """Accumulates the log-ratios of the micro-batches of one RL step; :meth:`compute` returns the metrics."""
 
     def __init__(self) -> None:
+        self.added: list[tuple[Tensor, Tensor, Tensor]] = []  # detached, where they were made: read at compute()
         self.seq_sums: list[Tensor] = []
         self.lengths: list[Tensor] = []
         self.token_log_ratios: list[Tensor] = []
         self.positions: list[Tensor] = []
 
     def add(self, logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> None:
-        """Record one micro-batch ((B, T) tensors; detached copies are kept, on CPU)."""
-        logprobs, old_logprobs, mask = logprobs.detach().cpu(), old_logprobs.detach().cpu(), mask.detach().cpu().bool()
-        sums, lengths = sequence_log_ratio(logprobs, old_logprobs, mask)
-        keep = lengths > 0
-        self.seq_sums.append(sums[keep])
-        self.lengths.append(lengths[keep])
-        pos = torch.arange(mask.shape[1]).expand_as(mask)
-        self.token_log_ratios.append((logprobs.double() - old_logprobs.double())[mask])
-        self.positions.append(pos[mask])
+        """Record one micro-batch ((B, T) tensors; detached, left on their device until :meth:`compute`: a copy to
+        the host here would wait for the forward between it and its backward)."""
+        self.added.append((logprobs.detach(), old_logprobs.detach(), mask.detach()))
+
+    def _on_host(self) -> None:
+        for logprobs, old_logprobs, mask in self.added:
+            logprobs, old_logprobs, mask = logprobs.cpu(), old_logprobs.cpu(), mask.cpu().bool()
+            sums, lengths = sequence_log_ratio(logprobs, old_logprobs, mask)
+            keep = lengths > 0
+            self.seq_sums.append(sums[keep])
+            self.lengths.append(lengths[keep])
+            pos = torch.arange(mask.shape[1]).expand_as(mask)
+            self.token_log_ratios.append((logprobs.double() - old_logprobs.double())[mask])
+            self.positions.append(pos[mask])
+        self.added = []
 
     def __len__(self) -> int:
+        self._on_host()
         return sum(len(s) for s in self.seq_sums)
 
     def compute(self, max_len: int, num_buckets: int = 3) -> dict[str, float]:
         """The metrics over everything added (all NaN when nothing was)."""
+        self._on_host()
         empty = torch.zeros(0, dtype=torch.float64)
         cat = lambda xs: torch.cat(xs) if xs else empty
         return ratio_diagnostics(

@@ -41,11 +41,12 @@ from lit_gspo.rl.learn.hooks import (
     RoutingVolatility,
     UpdateHook,
 )
+from lit_gspo.rl.learn.host_reads import host_floats, records_on_host
 from lit_gspo.rl.learn.mismatch import Mismatch
 from lit_gspo.rl.learn.old_policy import OldPolicy, old_policy_for
 from lit_gspo.rl.learn.optimizer_step import clip_then_step
 from lit_gspo.rl.objectives import Counts, Objective
-from lit_gspo.rl.rollout import RolloutBatch, TokenForward, micro_batch_rows, token_logprobs
+from lit_gspo.rl.rollout import RolloutBatch, RowExtents, TokenForward, micro_batch_rows, token_logprobs
 from lit_gspo.runtime.collectives import all_reduce_sum, reduce_weighted_means, sum_over_ranks
 from lit_gspo.runtime.sharding import is_sharded
 from lit_gspo.runtime.token_budget import token_budget
@@ -64,8 +65,11 @@ class UpdateState:
     rollout: RolloutBatch  # what is learned from (a mismatch-corrected copy under ``mismatch``)
     emptied: Tensor  # (N,) bool: sequences the mismatch masks emptied, out of the sequence count
     size: int  # rows per minibatch, ⌈N / M⌉
+    extents: RowExtents | None = None  # each row's extent in the rollout's columns, on the host (read once)
     active: Tensor | None = None  # (N,) bool: rows whose loss can have a gradient (:meth:`Learner.rows_with_gradient`)
-    records: list[tuple[dict, float]] = field(default_factory=list)  # (metrics, tokens), token-weighted at the end
+    # (metrics, tokens), token-weighted at the end; a metric is a float, a 0-d tensor or a function that computes one
+    # (read from the device together at the end: a read between a forward and its backward would stall the host)
+    records: list[tuple[dict, float]] = field(default_factory=list)
     steps_done: int = 0  # optimiser steps taken
     losses: list[float] = field(default_factory=list)  # of the steps taken (global: summed over ranks)
     grad_norms: list[float] = field(default_factory=list)
@@ -83,7 +87,8 @@ class Minibatch:
     placeholder: bool  # no row has a gradient: one row runs with loss 0, so that every rank steps alike
     skipped_tokens: float  # tokens of the rows left out (Â = 0 everywhere)
     first_record: int  # where its metric records start (dropped if the step is skipped)
-    loss: float = 0.0  # this rank's share of the minibatch loss (normalised by the global counts)
+    # its micro-batches' losses, this rank's share of the minibatch loss (normalised by the global counts)
+    losses: list[Tensor] = field(default_factory=list)
 
 
 class Learner:
@@ -161,7 +166,7 @@ class Learner:
         keep_old = self.old_policy.snapshot_computes_old or self.old_policy.snapshot_keeps_old
         olds, refs, vals, routes, order = [], [], [], [], []
         with self.compiled():
-            for micro_rows, micro in self.micro_batches(rollout.to(self.device), with_rows=True):
+            for micro_rows, micro, _ in self.micro_batches(rollout.to(self.device)):
                 order.append(micro_rows)
                 if old_pass:
                     with record_routing(self.policy) if self.records_routing else nullcontext() as recorder:
@@ -215,10 +220,12 @@ class Learner:
                 self.old_policy.before_epoch(update, order)
                 for minibatch in self.minibatches(update, order, epoch):
                     optimizer.zero_grad()
-                    for micro_rows, micro in self.micro_batches(update.rollout.select(minibatch.rows), with_rows=True):
-                        micro = micro.trimmed()
+                    rows, extents = minibatch.rows, update.extents[minibatch.rows]
+                    for micro_rows, micro, micro_extents in self.micro_batches(update.rollout.select(rows), extents):
+                        micro = micro.trimmed(micro_extents)
+                        tokens = float(micro_extents.completion_tokens.sum())
                         with self.hooks.around_micro(micro):
-                            loss = self.micro_loss(update, minibatch, minibatch.rows[micro_rows], micro)
+                            loss = self.micro_loss(update, minibatch, rows[micro_rows], micro, tokens)
                             backward(loss * world_size)  # DDP/FSDP2 average gradients over ranks
                     self.hooks.after_backward(update, minibatch)
                     self.optimizer_step(update, minibatch, optimizer, scheduler, step)
@@ -233,6 +240,7 @@ class Learner:
             rollout=rollout, emptied=torch.zeros(n, dtype=torch.bool), size=math.ceil(n / self.cfg.num_minibatches)
         )
         self.hooks.before_update(update)
+        update.extents = RowExtents.of(update.rollout)
         update.active = self.rows_with_gradient(update.rollout)
         return update
 
@@ -240,10 +248,10 @@ class Learner:
         """The minibatches of one epoch, ``order`` cut in M: each with the global counts of all its rows, and the rows
         that run forward and backward (those without gradient left out; if none has one, a single row still runs, a
         placeholder whose loss is 0, so that every rank backpropagates and the optimiser steps as on a zero gradient)."""
-        rollout, size = update.rollout, update.size
+        size, tokens = update.size, update.extents.completion_tokens
         for start in range(0, len(order), size):
             rows = order[start : start + size]
-            counts = self.global_counts(rollout.completion_mask[rows], int(update.emptied[rows].sum()))
+            counts = self.global_counts(float(tokens[rows].sum()), len(rows) - int(update.emptied[rows].sum()))
             kept = update.active[rows].clone()
             placeholder = not bool(kept.any())
             kept[0] |= placeholder
@@ -253,13 +261,15 @@ class Learner:
                 epoch=epoch,
                 index=start // size,
                 placeholder=placeholder,
-                skipped_tokens=float(rollout.completion_mask[rows[~kept]].sum()),
+                skipped_tokens=float(tokens[rows[~kept]].sum()),
                 first_record=len(update.records),
             )
 
-    def micro_loss(self, update: UpdateState, minibatch: Minibatch, rows: Tensor, micro: RolloutBatch) -> Tensor:
-        """The loss of one (trimmed) micro-batch, rows ``rows`` of the update's rollout, normalised by its minibatch's
-        global counts; records its metrics."""
+    def micro_loss(
+        self, update: UpdateState, minibatch: Minibatch, rows: Tensor, micro: RolloutBatch, tokens: float
+    ) -> Tensor:
+        """The loss of one (trimmed) micro-batch, rows ``rows`` of the update's rollout with ``tokens`` completion
+        tokens, normalised by its minibatch's global counts; records its metrics (as tensors: read at the end)."""
         fwd = self.completion_logprobs(
             self.policy, micro, with_entropy=minibatch.epoch == 0, value_head=self.value_head
         )
@@ -275,14 +285,14 @@ class Learner:
         out = self.objective(
             fwd.logprobs, old, step.advantages, mask, counts=minibatch.counts, ref_logprobs=micro.ref_logprobs, **critic
         )
-        metrics = {**out.metrics, **step.metrics}
-        if fwd.entropy is not None and mask.any():
-            metrics["entropy"] = fwd.entropy[mask].mean()
-        metrics = {k: float(v) for k, v in metrics.items()}
+        metrics = {k: v.detach() if isinstance(v, Tensor) else v for k, v in {**out.metrics, **step.metrics}.items()}
+        if fwd.entropy is not None and tokens:
+            entropy = fwd.entropy.detach()
+            metrics["entropy"] = lambda: entropy[mask].mean()  # indexing by the mask reads it: done at the end
         if minibatch.placeholder:  # its ratio is 1 by construction: keep only what it measures for real
             metrics = {k: v for k, v in metrics.items() if k.startswith("clip_frac") or k in ("entropy", "kl")}
-        update.records.append((metrics, float(mask.sum())))
-        minibatch.loss += float(out.loss.detach())
+        update.records.append((metrics, tokens))
+        minibatch.losses.append(out.loss.detach())
         return out.loss
 
     def optimizer_step(self, update: UpdateState, minibatch: Minibatch, optimizer, scheduler, step) -> None:
@@ -293,7 +303,7 @@ class Learner:
         ):  # Â = 0: no clipping can zero a gradient there, so clip fractions stay over every token
             keys = update.records[-1][0]  # the last micro-batch's metrics
             update.records.append(({k: 0.0 for k in keys if k.startswith("clip_frac")}, minibatch.skipped_tokens))
-        loss = sum_over_ranks(minibatch.loss)  # the rank shares add up
+        loss = sum_over_ranks(sum(host_floats(minibatch.losses), 0.0))  # the rank shares add up
         norm = step(optimizer, self.clip_and_norm, lambda norm: self.hooks.may_step(update, minibatch, loss, norm))
         if norm is None:  # NaN/inf gradients never reach the weights, the optimiser state or the schedule
             optimizer.zero_grad()
@@ -309,7 +319,7 @@ class Learner:
     def metrics(self, update: UpdateState, optimizer) -> dict[str, float]:
         """The step's metrics: token-weighted means over every rank's micro-batches, the loss and gradient norm over the
         steps taken, then the hooks' (ratio diagnostics, MoE routing measures)."""
-        metrics = reduce_weighted_means(update.records)
+        metrics = reduce_weighted_means(records_on_host(update.records))
         nan = float("nan")  # (every minibatch skipped as non-finite)
         metrics["loss"] = sum(update.losses) / len(update.losses) if update.losses else nan
         metrics["grad_norm"] = sum(update.grad_norms) / len(update.grad_norms) if update.grad_norms else nan
@@ -435,18 +445,16 @@ class Learner:
         """(N, T) log-probs of the policy before this update's first optimiser step, computed for ``rows`` (0 elsewhere)."""
         old = torch.zeros(rollout.completion_mask.shape, dtype=torch.float32, device=rollout.input_ids.device)
         if len(rows):
-            for micro_rows, micro in self.micro_batches(rollout.select(rows), with_rows=True):
-                micro = micro.trimmed()
+            for micro_rows, micro, micro_extents in self.micro_batches(rollout.select(rows)):
+                micro = micro.trimmed(micro_extents)
                 logprobs = self.completion_logprobs(self.policy, micro).logprobs
                 old[rows[micro_rows], : logprobs.shape[1]] = logprobs
         return old
 
-    def global_counts(self, mask: Tensor, emptied: int = 0) -> Counts:
-        """Tokens and sequences of the whole minibatch (less ``emptied`` sequences the mismatch masks emptied), summed over ranks."""
-        local = torch.tensor(
-            [float(mask.sum()), float(mask.shape[0] - emptied)], dtype=torch.float64, device=mask.device
-        )
-        total = all_reduce_sum(local)
+    def global_counts(self, tokens: float, seqs: int) -> Counts:
+        """This rank's ``tokens`` and ``seqs`` of a minibatch (the sequences the mismatch masks emptied left out),
+        summed over ranks."""
+        total = all_reduce_sum(torch.tensor([tokens, float(seqs)], dtype=torch.float64))
         return Counts(tokens=float(total[0]), seqs=float(total[1]), max_len=float(self.max_len))
 
     def clip_and_norm(self) -> float:
@@ -466,10 +474,15 @@ class Learner:
             return None
         return token_budget(self.policy.config, device, self.compute_dtype, checkpointing=self.gradient_checkpointing)
 
-    def micro_batches(self, batch: RolloutBatch, with_rows: bool = False):
-        """Micro-batches of ``batch`` (with their row indices into it when ``with_rows``); see ``micro_batch_rows``."""
-        for rows in micro_batch_rows(batch, self.cfg.micro_batch_size, self.micro_batch_tokens()):
-            yield (rows, batch.select(rows)) if with_rows else batch.select(rows)
+    def micro_batches(self, batch: RolloutBatch, extents: RowExtents | None = None):
+        """(rows into ``batch``, the micro-batch, its extents) of each micro-batch of ``batch`` (``micro_batch_rows``);
+        ``extents``: the batch's, where the caller holds them; else read here when a token budget needs them (else
+        None: trimming reads them)."""
+        budget = self.micro_batch_tokens()
+        if budget and extents is None:
+            extents = RowExtents.of(batch)
+        for rows in micro_batch_rows(batch, self.cfg.micro_batch_size, budget, extents):
+            yield rows, batch.select(rows), (extents[rows] if extents is not None else None)
 
     @torch.no_grad()
     def measure_routing(self, rollout: RolloutBatch) -> dict[str, float]:
@@ -487,7 +500,7 @@ class Learner:
             logprobs = torch.cat(
                 [
                     token_logprobs(self.policy, micro, temperature=self.temperature).logprobs
-                    for micro in self.micro_batches(rollout)
+                    for _, micro, _ in self.micro_batches(rollout)
                 ]
             )
         mask = rollout.completion_mask.bool()

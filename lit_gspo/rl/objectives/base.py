@@ -254,14 +254,25 @@ class Objective(Registered, register=False):
 def token_ratio_metrics(ratio: Tensor, mask: Tensor, clipped_low: Tensor, clipped_high: Tensor) -> dict[str, Tensor]:
     """clip_frac(_low/_high): share of valid tokens whose policy gradient clipping zeroes; ratio stats."""
     ratio = ratio.detach()
-    one = torch.ones((), dtype=ratio.dtype, device=ratio.device)
     return {
         "clip_frac": masked_mean((clipped_low | clipped_high).float(), mask),
         "clip_frac_low": masked_mean(clipped_low.float(), mask),
         "clip_frac_high": masked_mean(clipped_high.float(), mask),
-        "ratio_mean": masked_mean(ratio, mask) if mask.any() else one,
-        "ratio_min": torch.where(mask, ratio, float("inf")).min() if mask.any() else one,
-        "ratio_max": torch.where(mask, ratio, float("-inf")).max() if mask.any() else one,
+        **ratio_stats(ratio, mask),
+    }
+
+
+def ratio_stats(ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """Mean, min and max of ``ratio`` where ``mask`` (1 each where it is empty), left on the device: choosing by
+    ``torch.where`` rather than ``if mask.any()``, which would read the mask on the host between forward and backward."""
+    one = torch.ones((), dtype=ratio.dtype, device=ratio.device)
+    if not ratio.numel():  # (the reductions below have no identity)
+        return {"ratio_mean": one, "ratio_min": one, "ratio_max": one}
+    some = mask.any()
+    return {
+        "ratio_mean": torch.where(some, masked_mean(ratio, mask), one),
+        "ratio_min": torch.where(some, torch.where(mask, ratio, float("inf")).min(), one),
+        "ratio_max": torch.where(some, torch.where(mask, ratio, float("-inf")).max(), one),
     }
 
 
@@ -272,14 +283,11 @@ def sequence_ratio_metrics(
     clipped sequence counts), ratio statistics over the (B,) sequence ratios of non-empty rows."""
     seq_ratio = seq_ratio.detach()
     has_tokens = mask.any(1)  # (B,)
-    one = torch.ones((), dtype=seq_ratio.dtype, device=seq_ratio.device)
     return {
         "clip_frac": masked_mean((clipped_low | clipped_high).float(), mask),
         "clip_frac_low": masked_mean(clipped_low.float(), mask),
         "clip_frac_high": masked_mean(clipped_high.float(), mask),
-        "ratio_mean": masked_mean(seq_ratio, has_tokens) if has_tokens.any() else one,
-        "ratio_min": torch.where(has_tokens, seq_ratio, float("inf")).min() if has_tokens.any() else one,
-        "ratio_max": torch.where(has_tokens, seq_ratio, float("-inf")).max() if has_tokens.any() else one,
+        **ratio_stats(seq_ratio, has_tokens),
     }
 
 
@@ -318,9 +326,12 @@ def _check_inputs(
     adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(mask)
     checked = {"logprobs": logprobs, "old_logprobs": old_logprobs, "advantages": adv}
     checked.update({k: v for k, v in shapes.items() if k != "mask" and k != "old_logprobs"})
-    for key, tensor in checked.items():
-        bad = mask & ~torch.isfinite(tensor.detach())
-        if bad.any():
+    finite = torch.stack([torch.isfinite(tensor.detach()) for tensor in checked.values()]).all(0)
+    if bool((mask & ~finite).any()):  # one read of the device for all of them; the culprit named below
+        for key, tensor in checked.items():
+            bad = mask & ~torch.isfinite(tensor.detach())
+            if not bad.any():
+                continue
             where = bad.nonzero()[0].tolist()
             raise ValueError(
                 f"{key} has {int(bad.sum())} non-finite value(s) inside the mask, first at (row, token) "
