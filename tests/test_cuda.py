@@ -18,6 +18,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -168,6 +169,108 @@ def test_an_on_policy_gspo_step_under_bf16_autocast_is_finite_with_a_ratio_of_on
     assert metrics["clip_frac"] == 0.0  # on-policy: the ratio is exactly 1 whatever the precision of the forward
     assert all(torch.isfinite(p).all() for p in policy.parameters())
     assert any(not torch.equal(b, p) for b, p in zip(before, policy.parameters()))
+
+
+class DeviceWaits:
+    """``with DeviceWaits(device) as waits:`` records, in order, ``"wait"`` for every time the host waits for the device
+    and the names given to ``waits.mark``. On CUDA its sync debug mode says when (a value read, a value-dependent size,
+    a copy either way that is not ``non_blocking``); the CPU dry run sees the value reads only (its dispatch mode)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.events = device, []
+
+    def mark(self, name: str) -> None:
+        if self.device.type == "cuda":  # in order with the sync warnings
+            warnings.warn(f"MARK {name}", stacklevel=2)
+        else:
+            self.events.append(name)
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            self.caught = warnings.catch_warnings(record=True)
+            self.records = self.caught.__enter__()
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+        else:
+            from test_host_reads import Timeline
+
+            self.timeline = Timeline()
+            self.timeline.events = self.events
+            self.timeline.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+            self.caught.__exit__(*exc)
+            messages = [str(w.message) for w in self.records]
+            self.events[:] = [
+                m[5:] if m.startswith("MARK ") else "wait" for m in messages if "MARK " in m or "synchroniz" in m
+            ]
+        else:
+            self.timeline.__exit__(*exc)
+        return False
+
+
+@pytest.mark.parametrize("align", [False, True], ids=["padded", "aligned"])
+def test_an_update_waits_for_the_device_once_between_a_forward_and_its_backward(cuda_device, align):
+    """A micro-step's metrics and loss stay on the device until they are read together, and rows chosen on the host
+    reach the device without a wait (issue 36): between a forward and its backward the host waits once, for the
+    objective's check of its inputs."""
+    from test_host_reads import reads_between_forward_and_backward
+
+    policy, tokenizer = load_policy("tiny-llama", seed=0)
+    policy.to(cuda_device)
+    prompts = [tokenizer(p)["input_ids"] for p in ("rev 123=", "rev 4567=", "rev 89=")]
+    with torch.autocast(cuda_device.type, dtype=torch.bfloat16):
+        torch.manual_seed(0)
+        rollout = LeanSampler().sample(
+            policy,
+            prompts,
+            num_generations=4,
+            max_new_tokens=6,
+            pad_id=tokenizer.pad_token_id,
+            eos_id=tokenizer.eos_token_id,
+        )
+        rollout = rollout.trimmed()
+        rollout.rewards = torch.arange(len(rollout), dtype=torch.float32, device=cuda_device) % 3
+        update = Update(num_minibatches=2, micro_batch_size=3, align_rows=align, skip_zero_advantage_rows=False)
+        learner = Learner(policy, GSPO(), update, max_len=6, group_size=4)
+        learner.snapshot(rollout)
+        rollout.advantages = GroupNormalized()(rollout, 4)
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+        with DeviceWaits(cuda_device) as waits:
+            policy.register_forward_hook(lambda *_: waits.mark("forward"))
+
+            def backward(loss):
+                waits.mark("backward")
+                loss.backward()
+
+            metrics = learner.learn(rollout, optimizer, backward=backward)
+    # 2 minibatches of 6 rows, 2 micro-batches of 3 each
+    assert reads_between_forward_and_backward(waits.events) == [1, 1, 1, 1], waits.events
+    assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["entropy"])
+
+
+def test_aligned_rows_under_bf16_autocast_are_as_close_to_fp32_as_padded_ones(cuda_device):
+    """``update.align_rows`` (on by default on a GPU in bf16): each row's tokens first and no mask, which on CUDA runs
+    sdpa's causal kernel on the grouped key-value heads as they are; its log-probs are as near the fp32 forward's as
+    the padded forward's (a mask-free kernel that let a row see another's padding would be far off)."""
+    from test_packing import rollout as sample_rows
+    from test_packing import tiny_qwen3
+
+    policy = tiny_qwen3().to(cuda_device)
+    policy.set_attn_implementation("sdpa")
+    batch = sample_rows(policy)
+    mask = batch.completion_mask
+    with torch.no_grad():
+        fp32 = token_logprobs(policy, batch).logprobs
+        with torch.autocast(cuda_device.type, dtype=torch.bfloat16):
+            padded = token_logprobs(policy, batch).logprobs
+            aligned = token_logprobs(policy, batch, align=True).logprobs
+    padded_error = float((padded - fp32)[mask].abs().max())
+    aligned_error = float((aligned - fp32)[mask].abs().max())
+    assert aligned_error <= 2 * padded_error + 1e-3, (aligned_error, padded_error)
 
 
 def test_fused_adamw_steps_as_the_plain_one_on_the_device(cuda_device):

@@ -47,11 +47,16 @@ class RolloutBatch:
         return self.input_ids.shape[0]
 
     def select(self, index: Tensor) -> RolloutBatch:
-        """Rows ``index`` of every per-row tensor, and of the routing record (``RoutingRecord[rows]``)."""
-        out = {}
+        """Rows ``index`` of every per-row tensor (the index copied to their device once: :func:`index_on`), and of the
+        routing record (``RoutingRecord[rows]``)."""
+        out, on_device = {}, {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, Tensor) and value.dim() > 0 or f.name == "routing" and value is not None:
+            if isinstance(value, Tensor) and value.dim() > 0:
+                if value.device not in on_device:
+                    on_device[value.device] = index_on(index, value)
+                value = value[on_device[value.device]]
+            elif f.name == "routing" and value is not None:
                 value = value[index]
             out[f.name] = value
         return replace(self, **out)
@@ -119,6 +124,14 @@ def concat_rollouts(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
             parts.append(value)
         out[f.name] = torch.cat(parts, 0) if parts else None
     return RolloutBatch(**out)
+
+
+def index_on(index, tensor: Tensor) -> Tensor:
+    """``index`` (rows chosen on the host) on ``tensor``'s device, to index it with. A host index used on a GPU tensor
+    is copied there by the indexing op, which then waits for every kernel queued before it (a full stop of the host
+    between, e.g., a forward and its backward); copied here without waiting, it runs in order with those kernels."""
+    index = torch.as_tensor(index)
+    return index.to(tensor.device, non_blocking=True) if index.device != tensor.device else index
 
 
 @dataclass

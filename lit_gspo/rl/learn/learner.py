@@ -46,7 +46,14 @@ from lit_gspo.rl.learn.mismatch import Mismatch
 from lit_gspo.rl.learn.old_policy import OldPolicy, old_policy_for
 from lit_gspo.rl.learn.optimizer_step import clip_then_step
 from lit_gspo.rl.objectives import Counts, Objective
-from lit_gspo.rl.rollout import RolloutBatch, RowExtents, TokenForward, micro_batch_rows, token_logprobs
+from lit_gspo.rl.rollout import (
+    RolloutBatch,
+    RowExtents,
+    TokenForward,
+    index_on,
+    micro_batch_rows,
+    token_logprobs,
+)
 from lit_gspo.runtime.collectives import all_reduce_sum, reduce_weighted_means, sum_over_ranks
 from lit_gspo.runtime.sharding import is_sharded
 from lit_gspo.runtime.token_budget import token_budget
@@ -181,13 +188,13 @@ class Learner:
         # a token budget deals rows to micro-batches by length: put them back in rollout order
         inverse = torch.argsort(torch.cat(order)) if order else None
         if olds and keep_old:
-            rollout.old_logprobs = torch.cat(olds)[inverse]
+            rollout.old_logprobs = (old := torch.cat(olds))[index_on(inverse, old)]
         if routes:
             rollout.routing = RoutingRecord.cat(routes)[inverse]  # (N, P + T, k) per MoE layer
         if refs:
-            rollout.ref_logprobs = torch.cat(refs)[inverse]
+            rollout.ref_logprobs = (ref := torch.cat(refs))[index_on(inverse, ref)]
         if vals:
-            rollout.old_values = torch.cat(vals)[inverse]
+            rollout.old_values = (values := torch.cat(vals))[index_on(inverse, values)]
 
     def reference_logprobs(self, micro: RolloutBatch) -> Tensor:
         if self.reference == "adapters_off":
@@ -448,7 +455,7 @@ class Learner:
             for micro_rows, micro, micro_extents in self.micro_batches(rollout.select(rows)):
                 micro = micro.trimmed(micro_extents)
                 logprobs = self.completion_logprobs(self.policy, micro).logprobs
-                old[rows[micro_rows], : logprobs.shape[1]] = logprobs
+                old[index_on(rows[micro_rows], old), : logprobs.shape[1]] = logprobs
         return old
 
     def global_counts(self, tokens: float, seqs: int) -> Counts:

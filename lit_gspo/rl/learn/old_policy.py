@@ -21,7 +21,7 @@ from torch import Tensor
 
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.learn.mismatch import Mismatch
-from lit_gspo.rl.rollout import RolloutBatch
+from lit_gspo.rl.rollout import RolloutBatch, index_on
 
 
 class OldPolicy:
@@ -70,7 +70,8 @@ class RecomputedBeforeFirstStep(OldPolicy):
 
     def old_logprobs(self, update, minibatch, rows, micro, logprobs):
         if update.steps_done == 0:  # no step yet: π_θ is π_old
-            update.rollout.old_logprobs[rows, : logprobs.shape[1]] = logprobs  # what later epochs read
+            old = update.rollout.old_logprobs
+            old[index_on(rows, old), : logprobs.shape[1]] = logprobs  # what later epochs read
             return logprobs, True
         if minibatch.placeholder:  # a loss of 0 whose ratio feeds only the clip metrics
             return logprobs, True
