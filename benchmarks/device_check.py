@@ -137,7 +137,7 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
         dict(
             name="cuda tests",
             group="checks",  # beside the correctness cases: neither times anything
-            limit=170,  # the 16 tests took ~135 s on the H200 (2026-11-27), five of them fits in a subprocess
+            limit=170,  # 16 tests took ~135 s on the H200 (2026-11-27), five of them fits in a subprocess; 3 quick ones since
             cmd=[py, "-m", "pytest", "-v", "--tb=short", "-p", "no:cacheprovider", "-m", "cuda", "tests"],
         ),
         dict(

@@ -4,45 +4,22 @@ selection waits for the device to finish what is queued, and a wait there leaves
 launches the backward. The metrics are read together at the end, value for value what ``float`` gives."""
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from test_learner import G, learn, make_learner, sample_rollout, with_rewards
-from torch.utils._python_dispatch import TorchDispatchMode
+
+BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
+sys.path.insert(0, BENCHMARKS)
+from host_reads import Timeline, main, reads_between_forward_and_backward  # noqa: E402
+
+sys.path.remove(BENCHMARKS)
 
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.learn.host_reads import host_floats, records_on_host
 from lit_gspo.rl.objectives import GRPO, GSPO, PPO, Counts
-
-#: aten ops whose result the host has to wait for (a value, or a size that depends on values)
-HOST_READS = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "_unique2", "unique_consecutive"}
-
-
-class Timeline(TorchDispatchMode):
-    """Every host read, in order with the marks set by the test (``"forward"``, ``"backward"``)."""
-
-    def __init__(self):
-        super().__init__()
-        self.events: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ in HOST_READS:
-            self.events.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
-def reads_between_forward_and_backward(events: list[str]) -> list[int]:
-    """For each backward: the host reads since the last forward before it."""
-    counts, since = [], None
-    for event in events:
-        if event == "forward":
-            since = 0
-        elif event == "backward":
-            counts.append(since)
-            since = None
-        elif since is not None:
-            since += 1
-    return counts
 
 
 @pytest.mark.parametrize(
@@ -146,3 +123,24 @@ def test_the_update_with_its_metrics_read_at_the_end_is_the_one_that_read_them_a
     for key in deferred:
         assert deferred[key] == at_once[key] or (math.isnan(deferred[key]) and math.isnan(at_once[key])), key
     assert all(torch.equal(a, b) for a, b in zip(params, params_at_once))
+
+
+def test_the_benchmark_counts_one_read_between_each_forward_and_its_backward(capsys):
+    main(
+        [
+            "--rows",
+            "16",
+            "--prompt",
+            "8",
+            "--completion",
+            "12",
+            "--group",
+            "4",
+            "--layers",
+            "1",
+            "--micro-batch-size",
+            "4",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert "between each micro-step's forward and its backward: [1, 1, 1, 1]" in out  # 2 minibatches × 2 micro-batches
