@@ -37,7 +37,7 @@ opt-in compiled update, ~3 min), and two A/Bs of this session's defaults: ``lit 
 sampler with the decoding step's attention as transformers' sdpa runs it, which copies the KV cache once per query
 head, ~1.5 min):
 
-    python3 benchmarks/device_check.py --out $OUT --only "vs TRL 16x8x256,lit compiled 8x8x256"
+    python3 benchmarks/device_check.py --out $OUT --only "lit compiled 8x8x256,vs TRL 16x8x256"
 
 Writes ``device_check.json`` and each part's log under ``--out``; docs/gpu.md holds the latest table.
 """
@@ -350,14 +350,19 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="on CPU: tiny shapes, the same code paths")
     p.add_argument(
         "--only",
-        help="comma-separated part names to run (default: all but the extra ones: 'vs TRL 16x8x256', "
+        help="comma-separated part names to run, in that order (default: all but the extra ones: 'vs TRL 16x8x256', "
         "'vs TRL 32x8x256 in 80 GB', 'lit compiled 8x8x256', 'lit padded 8x8x256', 'sampler sdpa decode', for a "
         "second call)",
     )
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    names = args.only.split(",") if args.only else None
-    chosen = [p for p in parts(args.dry_run, args.out) if (p["name"] in names if names else not p.get("extra"))]
+    every = {part["name"]: part for part in parts(args.dry_run, args.out)}
+    names = [name.strip() for name in args.only.split(",")] if args.only else None
+    unknown = [name for name in names or () if name not in every]
+    if unknown:
+        p.error(f"--only: no part named {', '.join(map(repr, unknown))}; the parts: {', '.join(map(repr, every))}")
+    # named: in the order given (the first named runs first, should the call's time run out)
+    chosen = [every[name] for name in names] if names else [part for part in every.values() if not part.get("extra")]
     rows = []
     for group in groups(chosen):
         running = [start(part, args.out) for part in group]

@@ -87,3 +87,17 @@ def test_a_side_that_runs_out_of_memory_is_named_with_its_error():
     output = "JSON " + json.dumps(dict(lit=lit, failed={"trl": "torch.OutOfMemoryError: CUDA out of memory."}))
     line = device_check.summary("vs TRL 32x8x256 in 80 GB", output, Path("."))
     assert "no ratio" in line and "lit 2.00 s/update" in line and "trl FAILED: torch.OutOfMemoryError" in line
+
+
+def test_named_parts_run_in_the_order_given_and_an_unknown_name_lists_the_parts(tmp_path, monkeypatch, capsys):
+    """The warm-window call names the parts that matter most first: should its time run out, they have run."""
+    ran = []
+    monkeypatch.setattr(device_check, "start", lambda part, out: ran.append(part["name"]) or part)
+    monkeypatch.setattr(
+        device_check, "finish", lambda part, out: dict(part=part["name"], rc=0, seconds=0.0, result="", log="")
+    )
+    device_check.main(["--out", str(tmp_path), "--only", "lit compiled 8x8x256, vs TRL 16x8x256"])
+    assert ran == ["lit compiled 8x8x256", "vs TRL 16x8x256"]
+    with pytest.raises(SystemExit):
+        device_check.main(["--out", str(tmp_path), "--only", "lit compiled"])
+    assert "no part named 'lit compiled'; the parts: 'cuda tests'" in capsys.readouterr().err
