@@ -141,25 +141,30 @@ def test_one_engine_samples_on_the_device_then_on_the_cpu_after_lightnings_teard
     assert engine.precast.device == torch.device("cpu")
 
 
-def test_an_on_policy_gspo_step_under_bf16_autocast_is_finite_with_a_ratio_of_one(cuda_device):
+def policy_and_rollout(device: torch.device):
+    """tiny-llama on ``device`` and 3 prompts × 4 completions it sampled under bf16 autocast, with rewards spread within
+    every group."""
     policy, tokenizer = load_policy("tiny-llama", seed=0)
-    policy.to(cuda_device)
+    policy.to(device)
     prompts = [tokenizer(p)["input_ids"] for p in ("rev 123=", "rev 4567=", "rev 89=")]
-    with torch.autocast(cuda_device.type, dtype=torch.bfloat16):
+    with torch.autocast(device.type, dtype=torch.bfloat16):
         torch.manual_seed(0)
-        rollout = (
-            LeanSampler()
-            .sample(
-                policy,
-                prompts,
-                num_generations=4,
-                max_new_tokens=6,
-                pad_id=tokenizer.pad_token_id,
-                eos_id=tokenizer.eos_token_id,
-            )
-            .trimmed()
+        rollout = LeanSampler().sample(
+            policy,
+            prompts,
+            num_generations=4,
+            max_new_tokens=6,
+            pad_id=tokenizer.pad_token_id,
+            eos_id=tokenizer.eos_token_id,
         )
-        rollout.rewards = torch.arange(len(rollout), dtype=torch.float32) % 3  # spread within every group
+    rollout = rollout.trimmed()
+    rollout.rewards = torch.arange(len(rollout), dtype=torch.float32) % 3
+    return policy, rollout
+
+
+def test_an_on_policy_gspo_step_under_bf16_autocast_is_finite_with_a_ratio_of_one(cuda_device):
+    policy, rollout = policy_and_rollout(cuda_device)
+    with torch.autocast(cuda_device.type, dtype=torch.bfloat16):
         learner = Learner(policy, GSPO(), Update(), max_len=6, group_size=4)
         learner.snapshot(rollout)
         rollout.advantages = GroupNormalized()(rollout, 4)
@@ -219,21 +224,8 @@ def test_an_update_waits_for_the_device_once_between_a_forward_and_its_backward(
     objective's check of its inputs."""
     from test_host_reads import reads_between_forward_and_backward
 
-    policy, tokenizer = load_policy("tiny-llama", seed=0)
-    policy.to(cuda_device)
-    prompts = [tokenizer(p)["input_ids"] for p in ("rev 123=", "rev 4567=", "rev 89=")]
+    policy, rollout = policy_and_rollout(cuda_device)
     with torch.autocast(cuda_device.type, dtype=torch.bfloat16):
-        torch.manual_seed(0)
-        rollout = LeanSampler().sample(
-            policy,
-            prompts,
-            num_generations=4,
-            max_new_tokens=6,
-            pad_id=tokenizer.pad_token_id,
-            eos_id=tokenizer.eos_token_id,
-        )
-        rollout = rollout.trimmed()
-        rollout.rewards = torch.arange(len(rollout), dtype=torch.float32, device=cuda_device) % 3
         update = Update(num_minibatches=2, micro_batch_size=3, align_rows=align, skip_zero_advantage_rows=False)
         learner = Learner(policy, GSPO(), update, max_len=6, group_size=4)
         learner.snapshot(rollout)
