@@ -19,16 +19,21 @@ sys.path.remove(BENCHMARKS)
 
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.learn.host_reads import host_floats, records_on_host
-from lit_gspo.rl.objectives import GRPO, GSPO, PPO, Counts
+from lit_gspo.rl.objectives import GRPO, GSPO, OBJECTIVES, Counts
+
+#: objectives whose algorithm sizes a selection by the micro-batch's data, read on the host: the share of its tokens with
+#: the largest covariance (KL-Cov: their count), or a random draw among the tokens in a covariance band (Clip-Cov: their
+#: count and the candidates' indices)
+SELECTIONS = {"kl_cov": 1, "clip_cov": 2}
 
 
-@pytest.mark.parametrize(
-    "objective", [GSPO(clip_low=0.02, clip_high=0.02), GRPO(), PPO(beta=0.0)], ids=["gspo", "grpo", "ppo"]
-)
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
 @pytest.mark.parametrize("align", [False, True])
-def test_a_micro_step_reads_the_device_once_between_its_forward_and_its_backward(objective, align):
+def test_a_micro_step_reads_the_device_once_between_its_forward_and_its_backward(name, align):
+    """Every registered objective: its input check, and the reads its own selection needs (``SELECTIONS``)."""
     learner = make_learner(
-        Update(num_minibatches=2, micro_batch_size=2, align_rows=align, skip_zero_advantage_rows=False), objective
+        Update(num_minibatches=2, micro_batch_size=2, align_rows=align, skip_zero_advantage_rows=False),
+        OBJECTIVES[name](),
     )
     rollout = with_rewards(learner, sample_rollout(learner.policy), [0.1 * i for i in range(4 * G)])
     timeline = Timeline()
@@ -43,7 +48,7 @@ def test_a_micro_step_reads_the_device_once_between_its_forward_and_its_backward
         metrics = learner.learn(rollout, opt, backward=backward)
     counts = reads_between_forward_and_backward(timeline.events)
     assert len(counts) == 6  # 2 minibatches of 6 rows, 3 micro-batches each
-    assert counts == [1] * 6  # the objective's finiteness check of its inputs, nothing else
+    assert counts == [1 + SELECTIONS.get(name, 0)] * 6  # the objective's finiteness check of its inputs (+ its own)
     assert {"clip_frac", "entropy", "ratio_mean", "loss"} <= set(metrics)
 
 
