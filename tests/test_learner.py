@@ -19,7 +19,7 @@ from lit_gspo.rl.learn.old_policy import RecomputedBeforeFirstStep
 from lit_gspo.rl.learn.optimizer_step import clip_then_step
 from lit_gspo.rl.objectives import GSPO
 from lit_gspo.rl.rewards import CharAccuracy, RewardSet
-from lit_gspo.rl.rollout import token_logprobs
+from lit_gspo.rl.rollout import RolloutBatch, token_logprobs
 
 ROWS = [
     {"prompt": "rev 12=", "answer": "21"},
@@ -573,6 +573,47 @@ def test_an_update_on_aligned_rows_gives_the_padded_updates_parameters():
     assert any(
         not torch.equal(a, b) for a, b in zip(padded.policy.parameters(), make_learner(Update()).policy.parameters())
     )
+
+
+@pytest.mark.slow
+def test_one_compiled_graph_serves_every_layer_and_updates_of_other_lengths_compile_nothing_more():
+    """A layer compiled per layer would be a recompile of the same code per layer, and past torch's recompile limit (8)
+    the rest would run eagerly (Qwen3-0.6B has 28 layers): 10 layers, rows sharing their prompts (whose KV-cache pass
+    made every layer a graph of its own: shared prompts are off under compiled layers), compile one graph, and
+    updates of other lengths and row counts compile nothing more (grad mode only: on-policy, one minibatch). Row
+    counts and lengths are kept off the model's sizes: a first one equal to one is compiled fixed (duck sizing)."""
+    from torch._dynamo.utils import counters  # (torch's own tests count compiled graphs so)
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=10, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=128, pad_token_id=0, eos_token_id=1,
+    )  # fmt: skip
+    assert config.num_hidden_layers > torch._dynamo.config.recompile_limit
+    policy = Qwen3ForCausalLM(config)
+    update = Update(compile=True, share_prompt_forward=True, skip_zero_advantage_rows=False)
+    learner = Learner(policy, GSPO(), update, max_len=12, group_size=3)
+    assert learner.old_policy.ratios_move is False and not learner.shares_prompts
+    optimizer = torch.optim.SGD(policy.parameters(), lr=0.1)
+
+    def learn_from(seed, groups, P, T):
+        generator = torch.Generator().manual_seed(seed)
+        prompts = torch.randint(2, 64, (groups, P), generator=generator).repeat_interleave(3, 0)
+        rows = len(prompts)
+        mask = torch.arange(T)[None] < torch.randint(1, T + 1, (rows, 1), generator=generator)
+        ids = torch.cat([prompts, torch.randint(2, 64, (rows, T), generator=generator)], 1)
+        batch = RolloutBatch(ids, torch.cat([torch.ones(rows, P, dtype=torch.long), mask.long()], 1), P, mask)
+        batch.advantages = torch.randn(rows, generator=generator)
+        assert math.isfinite(learner.learn(batch, optimizer)["loss"])
+
+    torch._dynamo.reset()  # (graphs compiled by earlier tests)
+    counters.clear()
+    learn_from(0, 2, 9, 12)  # 6 rows of 10 to 21 tokens
+    assert counters["stats"]["unique_graphs"] == 1  # the 10 layers' forwards: one graph (with its backward)
+    with torch.compiler.set_stance("fail_on_recompile"):  # (any compile raises now)
+        learn_from(1, 5, 11, 9)
+        learn_from(2, 1, 3, 6)
 
 
 def test_a_compiled_update_runs_eagerly_with_a_warning_where_it_is_not_supported():

@@ -4,7 +4,10 @@ A small model's update on a GPU is bound by its elementwise kernels: each layer'
 activation and autocast's casts run as dozens of separate kernels over the activations (on an H200, Qwen3-0.6B's
 shape: matmuls 21 % of the update's device time, elementwise kernels and casts most of the rest). Compiling a layer
 fuses them. Compiling one layer compiles them all (they share their code; the parameters are inputs), so the cost is
-one compile per distinct call signature (with or without a KV cache, grad or no grad), not per layer.
+one compile per distinct call signature (grad or no grad), not per layer; not with a KV cache, whose per-layer slot
+the compiled layer guards on (a graph per layer: the learner shares no prompt forward under compiled layers). Sizes
+are dynamic, except that a first micro-batch whose row count or length equals a size of the model (head_dim, the
+hidden size, ...) or each other is compiled with it fixed (torch's duck sizing): the next other one compiles once more.
 
 :class:`CompiledLayers` swaps the compiled layers into the decoder's ``ModuleList`` for the duration of
 ``active(policy)`` and puts the originals back after it: the samplers, a checkpoint's state dict and the user's model

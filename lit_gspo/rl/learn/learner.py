@@ -372,13 +372,17 @@ class Learner:
 
         Off where the two-part forward would not be the same computation: MoE routing records and
         replays positions of one whole-sequence forward, checkpointed layers would append to the KV
-        cache again when recomputed, and FSDP2 expects one root forward per backward.
+        cache again when recomputed, and FSDP2 expects one root forward per backward. Off with compiled
+        layers (``update.compile``): each layer reads its own slot of the KV cache, which the compiled
+        layer guards on, so every layer and pass would compile a graph of its own (past torch's limit of
+        8 recompiles the rest would run eagerly).
         """
         return (
             self.cfg.share_prompt_forward
             and not self.is_moe
             and not self.gradient_checkpointing
             and not is_sharded(self.policy)
+            and self.compiled_layers is None
         )
 
     @property
