@@ -125,9 +125,10 @@ class Update:
     share_prompt_forward: bool | Literal["auto"] = "auto"
     """rows of a micro-batch with the same prompt run it once and continue from its KV cache (P + G·T tokens per
     group instead of G·(P + T)); the same log-probs and gradients (``rollout.completion_states_shared_prompts``).
-    Off by itself for MoE, gradient checkpointing, FSDP2. ``auto``: on the CPU whenever rows share a prompt; on a GPU
-    only where it saves at least half the tokens, since the two passes launch every layer's kernels twice (on an H200
-    at 32 prompt and 256 completion tokens, G = 8, it saved 10 % of the tokens and doubled the update's kernels)."""
+    Off by itself for MoE, gradient checkpointing, FSDP2 and ``compile``. ``auto``: on the CPU whenever rows share a
+    prompt; on a GPU only where it saves at least half the tokens, since the two passes launch every layer's kernels
+    twice (on an H200 at 32 prompt and 256 completion tokens, G = 8, it saved 10 % of the tokens and doubled the
+    update's kernels)."""
     align_rows: bool | Literal["auto"] = "auto"
     """run each row with its tokens first and its padding after, without an attention mask
     (``rollout.completion_states_aligned``: the same log-probs and gradients). Without a padding mask sdpa runs its
