@@ -79,10 +79,12 @@ def test_host_floats_are_what_float_gives_in_order():
         torch.tensor(True),
         torch.tensor(12345, dtype=torch.long),
         torch.tensor([float("nan")]),
+        3,  # a hook's int: a float, as float() makes it
     ]
     read = host_floats(values)
     expected = [float(v) for v in values]
-    assert read[:-1] == expected[:-1] and all(type(x) is float for x in read) and math.isnan(read[-1])
+    assert read[:-2] == expected[:-2] and read[-1] == 3.0 and all(type(x) is float for x in read)
+    assert math.isnan(read[-2])
     records = [({"a": torch.tensor(0.25), "b": lambda: torch.tensor([1.0, 2.0]).mean()}, 3.0), ({"c": 4.0}, 1.0)]
     assert records_on_host(records) == [({"a": 0.25, "b": 1.5}, 3.0), ({"c": 4.0}, 1.0)]
 

@@ -20,7 +20,7 @@ Value = float | Tensor | Callable[[], Tensor]
 
 def host_floats(values: list[float | Tensor]) -> list[float]:
     """``[float(v) for v in values]``, each device's tensors copied to the host at once."""
-    out: list = list(values)
+    out: list = [value if isinstance(value, Tensor) else float(value) for value in values]
     by_device: dict[torch.device, list[int]] = {}
     for i, value in enumerate(values):
         if isinstance(value, Tensor):
