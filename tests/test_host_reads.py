@@ -18,6 +18,7 @@ from host_reads import Timeline, main, reads_between_forward_and_backward  # noq
 sys.path.remove(BENCHMARKS)
 
 from lit_gspo.rl.config import Update
+from lit_gspo.rl.learn.hooks import UpdateHook
 from lit_gspo.rl.learn.host_reads import host_floats, records_on_host
 from lit_gspo.rl.objectives import GRPO, GSPO, OBJECTIVES, Counts
 
@@ -93,28 +94,11 @@ def test_the_update_with_its_metrics_read_at_the_end_is_the_one_that_read_them_a
     """The same rollout, two learners: metrics and parameters agree exactly with per-micro-batch reads (forced by a
     hook that reads every metric as it is made) and without."""
 
-    class ReadEveryMetric:
-        def before_update(self, update):
-            pass
-
-        def around_micro(self, micro):
-            from contextlib import nullcontext
-
-            return nullcontext()
-
-        def before_loss(self, update, step):
-            pass
-
+    class ReadEveryMetric(UpdateHook):
         def after_backward(self, update, minibatch):
             for metrics, _ in update.records:
                 for key, value in list(metrics.items()):
                     metrics[key] = float(value() if callable(value) else value)
-
-        def may_step(self, update, minibatch, loss, grad_norm):
-            return True
-
-        def metrics(self, update):
-            return {}
 
     update = Update(num_minibatches=2, micro_batch_size=2)
     results = []
