@@ -98,10 +98,18 @@ def _find(tree, key):
     return None
 
 
-@pytest.mark.parametrize("optimizer", ["torch.optim.AdamW", "bitsandbytes.optim.AdamW8bit"])
-def test_n_steps_then_resume_n_steps_is_exactly_the_2n_step_run(tmp_path, optimizer):
-    """24 rows, 4 per step: the resume lands mid-epoch, so data position, RNG, optimiser and schedule all matter."""
-    opt = ["--model.optimizer", optimizer]
+BF16_PARAMS = ("--trainer.precision", "bf16-mixed", "--model.update.param_dtype", "bf16")
+
+
+@pytest.mark.parametrize(
+    "optimizer, extra",
+    [("torch.optim.AdamW", ()), ("bitsandbytes.optim.AdamW8bit", ()), ("torch.optim.AdamW", BF16_PARAMS)],
+    ids=["AdamW", "AdamW8bit", "AdamW-bf16-params"],
+)
+def test_n_steps_then_resume_n_steps_is_exactly_the_2n_step_run(tmp_path, optimizer, extra):
+    """24 rows, 4 per step: the resume lands mid-epoch, so data position, RNG, optimiser and schedule all matter. With
+    the update on bf16 casts (``update.param_dtype``) the checkpoint holds the fp32 master weights."""
+    opt = ["--model.optimizer", optimizer, *extra]
     straight = fit(tmp_path / "straight", 3, *opt)  # 3 RL steps = 6 optimiser steps
     fit(tmp_path / "split", 2, *opt)  # 2 RL steps, last.ckpt after the second
     last = tmp_path / "split" / "checkpoints" / "last.ckpt"
@@ -110,6 +118,7 @@ def test_n_steps_then_resume_n_steps_is_exactly_the_2n_step_run(tmp_path, optimi
     assert {"state_dict", "optimizer_states", "lr_schedulers", "loops", "rng_states"} <= set(checkpoint)
     assert {"torch", "numpy", "python", "refill"} <= set(checkpoint["rng_states"][0])
     assert _find(checkpoint["loops"], "position") == 8  # 2 steps × 4 prompts handed out this epoch
+    assert {v.dtype for v in checkpoint["state_dict"].values() if v.is_floating_point()} == {torch.float32}
     if "8bit" in optimizer:
         state = checkpoint["optimizer_states"][0]["state"]
         assert any(v.dtype == torch.uint8 for s in state.values() for v in _find_tensors(s))

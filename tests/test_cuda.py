@@ -162,10 +162,11 @@ def policy_and_rollout(device: torch.device):
     return policy, rollout
 
 
-def test_an_on_policy_gspo_step_under_bf16_autocast_is_finite_with_a_ratio_of_one(cuda_device):
+@pytest.mark.parametrize("param_dtype", [None, "bf16"], ids=["fp32-params", "bf16-casts"])
+def test_an_on_policy_gspo_step_under_bf16_autocast_is_finite_with_a_ratio_of_one(cuda_device, param_dtype):
     policy, rollout = policy_and_rollout(cuda_device)
     with torch.autocast(cuda_device.type, dtype=torch.bfloat16):
-        learner = Learner(policy, GSPO(), Update(), max_len=6, group_size=4)
+        learner = Learner(policy, GSPO(), Update(param_dtype=param_dtype), max_len=6, group_size=4)
         learner.snapshot(rollout)
         rollout.advantages = GroupNormalized()(rollout, 4)
         before = [p.detach().clone() for p in policy.parameters()]
@@ -217,16 +218,24 @@ class DeviceWaits:
         return False
 
 
-@pytest.mark.parametrize("align", [False, True], ids=["padded", "aligned"])
-def test_an_update_waits_for_the_device_once_between_a_forward_and_its_backward(cuda_device, align):
+@pytest.mark.parametrize(
+    "align, param_dtype", [(False, None), (True, None), (True, "bf16")], ids=["padded", "aligned", "aligned-bf16-casts"]
+)
+def test_an_update_waits_for_the_device_once_between_a_forward_and_its_backward(cuda_device, align, param_dtype):
     """A micro-step's metrics and loss stay on the device until they are read together, and rows chosen on the host
     reach the device without a wait (issue 36): between a forward and its backward the host waits once, for the
-    objective's check of its inputs."""
+    objective's check of its inputs (and casting the parameters once per step adds no wait)."""
     from test_host_reads import reads_between_forward_and_backward
 
     policy, rollout = policy_and_rollout(cuda_device)
     with torch.autocast(cuda_device.type, dtype=torch.bfloat16):
-        update = Update(num_minibatches=2, micro_batch_size=3, align_rows=align, skip_zero_advantage_rows=False)
+        update = Update(
+            num_minibatches=2,
+            micro_batch_size=3,
+            align_rows=align,
+            skip_zero_advantage_rows=False,
+            param_dtype=param_dtype,
+        )
         learner = Learner(policy, GSPO(), update, max_len=6, group_size=4)
         learner.snapshot(rollout)
         rollout.advantages = GroupNormalized()(rollout, 4)

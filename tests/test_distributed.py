@@ -162,6 +162,18 @@ def test_ddp_skipping_zero_advantage_rows_gives_the_same_weights_as_one_process_
 
 
 @pytest.mark.distributed
+def test_ddp_on_bf16_casts_matches_one_process_on_bf16_casts(tmp_path):
+    """``update.param_dtype``: the gradients reach the fp32 parameters through the casts, where DDP's hooks average them
+    over ranks as without the casts."""
+    casts = ["--model.update.param_dtype", "bf16"]
+    single = launch(tmp_path / "single", run_args(tmp_path / "single", *casts))
+    ddp = run_args(tmp_path / "ddp", "--trainer.strategy", "ddp", *casts, prompts=2, devices=2)
+    result = launch(tmp_path / "ddp", ddp)
+    assert any(v > 0 for _, v in metric(result, "train/clip_frac"))
+    assert_same_run(result, single)
+
+
+@pytest.mark.distributed
 def test_fsdp2_two_processes_match_one_process_and_save_a_loadable_hf_model(tmp_path, single):
     from transformers import AutoModelForCausalLM
 

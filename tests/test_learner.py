@@ -576,12 +576,14 @@ def test_an_update_on_aligned_rows_gives_the_padded_updates_parameters():
 
 
 @pytest.mark.slow
-def test_one_compiled_graph_serves_every_layer_and_updates_of_other_lengths_compile_nothing_more():
+@pytest.mark.parametrize("param_dtype", [None, "bf16"], ids=["fp32-params", "bf16-casts"])
+def test_one_compiled_graph_serves_every_layer_and_updates_of_other_lengths_compile_nothing_more(param_dtype):
     """A layer compiled per layer would be a recompile of the same code per layer, and past torch's recompile limit (8)
     the rest would run eagerly (Qwen3-0.6B has 28 layers): 10 layers, rows sharing their prompts (whose KV-cache pass
     made every layer a graph of its own: shared prompts are off under compiled layers), compile one graph, and
     updates of other lengths and row counts compile nothing more (grad mode only: on-policy, one minibatch). Row
-    counts and lengths are kept off the model's sizes: a first one equal to one is compiled fixed (duck sizing)."""
+    counts and lengths are kept off the model's sizes: a first one equal to one is compiled fixed (duck sizing).
+    With ``update.param_dtype`` the parameters are new casts at every step: the graph reads them as inputs."""
     from torch._dynamo.utils import counters  # (torch's own tests count compiled graphs so)
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -592,7 +594,7 @@ def test_one_compiled_graph_serves_every_layer_and_updates_of_other_lengths_comp
     )  # fmt: skip
     assert config.num_hidden_layers > torch._dynamo.config.recompile_limit
     policy = Qwen3ForCausalLM(config)
-    update = Update(compile=True, share_prompt_forward=True, skip_zero_advantage_rows=False)
+    update = Update(compile=True, share_prompt_forward=True, skip_zero_advantage_rows=False, param_dtype=param_dtype)
     learner = Learner(policy, GSPO(), update, max_len=12, group_size=3)
     assert learner.old_policy.ratios_move is False and not learner.shares_prompts
     optimizer = torch.optim.SGD(policy.parameters(), lr=0.1)

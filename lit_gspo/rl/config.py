@@ -141,6 +141,14 @@ class Update:
     only while it runs (``models/regional_compile.py``): fuses each layer's norms, rotary embedding, activation and
     autocast's casts. The first update pays the compile. Not with gradient checkpointing, FSDP2 or MoE routing records
     (it then runs eagerly, with a warning). Numbers within float rounding of the eager update's, not bit for bit."""
+    param_dtype: Literal["bf16"] | None = None
+    """the dtype the update's passes (its forward and backward, the old-policy and reference passes) read the
+    parameters in: ``bf16`` casts every floating parameter once per optimiser step (``models/cast_parameters.py``), so
+    the whole forward computes in bf16, residual stream and norms included (Megatron's and verl's mixed precision);
+    the fp32 parameters stay the master weights (the optimiser, checkpoints and exports see them) and receive the
+    gradient in fp32, summed over micro-batches. None: as the parameters are (under ``bf16-mixed``, autocast casts
+    each Linear's weight and input at every call and the residual stream stays fp32). The samplers read the
+    parameters as before. Not under FSDP2 (the update then reads them as they are, with a warning)."""
     shuffle: str = "rows"
     """how rows are dealt to minibatches each epoch: ``rows`` (rows in random order, as TRL) or ``groups`` (whole
     groups in random order, as verl's consecutive minibatches: each minibatch holds every row of its prompts, so its
@@ -170,6 +178,8 @@ class Update:
         for name in ("share_prompt_forward", "align_rows"):
             if getattr(self, name) not in (True, False, "auto"):
                 raise ValueError(f"{name} must be true, false or 'auto', got {getattr(self, name)!r}")
+        if self.param_dtype not in (None, "bf16"):
+            raise ValueError(f"param_dtype must be 'bf16' or null, got {self.param_dtype!r}")
         if self.shuffle not in ("groups", "rows"):
             raise ValueError(f"shuffle must be 'groups' or 'rows', got {self.shuffle!r}")
         if (

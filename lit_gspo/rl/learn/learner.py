@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_gspo.models import checkpointing_active
+from lit_gspo.models.cast_parameters import PARAM_DTYPES, CastParameters
 from lit_gspo.models.lora import reference_mode
 from lit_gspo.models.regional_compile import CompiledLayers
 from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, rerouted_tokens, routing_volatility
@@ -147,6 +148,7 @@ class Learner:
         self.gradient_checkpointing, self.mismatch = gradient_checkpointing, mismatch
         self.is_moe = bool(moe_routers(policy))
         self.compiled_layers = CompiledLayers() if update.compile else None
+        self.cast_parameters = CastParameters(PARAM_DTYPES[update.param_dtype]) if update.param_dtype else None
         self.old_policy = old_policy or old_policy_for(update, mismatch, self.old_logprobs)
         self.guard = FiniteGuard(update.max_nonfinite_steps)
         built_in: list[UpdateHook] = []
@@ -162,6 +164,9 @@ class Learner:
 
     @property
     def device(self) -> torch.device:
+        # (through the embedding: under ``update.param_dtype`` the parameters are casts while the update runs)
+        if hasattr(self.policy, "get_input_embeddings"):
+            return self.policy.get_input_embeddings().weight.device
         return next(self.policy.parameters()).device
 
     # ------------------------------------------------------------------ snapshot
@@ -172,7 +177,7 @@ class Learner:
         old_pass = self.value_head is not None or self.records_routing or self.old_policy.snapshot_computes_old
         keep_old = self.old_policy.snapshot_computes_old or self.old_policy.snapshot_keeps_old
         olds, refs, vals, routes, order = [], [], [], [], []
-        with self.compiled():
+        with self.compiled(), self.cast(self.policy), self.cast(self.reference):
             for micro_rows, micro, _ in self.micro_batches(rollout.to(self.device)):
                 order.append(micro_rows)
                 if old_pass:
@@ -228,12 +233,15 @@ class Learner:
                 for minibatch in self.minibatches(update, order, epoch):
                     optimizer.zero_grad()
                     rows, extents = minibatch.rows, update.extents[minibatch.rows]
-                    for micro_rows, micro, micro_extents in self.micro_batches(update.rollout.select(rows), extents):
-                        micro = micro.trimmed(micro_extents)
-                        tokens = float(micro_extents.completion_tokens.sum())
-                        with self.hooks.around_micro(micro):
-                            loss = self.micro_loss(update, minibatch, rows[micro_rows], micro, tokens)
-                            backward(loss * world_size)  # DDP/FSDP2 average gradients over ranks
+                    with self.cast(self.policy):  # (cast again after each step)
+                        for micro_rows, micro, micro_extents in self.micro_batches(
+                            update.rollout.select(rows), extents
+                        ):
+                            micro = micro.trimmed(micro_extents)
+                            tokens = float(micro_extents.completion_tokens.sum())
+                            with self.hooks.around_micro(micro):
+                                loss = self.micro_loss(update, minibatch, rows[micro_rows], micro, tokens)
+                                backward(loss * world_size)  # DDP/FSDP2 average gradients over ranks
                     self.hooks.after_backward(update, minibatch)
                     self.optimizer_step(update, minibatch, optimizer, scheduler, step)
                     optimizer.zero_grad()  # applied: freed, not held through the next rollout (or to the end)
@@ -397,7 +405,10 @@ class Learner:
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        """What the forward computes in: autocast's dtype under mixed precision, else the parameters'."""
+        """What the update's forward computes in: ``update.param_dtype``, else autocast's dtype under mixed precision,
+        else the parameters'."""
+        if self.cast_parameters is not None:
+            return self.cast_parameters.dtype
         if torch.is_autocast_enabled(self.device.type):
             return torch.get_autocast_dtype(self.device.type)
         return next(self.policy.parameters()).dtype
@@ -429,6 +440,18 @@ class Learner:
             return nullcontext()
         return self.compiled_layers.active(self.policy)
 
+    def cast(self, model: nn.Module | str | None):
+        """``model``'s parameters read in ``update.param_dtype`` while in this context (cast on entering it), where that
+        is set and supported; nested, the inner context changes nothing."""
+        if self.cast_parameters is None or not isinstance(model, nn.Module):
+            return nullcontext()
+        if is_sharded(model):
+            warnings.warn(
+                "update.param_dtype: FSDP2 shards the parameters; the update reads them as they are", stacklevel=3
+            )
+            return nullcontext()
+        return self.cast_parameters.active(model)
+
     @property
     def min_prompt_saving(self) -> float:
         """The share of the tokens a shared prompt forward must save to run (``update.share_prompt_forward``)."""
@@ -456,10 +479,11 @@ class Learner:
         """(N, T) log-probs of the policy before this update's first optimiser step, computed for ``rows`` (0 elsewhere)."""
         old = torch.zeros(rollout.completion_mask.shape, dtype=torch.float32, device=rollout.input_ids.device)
         if len(rows):
-            for micro_rows, micro, micro_extents in self.micro_batches(rollout.select(rows)):
-                micro = micro.trimmed(micro_extents)
-                logprobs = self.completion_logprobs(self.policy, micro).logprobs
-                old[index_on(rows[micro_rows], old), : logprobs.shape[1]] = logprobs
+            with self.cast(self.policy):
+                for micro_rows, micro, micro_extents in self.micro_batches(rollout.select(rows)):
+                    micro = micro.trimmed(micro_extents)
+                    logprobs = self.completion_logprobs(self.policy, micro).logprobs
+                    old[index_on(rows[micro_rows], old), : logprobs.shape[1]] = logprobs
         return old
 
     def global_counts(self, tokens: float, seqs: int) -> Counts:
@@ -507,7 +531,7 @@ class Learner:
           over the rerouted tokens and over the others (NaN for an empty set, or without old log-probs). The
           GSPO paper's case for Routing Replay is that rerouted tokens' ratios swing; these measure it.
         """
-        with record_routing(self.policy) as recorder:
+        with record_routing(self.policy) as recorder, self.cast(self.policy):
             logprobs = torch.cat(
                 [
                     token_logprobs(self.policy, micro, temperature=self.temperature).logprobs

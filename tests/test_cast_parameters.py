@@ -1,0 +1,209 @@
+"""``update.param_dtype``: the update's passes read bf16 casts of the fp32 parameters, cast once per optimiser step;
+the gradients reach the fp32 master weights summed in fp32."""
+
+import copy
+
+import pytest
+import torch
+from test_learner import MAX_NEW, G, make_learner, sample_rollout, with_rewards
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from lit_gspo.models.cast_parameters import CastParameters
+from lit_gspo.rl.config import Update
+from lit_gspo.rl.learn.hooks import UpdateHook
+from lit_gspo.rl.learn.learner import Learner
+
+REWARDS = [0.0, 1.0, 0.5, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+UPDATE = dict(num_minibatches=2, micro_batch_size=2, share_prompt_forward=False, max_grad_norm=None)
+
+
+def test_an_update_on_bf16_casts_is_a_bf16_models_update_with_fp32_gradients_summed_into_fp32_weights():
+    """The expectation built by hand: a copy of the policy whose parameters are bf16, run by a plain learner whose
+    backward moves each micro-batch's bf16 gradient into an fp32 sum, and whose step applies SGD to fp32 master copies
+    and casts them back. The cast learner's fp32 parameters, loss and clip fraction are those, bit for bit."""
+    lr = 0.5
+    cast = make_learner(Update(**UPDATE, param_dtype="bf16"))
+    master = copy.deepcopy(cast.policy)
+    model = copy.deepcopy(cast.policy)
+    for p in model.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    plain = Learner(model, cast.objective, Update(**UPDATE), max_len=MAX_NEW, group_size=G)
+    pairs = list(zip(model.parameters(), master.parameters()))
+    sums = [torch.zeros_like(m) for m in master.parameters()]
+
+    def backward(loss):
+        loss.backward()
+        for (p, _), s in zip(pairs, sums):
+            s += p.grad.float()
+            p.grad = None
+
+    def step(optimizer, clip, may_step):
+        with torch.no_grad():
+            for (p, m), s in zip(pairs, sums):
+                m -= lr * s
+                p.copy_(m)
+                s.zero_()
+        return 0.0
+
+    rollout = sample_rollout(cast.policy)
+    for rewards in (REWARDS, REWARDS[::-1]):  # two updates: the second from weights the first moved
+        torch.manual_seed(1)
+        got = cast.learn(with_rewards(cast, rollout, rewards), torch.optim.SGD(cast.policy.parameters(), lr=lr))
+        torch.manual_seed(1)
+        want = plain.learn(with_rewards(plain, rollout, rewards), torch.optim.SGD(model.parameters(), lr=lr),
+                           backward=backward, step=step)  # fmt: skip
+        assert got["loss"] == want["loss"] and got["clip_frac"] == want["clip_frac"]
+        assert got["clip_frac"] > 0  # the second minibatch's ratios moved
+        for (name, p), m in zip(cast.policy.named_parameters(), master.parameters()):
+            assert p.dtype == torch.float32 and torch.equal(p, m), name
+
+
+class ParameterCasts(TorchDispatchMode):
+    """Counts the casts whose input is one of ``params``."""
+
+    def __init__(self, params):
+        super().__init__()
+        self.pointers, self.count = {p.data_ptr() for p in params}, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in self.pointers:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("param_dtype", [None, "bf16"])
+def test_under_lightnings_autocast_each_parameter_is_cast_once_per_pass_not_once_per_micro_batch(param_dtype):
+    """Lightning's bf16-mixed autocast has no cast cache: a Linear's weight is cast at every call, so the casts grow with
+    the micro-batches. Cast parameters are cast once for the old-policy pass and once per optimiser step, whatever the
+    micro-batches: every floating parameter (norms and embedding too, which autocast leaves in fp32)."""
+    counts = {}
+    for micro_batch_size in (1, None):  # one row per micro-batch, or one micro-batch per minibatch
+        learner = make_learner(Update(**{**UPDATE, "micro_batch_size": micro_batch_size}, param_dtype=param_dtype))
+        rollout = sample_rollout(learner.policy)
+        params = list(learner.policy.parameters())
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):  # as Lightning enters it
+            rollout = with_rewards(learner, rollout, REWARDS)
+            with ParameterCasts(params) as casts:
+                torch.manual_seed(1)
+                learner.learn(rollout, torch.optim.SGD(params, lr=0.1))
+        counts[micro_batch_size] = casts.count
+    if param_dtype is None:
+        assert counts[1] > 2 * counts[None]
+    else:  # the second minibatch's old-policy pass, then the two steps
+        assert counts[1] == counts[None] == 3 * len(params)
+
+
+def test_the_parameters_come_back_as_they_were_and_tied_ones_share_one_cast():
+    learner = make_learner(Update(param_dtype="bf16"))
+    policy = learner.policy
+    head, embedding = policy.get_output_embeddings(), policy.get_input_embeddings()
+    assert head.weight is embedding.weight  # tiny-llama ties its LM head
+    before = list(policy.named_parameters())
+    keys, flags = list(policy.state_dict()), [p.requires_grad for _, p in before]
+    embedding.weight.requires_grad_(False)  # a frozen parameter is read in bf16 too, without a gradient
+    cast = CastParameters(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="inside"), cast.active(policy):
+        assert head.weight is embedding.weight and head.weight.dtype == torch.bfloat16
+        assert not embedding.weight.requires_grad and policy.model.norm.weight.requires_grad
+        assert list(policy.parameters()) == []
+        with cast.active(policy):  # nested: nothing more to cast
+            assert policy.model.norm.weight.dtype == torch.bfloat16
+        assert policy.model.norm.weight.dtype == torch.bfloat16
+        raise RuntimeError("inside")  # an error inside puts them back too
+    embedding.weight.requires_grad_(True)
+    after = list(policy.named_parameters())
+    assert [n for n, _ in after] == [n for n, _ in before] and all(a is b for (_, a), (_, b) in zip(after, before))
+    assert list(policy.state_dict()) == keys and [p.requires_grad for _, p in after] == flags
+    assert all(p.dtype == torch.float32 for _, p in after) and head.weight is embedding.weight
+
+
+def test_param_dtype_names_the_value_and_what_is_valid():
+    with pytest.raises(ValueError, match=r"param_dtype must be 'bf16' or null, got 'float16'"):
+        Update(param_dtype="float16")
+
+
+SETTINGS = {  # the quickstart, and its neighbours that run other passes or other modules in the update
+    "quickstart": (),
+    "PPO's critic": ("--config", "configs/objectives/ppo.yaml"),
+    "LoRA, reference with adapters off": ("--model.policy.lora.r", "4"),
+    "gradient checkpointing": ("--model.policy.gradient_checkpointing", "true"),
+    "MoE with routing replay": ("--model.policy.name", "tiny-qwen3-moe", "--model.policy.routing.replay", "true"),
+}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_a_bf16_mixed_fit_trains_on_bf16_casts_and_samples_validates_and_saves_as_before(tmp_path, setting):
+    """From the command line, as a user sets it: the update's passes (grad and no-grad) read bf16 parameters; the
+    sampler and validation read the fp32 parameters under autocast as before; the losses are finite and the policy
+    leaves the fit with its fp32 parameters, moved."""
+    from test_trainer import ROOT, tiny_args
+
+    from lit_gspo.runtime.sharding import forward_root
+    from lit_gspo.tools.main import cli_main
+
+    extra = ("--model.update.num_minibatches", "2", "--trainer.precision", "bf16-mixed", *SETTINGS[setting])
+    extra = tuple(str(ROOT / a) if a.startswith("configs/") else a for a in extra)
+    cli = cli_main([*tiny_args(tmp_path, *extra), "--model.update.param_dtype", "bf16"], run=False)
+    policy = cli.model.policy
+    seen = []  # (grad enabled, the embedding's dtype) at each forward of the policy
+    forward_root(policy).register_forward_pre_hook(  # (LoRA: the model inside peft's, which sampling calls)
+        lambda module, args: seen.append((torch.is_grad_enabled(), module.get_input_embeddings().weight.dtype))
+    )
+    before = [p.detach().clone() for p in policy.parameters()]
+    losses = []
+    cli.model.learner.hooks.hooks.append(Losses(losses))
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert (True, torch.bfloat16) in seen and (True, torch.float32) not in seen  # every training forward
+    assert (False, torch.bfloat16) in seen and (False, torch.float32) in seen  # old-policy passes; sampling
+    assert len(losses) == 6 and all(torch.isfinite(torch.tensor(losses)))  # 3 RL steps × 2 optimiser steps
+    assert all(isinstance(p, torch.nn.Parameter) and p.dtype == torch.float32 for p in policy.parameters())
+    assert any(not torch.equal(b, p.cpu()) for b, p in zip(before, policy.parameters()))
+
+
+class Losses(UpdateHook):
+    def __init__(self, losses):
+        self.losses = losses
+
+    def may_step(self, update, minibatch, loss, grad_norm):
+        self.losses.append(loss)
+        return True
+
+
+def test_under_fsdp2_the_update_reads_the_sharded_parameters_as_they_are_with_a_warning():
+    """FSDP2 gathers and frees the parameters around each layer's forward (its own ``MixedPrecisionPolicy`` would be
+    the place for a compute dtype): the casts are not made there, and the warning says so."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from lit_gspo.runtime.sharding import shard_model
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        learner = make_learner(Update(param_dtype="bf16"))
+        rollout = sample_rollout(learner.policy)
+        shard_model(learner.policy, init_device_mesh("cpu", (1,)))
+        with pytest.warns(UserWarning, match="update.param_dtype: FSDP2 shards the parameters"):
+            metrics = learner.learn(
+                with_rewards(learner, rollout, REWARDS), torch.optim.SGD(learner.policy.parameters())
+            )
+    finally:
+        dist.destroy_process_group()
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    assert all(isinstance(p, DTensor) and p.dtype == torch.float32 for p in learner.policy.parameters())
+
+
+def test_with_gradient_checkpointing_the_recomputed_layers_read_the_same_casts():
+    """Checkpointed layers run forward again inside backward: there they read the step's casts (an fp32 recomputation
+    would not give the saved activations' dtypes), so the update is the one without checkpointing, bit for bit."""
+    plain = make_learner(Update(**UPDATE, param_dtype="bf16"))
+    recomputed = make_learner(Update(**UPDATE, param_dtype="bf16"), gradient_checkpointing=True)
+    rollout = sample_rollout(plain.policy)
+    for learner in (plain, recomputed):
+        torch.manual_seed(1)
+        learner.learn(with_rewards(learner, rollout, REWARDS), torch.optim.SGD(learner.policy.parameters(), lr=0.5))
+    for (name, a), b in zip(plain.policy.named_parameters(), recomputed.policy.parameters()):
+        assert torch.equal(a, b), name
+    assert any(
+        not torch.equal(a, b) for a, b in zip(plain.policy.parameters(), make_learner(Update()).policy.parameters())
+    )
