@@ -32,7 +32,8 @@ On the workplace's GPU machine (no network): here, ``scripts/device_wheels.sh --
 More parts run only when named (``--only``), in a second call in the warm window after the first: ``vs TRL
 16x8x256`` (the issue's other shape, ~4 min), ``vs TRL 32x8x256 in 80 GB`` (both sides capped at an H100's 79.6 GiB,
 ``--gpu-memory-gb``: a side that runs out of memory is its row), ``lit compiled 8x8x256`` (lit_gspo alone with ``update.compile``, the
-opt-in compiled update, ~3 min), and two A/Bs of this session's defaults: ``lit padded 8x8x256`` (lit_gspo alone with
+opt-in compiled update, ~3 min), ``lit bf16 casts 8x8x256`` (lit_gspo alone with ``update.param_dtype: bf16``, the
+opt-in update on bf16 casts of the fp32 parameters, ~3 min), and two A/Bs of this session's defaults: ``lit padded 8x8x256`` (lit_gspo alone with
 ``update.align_rows`` off: the update's attention under a padding mask, ~3 min) and ``sampler sdpa decode`` (the
 sampler with the decoding step's attention as transformers' sdpa runs it, which copies the KV cache once per query
 head, ~1.5 min):
@@ -179,6 +180,12 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
         ),
         dict(
             name="lit compiled 8x8x256", extra=True, limit=200, cmd=vs_trl_at(4, "--only", "lit", "--lit-compile", "on")
+        ),
+        dict(  # update.param_dtype bf16: the update's passes on bf16 casts (fewer elementwise bytes and saved activations)
+            name="lit bf16 casts 8x8x256",
+            extra=True,
+            limit=200,
+            cmd=vs_trl_at(4, "--only", "lit", "--lit-param-dtype", "bf16"),
         ),
         dict(
             name="lit padded 8x8x256",  # update.align_rows off: the update's attention under a padding mask
@@ -351,7 +358,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--only",
         help="comma-separated part names to run, in that order (default: all but the extra ones: 'vs TRL 16x8x256', "
-        "'vs TRL 32x8x256 in 80 GB', 'lit compiled 8x8x256', 'lit padded 8x8x256', 'sampler sdpa decode', for a "
+        "'vs TRL 32x8x256 in 80 GB', 'lit compiled 8x8x256', 'lit bf16 casts 8x8x256', 'lit padded 8x8x256', 'sampler sdpa decode', for a "
         "second call)",
     )
     args = p.parse_args(argv)

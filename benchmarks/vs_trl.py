@@ -411,6 +411,7 @@ def run_lit(args, rss: dict, profile: RegionProfile | None) -> dict:
             share_prompt_forward={"on": True, "off": False}.get(args.lit_share_prompts, "auto"),
             align_rows={"on": True, "off": False}.get(args.lit_align_rows, "auto"),
             compile=args.lit_compile == "on",
+            param_dtype=None if args.lit_param_dtype == "none" else args.lit_param_dtype,
         ),
     )
     mark(rss, "loaded")
@@ -796,6 +797,13 @@ def main(argv=None) -> None:
         help="lit_gspo update.compile: the decoder layers compiled for the update (off: the default a user gets)",
     )
     p.add_argument(
+        "--lit-param-dtype",
+        choices=["none", "bf16"],
+        default="none",
+        help="lit_gspo update.param_dtype: bf16 = the update's passes on bf16 casts of the fp32 parameters, cast once per "
+        "optimiser step (none: autocast on the fp32 parameters, the default a user gets)",
+    )
+    p.add_argument(
         "--gpu-memory-gb",
         type=float,
         help="cap each side's GPU memory at this many GiB (torch.cuda.set_per_process_memory_fraction): an 80 GB "
@@ -861,6 +869,8 @@ def main(argv=None) -> None:
                 args.lit_align_rows,
                 "--lit-compile",
                 args.lit_compile,
+                "--lit-param-dtype",
+                args.lit_param_dtype,
                 "--model-dir",
                 str(args.model_dir),
                 "--prompts-per-update",
@@ -895,7 +905,7 @@ def main(argv=None) -> None:
         f"≤{args.max_new_tokens} new tokens, {args.precision}, {args.threads} thread(s), gradient checkpointing {args.checkpointing} (lit_gspo {lit_checkpointing(args)}), "
         f"lit_gspo skip_zero_advantage_rows {args.skip_zero_advantage}, micro_batch_tokens {lit_micro_batch_tokens(args)}, "
         f"lit_gspo backend {lit_backend(args)}, share_prompt_forward {args.lit_share_prompts}, "
-        f"align_rows {args.lit_align_rows}, compile {args.lit_compile}"
+        f"align_rows {args.lit_align_rows}, compile {args.lit_compile}, param_dtype {args.lit_param_dtype}"
     )
     print(
         f"{'':>8} {'s/update':>9} {'compl tok/s':>12} {'rollout tok/s':>14} {'update-phase s':>15} {'MFU':>6} "

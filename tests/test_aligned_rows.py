@@ -93,6 +93,7 @@ def test_auto_aligns_on_a_gpu_in_16_bits_only_and_never_under_routing_records():
     """In fp32 CUDA's sdpa takes grouped key-value heads only in its math kernel (every (L, L) score held): padded."""
     from types import SimpleNamespace
 
+    from lit_gspo.models.cast_parameters import CastParameters
     from lit_gspo.rl.config import Update
     from lit_gspo.rl.learn.learner import Learner
 
@@ -108,9 +109,11 @@ def test_auto_aligns_on_a_gpu_in_16_bits_only_and_never_under_routing_records():
     )
     assert not aligns("auto", "cpu") and aligns(True, "cpu", torch.float32) and not aligns(False, "meta")
     assert not aligns(True, "meta", records_routing=True)  # MoE routing records hold padded positions
-    learner = SimpleNamespace(device=torch.device("cpu"), policy=tiny_qwen3())
+    learner = SimpleNamespace(device=torch.device("cpu"), policy=tiny_qwen3(), cast_parameters=None)
     assert Learner.compute_dtype.fget(learner) == torch.float32
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert Learner.compute_dtype.fget(learner) == torch.bfloat16
+    learner.cast_parameters = CastParameters(torch.bfloat16)  # update.param_dtype: bf16, without autocast too
+    assert Learner.compute_dtype.fget(learner) == torch.bfloat16
     with pytest.raises(ValueError, match="align_rows must be true, false or 'auto', got 'yes'"):
         Update(align_rows="yes")

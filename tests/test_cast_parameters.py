@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from lit_gspo.models.cast_parameters import CastParameters
 from lit_gspo.rl.config import Update
+from lit_gspo.rl.engines import HFGenerate, LeanSampler, StaticCacheSampler
 from lit_gspo.rl.learn.hooks import UpdateHook
 from lit_gspo.rl.learn.learner import Learner
 
@@ -105,7 +106,7 @@ def test_the_parameters_come_back_as_they_were_and_tied_ones_share_one_cast():
     with pytest.raises(RuntimeError, match="inside"), cast.active(policy):
         assert head.weight is embedding.weight and head.weight.dtype == torch.bfloat16
         assert not embedding.weight.requires_grad and policy.model.norm.weight.requires_grad
-        assert list(policy.parameters()) == []
+        assert [p for _, p in policy.named_parameters()] == [p for _, p in before]  # registered as they were
         with cast.active(policy):  # nested: nothing more to cast
             assert policy.model.norm.weight.dtype == torch.bfloat16
         assert policy.model.norm.weight.dtype == torch.bfloat16
@@ -128,14 +129,15 @@ SETTINGS = {  # the quickstart, and its neighbours that run other passes or othe
     "LoRA, reference with adapters off": ("--model.policy.lora.r", "4"),
     "gradient checkpointing": ("--model.policy.gradient_checkpointing", "true"),
     "MoE with routing replay": ("--model.policy.name", "tiny-qwen3-moe", "--model.policy.routing.replay", "true"),
+    "rollouts one version behind": ("--model.generation.max_staleness", "1"),
 }
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_a_bf16_mixed_fit_trains_on_bf16_casts_and_samples_validates_and_saves_as_before(tmp_path, setting):
-    """From the command line, as a user sets it: the update's passes (grad and no-grad) read bf16 parameters; the
-    sampler and validation read the fp32 parameters under autocast as before; the losses are finite and the policy
-    leaves the fit with its fp32 parameters, moved."""
+    """From the command line, as a user sets it: every pass of the policy reads bf16 casts, the update's (grad and
+    no-grad) and the sampler's (rollouts and validation: the sampler computes what the update computes); the losses
+    are finite and the policy leaves the fit with its fp32 parameters, moved."""
     from test_trainer import ROOT, tiny_args
 
     from lit_gspo.runtime.sharding import forward_root
@@ -153,19 +155,21 @@ def test_a_bf16_mixed_fit_trains_on_bf16_casts_and_samples_validates_and_saves_a
     losses = []
     cli.model.learner.hooks.hooks.append(Losses(losses))
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    assert (True, torch.bfloat16) in seen and (True, torch.float32) not in seen  # every training forward
-    assert (False, torch.bfloat16) in seen and (False, torch.float32) in seen  # old-policy passes; sampling
+    assert set(seen) == {(True, torch.bfloat16), (False, torch.bfloat16)}  # training; sampling, old-policy passes
     assert len(losses) == 6 and all(torch.isfinite(torch.tensor(losses)))  # 3 RL steps × 2 optimiser steps
     assert all(isinstance(p, torch.nn.Parameter) and p.dtype == torch.float32 for p in policy.parameters())
-    assert any(not torch.equal(b, p.cpu()) for b, p in zip(before, policy.parameters()))
+    moved = any(not torch.equal(b, p.cpu()) for b, p in zip(before, policy.parameters()))
+    assert moved == any(norm > 0 for norm in cli.model.learner.hooks.hooks[-1].norms)  # (a rollout may hold no signal)
+    assert moved or setting == "rollouts one version behind"
 
 
 class Losses(UpdateHook):
     def __init__(self, losses):
-        self.losses = losses
+        self.losses, self.norms = losses, []
 
     def may_step(self, update, minibatch, loss, grad_norm):
         self.losses.append(loss)
+        self.norms.append(grad_norm)
         return True
 
 
@@ -207,3 +211,40 @@ def test_with_gradient_checkpointing_the_recomputed_layers_read_the_same_casts()
     assert any(
         not torch.equal(a, b) for a, b in zip(plain.policy.parameters(), make_learner(Update()).policy.parameters())
     )
+
+
+ENGINES = {
+    "LeanSampler": lambda: LeanSampler(),
+    "HFGenerate": lambda: HFGenerate(),
+    "StaticCacheSampler": lambda: StaticCacheSampler(compile=False),
+    "StaticCacheSampler compiled": lambda: StaticCacheSampler(compile=True),
+    "StaticCacheSampler without precast": lambda: StaticCacheSampler(compile=False, precast_weights=False),
+}
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_each_engine_samples_from_the_casts_as_from_a_model_with_bf16_parameters(model, engine):
+    """With ``update.param_dtype`` the sampler computes what the update computes (the mismatch layer would otherwise
+    see the fp32 residual stream of autocast against the update's bf16 one): twice in a row (the second after the
+    weights moved, which a stale copy would miss), the tokens and log-probs of the same engine on a copy of the model
+    whose parameters are bf16, under Lightning's autocast; the model's parameters come back as they were."""
+    from test_static_cache_engine import PAD, PROMPTS
+
+    policy, params = copy.deepcopy(model), list(model.parameters())
+    cast_engine, plain_engine = ENGINES[engine](), ENGINES[engine]()
+    kwargs = dict(num_generations=3, max_new_tokens=8, pad_id=PAD, eos_id=-1, return_logprobs=True)
+    for step in range(2):
+        bf16 = copy.deepcopy(policy)
+        for p in bf16.parameters():
+            p.data = p.data.to(torch.bfloat16)
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            torch.manual_seed(step)
+            got = cast_engine.sample(policy, PROMPTS, param_dtype=torch.bfloat16, **kwargs)
+            torch.manual_seed(step)
+            want = plain_engine.sample(bf16, PROMPTS, **kwargs)
+        assert torch.equal(got.input_ids, want.input_ids), step
+        torch.testing.assert_close(got.engine_logprobs, want.engine_logprobs, atol=0, rtol=0)
+        with torch.no_grad():
+            for p in policy.parameters():  # an optimiser step
+                p.add_(torch.randn_like(p) * 0.5)
+    assert [p.dtype for p in policy.parameters()] == [p.dtype for p in params] == [torch.float32] * len(params)

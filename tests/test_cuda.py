@@ -138,7 +138,7 @@ def test_one_engine_samples_on_the_device_then_on_the_cpu_after_lightnings_teard
     with torch.autocast("cpu", dtype=torch.bfloat16):
         on_cpu = sample(engine, policy, greedy=True)
     assert on_device.input_ids.device.type == cuda_device.type and on_cpu.input_ids.device.type == "cpu"
-    assert engine.precast.device == torch.device("cpu")
+    assert engine.precast.key[1] == torch.device("cpu")  # (dtype, device, every parameter)
 
 
 def policy_and_rollout(device: torch.device):

@@ -13,9 +13,10 @@ so the whole forward computes in bf16 (as Megatron's and verl's mixed precision 
 The parameters themselves never change dtype: the optimiser, gradient clipping, checkpoints, resume and exports see
 the fp32 master weights as before. Tied parameters (an LM head tied to the embedding) share one cast.
 
-:class:`CastParameters` replaces each floating parameter of the model by its cast for the duration of ``active``
-(the modules read their attributes at every call, so every layer, hook and recomputation inside sees the casts) and
-registers the same parameter objects back, in their order, after it.
+:class:`CastParameters` puts each floating parameter's cast in its module's instance dictionary for the duration of
+``active``: Python's attribute lookup finds it there before ``nn.Module`` looks among the registered parameters, so
+every forward, hook and recomputation inside reads the cast, while the parameters stay registered as they are
+(``parameters()``, ``state_dict()``, the optimiser and DDP's hooks see the fp32 ones). Leaving removes the casts.
 """
 
 from __future__ import annotations
@@ -37,26 +38,18 @@ class CastParameters:
 
     @contextmanager
     def active(self, model: nn.Module):
-        modules = {}  # module -> its own parameters, in their order
-        for _, module in model.named_modules(remove_duplicate=False):
-            own = list(module.named_parameters(recurse=False))
-            if any(p.is_floating_point() and p.dtype != self.dtype for _, p in own):
-                modules[module] = own
         casts = {}  # id(parameter) -> its cast (one per tied parameter)
-        for module, own in modules.items():
-            for name, param in own:
-                delattr(module, name)
-                if param.is_floating_point() and param.dtype != self.dtype:
-                    if id(param) not in casts:
-                        casts[id(param)] = param.to(self.dtype)
-                    setattr(module, name, casts[id(param)])  # a plain attribute: the module reads it as before
-                else:
-                    setattr(module, name, param)
+        shadowed = []  # (module, name): a cast in the module's instance dict, in front of its registered parameter
+        for module in model.modules():
+            for name, param in module.named_parameters(recurse=False):
+                if not param.is_floating_point() or param.dtype == self.dtype or name in vars(module):
+                    continue  # (already shadowed: a nested context)
+                if id(param) not in casts:
+                    casts[id(param)] = param.to(self.dtype)
+                object.__setattr__(module, name, casts[id(param)])  # attribute lookup finds it before the parameter
+                shadowed.append((module, name))
         try:
             yield
         finally:
-            for module, own in modules.items():
-                for name, _ in own:
-                    delattr(module, name)
-                for name, param in own:
-                    module.register_parameter(name, param)
+            for module, name in shadowed:
+                object.__delattr__(module, name)

@@ -147,8 +147,10 @@ class Update:
     the whole forward computes in bf16, residual stream and norms included (Megatron's and verl's mixed precision);
     the fp32 parameters stay the master weights (the optimiser, checkpoints and exports see them) and receive the
     gradient in fp32, summed over micro-batches. None: as the parameters are (under ``bf16-mixed``, autocast casts
-    each Linear's weight and input at every call and the residual stream stays fp32). The samplers read the
-    parameters as before. Not under FSDP2 (the update then reads them as they are, with a warning)."""
+    each Linear's weight and input at every call and the residual stream stays fp32). The in-process samplers read
+    the same casts (cast once per rollout), so that they compute what the update computes; ``VLLMEngine`` keeps its
+    own weights (bf16 under ``bf16-mixed``). Not under FSDP2 (the passes then read the parameters as they are, with a
+    warning)."""
     shuffle: str = "rows"
     """how rows are dealt to minibatches each epoch: ``rows`` (rows in random order, as TRL) or ``groups`` (whole
     groups in random order, as verl's consecutive minibatches: each minibatch holds every row of its prompts, so its

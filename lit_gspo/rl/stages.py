@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from lit_gspo.models.cast_parameters import PARAM_DTYPES
 from lit_gspo.models.policies import build_policies
 from lit_gspo.rl.collect import Collector
 from lit_gspo.rl.config import Generation, Policy, Update
@@ -67,6 +68,7 @@ def build_stages(
         dynamic_sampling=dynamic,
         max_sampling_rounds=generation.max_sampling_rounds,
         engine_logprobs=mismatch is not None,
+        param_dtype=PARAM_DTYPES.get(update.param_dtype),
     )
     learner = Learner(
         models.policy,

@@ -50,6 +50,7 @@ class Collector:
         dynamic_sampling: bool = False,
         max_sampling_rounds: int = 4,
         engine_logprobs: bool = False,
+        param_dtype: torch.dtype | None = None,
     ):
         if max_sampling_rounds < 1:
             raise ValueError(f"max_sampling_rounds must be >= 1, got {max_sampling_rounds}")
@@ -60,6 +61,7 @@ class Collector:
             max_sampling_rounds,
         )
         self.engine_logprobs = engine_logprobs  # keep the sampler's log-probs of sampled tokens (mismatch correction)
+        self.param_dtype = param_dtype  # the update's (``update.param_dtype``): the sampler reads the parameters so too
         self.trainer_state: TrainerState | None = None
         self.last_extra: dict[str, list] = {}
         self.last_per_function: dict[str, list[float]] = {}
@@ -136,6 +138,7 @@ class Collector:
             greedy=greedy,
             synced_gpus=synced_gpus,
             return_logprobs=self.engine_logprobs and not greedy,
+            param_dtype=self.param_dtype,
         )
 
     def _continue_episodes(

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 from functools import partial
 
 import torch
 from torch import Tensor, nn
 
+from lit_gspo.models.cast_parameters import CastParameters
 from lit_gspo.rl.engines.fast_generate import ATTENTION_IMPLEMENTATIONS, attention_implementation, weights_cast_once
 from lit_gspo.rl.rollout import RolloutBatch, completion_mask_through_eos, left_pad
+from lit_gspo.runtime.sharding import is_sharded
 
 
 class RolloutEngine:
@@ -47,6 +50,14 @@ class RolloutEngine:
 
     def sync_weights(self, policy: nn.Module) -> None:
         """Make the engine sample from ``policy``'s current weights (nothing to do for the built-ins)."""
+
+    def parameters_in(self, policy: nn.Module, dtype: torch.dtype | None):
+        """The context :meth:`generate` runs in for ``param_dtype``: the built-ins read the policy's modules, whose
+        floating parameters are casts in ``dtype`` there (not under FSDP2, where the update reads them as they are too).
+        An engine that keeps its own weights, or casts them itself, returns a context that does nothing."""
+        if dtype is None or is_sharded(policy):
+            return nullcontext()
+        return CastParameters(dtype).active(policy)
 
     def close(self) -> None:
         """Free what the engine holds beyond the policy (a server, a KV cache); the next rollout starts it again.
@@ -91,9 +102,12 @@ class RolloutEngine:
         greedy: bool = False,
         synced_gpus: bool = False,
         return_logprobs: bool = False,
+        param_dtype: torch.dtype | None = None,
     ) -> RolloutBatch:
         """Completions of ``prompt_ids`` as a rollout batch: prompts left-padded to P, completions right-padded
-        to T (columns no row uses trimmed), ``completion_mask`` 1 through the first EOS, rows group-major."""
+        to T (columns no row uses trimmed), ``completion_mask`` 1 through the first EOS, rows group-major.
+        ``param_dtype``: the policy's floating parameters read in this dtype, cast once for the call
+        (:meth:`parameters_in`), as the update reads them under ``update.param_dtype``."""
         ids, attn = left_pad(prompt_ids, pad_id)
         device = next(policy.parameters()).device
         ids, attn = ids.to(device), attn.to(device)
@@ -110,7 +124,11 @@ class RolloutEngine:
                     stacklevel=2,
                 )
                 generate = partial(generate_with_hf)
-            with attention_implementation(policy, self.attn_implementation), weights_cast_once(device.type):
+            with (
+                attention_implementation(policy, self.attn_implementation),
+                weights_cast_once(device.type),
+                self.parameters_in(policy, param_dtype),
+            ):
                 out, logprobs = generate(
                     policy,
                     ids,

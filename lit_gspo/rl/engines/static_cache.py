@@ -33,6 +33,7 @@ import copy
 import functools
 import threading
 import warnings
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -250,6 +251,7 @@ class StaticCacheSampler(RolloutEngine):
         self.states: dict[int, DecodeState] = {}  # row bucket -> the decoding step's inputs
         self.caches_built = 0
         self._compiled_steps: dict[tuple[str, bool], object] = {}  # (mode, greedy) -> the compiled step
+        self.reading_dtype: torch.dtype | None = None  # update.param_dtype while a sample runs (parameters_in)
 
     def __repr__(self) -> str:
         return (
@@ -265,6 +267,16 @@ class StaticCacheSampler(RolloutEngine):
         fresh.caches, fresh.states, fresh.caches_built = {}, {}, 0
         fresh._compiled_steps, fresh.precast = {}, PrecastLinears()
         return fresh
+
+    @contextmanager
+    def parameters_in(self, policy: nn.Module, dtype: torch.dtype | None):
+        """Under ``update.param_dtype`` the step reads a copy of every parameter cast to ``dtype`` (``precast.py``),
+        refreshed once per rollout in place: the compiled step's CUDA graphs keep reading the same addresses."""
+        self.reading_dtype = dtype
+        try:
+            yield
+        finally:
+            self.reading_dtype = None
 
     def close(self) -> None:
         self.caches.clear()
@@ -359,6 +371,13 @@ class StaticCacheSampler(RolloutEngine):
             )
 
         positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+        # the weights the step reads (FSDP2's modules cannot be copied: under it the policy's own); under
+        # ``update.param_dtype`` every parameter cast, and the prefill reads them too
+        every = self.reading_dtype
+        decoder = (
+            self.precast.view(policy, every) if (self.precast_weights or every) and not is_sharded(policy) else policy
+        )
+        policy = decoder if every else policy
         prefill = DynamicCache(config=policy.config)
         out = policy(
             input_ids=input_ids,
@@ -416,8 +435,6 @@ class StaticCacheSampler(RolloutEngine):
             state.temperature.fill_(sampling["temperature"])
             sampling = dict(sampling, temperature=state.temperature)
         decode = self._decode_step(device, policy, greedy=not sampling)
-        # (FSDP2's modules cannot be copied: under it the step reads the policy's own weights)
-        decoder = self.precast.view(policy) if self.precast_weights and not is_sharded(policy) else policy
 
         eos = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], device=device)
         tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)

@@ -122,6 +122,11 @@ class VLLMEngine(RolloutEngine):
         self.last_sync_s = time.perf_counter() - start
 
     # ------------------------------------------------------------------ sampling
+    def parameters_in(self, policy: nn.Module, dtype: torch.dtype | None):
+        """Nothing: vLLM samples from its own copy of the weights, pushed in ``dtype`` (``auto``: autocast's under
+        ``bf16-mixed``, as ``update.param_dtype: bf16`` reads them)."""
+        return contextlib.nullcontext()
+
     def generate(
         self,
         policy: nn.Module,

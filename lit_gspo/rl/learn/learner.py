@@ -164,9 +164,6 @@ class Learner:
 
     @property
     def device(self) -> torch.device:
-        # (through the embedding: under ``update.param_dtype`` the parameters are casts while the update runs)
-        if hasattr(self.policy, "get_input_embeddings"):
-            return self.policy.get_input_embeddings().weight.device
         return next(self.policy.parameters()).device
 
     # ------------------------------------------------------------------ snapshot
