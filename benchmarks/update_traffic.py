@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from lit_gspo.runtime.token_budget import SavedStorages
+
 ROOT = Path(__file__).resolve().parents[1]
 #: ops whose work is a matmul, attention or the optimiser step (not elementwise traffic)
 COMPUTE = ("mm", "addmm", "bmm", "matmul", "linear", "attention", "_fused_adamw", "embedding_dense_backward")
@@ -55,27 +57,6 @@ class Traffic(TorchDispatchMode):
             tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
             self.elementwise_bytes += sum(t.numel() * t.element_size() for t in tensors)
         return out
-
-
-class SavedBytes:
-    """The most bytes autograd holds for one backward: the tensors saved from one forward of the policy to the next
-    (a micro-batch's forward and its loss), each storage once (alive together: no address is reused among them)."""
-
-    def __init__(self):
-        self.storages: dict[int, int] = {}
-        self.peak = 0
-
-    def pack(self, tensor):
-        storage = tensor.untyped_storage()
-        self.storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    def new_forward(self, *_):
-        self.peak = max(self.peak, sum(self.storages.values()))
-        self.storages = {}
-
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda tensor: tensor)
 
 
 def build(args, param_dtype):
@@ -112,17 +93,20 @@ def measure(args) -> dict:
         shape = (args.rows, args.prompt, args.completion, args.group, vocab)
         with torch.autocast(**autocast):
             learner.learn(random_rollout(*shape, seed=0), optimizer)  # warm-up
-            traffic, saved = Traffic(), SavedBytes()
-            handle = learner.policy.register_forward_pre_hook(saved.new_forward)
-            with traffic, saved.hooks():
-                learner.learn(random_rollout(*shape, seed=1), optimizer)
-            handle.remove()
-            saved.new_forward()
+            traffic, saved, peak = Traffic(), SavedStorages(), [0]
+
+            def backward(loss):  # what the micro-batch's forward and loss keep, as its backward starts
+                peak[0] = max(peak[0], saved.bytes)
+                saved.clear()
+                loss.backward()
+
+            with traffic, saved.counting():
+                learner.learn(random_rollout(*shape, seed=1), optimizer, backward=backward)
         results[name] = dict(
             ops=traffic.ops,
             casts=traffic.casts,
             elementwise_gb=traffic.elementwise_bytes / 1e9,
-            saved_gb=saved.peak / 1e9,
+            saved_gb=peak[0] / 1e9,
         )
     for repeat in range(args.repeats):  # alternated: A B A B ...
         for name, (learner, optimizer, vocab) in built.items():

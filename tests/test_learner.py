@@ -293,13 +293,14 @@ def test_packing_by_default_only_where_the_attention_kernel_skips_other_rows():
 
 
 def test_the_automatic_token_budget_is_the_gpus_free_memory_and_none_on_the_cpu(monkeypatch):
-    from lit_gspo.runtime.token_budget import activation_bytes_per_token
+    from lit_gspo.runtime.token_budget import saved_bytes_per_token
 
     learner = make_learner(Update())
     assert learner.cfg.micro_batch_tokens == "auto" and learner.micro_batch_tokens() is None  # CPU: as configured
+    assert not learner.bytes_per_token  # nothing measured where there is no budget
     monkeypatch.setattr(Learner, "device", property(lambda self: torch.device("cuda")))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**30, 2**31))
-    per_token = activation_bytes_per_token(learner.policy.config, 4)  # the tiny model's fp32 weights, no autocast
+    per_token = saved_bytes_per_token(learner.probe_forward)  # the tiny model's fp32 weights, no autocast
     assert learner.micro_batch_tokens() == max(256, 2**29 // per_token)
     assert make_learner(Update(micro_batch_tokens=64)).micro_batch_tokens() == 64
 

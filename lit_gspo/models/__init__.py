@@ -13,7 +13,14 @@ from .routing import (
     routing_volatility,
 )
 from .tokenizer import char_tokenizer
-from .utils import ParameterCount, checkpointing_active, count_parameters, enable_gradient_checkpointing, freeze
+from .utils import (
+    ParameterCount,
+    checkpointing_active,
+    checkpointing_paused,
+    count_parameters,
+    enable_gradient_checkpointing,
+    freeze,
+)
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -27,6 +34,7 @@ __all__ = [
     "count_parameters",
     "drop_quantizer",
     "checkpointing_active",
+    "checkpointing_paused",
     "enable_gradient_checkpointing",
     "freeze",
     "is_lora",

@@ -40,7 +40,6 @@ def enable_gradient_checkpointing(model: nn.Module) -> nn.Module:
     return model
 
 
-@contextmanager
 def checkpointing_active(model: nn.Module):
     """Let gradient checkpointing run while the model stays in eval mode.
 
@@ -48,15 +47,26 @@ def checkpointing_active(model: nn.Module):
     loaded by ``from_pretrained`` is in eval mode (Lightning keeps submodules' modes). This sets the
     flag on the checkpointed layers alone, not on their submodules, so dropout stays off; restored on exit.
     """
+    return checkpointed_layers_training(model, True)
+
+
+def checkpointing_paused(model: nn.Module):
+    """The checkpointed layers run plainly, keeping every activation (their ``training`` flag off); restored on exit."""
+    return checkpointed_layers_training(model, False)
+
+
+@contextmanager
+def checkpointed_layers_training(model: nn.Module, flag: bool):
+    """The ``training`` flag of the layers with gradient checkpointing set to ``flag``, restored on exit."""
     layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", None) is True]
     before = [m.training for m in layers]
     for m in layers:
-        m.training = True
+        m.training = flag
     try:
         yield
     finally:
-        for m, flag in zip(layers, before):
-            m.training = flag
+        for m, was in zip(layers, before):
+            m.training = was
 
 
 def freeze(model: nn.Module) -> nn.Module:

@@ -109,8 +109,8 @@ class Update:
     micro_batch_tokens: int | Literal["auto"] | None = "auto"
     """a budget of padded tokens per micro-batch; rows are then grouped by length (``rollout.micro_batch_rows``) so
     that short completions are not padded to the longest one. ``auto``: on a GPU, sized at each update from the memory
-    free then (``runtime/token_budget.py``: half of it over the activation bytes of a token), so a batch that fits TRL's
-    settings fits ours; on the CPU no budget. None: no budget."""
+    free then (``runtime/token_budget.py``: half of it over the bytes a token's activations keep, measured once by the
+    update's own forward), so a batch that fits TRL's settings fits ours; on the CPU no budget. None: no budget."""
     pack_sequences: bool | None = None
     """run a micro-batch's rows as one sequence without padding (``rollout.completion_states_packed``: the same
     log-probs and gradients). None: where the attention kernel skips the other rows' blocks (``flash_attention_2``/``3``,

@@ -41,8 +41,8 @@ class HeadWeights(NamedTuple):
 def head_weights(head: nn.Module) -> HeadWeights:
     """The weights ``head_logits`` uses, split into bf16 parts where :func:`head_precision` says bf16x3."""
     weight, bias = head.weight, head.bias
-    if head_precision(weight.device, weight.dtype) == "fp32":
-        return HeadWeights(weight, bias)
+    if head_precision(weight.device, weight.dtype) == "fp32":  # a bf16 weight cast once, not once per chunk
+        return HeadWeights(weight.float(), bias)
     hi, lo = bf16_parts(weight.detach())
     return HeadWeights(weight, bias, hi, lo)
 

@@ -31,6 +31,7 @@ from lit_gspo.models.cast_parameters import PARAM_DTYPES, CastParameters
 from lit_gspo.models.lora import reference_mode
 from lit_gspo.models.regional_compile import CompiledLayers
 from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, rerouted_tokens, routing_volatility
+from lit_gspo.models.utils import checkpointing_paused
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.learn.hooks import (
     FiniteGuard,
@@ -56,8 +57,8 @@ from lit_gspo.rl.rollout import (
     token_logprobs,
 )
 from lit_gspo.runtime.collectives import all_reduce_sum, reduce_weighted_means, sum_over_ranks
-from lit_gspo.runtime.sharding import is_sharded
-from lit_gspo.runtime.token_budget import token_budget
+from lit_gspo.runtime.sharding import forward_root, is_sharded
+from lit_gspo.runtime.token_budget import checkpointed_bytes_per_token, saved_bytes_per_token, token_budget
 
 #: attention kernels that skip the other rows' blocks of a packed sequence (varlen / block-sparse)
 PACKING_KERNELS = ("flash_attention_2", "flash_attention_3", "flex_attention")
@@ -149,6 +150,7 @@ class Learner:
         self.is_moe = bool(moe_routers(policy))
         self.compiled_layers = CompiledLayers() if update.compile else None
         self.cast_parameters = CastParameters(PARAM_DTYPES[update.param_dtype]) if update.param_dtype else None
+        self.bytes_per_token: dict[tuple, int] = {}  # (compute dtype, aligned rows) -> measured activation bytes
         self.old_policy = old_policy or old_policy_for(update, mismatch, self.old_logprobs)
         self.guard = FiniteGuard(update.max_nonfinite_steps)
         built_in: list[UpdateHook] = []
@@ -501,10 +503,39 @@ class Learner:
         """``update.micro_batch_tokens``, with ``"auto"`` sized from the GPU memory free now (None on the CPU)."""
         if self.cfg.micro_batch_tokens != "auto":
             return self.cfg.micro_batch_tokens
-        device = self.device
-        if device.type != "cuda":
+        if self.device.type != "cuda":
             return None
-        return token_budget(self.policy.config, device, self.compute_dtype, checkpointing=self.gradient_checkpointing)
+        return token_budget(self.activation_bytes_per_token(), self.device)
+
+    def activation_bytes_per_token(self) -> int:
+        """Bytes one token of a micro-batch keeps for backward (``runtime/token_budget.py``): measured by a micro-batch's
+        forward at two lengths (:meth:`probe_forward`), once per compute dtype and row layout, under the update's
+        settings."""
+        key = (self.compute_dtype, self.aligns)
+        if key not in self.bytes_per_token:
+            with checkpointing_paused(self.policy), self.cast(self.policy):
+                full = saved_bytes_per_token(self.probe_forward)
+            if self.gradient_checkpointing:
+                full = checkpointed_bytes_per_token(self.policy.config, full, torch.finfo(self.compute_dtype).bits // 8)
+            self.bytes_per_token[key] = full
+        return self.bytes_per_token[key]
+
+    def probe_forward(self, length: int) -> Tensor:
+        """A micro-batch's forward (``completion_logprobs``) of one row of ``length`` fixed tokens (no random draw) whose
+        padding, if rows are padded, is one prompt token; the LM head one position at a time (its memory is bounded
+        apart: ``token_logprobs``' chunks)."""
+        device = next(self.policy.parameters()).device
+        ids = (torch.arange(length, device=device) * 7919 % self.policy.config.vocab_size)[None]
+        attention = torch.ones_like(ids).index_fill_(1, torch.tensor([0], device=device), 0)
+        completion = torch.ones(1, length - 2, dtype=torch.bool, device=device)
+        probe = RolloutBatch(ids, attention, 2, completion)
+        logprobs = self.completion_logprobs(self.policy, probe, max_chunk_elements=1).logprobs
+        if is_sharded(self.policy):  # FSDP2 expects a backward after a forward with grad: a zero one, leaving no grad
+            without = [p for p in self.policy.parameters() if p.grad is None]  # (where one was, it added 0)
+            (logprobs.sum() * 0).backward(retain_graph=True)
+            for param in without:
+                param.grad = None
+        return logprobs
 
     def micro_batches(self, batch: RolloutBatch, extents: RowExtents | None = None):
         """(rows into ``batch``, the micro-batch, its extents) of each micro-batch of ``batch`` (``micro_batch_rows``);
