@@ -2,7 +2,7 @@
 
 The update's memory beyond the weights, gradients and optimiser state (already allocated when this is asked) is
 the activations autograd keeps for backward, linear in the tokens of a micro-batch. What a token costs is measured,
-not estimated from the config: the backbone's forward of one row at two lengths, under the update's own settings
+not estimated from the config: a micro-batch's forward of one row at two lengths, under the update's own settings
 (autocast or ``update.param_dtype``'s casts, aligned or padded rows, compiled layers), counting the storages autograd
 saves; their difference over the difference of lengths is a token's bytes (the weights' casts and whatever else a
 call keeps once cancel):

@@ -373,11 +373,10 @@ class StaticCacheSampler(RolloutEngine):
         positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
         # the weights the step reads (FSDP2's modules cannot be copied: under it the policy's own); under
         # ``update.param_dtype`` every parameter cast, and the prefill reads them too
-        every = self.reading_dtype
-        decoder = (
-            self.precast.view(policy, every) if (self.precast_weights or every) and not is_sharded(policy) else policy
-        )
-        policy = decoder if every else policy
+        cast_dtype = self.reading_dtype
+        precast = (self.precast_weights or cast_dtype is not None) and not is_sharded(policy)
+        decoder = self.precast.view(policy, cast_dtype) if precast else policy
+        policy = decoder if cast_dtype is not None else policy
         prefill = DynamicCache(config=policy.config)
         out = policy(
             input_ids=input_ids,

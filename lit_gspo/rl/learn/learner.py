@@ -26,12 +26,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from lit_gspo.models import checkpointing_active
+from lit_gspo.models import checkpointing_active, checkpointing_paused
 from lit_gspo.models.cast_parameters import PARAM_DTYPES, CastParameters
 from lit_gspo.models.lora import reference_mode
 from lit_gspo.models.regional_compile import CompiledLayers
 from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, rerouted_tokens, routing_volatility
-from lit_gspo.models.utils import checkpointing_paused
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.learn.hooks import (
     FiniteGuard,
@@ -57,7 +56,7 @@ from lit_gspo.rl.rollout import (
     token_logprobs,
 )
 from lit_gspo.runtime.collectives import all_reduce_sum, reduce_weighted_means, sum_over_ranks
-from lit_gspo.runtime.sharding import forward_root, is_sharded
+from lit_gspo.runtime.sharding import is_sharded
 from lit_gspo.runtime.token_budget import checkpointed_bytes_per_token, saved_bytes_per_token, token_budget
 
 #: attention kernels that skip the other rows' blocks of a packed sequence (varlen / block-sparse)
