@@ -63,13 +63,17 @@ def test_the_measured_cost_of_a_token_predicts_what_a_micro_batch_keeps(align, p
     assert per_token > 1.5 * config_count
 
 
-def test_under_gradient_checkpointing_a_token_costs_each_blocks_input_and_one_blocks_activations():
+@pytest.mark.parametrize("param_dtype", [None, "bf16"], ids=["autocast", "bf16-casts"])
+def test_under_gradient_checkpointing_a_token_costs_each_blocks_input_and_one_blocks_activations(param_dtype):
+    """A block's input is the residual stream: fp32 under autocast on fp32 parameters, bf16 on the casts."""
     policy = qwen3_06b_layers(2)
     policy.gradient_checkpointing_enable()
-    plain = Learner(qwen3_06b_layers(2), GSPO(), Update())
-    learner = Learner(policy, GSPO(), Update(), gradient_checkpointing=True)
-    full = plain.activation_bytes_per_token()
-    assert learner.activation_bytes_per_token() == 2 * 1024 * 4 + -(-full // 2)  # fp32: no autocast here
+    plain = Learner(qwen3_06b_layers(2), GSPO(), Update(param_dtype=param_dtype))
+    learner = Learner(policy, GSPO(), Update(param_dtype=param_dtype), gradient_checkpointing=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        full, checkpointed = plain.activation_bytes_per_token(), learner.activation_bytes_per_token()
+    stream_bytes = 4 if param_dtype is None else 2
+    assert checkpointed == 2 * 1024 * stream_bytes + -(-full // 2)
     assert checkpointed_bytes_per_token(policy.config, 1000, 2) == 2 * 1024 * 2 + 500
 
 

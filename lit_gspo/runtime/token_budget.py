@@ -12,8 +12,9 @@ call keeps once cancel):
 A count from the config, ``layers × (8·hidden + 4·intermediate)`` values in the compute dtype, was half the measured
 cost at Qwen3-0.6B's shape under bf16 autocast (41 KB a token and layer against 81 KB: the norms keep fp32 copies of
 their inputs, Qwen3's q/k norms too, the residual stream is fp32; docs/gpu.md), so a budget of half the free memory
-was all of it. With gradient checkpointing a block keeps its input (``hidden`` values) and one block at a time is
-recomputed: ``layers × hidden × bytes`` + the measured cost of one layer. The LM head's fp32 logits are chunked
+was all of it. With gradient checkpointing a block keeps its input (``hidden`` values of the residual stream, fp32
+under autocast's fp32 parameters) and one block at a time is recomputed: ``layers × hidden × bytes`` + the measured
+cost of one layer. The LM head's fp32 logits are chunked
 (``token_logprobs``) and bounded apart from this. Half the free memory goes to the micro-batch: the rest is room for
 the allocator's fragmentation and for what the count leaves out (attention's workspace, the loss's temporaries). On
 the CPU there is no budget (None): memory is the machine's, and the micro-batches stay as configured.

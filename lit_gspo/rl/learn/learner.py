@@ -514,8 +514,11 @@ class Learner:
         if key not in self.bytes_per_token:
             with checkpointing_paused(self.policy), self.cast(self.policy):
                 full = saved_bytes_per_token(self.probe_forward)
-            if self.gradient_checkpointing:
-                full = checkpointed_bytes_per_token(self.policy.config, full, torch.finfo(self.compute_dtype).bits // 8)
+            if (
+                self.gradient_checkpointing
+            ):  # each block's input kept: the residual stream, in the parameters' read dtype
+                stream = self.cast_parameters.dtype if self.cast_parameters else next(self.policy.parameters()).dtype
+                full = checkpointed_bytes_per_token(self.policy.config, full, torch.finfo(stream).bits // 8)
             self.bytes_per_token[key] = full
         return self.bytes_per_token[key]
 
