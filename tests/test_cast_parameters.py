@@ -248,3 +248,15 @@ def test_each_engine_samples_from_the_casts_as_from_a_model_with_bf16_parameters
             for p in policy.parameters():  # an optimiser step
                 p.add_(torch.randn_like(p) * 0.5)
     assert [p.dtype for p in policy.parameters()] == [p.dtype for p in params] == [torch.float32] * len(params)
+
+
+def test_vllm_is_built_in_the_update_s_param_dtype_where_its_dtype_is_auto():
+    """VLLMEngine samples from its own weights: with ``update.param_dtype`` they are built (and pushed) in its dtype,
+    also without autocast; otherwise autocast's, else the parameters' (read without importing vLLM)."""
+    from lit_gspo.rl.engines.vllm import _trainer_dtype
+
+    policy = torch.nn.Linear(2, 2)
+    assert _trainer_dtype(policy, "cpu") == "float32"
+    assert _trainer_dtype(policy, "cpu", torch.bfloat16) == "bfloat16"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _trainer_dtype(policy, "cpu") == "bfloat16"

@@ -166,3 +166,21 @@ def test_under_bf16_mixed_precision_vllm_samples_in_bfloat16(tmp_path):
     assert cli.model.collector.engine.resolved_dtype == "bfloat16"
     k3 = column(metrics(tmp_path), "train/mismatch/k3")
     assert len(k3) == 2 and all(1e-9 < v < 1e-2 for v in k3), k3
+
+
+def test_on_the_updates_bf16_casts_vllm_samples_in_bfloat16_without_autocast(tmp_path):
+    """``update.param_dtype: bf16`` under ``32-true``: the trainer computes in bf16 on its casts, and ``dtype: auto``
+    builds vLLM in bfloat16 too (not the parameters' fp32)."""
+    cli = fit(
+        args(
+            tmp_path,
+            "VLLMEngine",
+            "--trainer.max_steps",
+            "1",
+            "--model.validation.every_n_steps",
+            "0",
+            "--model.update.param_dtype",
+            "bf16",
+        )
+    )
+    assert cli.model.collector.engine.resolved_dtype == "bfloat16"

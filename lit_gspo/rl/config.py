@@ -149,7 +149,7 @@ class Update:
     gradient in fp32, summed over micro-batches. None: as the parameters are (under ``bf16-mixed``, autocast casts
     each Linear's weight and input at every call and the residual stream stays fp32). The in-process samplers read
     the same casts (cast once per rollout), so that they compute what the update computes; ``VLLMEngine`` keeps its
-    own weights (bf16 under ``bf16-mixed``). Not under FSDP2 (the passes then read the parameters as they are, with a
+    own weights, built in this dtype (its ``dtype: auto``). Not under FSDP2 (the passes then read the parameters as they are, with a
     warning)."""
     shuffle: str = "rows"
     """how rows are dealt to minibatches each epoch: ``rows`` (rows in random order, as TRL) or ``groups`` (whole

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import partial
 
 import torch
@@ -38,6 +38,10 @@ class RolloutEngine:
     #: uses transformers' ``generate`` there, whose synchronised loop keeps ranks that finish early in step
     samples_sharded: bool = True
 
+    #: ``update.param_dtype`` during a sampling call, for an engine that casts or pushes the weights itself
+    #: (:meth:`reading_in`); None outside one, or without it
+    reading_dtype: torch.dtype | None = None
+
     def __init__(self, attn_implementation: str | None = None):
         if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(
@@ -54,10 +58,20 @@ class RolloutEngine:
     def parameters_in(self, policy: nn.Module, dtype: torch.dtype | None):
         """The context :meth:`generate` runs in for ``param_dtype``: the built-ins read the policy's modules, whose
         floating parameters are casts in ``dtype`` there (not under FSDP2, where the update reads them as they are too).
-        An engine that keeps its own weights, or casts them itself, returns a context that does nothing."""
+        An engine that keeps its own weights, or casts them itself, returns :meth:`reading_in` and reads
+        :attr:`reading_dtype`."""
         if dtype is None or is_sharded(policy):
             return nullcontext()
         return CastParameters(dtype).active(policy)
+
+    @contextmanager
+    def reading_in(self, dtype: torch.dtype | None):
+        """:attr:`reading_dtype` is ``dtype`` while in this context (one sampling call)."""
+        self.reading_dtype = dtype
+        try:
+            yield
+        finally:
+            self.reading_dtype = None
 
     def close(self) -> None:
         """Free what the engine holds beyond the policy (a server, a KV cache); the next rollout starts it again.

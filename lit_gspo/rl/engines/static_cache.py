@@ -33,7 +33,6 @@ import copy
 import functools
 import threading
 import warnings
-from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -251,7 +250,6 @@ class StaticCacheSampler(RolloutEngine):
         self.states: dict[int, DecodeState] = {}  # row bucket -> the decoding step's inputs
         self.caches_built = 0
         self._compiled_steps: dict[tuple[str, bool], object] = {}  # (mode, greedy) -> the compiled step
-        self.reading_dtype: torch.dtype | None = None  # update.param_dtype while a sample runs (parameters_in)
 
     def __repr__(self) -> str:
         return (
@@ -268,15 +266,10 @@ class StaticCacheSampler(RolloutEngine):
         fresh._compiled_steps, fresh.precast = {}, PrecastLinears()
         return fresh
 
-    @contextmanager
     def parameters_in(self, policy: nn.Module, dtype: torch.dtype | None):
         """Under ``update.param_dtype`` the step reads a copy of every parameter cast to ``dtype`` (``precast.py``),
         refreshed once per rollout in place: the compiled step's CUDA graphs keep reading the same addresses."""
-        self.reading_dtype = dtype
-        try:
-            yield
-        finally:
-            self.reading_dtype = None
+        return self.reading_in(dtype)
 
     def close(self) -> None:
         self.caches.clear()

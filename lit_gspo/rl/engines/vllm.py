@@ -54,7 +54,8 @@ class VLLMEngine(RolloutEngine):
 
     Args:
         dtype: the engine's weights and activations. ``auto``: the dtype of the trainer's forward at the first
-            rollout (the autocast dtype under ``bf16-mixed``, else the policy's parameter dtype).
+            rollout (``update.param_dtype``'s where set, else the autocast dtype under ``bf16-mixed``, else the
+            policy's parameter dtype).
         max_model_len: longest prompt + completion (None: the policy's ``max_position_embeddings``).
         kv_cache_gb: memory for the paged KV cache (on CPU vLLM would otherwise size it from total RAM).
         num_threads: torch threads while sampling (None: the trainer's ``torch.get_num_threads()``).
@@ -123,9 +124,9 @@ class VLLMEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ sampling
     def parameters_in(self, policy: nn.Module, dtype: torch.dtype | None):
-        """Nothing: vLLM samples from its own copy of the weights, pushed in ``dtype`` (``auto``: autocast's under
-        ``bf16-mixed``, as ``update.param_dtype: bf16`` reads them)."""
-        return contextlib.nullcontext()
+        """vLLM samples from its own copy of the weights, built in ``dtype`` (``update.param_dtype``) where ``dtype``
+        is ``auto``."""
+        return self.reading_in(dtype)
 
     def generate(
         self,
@@ -210,7 +211,7 @@ class VLLMEngine(RolloutEngine):
                 "another VLLMEngine holds a vLLM in this process; vLLM keeps global state, and freeing "
                 "one engine breaks the other: call .close() on it first"
             )
-        dtype = _trainer_dtype(policy, device.type) if self.dtype == "auto" else self.dtype
+        dtype = _trainer_dtype(policy, device.type, self.reading_dtype) if self.dtype == "auto" else self.dtype
         max_model_len = self.max_model_len or config.max_position_embeddings
         llm_kwargs = dict(self.llm_kwargs)
         if device.type == "cpu":
@@ -320,9 +321,12 @@ def _shape(config) -> dict:
     return {k: getattr(config, k, None) for k in keys}
 
 
-def _trainer_dtype(policy: nn.Module, device_type: str) -> str:
-    """The dtype the trainer's forward runs in: autocast's (``*-mixed`` precision) or the parameters'."""
-    if torch.is_autocast_enabled(device_type):
+def _trainer_dtype(policy: nn.Module, device_type: str, param_dtype: torch.dtype | None = None) -> str:
+    """The dtype the trainer's forward runs in: ``update.param_dtype``'s, autocast's (``*-mixed`` precision) or the
+    parameters'."""
+    if param_dtype is not None:
+        dtype = param_dtype
+    elif torch.is_autocast_enabled(device_type):
         dtype = torch.get_autocast_dtype(device_type)
     else:
         dtype = next(policy.parameters()).dtype
