@@ -130,6 +130,7 @@ SETTINGS = {  # the quickstart, and its neighbours that run other passes or othe
     "gradient checkpointing": ("--model.policy.gradient_checkpointing", "true"),
     "MoE with routing replay": ("--model.policy.name", "tiny-qwen3-moe", "--model.policy.routing.replay", "true"),
     "rollouts one version behind": ("--model.generation.max_staleness", "1"),
+    "PPO's critic without autocast": ("--config", "configs/objectives/ppo.yaml", "--trainer.precision", "32-true"),
 }
 
 
