@@ -261,3 +261,14 @@ def test_vllm_is_built_in_the_update_s_param_dtype_where_its_dtype_is_auto():
     assert _trainer_dtype(policy, "cpu", torch.bfloat16) == "bfloat16"
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert _trainer_dtype(policy, "cpu") == "bfloat16"
+
+
+def test_casts_under_fp16_autocast_are_refused_naming_both_settings():
+    """On a GPU ``16-mixed`` is fp16 autocast, which would cast the bf16 casts again (on the CPU Lightning runs bf16)."""
+    from lit_gspo.lightning.checks import check_param_dtype
+
+    with pytest.raises(ValueError, match=r"update.param_dtype='bf16' with trainer.precision='16-mixed'.*bf16-mixed"):
+        check_param_dtype("bf16", "16-mixed")
+    for precision in ("bf16-mixed", "32-true", "bf16-true"):
+        check_param_dtype("bf16", precision)
+    check_param_dtype(None, "16-mixed")

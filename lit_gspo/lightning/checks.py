@@ -49,6 +49,15 @@ def check_validation_schedule(trainer, every_n_steps: int) -> None:
         )
 
 
+def check_param_dtype(param_dtype: str | None, precision: str) -> None:
+    """``update.param_dtype`` computes in bf16 itself; under fp16 autocast (``16-mixed``) its casts would be cast again."""
+    if param_dtype is not None and precision.startswith("16"):
+        raise ValueError(
+            f"update.param_dtype={param_dtype!r} with trainer.precision={precision!r}: fp16 autocast would cast the "
+            f"{param_dtype} casts again; use it with bf16-mixed or 32-true, or set update.param_dtype to null"
+        )
+
+
 def check_data(module) -> None:
     """A reward function whose parameters no dataset column fills, or a prompt too long for the context, fails now
     (named by its file row), not after N steps."""

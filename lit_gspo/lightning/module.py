@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lit_gspo.lightning import export
 from lit_gspo.lightning.async_rollouts import FitRollouts, StopAsyncRollouts, async_mismatch, check_async
 from lit_gspo.lightning.callbacks import run_callbacks
-from lit_gspo.lightning.checks import check_data, check_stages_fit, check_validation_schedule
+from lit_gspo.lightning.checks import check_data, check_param_dtype, check_stages_fit, check_validation_schedule
 from lit_gspo.lightning.device_defaults import DeviceDefaults
 from lit_gspo.lightning.fp16 import GradScalerStep
 from lit_gspo.lightning.monitors import check_monitors, logged_names, object_monitors
@@ -225,6 +225,7 @@ class RLModule(LightningModule):
         if stage == "fit" and not self.refill_ranked:  # each rank its own refill prompts (rank 0: the run's seed)
             self.refill_generator.manual_seed(stream_seed(self.seed, rank=self.global_rank))
             self.refill_ranked = True
+        check_param_dtype(self.learner.cfg.param_dtype, trainer.precision)
         scaler = getattr(trainer.precision_plugin, "scaler", None)  # fp16's GradScaler (public attributes of both)
         self._scaled_step = GradScalerStep(scaler) if scaler is not None else None
         if stage == "fit" and trainer.log_every_n_steps > 1:
