@@ -174,9 +174,10 @@ class Losses(UpdateHook):
         return True
 
 
-def test_under_fsdp2_the_update_reads_the_sharded_parameters_as_they_are_with_a_warning():
-    """FSDP2 gathers and frees the parameters around each layer's forward (its own ``MixedPrecisionPolicy`` would be
-    the place for a compute dtype): the casts are not made there, and the warning says so."""
+def test_under_fsdp2_the_gathered_parameters_are_the_casts_and_the_update_is_the_unsharded_ones():
+    """FSDP2 gathers and frees the parameters around each layer's forward: there its own mixed precision casts them as
+    it gathers them (``shard_model(..., param_dtype)``: bf16 parameters, gradients reduced in fp32), and the update on
+    one process is the unsharded update on the casts."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
@@ -185,17 +186,24 @@ def test_under_fsdp2_the_update_reads_the_sharded_parameters_as_they_are_with_a_
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        learner = make_learner(Update(param_dtype="bf16"))
-        rollout = sample_rollout(learner.policy)
-        shard_model(learner.policy, init_device_mesh("cpu", (1,)))
-        with pytest.warns(UserWarning, match="update.param_dtype: FSDP2 shards the parameters"):
-            metrics = learner.learn(
-                with_rewards(learner, rollout, REWARDS), torch.optim.SGD(learner.policy.parameters())
-            )
+        plain, sharded = (
+            make_learner(Update(**UPDATE, param_dtype="bf16")),
+            make_learner(Update(**UPDATE, param_dtype="bf16")),
+        )
+        rollout = sample_rollout(plain.policy)
+        shard_model(sharded.policy, init_device_mesh("cpu", (1,)), torch.bfloat16)
+        for learner in (plain, sharded):
+            torch.manual_seed(1)
+            params = learner.policy.parameters()
+            learner.learn(with_rewards(learner, rollout, REWARDS), torch.optim.SGD(params, lr=0.5))
     finally:
         dist.destroy_process_group()
-    assert torch.isfinite(torch.tensor(metrics["loss"]))
-    assert all(isinstance(p, DTensor) and p.dtype == torch.float32 for p in learner.policy.parameters())
+    for (name, a), b in zip(plain.policy.named_parameters(), sharded.policy.parameters()):
+        assert isinstance(b, DTensor) and b.dtype == torch.float32, name
+        torch.testing.assert_close(b.full_tensor(), a, rtol=0, atol=1e-6, msg=name)
+    assert any(
+        not torch.equal(a, b) for a, b in zip(plain.policy.parameters(), make_learner(Update()).policy.parameters())
+    )
 
 
 def test_with_gradient_checkpointing_the_recomputed_layers_read_the_same_casts():

@@ -174,6 +174,17 @@ def test_ddp_on_bf16_casts_matches_one_process_on_bf16_casts(tmp_path):
 
 
 @pytest.mark.distributed
+def test_fsdp2_on_bf16_casts_matches_one_process_on_bf16_casts(tmp_path):
+    """``update.param_dtype`` under FSDP2: its mixed precision gathers bf16 parameters and reduces gradients in fp32,
+    the update of one process on the casts."""
+    casts = ["--model.update.param_dtype", "bf16"]
+    single = launch(tmp_path / "single", run_args(tmp_path / "single", *casts))
+    result = launch(tmp_path / "fsdp2", run_args(tmp_path / "fsdp2", *FSDP2, *casts, prompts=2, devices=2))
+    assert any(v > 0 for _, v in metric(result, "train/clip_frac"))
+    assert_same_run(result, single)
+
+
+@pytest.mark.distributed
 def test_fsdp2_two_processes_match_one_process_and_save_a_loadable_hf_model(tmp_path, single):
     from transformers import AutoModelForCausalLM
 

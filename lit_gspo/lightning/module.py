@@ -40,6 +40,7 @@ from lit_gspo.lightning.step_log import StepLog
 from lit_gspo.lightning.strategy import check_strategy
 from lit_gspo.lightning.validation import GreedyValidation
 from lit_gspo.lightning.warm_start import supervised_warm_start
+from lit_gspo.models.cast_parameters import PARAM_DTYPES
 from lit_gspo.rl.advantages import AdvantageEstimator, get_advantage
 from lit_gspo.rl.config import Generation, Policy, Update, Validation
 from lit_gspo.rl.engines import RolloutEngine
@@ -242,7 +243,7 @@ class RLModule(LightningModule):
         if self.attached():
             check_strategy(self.trainer.strategy)
         if self.device_mesh is not None:
-            apply_fsdp2(self, self.device_mesh)
+            apply_fsdp2(self, self.device_mesh, PARAM_DTYPES.get(self.learner.cfg.param_dtype))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         save_run_state(self, checkpoint)  # RNG states, RL steps, ... (Lightning saves none of them)

@@ -149,8 +149,8 @@ class Update:
     gradient in fp32, summed over micro-batches. None: as the parameters are (under ``bf16-mixed``, autocast casts
     each Linear's weight and input at every call and the residual stream stays fp32). The in-process samplers read
     the same casts (cast once per rollout), so that they compute what the update computes; ``VLLMEngine`` keeps its
-    own weights, built in this dtype (its ``dtype: auto``). Not under FSDP2 (the passes then read the parameters as they are, with a
-    warning)."""
+    own weights, built in this dtype (its ``dtype: auto``). Under FSDP2, FSDP2's own mixed precision casts the
+    parameters as it gathers them and reduces the gradients in fp32 (``runtime/sharding.py``)."""
     shuffle: str = "rows"
     """how rows are dealt to minibatches each epoch: ``rows`` (rows in random order, as TRL) or ``groups`` (whole
     groups in random order, as verl's consecutive minibatches: each minibatch holds every row of its prompts, so its

@@ -9,6 +9,7 @@ learner's ×world scaling of the loss holds as under DDP. Pure torch: the Lightn
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 
@@ -41,20 +42,32 @@ def forward_root(model: nn.Module) -> nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def shard_model(model: nn.Module, mesh) -> None:
+def shard_model(model: nn.Module, mesh, param_dtype: torch.dtype | None = None) -> None:
     """``fully_shard`` each decoder layer of a causal LM, then the root, over ``mesh`` (a 1-D device mesh).
 
     The root keeps its parameters unsharded between forward and backward (FSDP2's default for the
     root), which ``token_logprobs`` relies on to use the LM head weight after the root's forward.
+    ``param_dtype`` (``update.param_dtype``): the gathered parameters are cast to it, gradients reduced in fp32
+    (FSDP2's ``MixedPrecisionPolicy``; the shards stay the fp32 master weights).
     """
     from torch.distributed.fsdp import fully_shard
 
+    policy = mixed_precision(param_dtype)
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(forward_root(model), mesh=mesh)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(forward_root(model), mesh=mesh, mp_policy=policy)
 
 
-def apply_fsdp2(module: nn.Module, mesh) -> None:
+def mixed_precision(param_dtype: torch.dtype | None):
+    """FSDP2's policy for ``param_dtype``: gathered parameters in it, gradients reduced in fp32 (None: as they are)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if param_dtype is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+
+
+def apply_fsdp2(module: nn.Module, mesh, param_dtype: torch.dtype | None = None) -> None:
     """:func:`shard_model` ``module.policy`` and ``module.ref_policy`` over the data-parallel part of ``mesh``.
 
     The critic head (PPO) is sharded on its own so that its gradient is reduced as well.
@@ -65,10 +78,10 @@ def apply_fsdp2(module: nn.Module, mesh) -> None:
     for name in ("policy", "ref_policy"):
         model = getattr(module, name, None)
         if model is not None and not is_sharded(model):
-            shard_model(model, dp_mesh)
+            shard_model(model, dp_mesh, param_dtype)
     value_head = getattr(module, "value_head", None)
     if value_head is not None and not is_sharded(value_head):
-        fully_shard(value_head, mesh=dp_mesh)
+        fully_shard(value_head, mesh=dp_mesh, mp_policy=mixed_precision(param_dtype))
 
 
 def unsharded_class(model: nn.Module) -> type:

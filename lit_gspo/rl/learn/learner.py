@@ -440,13 +440,9 @@ class Learner:
 
     def cast(self, model: nn.Module | str | None):
         """``model``'s parameters read in ``update.param_dtype`` while in this context (cast on entering it), where that
-        is set and supported; nested, the inner context changes nothing."""
-        if self.cast_parameters is None or not isinstance(model, nn.Module):
-            return nullcontext()
-        if is_sharded(model):
-            warnings.warn(
-                "update.param_dtype: FSDP2 shards the parameters; the update reads them as they are", stacklevel=3
-            )
+        is set; nested, the inner context changes nothing. Under FSDP2 nothing either: ``shard_model`` gave it the
+        mixed precision that casts the parameters as it gathers them."""
+        if self.cast_parameters is None or not isinstance(model, nn.Module) or is_sharded(model):
             return nullcontext()
         return self.cast_parameters.active(model)
 
