@@ -5,7 +5,7 @@ import copy
 
 import pytest
 import torch
-from test_learner import MAX_NEW, G, make_learner, sample_rollout, with_rewards
+from test_learner import MAX_NEW, G, make_learner, plain_and_sharded_updates, sample_rollout, with_rewards
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lit_gspo.models.cast_parameters import CastParameters
@@ -178,26 +178,9 @@ def test_under_fsdp2_the_gathered_parameters_are_the_casts_and_the_update_is_the
     """FSDP2 gathers and frees the parameters around each layer's forward: there its own mixed precision casts them as
     it gathers them (``shard_model(..., param_dtype)``: bf16 parameters, gradients reduced in fp32), and the update on
     one process is the unsharded update on the casts."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from lit_gspo.runtime.sharding import shard_model
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        plain, sharded = (
-            make_learner(Update(**UPDATE, param_dtype="bf16")),
-            make_learner(Update(**UPDATE, param_dtype="bf16")),
-        )
-        rollout = sample_rollout(plain.policy)
-        shard_model(sharded.policy, init_device_mesh("cpu", (1,)), torch.bfloat16)
-        for learner in (plain, sharded):
-            torch.manual_seed(1)
-            params = learner.policy.parameters()
-            learner.learn(with_rewards(learner, rollout, REWARDS), torch.optim.SGD(params, lr=0.5))
-    finally:
-        dist.destroy_process_group()
+    plain, sharded = plain_and_sharded_updates(Update(**UPDATE, param_dtype="bf16"), torch.bfloat16)
     for (name, a), b in zip(plain.policy.named_parameters(), sharded.policy.parameters()):
         assert isinstance(b, DTensor) and b.dtype == torch.float32, name
         torch.testing.assert_close(b.full_tensor(), a, rtol=0, atol=1e-6, msg=name)

@@ -76,6 +76,32 @@ def learn(learner: Learner, rollout, momentum_sgd: bool = False, seed: int = 1) 
     return learner.learn(rollout, opt)
 
 
+def plain_and_sharded_updates(update: Update, param_dtype=None, between=None) -> tuple[Learner, Learner]:
+    """Two learners of the same tiny model, the second's policy sharded by FSDP2 in one process (gloo), ``param_dtype``
+    its mixed precision; ``between(plain, sharded)`` runs once it is sharded; then each learns the same rollout with
+    SGD (at lr 0.5: the steps show)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from lit_gspo.runtime.sharding import shard_model
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        plain, sharded = make_learner(update), make_learner(update)
+        rollout = sample_rollout(plain.policy)
+        shard_model(sharded.policy, init_device_mesh("cpu", (1,)), param_dtype)
+        if between is not None:
+            between(plain, sharded)
+        rewards = [0.0, 1.0, 0.5, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+        for learner in (plain, sharded):
+            torch.manual_seed(1)
+            params = learner.policy.parameters()
+            learner.learn(with_rewards(learner, rollout, rewards), torch.optim.SGD(params, lr=0.5))
+    finally:
+        dist.destroy_process_group()
+    return plain, sharded
+
+
 class RowsForwarded:
     """Counts the sequences (and padded tokens) the policy runs forward on."""
 

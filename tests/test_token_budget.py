@@ -100,26 +100,12 @@ def test_a_linear_cost_is_measured_exactly():
 def test_under_fsdp2_the_measuring_forward_enters_at_the_root_and_the_update_runs_after_it():
     """FSDP2 gathers the root's own parameters (embeddings, LM head) in the root's forward only: the measuring forward is
     a micro-batch's (through the root), with grad and without backward, and the update after it runs as before."""
-    import torch.distributed as dist
-    from test_learner import make_learner, sample_rollout, with_rewards
-    from torch.distributed.device_mesh import init_device_mesh
+    from test_learner import plain_and_sharded_updates
 
-    from lit_gspo.runtime.sharding import shard_model
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        plain = make_learner(Update())
-        sharded = make_learner(Update())
-        rollout = sample_rollout(plain.policy)
-        shard_model(sharded.policy, init_device_mesh("cpu", (1,)))
+    def measure(plain, sharded):
         measured, unsharded = sharded.activation_bytes_per_token(), plain.activation_bytes_per_token()
         assert unsharded <= measured <= 1.1 * unsharded  # (FSDP2's hooks keep a little more at each layer's edge)
-        rewards = [0.0, 1.0, 0.5, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
-        for learner in (plain, sharded):
-            torch.manual_seed(1)
-            params = learner.policy.parameters()
-            learner.learn(with_rewards(learner, rollout, rewards), torch.optim.SGD(params, lr=0.5))
-    finally:
-        dist.destroy_process_group()
+
+    plain, sharded = plain_and_sharded_updates(Update(), between=measure)
     for (name, a), b in zip(plain.policy.named_parameters(), sharded.policy.parameters()):
         torch.testing.assert_close(b.full_tensor(), a, rtol=0, atol=1e-6, msg=name)
