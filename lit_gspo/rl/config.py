@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from lit_gspo.models.cast_parameters import PARAM_DTYPES
+
 
 @dataclass
 class Generation:
@@ -180,8 +182,9 @@ class Update:
         for name in ("share_prompt_forward", "align_rows"):
             if getattr(self, name) not in (True, False, "auto"):
                 raise ValueError(f"{name} must be true, false or 'auto', got {getattr(self, name)!r}")
-        if self.param_dtype not in (None, "bf16"):
-            raise ValueError(f"param_dtype must be 'bf16' or null, got {self.param_dtype!r}")
+        if self.param_dtype is not None and self.param_dtype not in PARAM_DTYPES:
+            valid = " or ".join(repr(name) for name in PARAM_DTYPES)
+            raise ValueError(f"param_dtype must be {valid} or null, got {self.param_dtype!r}")
         if self.shuffle not in ("groups", "rows"):
             raise ValueError(f"shuffle must be 'groups' or 'rows', got {self.shuffle!r}")
         if (

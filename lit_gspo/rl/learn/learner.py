@@ -231,10 +231,9 @@ class Learner:
                 for minibatch in self.minibatches(update, order, epoch):
                     optimizer.zero_grad()
                     rows, extents = minibatch.rows, update.extents[minibatch.rows]
+                    micro_batches = self.micro_batches(update.rollout.select(rows), extents)
                     with self.cast(self.policy):  # (cast again after each step)
-                        for micro_rows, micro, micro_extents in self.micro_batches(
-                            update.rollout.select(rows), extents
-                        ):
+                        for micro_rows, micro, micro_extents in micro_batches:
                             micro = micro.trimmed(micro_extents)
                             tokens = float(micro_extents.completion_tokens.sum())
                             with self.hooks.around_micro(micro):
