@@ -129,6 +129,27 @@ def test_the_compiled_static_cache_step_samples_with_the_weights_of_the_moment(g
         torch.compiler.set_stance("default")
 
 
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_the_compiled_draw_at_a_real_vocabulary_draws_the_eager_tokens(cuda_device, top_p):
+    """The decoding step's draw compiled at a real model's shape (64 rows × SmolLM2's 49,152 tokens): inductor split
+    such a cumsum into a scan whose code generation failed on the H100 (torch 2.11), so StaticCacheSampler, the CUDA
+    default, could not sample a Qwen3-0.6B-shaped model. It compiles, and draws the tokens the eager step draws."""
+    from lit_gspo.rl.engines.static_cache import next_tokens
+
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(64, 49_152, generator=gen) * 3).to(cuda_device)
+    uniform, finished = (
+        torch.rand(64, generator=gen).to(cuda_device),
+        torch.zeros(64, dtype=torch.bool, device=cuda_device),
+    )
+    eos = torch.tensor([EOS], device=cuda_device)
+    sampling = {"temperature": torch.tensor(0.7, device=cuda_device), "top_p": top_p}
+    eager = next_tokens(logits, finished, eos, PAD, uniform, sampling)
+    compiled = torch.compile(next_tokens, fullgraph=True)(logits, finished, eos, PAD, uniform, sampling)
+    assert torch.equal(compiled[0], eager[0])
+    torch.testing.assert_close(compiled[1], eager[1], rtol=0, atol=1e-4)
+
+
 def test_one_engine_samples_on_the_device_then_on_the_cpu_after_lightnings_teardown(gpu_model, cuda_device):
     """Lightning's teardown moves a fitted policy back to the CPU; the engine's precast weights and caches follow it."""
     policy, engine = copy.deepcopy(gpu_model), StaticCacheSampler(compile=False)

@@ -128,6 +128,30 @@ def test_inverse_cdf_sampling_matches_the_distribution_and_never_draws_a_zero_pr
     assert torch.all(draws[:, 1] == 5)
 
 
+def test_a_compiled_draw_hands_no_cumsum_to_the_compiler():
+    """The draw's CDF (and top-p's) reaches torch.compile as one opaque op: inductor's own lowering of a (rows,
+    vocabulary) cumsum, a split scan on CUDA, failed to generate code at a real vocabulary (torch 2.11, the H100)."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    probs = torch.rand(4, 50).softmax(-1)
+    draw = torch.compile(
+        lambda p, u: sample_tokens(filter_logits(p.log(), top_p=0.9).softmax(-1), uniform=u),
+        backend=capture,
+        fullgraph=True,
+    )
+    uniform = torch.rand(4)
+    assert torch.equal(
+        draw(probs, uniform), sample_tokens(filter_logits(probs.log(), top_p=0.9).softmax(-1), uniform=uniform)
+    )
+    targets = [str(node.target) for gm in graphs for node in gm.graph.nodes if node.op.startswith("call")]
+    assert targets.count("lit_gspo.cumulative_sum.default") == 2
+    assert not any("cumsum" in target for target in targets)
+
+
 def test_generation_can_sample_with_another_attention_kernel_and_restores_the_models(model):
     assert model.config._attn_implementation == "sdpa"
     sdpa = generate(

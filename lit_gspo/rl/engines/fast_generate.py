@@ -24,6 +24,20 @@ import torch
 from torch import Tensor, nn
 
 
+@torch.library.custom_op("lit_gspo::cumulative_sum", mutates_args=())
+def cumulative_sum(x: Tensor) -> Tensor:
+    """``x.cumsum(-1)``, one opaque op to ``torch.compile``: inductor lowers a (rows, vocabulary) cumsum with few rows to
+    a split scan whose code generation fails on CUDA (torch 2.11, a Qwen3-0.6B decoding step at 64 rows: ``TypeError:
+    list indices must be integers or slices, not NoneType``), and ATen's kernel inside the compiled step is the one the
+    eager draw runs, so the compiled and the eager step invert the same CDF bit for bit."""
+    return x.cumsum(-1)
+
+
+@cumulative_sum.register_fake
+def _(x: Tensor) -> Tensor:
+    return torch.empty_like(x)
+
+
 def filter_logits(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """Temperature, then top-k, then top-p (nucleus) on fp32 logits (B, V), as HF's warpers do."""
     logits = logits.float()
@@ -34,7 +48,7 @@ def filter_logits(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=False, dim=-1)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
+        cum = cumulative_sum(sorted_logits.softmax(-1))
         remove = cum <= 1 - top_p
         remove[..., -1:] = False  # keep at least one token
         logits = logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
@@ -47,7 +61,7 @@ def sample_tokens(probs: Tensor, generator: torch.Generator | None = None, unifo
     u ~ U[0, 1) scaled by each row's total, so a zero-probability token (cdf flat there) is never drawn. ``uniform``
     (B,): the rows' u, drawn beforehand (a compiled decoding step reads them); None: drawn here from ``generator``.
     """
-    cdf = probs.float().cumsum(-1)
+    cdf = cumulative_sum(probs.float())
     if uniform is None:
         uniform = torch.rand(probs.shape[0], generator=generator, device=probs.device)
     u = uniform[:, None] * cdf[:, -1:]
