@@ -89,8 +89,12 @@ def measure(engine, policy, prompts, *, G: int, T: int, repeats: int, device: st
         once.tokens = int(batch.completion_mask.sum())
         return elapsed
 
-    warmup = once()
-    times = [once() for _ in range(repeats)]
+    warmup = once()  # on CUDA: torch.compile of the decoding step and its CUDA graphs' recording
+    print(f"  warm-up: {warmup:.1f} s, {once.tokens} tokens", flush=True)
+    times = []
+    for repeat in range(repeats):
+        times.append(once())
+        print(f"  sample {repeat + 1}: {times[-1]:.2f} s, {once.tokens / times[-1]:.0f} tok/s", flush=True)
     median = statistics.median(times)
     return dict(warmup_s=warmup, median_s=median, tokens=once.tokens, tok_s=once.tokens / median)
 
@@ -196,6 +200,9 @@ def main(argv=None) -> dict:
                 results[name] = measure(
                     engine, policy, prompts, G=G, T=T, repeats=args.repeats, device=args.device, never=vocab
                 )  # an id past the vocabulary: no row ends early
+                if args.json:  # the speed before the profile: a time limit that ends the profile keeps it
+                    results_so_far = dict(device=where, shape=shape, engines=results)
+                    args.json.write_text(json.dumps(results_so_far, indent=1))
                 if args.profile_dir and name == specs[0][0]:
                     args.profile_dir.mkdir(parents=True, exist_ok=True)
                     results[name]["profile"] = profiled(

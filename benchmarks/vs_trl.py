@@ -71,6 +71,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -171,9 +172,16 @@ def rss_mb() -> list[int]:
 GPU_PHASES: dict[str, list[int]] = {}
 
 
+WORKER_START = time.perf_counter()
+#: seconds a worker may take to exit after printing its result before it is ended (its result is kept)
+EXIT_GRACE_S = 60
+
+
 def mark(rss: dict, phase: str) -> None:
-    """Host RSS (and on CUDA the GPU memory allocated) at ``phase`` of a worker's run."""
+    """Host RSS (and on CUDA the GPU memory allocated) at ``phase`` of a worker's run; the phase printed with the
+    seconds since the worker started (the driver passes it on: progress a time limit's log keeps)."""
     rss[phase] = rss_mb()
+    print(f"PHASE {phase} at {time.perf_counter() - WORKER_START:.1f} s", flush=True)
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -668,6 +676,41 @@ def worker(args) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- driver
+def run_worker(cmd: list[str], env: dict, side: str, exit_grace_s: float = EXIT_GRACE_S) -> tuple[int, str, str]:
+    """Run one side's worker: its phases passed on as they happen (``lit: PHASE loaded at 12.0 s``), and, once it has
+    printed its result, at most ``exit_grace_s`` more for it to exit before it is killed (on the H100 a worker once
+    printed nothing for minutes after its profile; a hang at exit must not cost the other side its turn). Returns
+    the exit code (or ``EXIT_HUNG``), stdout and stderr."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path, err_path = Path(tmp, "stdout"), Path(tmp, "stderr")
+        with out_path.open("w") as out, err_path.open("w") as err:
+            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True, cwd=ROOT)
+            seen, result_at = 0, None
+            while proc.poll() is None:
+                time.sleep(0.2)
+                text = out_path.read_text(errors="replace")
+                for line in text[seen:].splitlines(keepends=True):
+                    if not line.endswith("\n"):
+                        break
+                    seen += len(line)
+                    if line.startswith("PHASE "):
+                        print(f"{side}: {line.rstrip()}", flush=True)
+                    elif line.startswith("RESULT ") and result_at is None:
+                        result_at = time.perf_counter()
+                if result_at is not None and time.perf_counter() - result_at > exit_grace_s:
+                    proc.kill()
+                    proc.wait()
+                    print(
+                        f"{side}: did not exit {exit_grace_s:.0f} s after its result: killed, result kept", flush=True
+                    )
+                    return EXIT_HUNG, out_path.read_text(errors="replace"), err_path.read_text(errors="replace")
+        return proc.returncode, out_path.read_text(errors="replace"), err_path.read_text(errors="replace")
+
+
+#: run_worker's exit code for a worker that printed its result and then did not exit
+EXIT_HUNG = -1000
+
+
 def failure_line(stderr: str, returncode: int) -> str:
     """The line that says why a side's run failed (``torch.OutOfMemoryError: CUDA out of memory. ...``)."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
@@ -883,11 +926,11 @@ def main(argv=None) -> None:
                 *(["--gpu-memory-gb", str(args.gpu_memory_gb)] if args.gpu_memory_gb else []),
             ]
             start = time.perf_counter()
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
-            lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-            if proc.returncode or not lines:  # (out of memory, say): that side's row, the other side still runs
-                print(f"{side} run failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}", flush=True)
-                failed[side] = failure_line(proc.stderr, proc.returncode)
+            returncode, stdout, stderr = run_worker(cmd, env, side)
+            lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+            if not lines or returncode not in (0, EXIT_HUNG):  # (out of memory, say): that side's row, the other runs
+                print(f"{side} run failed (rc {returncode}):\n{stderr[-4000:]}", flush=True)
+                failed[side] = failure_line(stderr, returncode)
                 continue
             out = json.loads(lines[-1][7:])
             results[side].append(out)
@@ -896,6 +939,8 @@ def main(argv=None) -> None:
                 f"({time.perf_counter() - start:.0f} s with loading)",
                 flush=True,
             )
+            # what this side measured so far, in case a time limit ends the run before the other side's turn
+            print("SIDE " + json.dumps({side: summarise(results[side], rows_per_update(args))}), flush=True)
     results = {s: r for s, r in results.items() if s not in failed and r}
     table = {s: summarise(r, rows_per_update(args)) for s, r in results.items()}
     where = next((r[0].get("device_name") for r in results.values()), "CUDA") if args.device == "cuda" else "CPU"
