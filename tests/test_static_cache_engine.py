@@ -3,6 +3,7 @@ log-probs, caches reused across calls of one bucket, seeded draws, a CLI fit wit
 
 import copy
 import csv
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -205,6 +206,30 @@ def test_compiled_decoding_gives_the_eager_tokens(model):
         eager = sample(StaticCacheSampler(compile=False), model, greedy=greedy, return_logprobs=True)
         assert torch.equal(compiled.input_ids, eager.input_ids)
         torch.testing.assert_close(compiled.engine_logprobs, eager.engine_logprobs, atol=1e-5, rtol=0)
+
+
+def test_a_step_the_compiler_fails_on_decodes_eagerly_with_a_warning_that_names_the_error(model, monkeypatch):
+    """On the H100 inductor failed to generate code for the step at a real vocabulary (a split scan), and the fit
+    crashed in its first rollout: a compiler's failure is a slower sampler and a warning, not a lost run. The eager
+    step draws the same tokens; the compiler is not tried again."""
+    calls = []
+
+    def failing_backend(graph, example_inputs):
+        calls.append(1)
+        raise TypeError("list indices must be integers or slices, not NoneType")
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: real_compile(fn, backend=failing_backend))
+    torch._dynamo.reset()
+    engine = StaticCacheSampler(compile=True)
+    with pytest.warns(UserWarning, match=r"decodes eagerly \(slower\).*TypeError: list indices must be integers"):
+        first = sample(engine, model, return_logprobs=True)
+    eager = sample(StaticCacheSampler(compile=False), model, return_logprobs=True)
+    assert torch.equal(first.input_ids, eager.input_ids) and torch.equal(first.engine_logprobs, eager.engine_logprobs)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="StaticCacheSampler decodes eagerly")
+        again = sample(engine, model, return_logprobs=True)
+    assert torch.equal(again.input_ids, eager.input_ids) and len(calls) == 1
 
 
 @pytest.mark.slow

@@ -300,9 +300,24 @@ class StaticCacheSampler(RolloutEngine):
             compiled = torch.compile(step, mode=mode, dynamic=False, fullgraph=self.fullgraph)
 
             def replay(*args):
+                nonlocal compiled
+                if compiled is step:  # the compiler failed on it: eager from then on
+                    return step(*args)
                 if mode == "reduce-overhead":
                     torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are used up: buffers free
-                return compiled(*args)
+                try:
+                    return compiled(*args)
+                except torch._dynamo.exc.BackendCompilerFailed as error:  # the compiler's failure, not the model's:
+                    # it fails before the step runs (nothing written), and the eager step computes the same tokens
+                    cause = getattr(error, "inner_exception", error)
+                    warnings.warn(
+                        f"StaticCacheSampler decodes eagerly (slower): torch {torch.__version__} failed to compile "
+                        f"its decoding step ({type(cause).__name__}: {str(cause)[:200]}); "
+                        "StaticCacheSampler(compile=False) decodes eagerly without trying",
+                        stacklevel=2,
+                    )
+                    compiled = step
+                    return step(*args)
 
             self._compiled_steps[mode, greedy] = replay
         return self._compiled_steps[mode, greedy]
