@@ -401,6 +401,37 @@ def test_a_bf16_mixed_fit_on_the_device_trains_with_finite_losses(tmp_path, cuda
     assert (tmp_path / "hf_model" / "config.json").exists()
 
 
+def test_the_readmes_gpu_command_fits_the_quickstart_on_the_device(tmp_path, cuda_device):
+    """README's command as a user runs it on a GPU, in bf16: ``lit-gspo fit --config configs/quickstart.yaml
+    --trainer.accelerator cuda --trainer.precision bf16-mixed`` (CUDA's default engine, StaticCacheSampler, compiled;
+    validation first, as the quickstart does), cut to 4 RL steps: finite losses and rewards, the checkpoint written.
+    The quickstart crashed on CUDA in the first H100 run; the device check's quickstart cases sample with LeanSampler."""
+    import csv
+
+    root = tmp_path / "quickstart"
+    command = [sys.executable, "-m", "lit_gspo", "fit", "--config", "configs/quickstart.yaml"]
+    command += ["--trainer.accelerator", cuda_device.type, "--trainer.precision", "bf16-mixed"]
+    command += [
+        "--trainer.max_steps",
+        "4",
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.enable_progress_bar",
+        "false",
+    ]
+    command += ["--model.validation.every_n_steps", "2", "--data.num_val", "16"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(sorted(root.glob("**/metrics.csv"))[-1]) as f:
+        rows = list(csv.DictReader(f))
+    losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+    rewards = [float(r["val/reward"]) for r in rows if r.get("val/reward")]
+    assert len(losses) == 4 and all(math.isfinite(v) for v in losses)
+    assert len(rewards) >= 2 and all(0.0 <= v <= 1.0 for v in rewards)
+    assert list(root.glob("**/checkpoints/last.ckpt"))
+
+
 def test_a_k1_fit_on_the_device_samples_in_its_worker_with_finite_losses(tmp_path, cuda_device):
     """Asynchronous rollouts on the device (issue 38): ``async_worker: auto`` is the thread worker on an accelerator (a
     forked child cannot use CUDA), its copy of the policy on the device and bf16 autocast entered in its thread; the
