@@ -1,27 +1,25 @@
-"""The device check: everything issue 36 asks of one GPU, in one call of ≤ 9.5 minutes, one table at the end.
+"""The device check: everything issue 36 asks of one GPU, in one call of ≤ 8 minutes, one table at the end.
 
     python benchmarks/device_check.py --out $OUT                # on the GPU machine (below: the whole call)
     python benchmarks/device_check.py --dry-run --out runs/dc   # here, on CPU: tiny shapes, the same code paths
 
 Parts, each a subprocess with its own time limit (a crash or a time-out is one row, the next part still runs; a time-out
-ends every process the part started); the first two time nothing and run side by side, the others alone:
+ends every process the part started; each log line is stamped with the seconds since its part started); the first two
+time nothing and run side by side (190 s), the third alone (290 s):
 
 1. ``cuda tests``: ``pytest -m cuda`` (tests/test_cuda.py and every other test marked ``cuda``); on the dry run the
    same tests on the CPU (``LIT_GSPO_CUDA_TESTS_ON=cpu``).
 2. ``correctness``: ``benchmarks/gpu_check.py`` on Qwen3-0.6B's shape: bf16 under FSDP2 on one GPU (it crashed on
    the first run), checked against its RL step replayed on CPU in fp32; and the quickstart in fp32 and bf16 on the
    device (val/reward before its warm start → after). bf16 alone and 8-bit AdamW under FSDP2 run in the cuda tests'
-   fits and in vs TRL.
-3. ``sampler``: ``benchmarks/sampler_speed.py``: completion tokens/s of StaticCacheSampler and LeanSampler at 8
-   prompts × 8 × 256 new tokens, Qwen3-0.6B's shape, bf16-mixed as a fit samples (target ≥ 20,000 for the CUDA
-   default engine, StaticCacheSampler; LeanSampler and HFGenerate sampled ~2,000 on the first run).
-4. ``vs TRL``: ``benchmarks/vs_trl.py`` at 8 × 8 × 256 a rollout (4 prompts per update), Qwen3-0.6B's shape, each side
-   with its defaults on CUDA (lit_gspo: StaticCacheSampler, micro-batches from free memory): seconds
-   per update, update-phase MFU, peak GPU memory and host RSS on both sides (two timed cycles after the warm-up), and
-   the evidence of where the update's time and the host memory go: a ``torch.profiler`` profile of one more cycle's
-   update on each side (``profile/profile_{lit,trl}.txt`` under ``--out``; the row gives each side's shares of
-   matmul, LM head, attention, optimizer and its syncs) and each side's host RSS by phase (in ``vs_trl_8x8x256.log``). The dry
-   run's ``vs TRL tiny`` runs the same on CPU (SmolLM2-135M, 1 prompt × 2 × 8 tokens).
+   fits and in vs TRL; README's GPU command (the quickstart through the CLI) in the cuda tests.
+3. ``vs TRL 8x8x256``: ``benchmarks/vs_trl.py`` at 8 × 8 × 256 a rollout (4 prompts per update), Qwen3-0.6B's shape,
+   each side with its defaults on CUDA (lit_gspo: StaticCacheSampler, micro-batches from free memory): seconds per
+   update, each side's rollout tok/s (lit_gspo's is the sampler's target, ≥ 20,000 at 64 rows × 256 new tokens in
+   bf16: the fit's own sampling, prefill and rewards included), update-phase MFU, peak GPU memory and host RSS (two
+   timed cycles after the warm-up), and each side's host and GPU memory by phase, with the seconds each phase was
+   reached at (in ``vs_trl_8x8x256.log``). The dry run's ``vs TRL tiny`` runs it on CPU (SmolLM2-135M, 1 prompt × 2
+   × 8 tokens), and the dry run's ``sampler`` the sampler part below.
 
 On the workplace's GPU machine (no network): here, ``scripts/device_wheels.sh --trl``, then one ``run`` with
 ``carry [".whl"]`` and ``timeout_s 600``:
@@ -29,16 +27,20 @@ On the workplace's GPU machine (no network): here, ``scripts/device_wheels.sh --
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
       && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && python3 benchmarks/device_check.py --out $OUT
 
-More parts run only when named (``--only``), in a second call in the warm window after the first: ``vs TRL
-16x8x256`` (the issue's other shape, ~4 min), ``vs TRL 32x8x256 in 80 GB`` (both sides capped at an H100's 79.6 GiB,
-``--gpu-memory-gb``: a side that runs out of memory is its row), ``lit compiled 8x8x256`` (lit_gspo alone with ``update.compile``, the
-opt-in compiled update, ~4 min), ``lit compiled bf16 casts 8x8x256`` (both opt-ins), ``lit bf16 casts 8x8x256`` (lit_gspo alone with ``update.param_dtype: bf16``, the
-opt-in update on bf16 casts of the fp32 parameters, ~3 min), and two A/Bs of this session's defaults: ``lit padded 8x8x256`` (lit_gspo alone with
-``update.align_rows`` off: the update's attention under a padding mask, ~3 min) and ``sampler sdpa decode`` (the
-sampler with the decoding step's attention as transformers' sdpa runs it, which copies the KV cache once per query
+More parts run only when named (``--only``), in a second call in the warm window after the first, in the order
+named: ``lit compiled 8x8x256`` (lit_gspo alone with ``update.compile``, the opt-in compiled update, ~4 min),
+``sampler`` (``benchmarks/sampler_speed.py``: StaticCacheSampler alone at 64 rows × 256 new tokens, its warm-up and
+samples, and a profile of one sample), ``lit compiled bf16 casts 8x8x256`` (both opt-ins), ``lit bf16 casts 8x8x256``
+(``update.param_dtype: bf16``: the update on bf16 casts of the fp32 parameters, ~3 min), ``profiles 8x8x256`` (vs TRL
+with a ``torch.profiler`` profile of one more cycle's update on each side: ``profile/profile_{lit,trl}.txt``, the
+row gives each side's shares of matmul, LM head, attention, optimizer and its syncs), ``vs TRL 16x8x256`` (the
+issue's other shape, ~4 min), ``vs TRL 32x8x256 in 80 GB`` (both sides capped at an H100's 79.6 GiB,
+``--gpu-memory-gb``: a side that runs out of memory is its row), and two A/Bs of the defaults: ``lit padded
+8x8x256`` (``update.align_rows`` off: the update's attention under a padding mask, ~3 min) and ``sampler sdpa
+decode`` (the decoding step's attention as transformers' sdpa runs it, which copies the KV cache once per query
 head, ~1.5 min):
 
-    python3 benchmarks/device_check.py --out $OUT --only "lit compiled 8x8x256,vs TRL 16x8x256"
+    python3 benchmarks/device_check.py --out $OUT --only "lit compiled 8x8x256,sampler"
 
 Writes ``device_check.json`` and each part's log under ``--out``; docs/gpu.md holds the latest table.
 """
@@ -176,17 +178,20 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
             ],
         ),
         dict(
-            name="sampler",
+            name="vs TRL 8x8x256",  # the sampler's target is its lit row's rollout tok/s: 64 rows × 256 tokens, bf16
+            limit=290,  # the H100: TRL 97 s with loading; lit_gspo > 180 s with its profile (now the extra part below)
+            cmd=vs_trl_at(4),  # 4 prompts an update, 2 updates a rollout; 190 + 290 = 480 s
+        ),
+        # asked for by name only (--only), in a second call, most wanted first
+        dict(
+            name="sampler",  # StaticCacheSampler alone, with a profile of one sample (host or device bound?)
+            extra=True,
             limit=140,  # the H200: a compile of 39 s, a sample 1.4 s; the H100 (2026-11-27): not done in 100 s
-            # LeanSampler: 2,223 tok/s on the H200 (docs/gpu.md), HFGenerate as fast; the profile: host or device?
             cmd=sampler_with("StaticCacheSampler", out / "sampler_speed.json", "--profile-dir", str(out / "profile")),
         ),
-        dict(
-            name="vs TRL 8x8x256",
-            limit=240,  # the H200: 133 s unprofiled; the H100: lit ≥ 100 s, TRL ~110 s; 190 + 140 + 240 = 570
-            cmd=vs_trl_at(4, "--profile-dir", str(out / "profile")),  # 4 prompts an update, 2 updates a rollout
+        dict(  # where each side's update time goes: a torch.profiler profile of one more cycle's update on each side
+            name="profiles 8x8x256", extra=True, limit=300, cmd=vs_trl_at(4, "--profile-dir", str(out / "profile"))
         ),
-        # asked for by name only (--only), in a second call: the issue's other shape, and the opt-in compiled update
         dict(name="vs TRL 16x8x256", extra=True, limit=240, cmd=vs_trl_at(8)),
         dict(  # the issue's 32 × 8 × 256 within an H100's memory (both sides ran out of its 80 GB on 2026-11-26)
             name="vs TRL 32x8x256 in 80 GB", extra=True, limit=300, cmd=vs_trl_at(16, "--gpu-memory-gb", "79.6")
@@ -396,9 +401,8 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="on CPU: tiny shapes, the same code paths")
     p.add_argument(
         "--only",
-        help="comma-separated part names to run, in that order (default: all but the extra ones: 'vs TRL 16x8x256', "
-        "'vs TRL 32x8x256 in 80 GB', 'lit compiled 8x8x256', 'lit compiled bf16 casts 8x8x256', 'lit bf16 casts 8x8x256', 'lit padded 8x8x256', 'sampler sdpa decode', for a "
-        "second call)",
+        help="comma-separated part names to run, in that order (default: the parts not marked extra; an unknown name "
+        "lists them all)",
     )
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
