@@ -173,8 +173,9 @@ GPU_PHASES: dict[str, list[int]] = {}
 
 
 WORKER_START = time.perf_counter()
-#: seconds a worker may take to exit after printing its result before it is ended (its result is kept)
-EXIT_GRACE_S = 60
+#: seconds a worker may take to exit after printing its result before it is ended (its result is kept), and the
+#: exit code run_worker gives such a worker
+EXIT_GRACE_S, EXIT_HUNG = 60, -1000
 
 
 def mark(rss: dict, phase: str) -> None:
@@ -683,32 +684,34 @@ def run_worker(cmd: list[str], env: dict, side: str, exit_grace_s: float = EXIT_
     the exit code (or ``EXIT_HUNG``), stdout and stderr."""
     with tempfile.TemporaryDirectory() as tmp:
         out_path, err_path = Path(tmp, "stdout"), Path(tmp, "stderr")
+        seen, result_at = 0, None
+
+        def read_new_lines() -> str:
+            nonlocal seen, result_at
+            text = out_path.read_text(errors="replace")
+            for line in text[seen:].splitlines(keepends=True):
+                if not line.endswith("\n"):
+                    break
+                seen += len(line)
+                if line.startswith("PHASE "):
+                    print(f"{side}: {line.rstrip()}", flush=True)
+                elif line.startswith("RESULT ") and result_at is None:
+                    result_at = time.perf_counter()
+            return text
+
         with out_path.open("w") as out, err_path.open("w") as err:
             proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True, cwd=ROOT)
-            seen, result_at = 0, None
             while proc.poll() is None:
                 time.sleep(0.2)
-                text = out_path.read_text(errors="replace")
-                for line in text[seen:].splitlines(keepends=True):
-                    if not line.endswith("\n"):
-                        break
-                    seen += len(line)
-                    if line.startswith("PHASE "):
-                        print(f"{side}: {line.rstrip()}", flush=True)
-                    elif line.startswith("RESULT ") and result_at is None:
-                        result_at = time.perf_counter()
+                read_new_lines()
                 if result_at is not None and time.perf_counter() - result_at > exit_grace_s:
                     proc.kill()
                     proc.wait()
                     print(
                         f"{side}: did not exit {exit_grace_s:.0f} s after its result: killed, result kept", flush=True
                     )
-                    return EXIT_HUNG, out_path.read_text(errors="replace"), err_path.read_text(errors="replace")
-        return proc.returncode, out_path.read_text(errors="replace"), err_path.read_text(errors="replace")
-
-
-#: run_worker's exit code for a worker that printed its result and then did not exit
-EXIT_HUNG = -1000
+                    return EXIT_HUNG, read_new_lines(), err_path.read_text(errors="replace")
+        return proc.returncode, read_new_lines(), err_path.read_text(errors="replace")
 
 
 def failure_line(stderr: str, returncode: int) -> str:
