@@ -4,11 +4,12 @@
     python benchmarks/device_check.py --dry-run --out runs/dc   # here, on CPU: tiny shapes, the same code paths
 
 Parts, each a subprocess with its own time limit (a crash or a time-out is one row, the next part still runs; a time-out
-ends every process the part started; each log line is stamped with the seconds since its part started); the first two
-time nothing and run side by side (190 s), the third alone (290 s):
+ends every process the part started; each log line is stamped with the seconds since its part started); the first
+three time nothing and run side by side (190 s), the last alone (290 s):
 
-1. ``cuda tests``: ``pytest -m cuda`` (tests/test_cuda.py and every other test marked ``cuda``); on the dry run the
-   same tests on the CPU (``LIT_GSPO_CUDA_TESTS_ON=cpu``).
+1. ``cuda tests`` and ``cuda fits``: ``pytest -m cuda`` (tests/test_cuda.py and every other test marked ``cuda``),
+   the fits that compile the static-cache step (``CUDA_FITS``) beside the other tests; on the dry run all of them in
+   one part on the CPU (``LIT_GSPO_CUDA_TESTS_ON=cpu``).
 2. ``correctness``: ``benchmarks/gpu_check.py`` on Qwen3-0.6B's shape: bf16 under FSDP2 on one GPU (it crashed on
    the first run), checked against its RL step replayed on CPU in fp32; and the quickstart in fp32 and bf16 on the
    device (val/reward before its warm start → after). bf16 alone and 8-bit AdamW under FSDP2 run in the cuda tests'
@@ -140,22 +141,11 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
     return [
         dict(
             name="cuda tests",
-            group="checks",  # beside the correctness cases: neither times anything
-            limit=190,  # 16 tests took ~135 s on the H200; on the H100 (2026-11-27) 18 of 21 ran in 170 s beside gpu_check
-            cmd=[
-                py,
-                "-m",
-                "pytest",
-                "-v",
-                "--tb=short",
-                "--durations=12",
-                "-p",
-                "no:cacheprovider",
-                "-m",
-                "cuda",
-                "tests",
-            ],
+            group="checks",  # beside the fits and the correctness cases: none of them times anything
+            limit=190,  # on the H100 (2026-11-27) 18 of 21 ran in 170 s, the fits last: now the fits run beside them
+            cmd=cuda_tests(f"not ({CUDA_FITS})"),
         ),
+        dict(name="cuda fits", group="checks", limit=190, cmd=cuda_tests(CUDA_FITS)),
         dict(
             name="correctness",
             group="checks",
@@ -226,6 +216,17 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
     ]
 
 
+#: the ``cuda`` tests of the part "cuda fits" (``pytest -k``): the fits that compile the static-cache step (each in a
+#: process of its own, about a minute on the GPU), beside the other tests ("cuda tests": every test this does not pick)
+CUDA_FITS = "fit and not AdamW8bit"
+
+
+def cuda_tests(selection: str) -> list[str]:
+    """``pytest -m cuda`` on the tests whose names ``selection`` picks (``-k``), each test's line and time in the log."""
+    command = [sys.executable, "-m", "pytest", "-v", "--tb=short", "--durations=12", "-p", "no:cacheprovider"]
+    return command + ["-m", "cuda", "-k", selection, "tests"]
+
+
 def sampler_with(engines: str, json_file: Path, *more: str) -> list[str]:
     """``benchmarks/sampler_speed.py`` on CUDA at its defaults (Qwen3-0.6B's shape, bf16-mixed, 64 rows × 256 new
     tokens), each engine sampled once to warm up and twice timed."""
@@ -289,7 +290,7 @@ def profile_brief(side: str, p: dict) -> str:
 
 def summary(name: str, output: str, out: Path) -> str:
     """One line of what the part measured, read from its output."""
-    if name == "cuda tests":
+    if name.startswith("cuda"):
         found = re.findall(r"^=*\s*(\d+ (?:passed|failed).*?) in [\d.]+s", output, re.M)
         return found[-1] if found else "no pytest summary"
     if name == "correctness" and (out / "gpu_check.json").exists():

@@ -21,7 +21,7 @@ def part(name, limit, code, group=None):
 
 def test_the_gpu_parts_fit_eight_minutes_and_only_the_untimed_checks_share_the_device(tmp_path):
     groups = device_check.groups([p for p in device_check.parts(dry_run=False, out=tmp_path) if not p.get("extra")])
-    assert [[p["name"] for p in g] for g in groups] == [["cuda tests", "correctness"], ["vs TRL 8x8x256"]]
+    assert [[p["name"] for p in g] for g in groups] == [["cuda tests", "cuda fits", "correctness"], ["vs TRL 8x8x256"]]
     assert sum(max(p["limit"] for p in g) for g in groups) <= 480  # the issue's 8 minutes
 
 
@@ -144,3 +144,21 @@ def test_a_worker_that_hangs_after_its_result_is_ended_and_its_result_kept():
         [sys.executable, "-c", "import sys; sys.exit(3)"], dict(os.environ), "trl"
     )
     assert returncode == 3 and stdout == ""
+
+
+def test_the_two_cuda_parts_run_every_cuda_test_once(tmp_path):
+    """The cuda tests run in two parts side by side: one selects the fits, the other exactly what that does not select
+    (pytest's ``not (...)``), so every test runs once; the fits' selection picks the fits that compile the step."""
+    import subprocess
+
+    parts = {p["name"]: p for p in device_check.parts(dry_run=False, out=tmp_path)}
+    tests, fits = parts["cuda tests"]["cmd"], parts["cuda fits"]["cmd"]
+    selection = fits[fits.index("-k") + 1]
+    assert tests[tests.index("-k") + 1] == f"not ({selection})"
+    assert [a for a in tests if a != f"not ({selection})"] == [a for a in fits if a != selection]
+    cmd = [*fits[:-1], "tests/test_cuda.py", "-q"]  # every cuda test is in tests/test_cuda.py
+    cmd[cmd.index("-v")] = "--collect-only"
+    env = dict(os.environ, LIT_GSPO_CUDA_TESTS_ON="cpu")
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=device_check.ROOT, env=env).stdout
+    picked = [line.split("::")[1] for line in out.splitlines() if "::" in line]
+    assert len(picked) == 4 and all("fit" in name and "AdamW8bit" not in name for name in picked), picked
