@@ -187,6 +187,11 @@ def main(argv=None) -> dict:
     shape = f"{prompts_n} prompts × {G} × {T} new tokens, prompt {args.prompt_length}, {precision}"
     print(f"sampler speed on {where}: {'dry run' if small else args.model_config.name}, {shape}", flush=True)
     results = {}
+
+    def save() -> None:  # as rows are measured: a time limit that ends the run keeps them
+        if args.json:
+            args.json.write_text(json.dumps(dict(device=where, shape=shape, engines=results), indent=1))
+
     specs = engine_specs(args.engines)
     for name, class_name, kwargs in specs:
         cls = getattr(engines, class_name, None)
@@ -200,9 +205,7 @@ def main(argv=None) -> dict:
                 results[name] = measure(
                     engine, policy, prompts, G=G, T=T, repeats=args.repeats, device=args.device, never=vocab
                 )  # an id past the vocabulary: no row ends early
-                if args.json:  # the speed before the profile: a time limit that ends the profile keeps it
-                    results_so_far = dict(device=where, shape=shape, engines=results)
-                    args.json.write_text(json.dumps(results_so_far, indent=1))
+                save()  # the speed, before the profile
                 if args.profile_dir and name == specs[0][0]:
                     args.profile_dir.mkdir(parents=True, exist_ok=True)
                     results[name]["profile"] = profiled(
@@ -218,8 +221,7 @@ def main(argv=None) -> dict:
                     print(f"{name} profile: {profile_brief(results[name]['profile'])}", flush=True)
         except Exception as error:  # a crash is one row of the table
             results[name] = dict(results.get(name, {}), error=f"{type(error).__name__}: {error}"[:300])
-        if args.json:  # after each engine: a time limit that ends the run keeps what was measured
-            args.json.write_text(json.dumps(dict(device=where, shape=shape, engines=results), indent=1))
+        save()
         print(f"{name}: {results[name]}", flush=True)
     width = max(20, *(len(name) + 1 for name in results))
     print(f"{'engine':<{width}} {'tok/s':>10} {'median s':>9} {'warm-up s':>10} {'tokens':>7}")
