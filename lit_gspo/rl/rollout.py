@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from lit_gspo.models.cache_keyword import cache_kwargs
 from lit_gspo.rl.lm_head import chunk_logprobs_and_entropy, head_weights
 
 
@@ -348,7 +349,7 @@ def completion_states_shared_prompts(model: nn.Module, batch: RolloutBatch, min_
     rows' gradients meet in the shared prompt's graph. Tokens through the backbone per group:
     P + G·T instead of G·(P + T). Returns None when no two rows share a prompt (nothing to save), or when the share of
     the tokens it saves is below ``min_saving`` (:func:`prompt_sharing_saving`).
-    Needs a model whose forward takes ``past_key_values`` (decoder-only HF models; not with
+    Needs a model whose forward takes a KV cache (decoder-only HF models; not with
     gradient checkpointing, which recomputes layers that would append to the cache twice).
     """
     from transformers import DynamicCache
@@ -408,7 +409,7 @@ def _decoder_output_through_root(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids_of(attention_mask) if position_ids is None else position_ids,
-            past_key_values=past_key_values,
+            **cache_kwargs(model, past_key_values),
             use_cache=past_key_values is not None,
             logits_to_keep=torch.zeros(0, dtype=torch.long, device=input_ids.device),
         )

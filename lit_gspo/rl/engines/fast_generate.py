@@ -23,6 +23,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from lit_gspo.models.cache_keyword import cache_kwargs
+
 
 def cumulative_sum(x: Tensor) -> Tensor:
     """``x.cumsum(-1)``; under ``torch.compile`` one opaque op (:func:`opaque_cumsum`), eager the plain call (the
@@ -209,7 +211,7 @@ def fast_generate(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=positions,
-        past_key_values=cache,
+        **cache_kwargs(model, cache),
         use_cache=True,
         logits_to_keep=1,
     )
@@ -248,7 +250,7 @@ def fast_generate(
             input_ids=nxt[:, None],
             attention_mask=attn,
             position_ids=next_pos,
-            past_key_values=cache,
+            **cache_kwargs(model, cache),
             use_cache=True,
             logits_to_keep=1,
         )

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from torch.torch_version import TorchVersion
 from transformers.cache_utils import StaticLayer
 
+from lit_gspo.models.cache_keyword import cache_kwargs
 from lit_gspo.rl.engines.base import RolloutEngine
 from lit_gspo.rl.engines.fast_generate import (
     ATTENTION_IMPLEMENTATIONS,
@@ -87,7 +88,7 @@ def decode_logits(
         input_ids=tokens,
         attention_mask=mask,
         position_ids=positions,
-        past_key_values=cache,
+        **cache_kwargs(model, cache),
         use_cache=True,
         logits_to_keep=1,
         **({ATTENTION_SLOTS: slots} if slots is not None else {}),
@@ -390,7 +391,7 @@ class StaticCacheSampler(RolloutEngine):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=positions,
-            past_key_values=prefill,
+            **cache_kwargs(policy, prefill),
             use_cache=True,
             logits_to_keep=1,
         )
