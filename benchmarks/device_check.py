@@ -29,7 +29,10 @@ On the workplace's GPU machine (no network): here, ``scripts/device_wheels.sh --
       && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && python3 benchmarks/device_check.py --out $OUT
 
 More parts run only when named (``--only``), in a second call in the warm window after the first, in the order
-named: ``lit compiled 8x8x256`` (lit_gspo alone with ``update.compile``, the opt-in compiled update, ~4 min),
+named: ``update variants`` (``benchmarks/update_speed.py``: the update alone at vs TRL's 8 × 8 × 256, eager, compiled,
+on bf16 casts and both, alternated in one process on the same rollouts without sampling: each one's seconds, MFU, peak
+memory and first gradient against the eager one's; what decides the CUDA defaults of ``update.compile`` and
+``update.param_dtype``, ~2 min), ``lit compiled 8x8x256`` (lit_gspo alone with ``update.compile``, ~4 min),
 ``sampler`` (``benchmarks/sampler_speed.py``: StaticCacheSampler alone at 64 rows × 256 new tokens, its warm-up and
 samples, and a profile of one sample), ``lit compiled bf16 casts 8x8x256`` (both opt-ins), ``lit bf16 casts 8x8x256``
 (``update.param_dtype: bf16``: the update on bf16 casts of the fp32 parameters, ~3 min), ``profiles 8x8x256`` (vs TRL
@@ -41,7 +44,7 @@ issue's other shape, ~4 min), ``vs TRL 32x8x256 in 80 GB`` (both sides capped at
 decode`` (the decoding step's attention as transformers' sdpa runs it, which copies the KV cache once per query
 head, ~1.5 min):
 
-    python3 benchmarks/device_check.py --out $OUT --only "lit compiled 8x8x256,sampler"
+    python3 benchmarks/device_check.py --out $OUT --only "update variants,sampler"
 
 Writes ``device_check.json`` and each part's log under ``--out``; docs/gpu.md holds the latest table.
 """
@@ -112,6 +115,19 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
                 ],
             ),
             dict(
+                name="update variants",
+                limit=180,  # ~20 s on 2 CPU cores
+                cmd=[
+                    py,
+                    "benchmarks/update_speed.py",
+                    "--dry-run",
+                    "--repeats",
+                    "1",
+                    "--json",
+                    str(out / "update_speed.json"),
+                ],
+            ),
+            dict(
                 name="vs TRL tiny",
                 limit=180,  # ~60 s on 2 CPU cores
                 cmd=[
@@ -161,6 +177,8 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
                 "bf16-fsdp2",  # bf16 alone: the cuda tests' fits and vs TRL; 8-bit FSDP2: the cuda tests' fits
                 "--more-cases",
                 "",
+                "--T",
+                "24",  # its CPU fp32 replay's cost grows with the tokens: half of gpu_check's 48 (FSDP2 is the point)
                 "--budget-s",
                 "185",  # on the H100 165 s ended the bf16-fsdp2 case's CPU replay before its check
                 "--out",
@@ -173,6 +191,12 @@ def parts(dry_run: bool, out: Path) -> list[dict]:
             cmd=vs_trl_at(4),  # 4 prompts an update, 2 updates a rollout; 190 + 290 = 480 s
         ),
         # asked for by name only (--only), in a second call, most wanted first
+        dict(  # the update alone, every candidate CUDA default of it beside the others in one process (no sampling)
+            name="update variants",
+            extra=True,
+            limit=240,
+            cmd=[py, "benchmarks/update_speed.py", "--device", "cuda", "--json", str(out / "update_speed.json")],
+        ),
         dict(
             name="sampler",  # StaticCacheSampler alone, with a profile of one sample (host or device bound?)
             extra=True,
@@ -288,6 +312,21 @@ def profile_brief(side: str, p: dict) -> str:
     return line
 
 
+def update_speed_brief(measured: dict) -> str:
+    """``benchmarks/update_speed.py``'s variants, short: ``eager 0.52 s (MFU 12.0 %, 31.0 GB, gradient off 0e+00; first
+    3 s); compiled FAILED ...``."""
+
+    def brief(r: dict) -> str:
+        if "error" in r:
+            return f"FAILED {r['error'][:100]}"
+        if r["median_s"] is None:
+            return f"first learn {r['first_s']:.0f} s, no timed learn"
+        peak = f", {r['peak_gb']:.1f} GB" if r.get("peak_gb") is not None else ""
+        return f"{r['median_s']:.2f} s (MFU {100 * r['mfu']:.1f} %{peak}, gradient off {r['gradient_off']:.0e}; first {r['first_s']:.0f} s)"
+
+    return "; ".join(f"{name} {brief(r)}" for name, r in measured["variants"].items()) or "no variant ran"
+
+
 def summary(name: str, output: str, out: Path) -> str:
     """One line of what the part measured, read from its output."""
     if name.startswith("cuda"):
@@ -304,6 +343,8 @@ def summary(name: str, output: str, out: Path) -> str:
             + (f" ({sampler_speed.profile_brief(r['profile'])})" if "profile" in r else "")
             for n, r in engines.items()
         )
+    if name == "update variants" and (out / "update_speed.json").is_file():
+        return update_speed_brief(json.loads((out / "update_speed.json").read_text()))
     if name.startswith(("vs TRL", "lit ")):
         ratio = re.findall(r"^ratio trl/lit: .*$", output, re.M)
         found = re.findall(r"^JSON (.*)$", output, re.M)

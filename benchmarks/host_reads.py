@@ -49,8 +49,11 @@ def reads_between_forward_and_backward(events: list[str]) -> list[int]:
     return counts
 
 
-def random_rollout(rows: int, prompt: int, completion: int, group: int, vocab: int, seed: int):
-    """Left-padded prompts (a group's rows share one) and right-padded completions of random lengths."""
+def random_rollout(
+    rows: int, prompt: int, completion: int, group: int, vocab: int, seed: int, min_completion: int | None = None
+):
+    """Left-padded prompts (a group's rows share one) and right-padded completions of random lengths, from
+    ``min_completion`` (default a quarter of ``completion``) to ``completion`` tokens."""
     from lit_gspo.rl.rollout import RolloutBatch
 
     g = torch.Generator().manual_seed(seed)
@@ -59,7 +62,8 @@ def random_rollout(rows: int, prompt: int, completion: int, group: int, vocab: i
     prompt_len = torch.randint(prompt // 2, prompt + 1, (rows // group,), generator=g).repeat_interleave(group)
     for row in range(rows):
         attention[row, : prompt - int(prompt_len[row])] = 0
-    mask = torch.arange(completion)[None] < torch.randint(completion // 4, completion + 1, (rows, 1), generator=g)
+    shortest = completion // 4 if min_completion is None else min_completion
+    mask = torch.arange(completion)[None] < torch.randint(shortest, completion + 1, (rows, 1), generator=g)
     attention[:, prompt:] = mask
     batch = RolloutBatch(ids, attention, prompt, mask)
     batch.advantages = torch.randn(rows, generator=g)
