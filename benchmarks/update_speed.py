@@ -13,8 +13,9 @@ sampler's compile; this times every variant of the update in one process, on the
   Lightning's ``bf16-mixed``), every other ``Update`` setting its default (the micro-batches' token budget, aligned rows);
 - per variant: its first learn (with its compile), the median seconds of a learn over ``--repeats``, MFU as vs_trl
   counts it (6 · parameters · tokens · (1 + 1/6) over the learn's seconds and an 8192³ bf16 matmul's FLOP/s), the
-  peak device memory of a learn, and how far the gradient of its first optimiser step is from the first variant's (each takes its first learn from
-  the same weights and optimiser state: ‖g_variant − g_first‖ / ‖g_first‖; bf16's rounding is ~1e-2).
+  peak device memory of a learn (weights, gradients, optimiser state, activations; no sampler's caches), and how far
+  the gradient of its first optimiser step is from the first variant's (each takes its first learn from the same
+  weights, optimiser state and minibatch: ‖g_variant − g_first‖ / ‖g_first‖; bf16's rounding is ~1e-2).
 
     python benchmarks/update_speed.py --device cuda                    # the four variants, 3 repeats
     python benchmarks/update_speed.py --device cuda --variants eager,compiled --repeats 5
@@ -119,7 +120,7 @@ def measure(args, save=lambda measured: None) -> dict:
 
     policy, vocab = build_policy(args)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6, weight_decay=0.0, fused=args.device == "cuda")
-    initial = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    initial = {k: v.detach().to("cpu", copy=True) for k, v in policy.state_dict().items()}  # not in the peak
     first = rollout(args, vocab, seed=0)
     params = sum(p.numel() for p in policy.parameters())
     # executed FLOPs of one learn, and the matmul rate MFU divides them by
