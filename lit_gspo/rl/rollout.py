@@ -360,7 +360,7 @@ def completion_states_shared_prompts(model: nn.Module, batch: RolloutBatch, min_
     if len(distinct) == len(batch) or prompt_sharing_saving(len(batch), len(distinct), P, T) < min_saving:
         return None
     cache = DynamicCache(config=model.config)
-    prompt_states = _decoder_output_through_root(model, distinct[:, :P], distinct[:, P:], past_key_values=cache)
+    prompt_states = _decoder_output_through_root(model, distinct[:, :P], distinct[:, P:], cache=cache)
     states = prompt_states[row_to_prompt, -1:]  # (N, 1, H): predicts completion token 0
     if T > 1:  # completion tokens 0..T-2 predict tokens 1..T-1
         cache.batch_select_indices(row_to_prompt)
@@ -370,7 +370,7 @@ def completion_states_shared_prompts(model: nn.Module, batch: RolloutBatch, min_
             batch.input_ids[:, P : P + T - 1],
             mask,
             position_ids=position_ids_of(mask)[:, P:],
-            past_key_values=cache,
+            cache=cache,
         )
         states = torch.cat([states, completion_states], 1)
     return states
@@ -387,7 +387,7 @@ def _decoder_output_through_root(
     attention_mask: Tensor | None,
     *,
     position_ids: Tensor | None = None,
-    past_key_values: Any = None,
+    cache: Any = None,
 ) -> Tensor:
     """The decoder's last hidden state, running the *root* module's forward.
 
@@ -409,8 +409,8 @@ def _decoder_output_through_root(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids_of(attention_mask) if position_ids is None else position_ids,
-            **cache_kwargs(model, past_key_values),
-            use_cache=past_key_values is not None,
+            **cache_kwargs(model, cache),
+            use_cache=cache is not None,
             logits_to_keep=torch.zeros(0, dtype=torch.long, device=input_ids.device),
         )
     finally:
