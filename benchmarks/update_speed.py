@@ -122,15 +122,14 @@ def measure(args, save=lambda measured: None) -> dict:
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6, weight_decay=0.0, fused=args.device == "cuda")
     initial = {k: v.detach().to("cpu", copy=True) for k, v in policy.state_dict().items()}  # not in the peak
     first = rollout(args, vocab, seed=0)
-    params = sum(p.numel() for p in policy.parameters())
-    # executed FLOPs of one learn, and the matmul rate MFU divides them by
-    flops = 6 * params * float(first.attention_mask.sum()) * WORK_FRACTION
+    params, tokens = sum(p.numel() for p in policy.parameters()), float(first.attention_mask.sum())
+    flops = 6 * params * tokens * WORK_FRACTION  # executed by one learn; MFU divides them by the matmul rate
     matmul = matmul_peak(torch.bfloat16, torch.get_num_threads(), args.device)
     measured = dict(
         device=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         torch=torch.__version__,
         params=params,
-        tokens_per_learn=float(first.attention_mask.sum()),
+        tokens_per_learn=tokens,
         matmul_tflops=matmul / 1e12,
         variants={},
     )
@@ -183,9 +182,8 @@ def measure(args, save=lambda measured: None) -> dict:
     batch = rollout(args, vocab, seed=1)  # one batch for every timed learn: a new shape's first learn is slower
     for repeat in range(args.repeats):  # alternated, each round starting one later: A B C D, B C D A, ...
         order = list(learners)
-        for variant in order[repeat % len(order) :] + order[: repeat % len(order)] if order else []:
-            if variant not in learners:  # failed earlier in this round
-                continue
+        start = repeat % max(len(order), 1)
+        for variant in order[start:] + order[:start]:
             try:
                 seconds, peak = timed_learn(learners[variant], batch, optimizer, args.device)
             except Exception as error:  # noqa: BLE001
