@@ -1,4 +1,5 @@
-"""The update alone, variant beside variant: which of ``update.compile`` and ``update.param_dtype`` makes it fastest.
+"""The update alone, variant beside variant: which of ``update.compile`` and ``update.param_dtype`` makes it fastest,
+and what ``update.lean_activations`` (on in every variant but ``plain activations``) saves of its memory.
 
 Issue 36's update-phase MFU target (≥ 25 % on an H100; eager it was elementwise-bound) rests on two opt-ins that only
 a GPU can rank. ``benchmarks/vs_trl.py`` measures one configuration per process, each paying its model load and its
@@ -17,7 +18,7 @@ sampler's compile; this times every variant of the update in one process, on the
   the gradient of its first optimiser step is from the first variant's (each takes its first learn from the same
   weights, optimiser state and minibatch: ‖g_variant − g_first‖ / ‖g_first‖; bf16's rounding is ~1e-2).
 
-    python benchmarks/update_speed.py --device cuda                    # the four variants, 3 repeats
+    python benchmarks/update_speed.py --device cuda                    # the five default variants, 3 repeats
     python benchmarks/update_speed.py --device cuda --variants eager,compiled --repeats 5
     python benchmarks/update_speed.py --dry-run                        # CPU, a 2-layer Qwen3, 8 rows × (8 + 24)
 """
@@ -40,12 +41,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 #: name -> the Update settings that make the variant (every other setting its default)
 VARIANTS = {
     "eager": {},
+    "plain activations": dict(lean_activations=False),
     "compiled": dict(compile=True),
     "bf16 casts": dict(param_dtype="bf16"),
     "compiled bf16 casts": dict(compile=True, param_dtype="bf16"),
     "padded": dict(align_rows=False),
 }
-DEFAULT_VARIANTS = "eager,compiled,bf16 casts,compiled bf16 casts"
+DEFAULT_VARIANTS = "eager,plain activations,compiled,bf16 casts,compiled bf16 casts"
 #: executed FLOPs relative to 6 · params · tokens: forward and backward of every row, and a forward of the second
 #: minibatch's half for its old log-probs (vs_trl's ``work_fraction``)
 WORK_FRACTION = 1 + 1 / 6

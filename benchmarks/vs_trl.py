@@ -421,6 +421,7 @@ def run_lit(args, rss: dict, profile: RegionProfile | None) -> dict:
             align_rows={"on": True, "off": False}.get(args.lit_align_rows, "auto"),
             compile=args.lit_compile == "on",
             param_dtype=None if args.lit_param_dtype == "none" else args.lit_param_dtype,
+            lean_activations=args.lit_lean_activations == "on",
         ),
     )
     mark(rss, "loaded")
@@ -850,6 +851,13 @@ def main(argv=None) -> None:
         "optimiser step (none: autocast on the fp32 parameters, the default a user gets)",
     )
     p.add_argument(
+        "--lit-lean-activations",
+        choices=["on", "off"],
+        default="on",
+        help="lit_gspo update.lean_activations: RMSNorms and SwiGLUs keep their inputs for backward, not what one "
+        "elementwise op recomputes (on: the default a user gets)",
+    )
+    p.add_argument(
         "--gpu-memory-gb",
         type=float,
         help="cap each side's GPU memory at this many GiB (torch.cuda.set_per_process_memory_fraction): an 80 GB "
@@ -917,6 +925,8 @@ def main(argv=None) -> None:
                 args.lit_compile,
                 "--lit-param-dtype",
                 args.lit_param_dtype,
+                "--lit-lean-activations",
+                args.lit_lean_activations,
                 "--model-dir",
                 str(args.model_dir),
                 "--prompts-per-update",
@@ -953,7 +963,8 @@ def main(argv=None) -> None:
         f"≤{args.max_new_tokens} new tokens, {args.precision}, {args.threads} thread(s), gradient checkpointing {args.checkpointing} (lit_gspo {lit_checkpointing(args)}), "
         f"lit_gspo skip_zero_advantage_rows {args.skip_zero_advantage}, micro_batch_tokens {lit_micro_batch_tokens(args)}, "
         f"lit_gspo backend {lit_backend(args)}, share_prompt_forward {args.lit_share_prompts}, "
-        f"align_rows {args.lit_align_rows}, compile {args.lit_compile}, param_dtype {args.lit_param_dtype}"
+        f"align_rows {args.lit_align_rows}, compile {args.lit_compile}, param_dtype {args.lit_param_dtype}, "
+        f"lean_activations {args.lit_lean_activations}"
     )
     print(
         f"{'':>8} {'s/update':>9} {'compl tok/s':>12} {'rollout tok/s':>14} {'update-phase s':>15} {'MFU':>6} "

@@ -326,7 +326,8 @@ def test_the_automatic_token_budget_is_the_gpus_free_memory_and_none_on_the_cpu(
     assert not learner.bytes_per_token  # nothing measured where there is no budget
     monkeypatch.setattr(Learner, "device", property(lambda self: torch.device("cuda")))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**30, 2**31))
-    per_token = saved_bytes_per_token(learner.probe_forward)  # the tiny model's fp32 weights, no autocast
+    with learner.lean():  # the tiny model's fp32 weights, no autocast, its norms and MLPs lean as the update runs them
+        per_token = saved_bytes_per_token(learner.probe_forward)
     assert learner.micro_batch_tokens() == max(256, 2**29 // per_token)
     assert make_learner(Update(micro_batch_tokens=64)).micro_batch_tokens() == 64
 

@@ -44,7 +44,8 @@ def saved_by(forward) -> int:
 def test_the_measured_cost_of_a_token_predicts_what_a_micro_batch_keeps(align, param_dtype):
     """Measured on one row at two lengths, the cost of a token predicts the bytes autograd keeps for a micro-batch of
     another shape (4 rows × 160 tokens of Qwen3-0.6B's layers under bf16 autocast, its LM head in chunks as a large
-    micro-batch's) within 3 %; the config's count, (8·hidden + 4·intermediate) values a layer, was half of it."""
+    micro-batch's, lean norms and activations as the update runs them) within 3 %; the config's count, (8·hidden +
+    4·intermediate) values a layer, was half of what plain modules keep."""
     policy = qwen3_06b_layers(2)
     learner = Learner(policy, GSPO(), Update(align_rows=align, param_dtype=param_dtype))
     ids = torch.arange(4 * 160).reshape(4, 160) * 31 % policy.config.vocab_size
@@ -52,15 +53,18 @@ def test_the_measured_cost_of_a_token_predicts_what_a_micro_batch_keeps(align, p
     attention[1:, :3] = 0  # prompts of 8, 5, 5, 5 tokens
     batch = RolloutBatch(ids, attention, 8, torch.ones(4, 152, dtype=torch.bool))
     rng = torch.get_rng_state()
-    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False), learner.cast(policy):
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False), learner.cast(policy), learner.lean():
         per_token = learner.activation_bytes_per_token()
         one_row = saved_by(lambda: learner.probe_forward(64))
         kept = saved_by(lambda: learner.completion_logprobs(policy, batch, max_chunk_elements=2**20).logprobs)
     assert torch.equal(torch.get_rng_state(), rng)  # the measuring forward draws nothing
     predicted = one_row + per_token * (ids.numel() - 64)
     assert predicted == pytest.approx(kept, rel=0.03)
+    plain = Learner(policy, GSPO(), Update(align_rows=align, param_dtype=param_dtype, lean_activations=False))
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        plain_per_token = plain.activation_bytes_per_token()
     config_count = 2 * (8 * 1024 + 4 * 3072) * 2
-    assert per_token > 1.5 * config_count
+    assert plain_per_token > 1.5 * config_count and per_token < plain_per_token
 
 
 @pytest.mark.parametrize("param_dtype", [None, "bf16"], ids=["autocast", "bf16-casts"])

@@ -21,14 +21,15 @@ def run(tmp_path, variants: str, repeats: int = 1) -> dict:
 
 
 def test_the_variants_of_one_update_compute_the_same_gradient_within_bf16s_rounding(tmp_path):
-    measured = run(tmp_path, "eager,bf16 casts,padded", repeats=2)
+    measured = run(tmp_path, "eager,bf16 casts,padded,plain activations", repeats=2)
     rows = measured["variants"]
-    assert list(rows) == ["eager", "bf16 casts", "padded"]
+    assert list(rows) == ["eager", "bf16 casts", "padded", "plain activations"]
     assert rows["eager"]["gradient_off"] == 0.0  # the reference
     # the same gradient computed another way: bf16 rounds differently, nothing more (on the CPU rows are padded by
     # default: "padded" is the default there, bit for bit)
     assert 0.0 < rows["bf16 casts"]["gradient_off"] < 5e-2
     assert rows["padded"]["gradient_off"] == 0.0
+    assert rows["plain activations"]["gradient_off"] == 0.0  # lean norms and activations: the same bits
     for r in rows.values():
         assert len(r["times"]) == 2 and r["median_s"] > 0 and 0 < r["mfu"] < 1
     summary = device_check.update_speed_brief(measured)

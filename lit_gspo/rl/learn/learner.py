@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from lit_gspo.models import checkpointing_active, checkpointing_paused
 from lit_gspo.models.cast_parameters import PARAM_DTYPES, CastParameters
+from lit_gspo.models.lean_activations import LeanActivations
 from lit_gspo.models.lora import reference_mode
 from lit_gspo.models.regional_compile import CompiledLayers
 from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, rerouted_tokens, routing_volatility
@@ -148,6 +149,7 @@ class Learner:
         self.gradient_checkpointing, self.mismatch = gradient_checkpointing, mismatch
         self.is_moe = bool(moe_routers(policy))
         self.compiled_layers = CompiledLayers() if update.compile else None
+        self.lean_activations = LeanActivations() if update.lean_activations else None
         self.cast_parameters = CastParameters(PARAM_DTYPES[update.param_dtype]) if update.param_dtype else None
         self.bytes_per_token: dict[tuple, int] = {}  # (compute dtype, aligned rows) -> measured activation bytes
         self.old_policy = old_policy or old_policy_for(update, mismatch, self.old_logprobs)
@@ -223,7 +225,7 @@ class Learner:
         global minibatch, multiplied by the world size because DDP and FSDP2 average gradients over ranks.
         """
         backward, step = backward or Tensor.backward, step or clip_then_step
-        with checkpointing_active(self.policy), self.compiled():  # each a no-op unless asked for
+        with checkpointing_active(self.policy), self.compiled(), self.lean():  # each a no-op unless asked for
             update = self.begin(rollout.to(self.device))
             for epoch in range(self.cfg.epochs):
                 order = self.minibatch_order(len(rollout))
@@ -426,16 +428,27 @@ class Learner:
         """The policy's decoder layers compiled while in this context (``update.compile``), where that is supported."""
         if self.compiled_layers is None:
             return nullcontext()
+        why_not = self.compile_blocker()
+        if why_not:
+            warnings.warn(f"update.compile: the update runs eagerly under {why_not}", stacklevel=3)
+            return nullcontext()
+        return self.compiled_layers.active(self.policy)
+
+    def compile_blocker(self) -> str | None:
+        """What keeps ``update.compile`` from compiling the layers here (None: nothing)."""
         unsupported = {
             "gradient checkpointing": self.gradient_checkpointing,
             "FSDP2": is_sharded(self.policy),
             "MoE routing records": self.records_routing,
         }
-        why_not = next((name for name, applies in unsupported.items() if applies), None)
-        if why_not:
-            warnings.warn(f"update.compile: the update runs eagerly under {why_not}", stacklevel=3)
+        return next((name for name, applies in unsupported.items() if applies), None)
+
+    def lean(self):
+        """The policy's RMSNorms and SwiGLUs keeping for backward only what is not one elementwise op away while in this
+        context (``update.lean_activations``); not in compiled layers, whose compiler chooses what to keep."""
+        if self.lean_activations is None or (self.compiled_layers is not None and self.compile_blocker() is None):
             return nullcontext()
-        return self.compiled_layers.active(self.policy)
+        return self.lean_activations.active(self.policy)
 
     def cast(self, model: nn.Module | str | None):
         """``model``'s parameters read in ``update.param_dtype`` while in this context (cast on entering it), where that
@@ -507,7 +520,7 @@ class Learner:
         settings."""
         key = (self.compute_dtype, self.aligns)
         if key not in self.bytes_per_token:
-            with checkpointing_paused(self.policy), self.cast(self.policy):
+            with checkpointing_paused(self.policy), self.cast(self.policy), self.lean():
                 full = saved_bytes_per_token(self.probe_forward)
             if (
                 self.gradient_checkpointing

@@ -1,0 +1,154 @@
+"""Lean RMSNorms and SwiGLUs (``models/lean_activations.py``): the plain modules' gradients bit for bit, fewer bytes
+kept for backward by exactly what the formulas drop, and other forms left alone."""
+
+import contextlib
+import copy
+
+import pytest
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from lit_gspo.models.cast_parameters import CastParameters
+from lit_gspo.models.lean_activations import LeanActivations, gated_mlp_qualifies, rmsnorm_qualifies
+from lit_gspo.rl.config import Update
+from lit_gspo.runtime.token_budget import saved_bytes_per_token
+from tests.test_learner import G, learn, make_learner, sample_rollout, with_rewards
+
+SHAPE = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2)
+
+
+def llama(layers: int = 3) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **SHAPE))
+
+
+def qwen3(layers: int = 3) -> Qwen3ForCausalLM:
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=layers, head_dim=16, **SHAPE))
+
+
+def precision(model: nn.Module, name: str):
+    if name == "autocast":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    if name == "bf16 casts":
+        return CastParameters(torch.bfloat16).active(model)
+    return contextlib.nullcontext()
+
+
+def forward_backward(model: nn.Module, setting: str, lean: bool):
+    """Logits and every parameter's gradient of one forward/backward over padded rows."""
+    model.zero_grad(set_to_none=True)
+    ids = torch.arange(3 * 17).reshape(3, 17) * 37 % 300
+    attention = torch.ones_like(ids)
+    attention[1:, :4] = 0
+    with LeanActivations().active(model) if lean else contextlib.nullcontext(0) as count, precision(model, setting):
+        logits = model(input_ids=ids, attention_mask=attention).logits
+        loss = (logits.float().log_softmax(-1)[..., 5] * attention).sum()
+    loss.backward()
+    return count, logits.detach(), {name: p.grad for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("setting", ["fp32", "autocast", "bf16 casts"])
+@pytest.mark.parametrize("build, lean_per_layer", [(llama, 3), (qwen3, 5)], ids=["llama", "qwen3"])
+def test_the_gradients_are_the_plain_modules_bit_for_bit(build, lean_per_layer, setting):
+    """Two norms and the MLP a layer (Qwen3: its q and k norms too) and the final norm run lean, and every logit and
+    every parameter's gradient equals the plain modules' exactly: autograd's formulas in autograd's order."""
+    model = build()
+    _, plain_logits, plain = forward_backward(model, setting, lean=False)
+    count, logits, lean = forward_backward(model, setting, lean=True)
+    assert count == 3 * lean_per_layer + 1
+    assert torch.equal(logits, plain_logits)
+    different = [name for name in plain if not torch.equal(plain[name], lean[name])]
+    assert not different
+    assert all("forward" not in vars(module) for module in model.modules())  # gone on leaving
+
+
+@pytest.mark.parametrize("build", [llama, qwen3], ids=["llama", "qwen3"])
+def test_a_token_keeps_what_the_formulas_drop_fewer_bytes(build):
+    """fp32: x̂ of each norm (hidden values; Qwen3's q and k norms: heads · head_dim more) and silu(gate)
+    (intermediate values), 4 bytes each, per token and layer, and the final norm's x̂ once."""
+    model = build(layers=2)
+    config = model.config
+    plain = saved_bytes_per_token(lambda length: model(input_ids=torch.arange(length)[None] % 300).logits)
+    with LeanActivations().active(model):
+        lean = saved_bytes_per_token(lambda length: model(input_ids=torch.arange(length)[None] % 300).logits)
+    per_layer = 2 * config.hidden_size + config.intermediate_size
+    if isinstance(model, Qwen3ForCausalLM):
+        per_layer += (config.num_attention_heads + config.num_key_value_heads) * config.head_dim
+    assert plain - lean == 4 * (2 * per_layer + config.hidden_size)
+
+
+class GemmaStyleRMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight, self.variance_epsilon = nn.Parameter(torch.zeros(dim)), eps
+
+    def forward(self, x):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) * (1 + self.weight)).to(x)
+
+
+class ScaledRMSNorm(GemmaStyleRMSNorm):
+    def forward(self, x):  # reads an attribute the lean form does not have
+        return self.scale * x
+
+
+def test_other_forms_keep_their_own_forward():
+    """A norm of another form, a forward reading more than the lean one knows, an MLP with another activation: no
+    lean forward."""
+    assert rmsnorm_qualifies(type(llama(1).model.norm), 1e-6)
+    assert not rmsnorm_qualifies(GemmaStyleRMSNorm, 1e-6)
+    assert not rmsnorm_qualifies(ScaledRMSNorm, 1e-6)
+    mlp = llama(1).model.layers[0].mlp
+    assert gated_mlp_qualifies(type(mlp), mlp.act_fn, bias=False)
+    assert not gated_mlp_qualifies(type(mlp), nn.GELU(), bias=False)
+    model = llama(1)
+    model.model.norm = GemmaStyleRMSNorm(64)
+    model.model.layers[0].mlp.act_fn = nn.GELU()
+    with LeanActivations().active(model) as count:
+        assert count == 2  # the layer's two norms
+        assert "forward" not in vars(model.model.norm) and "forward" not in vars(model.model.layers[0].mlp)
+
+
+def test_the_probe_draws_nothing_from_the_runs_random_stream():
+    model = llama(1)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    with LeanActivations().active(model):
+        pass
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_without_grad_each_module_runs_its_own_forward():
+    """Inside the context a no-grad pass (old log-probs, a sampler) is the class's forward: nothing saved, the same
+    logits."""
+    model = llama()
+    ids = torch.arange(20)[None] % 300
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        with LeanActivations().active(model):
+            lean = model(input_ids=ids).logits
+    assert torch.equal(plain, lean)
+
+
+def test_an_update_is_the_same_with_and_without_lean_activations():
+    """A whole ``learn`` (two minibatches, micro-batches, a shared prompt forward): the same parameters after it."""
+    results = []
+    for lean in (True, False):
+        learner = make_learner(Update(num_minibatches=2, micro_batch_size=4, lean_activations=lean))
+        rollout = with_rewards(learner, sample_rollout(learner.policy), [0.0, 1.0, 3.0] * (12 // G))
+        learn(learner, rollout)
+        results.append(copy.deepcopy(learner.policy.state_dict()))
+        assert (learner.lean_activations is not None) == lean
+    assert all(torch.equal(results[0][name], results[1][name]) for name in results[0])
+
+
+def test_compiled_layers_choose_what_to_keep_themselves():
+    """Under ``update.compile`` the compiler decides what a layer keeps: no lean forward; where compiling cannot run
+    (gradient checkpointing: the update runs eagerly), the lean modules do."""
+    with make_learner(Update(compile=True)).lean() as count:
+        assert count is None
+    layers = make_learner(Update()).policy.config.num_hidden_layers
+    with make_learner(Update(compile=True), gradient_checkpointing=True).lean() as count:
+        assert count == 3 * layers + 1
