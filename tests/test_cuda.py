@@ -2,7 +2,7 @@
 
 On the GPU: the engines' log-probs (StaticCacheSampler compiled, with CUDA graphs) are the trainer's in fp32; under
 bf16 autocast the LM head (bf16x3 on CUDA), log-probs and ratios stay fp32 and an on-policy GSPO step is finite with a
-ratio of exactly 1; the compiled step follows in-place weight updates without recompiling; fused AdamW steps as the
+ratio of exactly 1; lean norms and activations give the plain modules' gradients; the compiled step follows in-place weight updates without recompiling; fused AdamW steps as the
 plain one; bitsandbytes' 8-bit AdamW keeps uint8 state; a fit in bf16-mixed, one process and under FSDP2
 (``ModelParallelStrategy``, one process: NCCL) with AdamW and AdamW8bit, trains and logs finite losses.
 
@@ -12,6 +12,7 @@ tests themselves; the FSDP2 fit then uses gloo). ``benchmarks/gpu_check.py`` is 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -24,8 +25,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from lit_gspo.models import load_policy
+from lit_gspo.models.cast_parameters import CastParameters
+from lit_gspo.models.lean_activations import LeanActivations
 from lit_gspo.rl.advantages import GroupNormalized
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.engines import HFGenerate, LeanSampler, StaticCacheSampler
@@ -97,6 +101,30 @@ def test_under_bf16_autocast_the_lm_head_and_the_logprobs_stay_fp32(gpu_model, c
     ours = (logprobs - fp32_head.gather(-1, targets).squeeze(-1))[mask].abs().max()
     bf16 = (bf16_head.gather(-1, targets).squeeze(-1) - fp32_head.gather(-1, targets).squeeze(-1))[mask].abs().max()
     assert ours <= 1e-4 and bf16 > 1e-5 and ours < bf16 / 10, (float(ours), float(bf16))
+
+
+@pytest.mark.parametrize("param_dtype", [None, "bf16"], ids=["autocast", "bf16-casts"])
+def test_lean_norms_and_activations_give_the_plain_gradients_on_the_device(cuda_device, param_dtype):
+    """``update.lean_activations`` under bf16 autocast (and on bf16 casts) on the device: Qwen3's norms (its q/k norms
+    too) and SwiGLUs lean, every parameter's gradient the plain modules' (bit for bit on the CPU; here within what a
+    kernel's reordering could change, 1e-6 of the largest entry)."""
+    torch.manual_seed(0)
+    shape = dict(hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    config = Qwen3Config(vocab_size=300, num_hidden_layers=2, attn_implementation="eager", **shape)
+    model = Qwen3ForCausalLM(config).to(cuda_device)
+    ids = (torch.arange(2 * 24, device=cuda_device).reshape(2, 24) * 37) % 300
+    grads = []
+    for lean in (False, True):
+        model.zero_grad(set_to_none=True)
+        cast = CastParameters(torch.bfloat16).active(model) if param_dtype else contextlib.nullcontext()
+        with LeanActivations().active(model) if lean else contextlib.nullcontext(0) as count, cast:
+            with torch.autocast(cuda_device.type, dtype=torch.bfloat16):
+                logits = model(input_ids=ids).logits
+            logits.float().log_softmax(-1)[..., 7].sum().backward()
+        grads.append({name: p.grad.float() for name, p in model.named_parameters()})
+    assert count == 2 * 5 + 1
+    for name, plain in grads[0].items():
+        assert (grads[1][name] - plain).abs().max() <= 1e-6 * plain.abs().max(), name
 
 
 def test_the_compiled_static_cache_step_samples_with_the_weights_of_the_moment(gpu_model, cuda_device):
