@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from lit_gspo.models import load_policy
 from lit_gspo.models.cast_parameters import CastParameters
 from lit_gspo.models.lean_activations import LeanActivations, gated_mlp_qualifies, rmsnorm_qualifies
 from lit_gspo.rl.config import Update
@@ -152,3 +153,26 @@ def test_compiled_layers_choose_what_to_keep_themselves():
     layers = make_learner(Update()).policy.config.num_hidden_layers
     with make_learner(Update(compile=True), gradient_checkpointing=True).lean() as count:
         assert count == 3 * layers + 1
+
+
+@pytest.mark.parametrize("targets", ["attention", "all-linear"])
+def test_lora_adapters_train_the_same_through_lean_modules(targets):
+    """LoRA (peft) on the attention's projections, or on every linear layer (the MLP's gate and up projections then
+    adapters too): the lean modules run, the adapters' gradients are the plain modules' bit for bit."""
+    from lit_gspo.models.lora import apply_lora
+
+    policy, _ = load_policy("tiny-llama", seed=0)
+    policy = apply_lora(policy, r=4, alpha=8, **({"target_modules": "all-linear"} if targets == "all-linear" else {}))
+    for name, param in policy.named_parameters():
+        if "lora_B" in name:  # (zero at init: no gradient would reach lora_A)
+            torch.nn.init.normal_(param, std=0.1)
+    ids = torch.arange(40).reshape(2, 20) % 20
+    grads = []
+    for lean in (False, True):
+        policy.zero_grad(set_to_none=True)
+        with LeanActivations().active(policy) if lean else contextlib.nullcontext(0) as count:
+            policy(input_ids=ids).logits.log_softmax(-1)[..., 3].sum().backward()
+        grads.append({name: p.grad for name, p in policy.named_parameters() if p.grad is not None})
+    assert count == 3 * policy.config.num_hidden_layers + 1
+    assert grads[0].keys() == grads[1].keys() and all(name.count("lora_") for name in grads[0])
+    assert all(torch.equal(grads[0][name], grads[1][name]) for name in grads[0])
