@@ -176,3 +176,30 @@ def test_lora_adapters_train_the_same_through_lean_modules(targets):
     assert count == 3 * policy.config.num_hidden_layers + 1
     assert grads[0].keys() == grads[1].keys() and all(name.count("lora_") for name in grads[0])
     assert all(torch.equal(grads[0][name], grads[1][name]) for name in grads[0])
+
+
+class NormWithResidual(nn.Module):
+    """An RMSNorm of the plain form that also takes a residual to add first (as fused-add norms do)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight, self.variance_epsilon = nn.Parameter(torch.ones(dim)), eps
+
+    def forward(self, hidden_states, residual=None):
+        if residual is not None:
+            hidden_states = hidden_states + residual
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+def test_a_call_with_more_arguments_than_the_probe_saw_runs_the_class_forward():
+    norm, x, residual = NormWithResidual(8), torch.randn(2, 3, 8), torch.randn(2, 3, 8)
+    with torch.no_grad():
+        expected = norm(x, residual=residual)
+    with LeanActivations().active(norm) as count:
+        assert count == 1  # qualifies: its one-argument form is the plain one
+        assert torch.equal(norm(x, residual=residual), expected)
+        assert torch.equal(norm(x, residual), expected)
