@@ -855,7 +855,7 @@ def main(argv=None) -> None:
         choices=["on", "off"],
         default="on",
         help="lit_gspo update.lean_activations: RMSNorms and SwiGLUs keep their inputs for backward, not what one "
-        "elementwise op recomputes (on: the default a user gets)",
+        "elementwise op recomputes, and Linears share autocast's copies (on: the default a user gets)",
     )
     p.add_argument(
         "--gpu-memory-gb",

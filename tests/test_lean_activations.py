@@ -53,31 +53,46 @@ def forward_backward(model: nn.Module, setting: str, lean: bool):
 @pytest.mark.parametrize("setting", ["fp32", "autocast", "bf16 casts"])
 @pytest.mark.parametrize("build, lean_per_layer", [(llama, 3), (qwen3, 5)], ids=["llama", "qwen3"])
 def test_the_gradients_are_the_plain_modules_bit_for_bit(build, lean_per_layer, setting):
-    """Two norms and the MLP a layer (Qwen3: its q and k norms too) and the final norm run lean, and every logit and
-    every parameter's gradient equals the plain modules' exactly: autograd's formulas in autograd's order."""
+    """Two norms and the MLP a layer (Qwen3: its q and k norms too), the final norm and every Linear (sharing autocast's
+    copies) run lean, and every logit and every parameter's gradient equals the plain modules' exactly: autograd's
+    formulas in autograd's order."""
     model = build()
     _, plain_logits, plain = forward_backward(model, setting, lean=False)
     count, logits, lean = forward_backward(model, setting, lean=True)
-    assert count == 3 * lean_per_layer + 1
+    assert count == {"rmsnorm": 3 * (lean_per_layer - 1) + 1, "swiglu": 3, "linear": 3 * 7 + 1}  # (+ the LM head)
     assert torch.equal(logits, plain_logits)
     different = [name for name in plain if not torch.equal(plain[name], lean[name])]
     assert not different
     assert all("forward" not in vars(module) for module in model.modules())  # gone on leaving
 
 
+@pytest.mark.parametrize("setting", ["fp32", "autocast"])
 @pytest.mark.parametrize("build", [llama, qwen3], ids=["llama", "qwen3"])
-def test_a_token_keeps_what_the_formulas_drop_fewer_bytes(build):
-    """fp32: x̂ of each norm (hidden values; Qwen3's q and k norms: heads · head_dim more) and silu(gate)
-    (intermediate values), 4 bytes each, per token and layer, and the final norm's x̂ once."""
+def test_a_token_keeps_what_the_formulas_drop_fewer_bytes(build, setting):
+    """Per token and layer, fp32: x̂ of each norm (hidden values; Qwen3's q and k norms: (heads + kv heads) · head_dim
+    more) and silu(gate) (intermediate values), 4 bytes each; the final norm's x̂ once. Under bf16 autocast: the
+    norms' fp32 x̂ (Qwen3's q/k norms: their fp32 copy of a bf16 input and their bf16 x̂, 4 bytes), silu(gate) in bf16,
+    and two of the three bf16 copies of the first norm's output (q, k, v) and one of the two of the second's (gate,
+    up)."""
     model = build(layers=2)
     config = model.config
-    plain = saved_bytes_per_token(lambda length: model(input_ids=torch.arange(length)[None] % 300).logits)
-    with LeanActivations().active(model):
-        lean = saved_bytes_per_token(lambda length: model(input_ids=torch.arange(length)[None] % 300).logits)
-    per_layer = 2 * config.hidden_size + config.intermediate_size
+    hidden, intermediate = config.hidden_size, config.intermediate_size
+    heads = (config.num_attention_heads + config.num_key_value_heads) * getattr(config, "head_dim", 0)
+
+    def forward(length):
+        return model(input_ids=torch.arange(length)[None] % 300).logits
+
+    with precision(model, setting):
+        plain = saved_bytes_per_token(forward)
+        with LeanActivations().active(model):
+            lean = saved_bytes_per_token(forward)
+    if setting == "fp32":
+        per_layer = 4 * (2 * hidden + intermediate)
+    else:
+        per_layer = 4 * 2 * hidden + 2 * intermediate + 2 * 3 * hidden
     if isinstance(model, Qwen3ForCausalLM):
-        per_layer += (config.num_attention_heads + config.num_key_value_heads) * config.head_dim
-    assert plain - lean == 4 * (2 * per_layer + config.hidden_size)
+        per_layer += 4 * heads
+    assert plain - lean == 2 * per_layer + 4 * hidden
 
 
 class GemmaStyleRMSNorm(nn.Module):
@@ -108,7 +123,7 @@ def test_other_forms_keep_their_own_forward():
     model.model.norm = GemmaStyleRMSNorm(64)
     model.model.layers[0].mlp.act_fn = nn.GELU()
     with LeanActivations().active(model) as count:
-        assert count == 2  # the layer's two norms
+        assert count == {"rmsnorm": 2, "linear": 8}  # the layer's two norms; its Linears and the head
         assert "forward" not in vars(model.model.norm) and "forward" not in vars(model.model.layers[0].mlp)
 
 
@@ -152,13 +167,15 @@ def test_compiled_layers_choose_what_to_keep_themselves():
         assert count is None
     layers = make_learner(Update()).policy.config.num_hidden_layers
     with make_learner(Update(compile=True), gradient_checkpointing=True).lean() as count:
-        assert count == 3 * layers + 1
+        assert count["rmsnorm"] + count["swiglu"] == 3 * layers + 1
 
 
+@pytest.mark.parametrize("setting", ["fp32", "autocast"])
 @pytest.mark.parametrize("targets", ["attention", "all-linear"])
-def test_lora_adapters_train_the_same_through_lean_modules(targets):
+def test_lora_adapters_train_the_same_through_lean_modules(targets, setting):
     """LoRA (peft) on the attention's projections, or on every linear layer (the MLP's gate and up projections then
-    adapters too): the lean modules run, the adapters' gradients are the plain modules' bit for bit."""
+    adapters too; under autocast the base layer and the adapter's A share one copy of their input): the lean modules
+    run, the adapters' gradients are the plain modules' bit for bit."""
     from lit_gspo.models.lora import apply_lora
 
     policy, _ = load_policy("tiny-llama", seed=0)
@@ -171,9 +188,11 @@ def test_lora_adapters_train_the_same_through_lean_modules(targets):
     for lean in (False, True):
         policy.zero_grad(set_to_none=True)
         with LeanActivations().active(policy) if lean else contextlib.nullcontext(0) as count:
-            policy(input_ids=ids).logits.log_softmax(-1)[..., 3].sum().backward()
+            with precision(policy, setting):
+                logits = policy(input_ids=ids).logits
+            logits.float().log_softmax(-1)[..., 3].sum().backward()
         grads.append({name: p.grad for name, p in policy.named_parameters() if p.grad is not None})
-    assert count == 3 * policy.config.num_hidden_layers + 1
+    assert count["rmsnorm"] + count["swiglu"] == 3 * policy.config.num_hidden_layers + 1
     assert grads[0].keys() == grads[1].keys() and all(name.count("lora_") for name in grads[0])
     assert all(torch.equal(grads[0][name], grads[1][name]) for name in grads[0])
 
@@ -200,6 +219,6 @@ def test_a_call_with_more_arguments_than_the_probe_saw_runs_the_class_forward():
     with torch.no_grad():
         expected = norm(x, residual=residual)
     with LeanActivations().active(norm) as count:
-        assert count == 1  # qualifies: its one-argument form is the plain one
+        assert count == {"rmsnorm": 1}  # qualifies: its one-argument form is the plain one
         assert torch.equal(norm(x, residual=residual), expected)
         assert torch.equal(norm(x, residual), expected)

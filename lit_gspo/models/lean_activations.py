@@ -10,7 +10,8 @@ where x̂ and silu(g) are one elementwise op of what is kept anyway. :class:`RMS
 autograd's order, so the gradients are the plain modules' bit for bit (tested on whole models: fp32, bf16 autocast,
 bf16 parameter casts). Per token and layer that is ``2·hidden + intermediate`` values fewer (the norm's x̂ twice, the
 MLP's silu(g)); under autocast or casts a 16-bit x is kept instead of its fp32 copy, and Qwen3's per-head q/k norms
-keep half as much. The cost is those elementwise ops once more in backward.
+keep half as much. The cost is those elementwise ops once more in backward. Under autocast, every ``nn.Linear`` also
+reads a copy of its input shared with the other Linears that read the same tensor (``models/shared_casts.py``).
 
 :class:`LeanActivations` puts the lean ``forward`` in each such module's instance dictionary for the duration of
 ``active`` (Python's attribute lookup finds it before the class's, as ``CastParameters`` does with the parameters'
@@ -22,12 +23,16 @@ op order keeps its own forward.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from contextlib import contextmanager
 from types import MethodType, SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from lit_gspo.models.shared_casts import SharedCasts
 
 
 class RMSNormFunction(torch.autograd.Function):
@@ -162,10 +167,12 @@ def gated_mlp_qualifies(cls: type, act_fn: nn.Module, bias: bool) -> bool:
 
 class LeanActivations:
     """``with lean.active(model):`` the model's qualifying RMSNorms and gated MLPs keep less for backward
-    (:class:`RMSNormFunction`, :class:`SwiGLUFunction`). Which classes qualify is probed once per class."""
+    (:class:`RMSNormFunction`, :class:`SwiGLUFunction`; which classes qualify is probed once per class), and its
+    Linears share autocast's copies (:class:`~lit_gspo.models.shared_casts.SharedCasts`)."""
 
     def __init__(self):
         self.verdicts: dict[tuple, bool] = {}  # (class, its probe's settings) -> qualifies
+        self.casts = SharedCasts()
 
     def qualifies(self, module: nn.Module) -> bool:
         cls = type(module)
@@ -181,21 +188,24 @@ class LeanActivations:
             return self.verdicts[key]
         return False
 
-    def lean_modules(self, model: nn.Module) -> list[tuple[nn.Module, object]]:
-        """(module, its lean forward) for each qualifying module of ``model``."""
-        found = []
-        for module in model.modules():
-            if "forward" not in vars(module) and self.qualifies(module):
-                found.append((module, lean_rmsnorm_forward if is_rmsnorm(module) else lean_swiglu_forward))
-        return found
+    def lean_forward(self, module: nn.Module) -> tuple[str, Callable] | None:
+        """(its kind, its lean forward, unbound) for ``module``; None where it keeps its own."""
+        if "forward" in vars(module):  # (lean already: a nested context)
+            return None
+        if type(module) is nn.Linear:
+            return "linear", self.casts.linear_forward
+        if self.qualifies(module):
+            return ("rmsnorm", lean_rmsnorm_forward) if is_rmsnorm(module) else ("swiglu", lean_swiglu_forward)
+        return None
 
     @contextmanager
     def active(self, model: nn.Module):
-        lean = self.lean_modules(model)
-        for module, forward in lean:
+        """Yields how many modules of each kind run lean (``rmsnorm``, ``swiglu``, ``linear``)."""
+        lean = [(module, found) for module in model.modules() if (found := self.lean_forward(module))]
+        for module, (_, forward) in lean:
             object.__setattr__(module, "forward", MethodType(forward, module))
         try:
-            yield len(lean)
+            yield Counter(kind for _, (kind, _) in lean)
         finally:
             for module, _ in lean:
                 object.__delattr__(module, "forward")

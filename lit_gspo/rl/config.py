@@ -144,11 +144,12 @@ class Update:
     autocast's casts. The first update pays the compile. Not with gradient checkpointing, FSDP2 or MoE routing records
     (it then runs eagerly, with a warning). Numbers within float rounding of the eager update's, not bit for bit."""
     lean_activations: bool = True
-    """the policy's RMSNorms and SwiGLU activations keep for backward only what is not one elementwise op away (x and
-    1/rms, not the normalised x; the gate and up projections, not silu(gate)) and recompute the rest in backward
-    (``models/lean_activations.py``): the same gradients bit for bit, a third less activation memory at Qwen3-0.6B's
-    shape under bf16 autocast (a quarter at SmolLM2's in fp32). Only for module classes a probe shows to give the same
-    bits; not under ``compile``, whose compiler chooses what to keep."""
+    """the policy keeps less for backward, the same gradients bit for bit: its RMSNorms keep x and 1/rms, not the
+    normalised x, its SwiGLUs the gate and up projections, not silu(gate), recomputing the rest in backward
+    (``models/lean_activations.py``), and under autocast the Linears that read one tensor read one bf16 copy of it
+    (``models/shared_casts.py``). Two fifths less activation memory at Qwen3-0.6B's shape under bf16 autocast, a quarter
+    at SmolLM2's in fp32. Norms and MLPs only of the classes a probe shows to give the same bits; not under
+    ``compile``, whose compiler chooses what to keep."""
     param_dtype: Literal["bf16"] | None = None
     """the dtype the update's passes (its forward and backward, the old-policy and reference passes) read the
     parameters in: ``bf16`` casts every floating parameter once per optimiser step (``models/cast_parameters.py``), so

@@ -444,8 +444,8 @@ class Learner:
         return next((name for name, applies in unsupported.items() if applies), None)
 
     def lean(self):
-        """The policy's RMSNorms and SwiGLUs keeping for backward only what is not one elementwise op away while in this
-        context (``update.lean_activations``); not in compiled layers, whose compiler chooses what to keep."""
+        """The policy keeping less for backward while in this context (``update.lean_activations``: lean RMSNorms and
+        SwiGLUs, autocast's copies shared); not in compiled layers, whose compiler chooses what to keep."""
         if self.lean_activations is None or (self.compiled_layers is not None and self.compile_blocker() is None):
             return nullcontext()
         return self.lean_activations.active(self.policy)
