@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from lit_gspo.models import load_policy
+from lit_gspo.models import checkpointing_active, enable_gradient_checkpointing, load_policy
 from lit_gspo.models.cast_parameters import CastParameters
 from lit_gspo.models.lean_activations import LeanActivations, gated_mlp_qualifies, rmsnorm_qualifies
 from lit_gspo.rl.config import Update
@@ -222,3 +222,21 @@ def test_a_call_with_more_arguments_than_the_probe_saw_runs_the_class_forward():
         assert count == {"rmsnorm": 1}  # qualifies: its one-argument form is the plain one
         assert torch.equal(norm(x, residual=residual), expected)
         assert torch.equal(norm(x, residual), expected)
+
+
+@pytest.mark.parametrize("setting", ["fp32", "autocast"])
+def test_under_gradient_checkpointing_the_recomputed_layers_run_lean_and_give_the_same_gradients(setting):
+    """Checkpointing recomputes each layer in backward, its lean modules and shared casts again: the saved tensors
+    match the forward's, and the gradients the plain modules' bit for bit."""
+    policy, _ = load_policy("tiny-llama", seed=0)
+    enable_gradient_checkpointing(policy)
+    ids = torch.arange(40).reshape(2, 20) % 20
+    grads = []
+    for lean in (False, True):
+        policy.zero_grad(set_to_none=True)
+        with checkpointing_active(policy), LeanActivations().active(policy) if lean else contextlib.nullcontext(0):
+            with precision(policy, setting):
+                logits = policy(input_ids=ids).logits
+            logits.float().log_softmax(-1)[..., 3].sum().backward()
+        grads.append({name: p.grad for name, p in policy.named_parameters()})
+    assert all(torch.equal(grads[0][name], grads[1][name]) for name in grads[0])
