@@ -32,7 +32,8 @@ More parts run only when named (``--only``), in a second call in the warm window
 named: ``update variants`` (``benchmarks/update_speed.py``: the update alone at vs TRL's 8 × 8 × 256, eager, with
 plain activations, compiled, on bf16 casts and both, alternated in one process on the same rollouts without sampling:
 each one's seconds, MFU, peak memory and first gradient against the eager one's; what decides the CUDA defaults of
-``update.compile`` and ``update.param_dtype``, and what ``update.lean_activations`` saves, ~2 min), ``lit compiled 8x8x256`` (lit_gspo alone with ``update.compile``, ~4 min),
+``update.compile`` and ``update.param_dtype``, and what ``update.lean_activations`` saves, ~2 min), ``lit compiled
+8x8x256`` (lit_gspo alone with ``update.compile``, ~4 min),
 ``sampler`` (``benchmarks/sampler_speed.py``: StaticCacheSampler alone at 64 rows × 256 new tokens, its warm-up and
 samples, and a profile of one sample), ``lit compiled bf16 casts 8x8x256`` (both opt-ins), ``lit bf16 casts 8x8x256``
 (``update.param_dtype: bf16``: the update on bf16 casts of the fp32 parameters, ~3 min), ``profiles 8x8x256`` (vs TRL
