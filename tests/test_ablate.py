@@ -1,6 +1,7 @@
 """`lit-gspo ablate`: the toy config runs every arm × seed, writes summary.csv and report.md, reproducibly."""
 
 import csv
+import gc
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import yaml
 from lit_gspo.tools.ablate import fit_args, load_ablation, main
 from lit_gspo.tools.ablate_report import SUMMARY_COLUMNS, paired_by_seed
 from lit_gspo.tools.main import main as cli_entry
+from tests.test_own_context import record_trainers
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "configs/ablate/toy.yaml"
@@ -90,10 +92,13 @@ def test_a_failing_arm_is_reported_not_fatal(tmp_path, monkeypatch):
     raw["overrides"]["trainer.max_steps"] = 1
     config = tmp_path / "bad.yaml"
     config.write_text(yaml.safe_dump(raw))
+    built = record_trainers(monkeypatch)
     main(["--config", str(config), "--output_dir", str(tmp_path / "out")])
     rows = read_summary(tmp_path / "out" / "summary.csv")
     assert [r["status"] for r in rows] == ["failed", "ok"]
     assert rows[0]["error"]
+    gc.collect()
+    assert len(built) == 1 and built[0]() is None  # the ok arm's model went with it (the broken one built none)
 
 
 def test_fit_args_put_the_objective_before_its_overrides_and_seed_everything(tmp_path):

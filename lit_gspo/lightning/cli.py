@@ -32,6 +32,7 @@ from lit_gspo.rl.objectives import OBJECTIVES
 from lit_gspo.runtime import extras, user_errors
 from lit_gspo.runtime.collectives import end_process_group
 from lit_gspo.runtime.imports import import_path
+from lit_gspo.runtime.own_context import run_in_own_context
 from lit_gspo.runtime.user_errors import SettingsError
 
 # `--help` shows each setting's doc, the string literal after it (lit_gspo/rl/config.py)
@@ -753,7 +754,15 @@ def add_progress_bar(config: dict, callbacks: list) -> None:
 def cli_main(
     args: list[str] | None = None, run: bool = True, other_subcommands: dict[str, ArgumentParser] | None = None
 ) -> RLCLI:
-    """``args`` None: LightningCLI reads ``sys.argv``."""
+    """``args`` None: LightningCLI reads ``sys.argv``. A command that runs (``run``) runs in its own context and leaves
+    nothing in the caller's (``lit_gspo.runtime.own_context``); ``run=False`` builds in the caller's, which fits
+    next: the trainer's settings (``deterministic`` is one of torch's context variables) must still hold there."""
+    if run:
+        return run_in_own_context(_cli_main, args, run, other_subcommands)
+    return _cli_main(args, run, other_subcommands)
+
+
+def _cli_main(args: list[str] | None, run: bool, other_subcommands: dict[str, ArgumentParser] | None) -> RLCLI:
     cli = RLCLI(
         RLModule,
         PromptDataModule,

@@ -42,6 +42,7 @@ from jsonargparse import ArgumentParser
 from lit_gspo.lightning.callbacks.signals import RunInterrupted
 from lit_gspo.lightning.cli import cli_main
 from lit_gspo.lightning.quiet import CLI_ARGS_WARNING
+from lit_gspo.runtime.own_context import run_in_own_context
 from lit_gspo.tools.ablate_report import SUMMARY_COLUMNS, summarise_run, write_report
 
 SEED_KEYS = ("seed_everything", "data.seed")
@@ -155,7 +156,12 @@ def fit_args(ab: Ablation, arm: Arm, seed: int, run_dir: Path, base_path: Path) 
 
 
 def run_one(args: list[str]) -> None:
-    """One fit, in this process, as ``lit-gspo fit`` runs it."""
+    """One fit, in this process, as ``lit-gspo fit`` runs it, in its own context: an arm leaves nothing (its
+    model, its torch config) to the arms after it (``lit_gspo.runtime.own_context``)."""
+    run_in_own_context(_fit, args)
+
+
+def _fit(args: list[str]) -> None:
     # sys.argv holds `lit-gspo ablate ...`, which this process consumed: passing `args` is no mistake here. Not
     # in a catch_warnings block: that would also undo the filters RLModule installs for the fit below.
     warnings.filterwarnings("ignore", message=CLI_ARGS_WARNING)

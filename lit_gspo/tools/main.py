@@ -13,6 +13,7 @@ import importlib
 import sys
 
 from lit_gspo.runtime import user_errors
+from lit_gspo.runtime.own_context import run_in_own_context
 
 # Subcommands run here, before LightningCLI: name → the module with its ``make_parser`` and ``main``.
 COMMANDS = {"eval": "lit_gspo.tools.eval", "ablate": "lit_gspo.tools.ablate", "compare": "lit_gspo.tools.compare"}
@@ -37,9 +38,10 @@ NOT_COMMANDS = {"predict"}
 def main(argv: list[str] | None = None) -> None:
     """``lit-gspo ...``: a user's mistake (a bad setting, a missing file, an unknown option) is one ``error:`` line
     and exit code 2, a bug keeps its traceback; ``--debug`` or ``LIT_GSPO_DEBUG=1`` shows every traceback
-    (``lit_gspo.runtime.user_errors``)."""
+    (``lit_gspo.runtime.user_errors``). Called in a process (a notebook, a test), it leaves nothing of the run in
+    the caller's context variables (``lit_gspo.runtime.own_context``)."""
     args = user_errors.strip_debug(sys.argv[1:] if argv is None else list(argv))
-    return user_errors.run_reporting(_main, args, argv is None)
+    return run_in_own_context(user_errors.run_reporting, _main, args, argv is None)
 
 
 def _main(args: list[str], from_sys_argv: bool) -> None:
