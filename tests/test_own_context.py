@@ -1,9 +1,10 @@
 """A command run in this process leaves nothing of its run behind (``lit_gspo.runtime.own_context``).
 
 Before: jsonargparse's ``subclass_arg_parser`` context variable kept the last parser, and with it the CLI, its
-trainer, model and data, alive after ``main`` returned; a later garbage collection freed them in the middle of
-another test's parse (CI: three in-process CLI tests failed with jsonargparse's ``LookupError`` on ``parent_parser``,
-with a dead fit's progress bar printed in their output)."""
+trainer, model and data, alive after ``main`` returned, until a garbage collection at some later moment freed them
+inside whatever ran then. CI once failed three in-process CLI tests with jsonargparse's ``LookupError`` on
+``parent_parser`` while such a dead fit's progress bar was printed in their output; that failure was not reproduced
+here, the leak is what these tests check."""
 
 import contextvars
 import gc
