@@ -1,12 +1,14 @@
 """The trainer's numbers do not move under a refactor: six fits reproduce their recorded values bit for bit.
 
 Each fit (``tests/golden/runs.py``) runs 40 RL steps in a fresh process pinned to one thread and to
-AVX2 kernels; every logged ``train/*`` and ``val/*`` value and the sha256 of the saved weights must equal
+code paths that are the same on Intel and AMD CPUs (ATen's AVX2 kernels, MKL's ``COMPATIBLE`` branch); every logged ``train/*`` and ``val/*`` value and the sha256 of the saved weights must equal
 the recorded ones exactly. A change that moves a number on purpose re-records (``python
 tests/golden/runs.py record NAME``) and says why in its commit.
 """
 
+import os
 import platform
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,3 +29,33 @@ pytestmark = pytest.mark.skipif(
 def test_fit_reproduces_its_golden_values_bit_for_bit(name):
     diff = runs.differences(name, runs.run(name))
     assert not diff, f"{len(diff)} values differ from tests/golden/{name}.json:\n" + "\n".join(diff[:30])
+
+
+#: run in the pinned process: the CPU capability ATen dispatches to, and GEMMs at every alignment and layout
+PINNED_PATHS_PROBE = """
+import torch
+print("aten", torch.backends.cpu.get_cpu_capability())
+torch.manual_seed(0)
+for m, k, n in [(37, 64, 128), (64, 777, 128), (128, 1000, 64)]:
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    want = a @ b
+    for offset in range(1, 16):  # floats: 4..60 bytes past the allocator's 64-byte alignment
+        a_buf, b_buf = torch.empty(m * k + offset), torch.empty(k * n + offset)
+        a_off, b_off = a_buf[offset:].view(m, k).copy_(a), b_buf[offset:].view(k, n).copy_(b)
+        for x, y in ((a_off, b), (a, b_off), (a_off, b_off), (a.t().contiguous().t(), b)):
+            assert torch.equal(x @ y, want), (m, k, n, offset)
+print("gemm same at every alignment")
+"""
+
+
+def test_the_pinned_process_runs_the_code_paths_pinned():
+    """The pins hold on this CPU: ATen dispatches to AVX2 and MKL reports the ``COMPATIBLE`` branch on every GEMM (an
+    MKL that ignored the branch, as it ignores ``AVX2`` on a non-Intel CPU, reports ``AUTO``), whose results do not
+    depend on the operands' alignment or layout."""
+    env = {**os.environ, **runs.PINNED_ENV, "MKL_VERBOSE": "1"}
+    proc = subprocess.run([sys.executable, "-c", PINNED_PATHS_PROBE], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "aten AVX2" in out and "gemm same at every alignment" in out, out[-2000:]
+    gemm_calls = [line for line in out.splitlines() if line.startswith("MKL_VERBOSE SGEMM")]
+    assert gemm_calls and all("CNR:COMPATIBLE " in line for line in gemm_calls), gemm_calls[:3]

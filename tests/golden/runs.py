@@ -1,9 +1,17 @@
 """Golden runs: fits whose every logged value and final weights a refactor must reproduce bit for bit.
 
 Each run is ``lit-gspo fit`` as a user types it, in a fresh process, for 40 RL steps. The process is
-pinned to one thread and to the AVX2 code paths of ATen, MKL and oneDNN, so that the same bits come out
-on any x86-64 CPU with AVX2 (the CPUs these machines have had: Intel with AMX, Ice Lake, AMD Zen),
-not only on the CPU that recorded them.
+pinned to one thread and to code paths that give the same bits on any x86-64 CPU with AVX2, Intel's or
+AMD's (these machines have had Intel with AMX, Ice Lake and AMD Zen 4), not only on the CPU that
+recorded them:
+
+- ATen's AVX2 kernels: IEEE adds, multiplies, FMAs, divides and square roots, no approximate reciprocals.
+- MKL's ``COMPATIBLE`` branch (SSE2 without rcpps/rsqrtps). MKL's other reproducible branches (``AVX2``,
+  ``AVX2,STRICT``) exist on Intel CPUs only: elsewhere MKL silently takes its ``AUTO`` branch. Files
+  recorded under ``AVX2,STRICT`` passed CI on one machine and failed on an Intel Emerald Rapids, ~1e-7
+  apart from the first RL step on. ``COMPATIBLE`` is also independent of the operands' alignment
+  (``AVX2`` without ``STRICT`` is not: ``tests/test_golden.py`` checks both).
+- oneDNN capped at AVX2 (the fp32 fits here make no oneDNN call; a future one stays pinned).
 
     python tests/golden/runs.py record          # (re)write tests/golden/*.json from the current code
     python tests/golden/runs.py check [NAME..]  # compare the current code with the recorded files
@@ -28,7 +36,9 @@ RL_STEPS = 40
 
 PINNED_ENV = {
     "ATEN_CPU_CAPABILITY": "avx2",  # ATen's vectorised kernels
-    "MKL_CBWR": "AVX2,STRICT",  # MKL's conditional numerical reproducibility (GEMMs)
+    "MKL_CBWR": "COMPATIBLE",  # MKL's conditional numerical reproducibility: the one branch on Intel and AMD alike
+    "MKL_DYNAMIC": "FALSE",  # MKL and OpenMP keep the thread count they are given
+    "OMP_DYNAMIC": "FALSE",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "OMP_NUM_THREADS": "1",  # reductions split over threads would change the summation order
     "MKL_NUM_THREADS": "1",
