@@ -37,6 +37,36 @@ def no_global_seed_between_tests():
     os.environ.pop("PL_GLOBAL_SEED", None)
 
 
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: what Python, pytest and the linters keep beside the code (not a test's output)
+TOOL_CACHES = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", ".benchmarks"}
+
+
+def checkout_paths() -> set[str]:
+    """Every file and folder of the checkout, relative to it (tool caches left out)."""
+    paths = set()
+    for folder, subfolders, files in os.walk(CHECKOUT):
+        subfolders[:] = [d for d in subfolders if d not in TOOL_CACHES and not d.endswith(".egg-info")]
+        paths.update(os.path.relpath(os.path.join(folder, name), CHECKOUT) for name in subfolders + files)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def checkout_before() -> list[set[str]]:
+    return [checkout_paths()]
+
+
+@pytest.fixture(autouse=True)
+def writes_nothing_into_the_checkout(checkout_before):
+    """A test's runs go under its ``tmp_path``: a path relative to the working directory (a config's
+    ``default_root_dir: runs/...`` read after the test's own setting) lands in the checkout, where a second run of the
+    suite meets the first one's output. Fails the test that created a new file or folder there."""
+    yield
+    now = checkout_paths()
+    new, checkout_before[0] = sorted(now - checkout_before[0]), now
+    assert not new, f"the test wrote into the checkout ({CHECKOUT}), not under its tmp_path: {new[:5]}"
+
+
 #: ``LIT_GSPO_CUDA_TESTS_ON=cpu`` runs the ``cuda`` tests on that device instead (a dry run of their code without a GPU)
 CUDA_TESTS_ON = os.environ.get("LIT_GSPO_CUDA_TESTS_ON", "cuda")
 

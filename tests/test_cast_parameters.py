@@ -146,7 +146,8 @@ def test_a_bf16_mixed_fit_trains_on_bf16_casts_and_samples_validates_and_saves_a
 
     extra = ("--model.update.num_minibatches", "2", "--trainer.precision", "bf16-mixed", *SETTINGS[setting])
     extra = tuple(str(ROOT / a) if a.startswith("configs/") else a for a in extra)
-    cli = cli_main([*tiny_args(tmp_path, *extra), "--model.update.param_dtype", "bf16"], run=False)
+    root = ("--trainer.default_root_dir", str(tmp_path))  # after PPO's overlay, which names its own
+    cli = cli_main([*tiny_args(tmp_path, *extra), *root, "--model.update.param_dtype", "bf16"], run=False)
     policy = cli.model.policy
     seen = []  # (grad enabled, the embedding's dtype) at each forward of the policy
     forward_root(policy).register_forward_pre_hook(  # (LoRA: the model inside peft's, which sampling calls)
