@@ -1,8 +1,9 @@
 """The trainer's numbers do not move under a refactor: six fits reproduce their recorded values bit for bit.
 
 Each fit (``tests/golden/runs.py``) runs 40 RL steps in a fresh process pinned to one thread and to
-code paths that are the same on Intel and AMD CPUs (ATen's AVX2 kernels, MKL's ``COMPATIBLE`` branch); every logged ``train/*`` and ``val/*`` value and the sha256 of the saved weights must equal
-the recorded ones exactly. A change that moves a number on purpose re-records (``python
+code paths that are the same on Intel and AMD CPUs (ATen's AVX2 kernels, MKL's ``COMPATIBLE`` branch);
+every logged ``train/*`` and ``val/*`` value and the sha256 of the saved weights must equal the recorded
+ones exactly. A change that moves a number on purpose re-records (``python
 tests/golden/runs.py record NAME``) and says why in its commit.
 """
 
@@ -49,8 +50,8 @@ print("gemm same at every alignment")
 
 
 def test_the_pinned_process_runs_the_code_paths_pinned():
-    """The pins hold on this CPU: ATen dispatches to AVX2 and MKL reports the ``COMPATIBLE`` branch on every GEMM (an
-    MKL that ignored the branch, as it ignores ``AVX2`` on a non-Intel CPU, reports ``AUTO``), whose results do not
+    """The pins hold on this CPU: ATen dispatches to AVX2 and MKL reports the ``COMPATIBLE`` branch on every GEMM
+    (MKL falls back to another branch, silently, where the one asked for is not offered), whose results do not
     depend on the operands' alignment or layout."""
     env = {**os.environ, **runs.PINNED_ENV, "MKL_VERBOSE": "1"}
     proc = subprocess.run([sys.executable, "-c", PINNED_PATHS_PROBE], env=env, capture_output=True, text=True)

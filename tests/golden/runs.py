@@ -9,8 +9,8 @@ recorded them:
 - MKL's ``COMPATIBLE`` branch (SSE2 without rcpps/rsqrtps). MKL's other reproducible branches (``AVX2``,
   ``AVX2,STRICT``) exist on Intel CPUs only: elsewhere MKL silently takes its ``AUTO`` branch. Files
   recorded under ``AVX2,STRICT`` passed CI on one machine and failed on an Intel Emerald Rapids, ~1e-7
-  apart from the first RL step on. ``COMPATIBLE`` is also independent of the operands' alignment
-  (``AVX2`` without ``STRICT`` is not: ``tests/test_golden.py`` checks both).
+  apart from the first RL step on. ``COMPATIBLE``'s GEMMs are also the same at every alignment of the
+  operands (``AVX2`` without ``STRICT``'s are not); ``tests/test_golden.py`` checks the pinned ones.
 - oneDNN capped at AVX2 (the fp32 fits here make no oneDNN call; a future one stays pinned).
 
     python tests/golden/runs.py record          # (re)write tests/golden/*.json from the current code
