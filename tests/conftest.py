@@ -1,5 +1,7 @@
 """Shared fixtures: a tiny random Llama with fixed special-token ids, for rollout and sampler tests; the ``cuda`` marker."""
 
+import contextvars
+import inspect
 import os
 
 import pytest
@@ -35,6 +37,20 @@ def no_global_seed_between_tests():
     os.environ.pop("PL_GLOBAL_SEED", None)
     yield
     os.environ.pop("PL_GLOBAL_SEED", None)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """Each test runs in its own copy of the session's context (``contextvars``): what one test leaves in a context
+    variable cannot reach another. jsonargparse sets and resets its parser's context variables with tokens, and
+    ``cli_main(run=False)`` builds in the caller's context, so a test's CLI stayed referenced there until a later
+    parse replaced it. CI once failed with a ``LookupError`` inside jsonargparse's reset while a dead fit of an earlier
+    test was being collected (its progress bar in the captured output); not reproduced here. A reset with a token made
+    in another context raises ``ValueError`` and changes nothing in this one."""
+    test = pyfuncitem.obj
+    kwargs = {name: pyfuncitem.funcargs[name] for name in inspect.signature(test).parameters}
+    contextvars.copy_context().run(test, **kwargs)
+    return True
 
 
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
