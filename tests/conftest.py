@@ -1,12 +1,13 @@
 """Shared fixtures: a tiny random Llama with fixed special-token ids, for rollout and sampler tests; the ``cuda`` marker."""
 
-import contextvars
 import inspect
 import os
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+from lit_gspo.runtime.own_context import run_in_own_context
 
 PAD, EOS = 0, 1
 
@@ -49,7 +50,7 @@ def pytest_pyfunc_call(pyfuncitem):
     in another context raises ``ValueError`` and changes nothing in this one."""
     test = pyfuncitem.obj
     kwargs = {name: pyfuncitem.funcargs[name] for name in inspect.signature(test).parameters}
-    contextvars.copy_context().run(test, **kwargs)
+    run_in_own_context(test, **kwargs)
     return True
 
 
