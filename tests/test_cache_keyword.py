@@ -54,3 +54,16 @@ def test_sampling_and_an_update_pass_the_cache_without_a_deprecation_warning(mod
         # two minibatches: the second's old log-probs; rows sharing a prompt: the shared prompt forward (its cache)
         learner = Learner(model, GSPO(), Update(num_minibatches=2, share_prompt_forward=True), max_len=5, group_size=2)
         learner.learn(batch, torch.optim.SGD(model.parameters(), lr=0.0))
+
+
+@pytest.mark.parametrize("module", [OldForward(), NewForward()], ids=type)
+def test_a_compiled_function_reads_the_keyword_as_a_constant(module):
+    """A compiled decoding step (StaticCacheSampler's) resolves the keyword while tracing, in one graph. torch 2.11's
+    compiler takes only constants as the arguments of a function it assumes constant (a module is not one)."""
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def passes_the_cache(x):
+        return module(x, **cache_kwargs(module, x)) + 1
+
+    x = torch.zeros(2)
+    assert torch.equal(passes_the_cache(x), x + 1)

@@ -19,7 +19,6 @@ def cache_kwargs(model: nn.Module, cache) -> dict:
     return {} if cache is None else {cache_keyword(model): cache}
 
 
-@torch.compiler.assume_constant_result  # a compiled decoding step reads it once, as a constant
 def cache_keyword(model: nn.Module) -> str:
     """``cache`` where ``model``'s forward declares it (transformers ≥ 5.24), else ``past_key_values``. A wrapper
     whose forward passes keyword arguments through (PEFT, DDP) is looked through to the model it wraps."""
@@ -30,6 +29,13 @@ def cache_keyword(model: nn.Module) -> str:
     return _declared_keyword(type(model))
 
 
-@functools.cache
+@torch.compiler.assume_constant_result  # a compiled decoding step reads it once, as a constant
 def _declared_keyword(cls: type) -> str:
+    # Of the class, not the module: torch 2.11's compiler takes only constants as the arguments of such a function
+    # (a module is not one: `AsPythonConstantNotImplementedError`), torch 2.13's a module too.
+    return _declared_keyword_of(cls)
+
+
+@functools.cache
+def _declared_keyword_of(cls: type) -> str:
     return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
