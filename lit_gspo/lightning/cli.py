@@ -21,6 +21,7 @@ from lit_gspo.lightning import class_switch, run_dir, trainer_flags
 from lit_gspo.lightning.checks import validation_schedule
 from lit_gspo.lightning.component_errors import NamingInstantiator, component_error
 from lit_gspo.lightning.datamodule import PromptDataModule
+from lit_gspo.lightning.int_before_float import int_before_float, int_or_float_parameters
 from lit_gspo.lightning.module import RLModule
 from lit_gspo.lightning.monitors import check_monitors, config_monitors, logged_names
 from lit_gspo.lightning.schedule import ScheduleCadence
@@ -175,6 +176,18 @@ def _unknown_parameter(option: str, name: str, class_path: str) -> str | None:
     )
 
 
+def _parameter_doc(cls: type, name: str) -> str | None:
+    """The description of ``cls.__init__``'s parameter ``name`` in its docstring (or the class's), as jsonargparse's
+    help shows it."""
+    import docstring_parser
+
+    for doc in (cls.__init__.__doc__, cls.__doc__):
+        for param in docstring_parser.parse(doc or "").params:
+            if param.arg_name == name:
+                return param.description
+    return None
+
+
 class RLArgumentParser(LightningArgumentParser):
     """Parser errors about the objective list the objectives that exist, about a misspelled nested key the valid
     fields, about a class path of a missing optional package the extra to install, about an unknown option the
@@ -186,6 +199,21 @@ class RLArgumentParser(LightningArgumentParser):
         # no abbreviations: a misspelled key that happens to be a prefix of a field (num_generation) is an error too
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def add_class_arguments(self, class_type, nested_key=None, *args, skip=None, **kwargs):
+        """jsonargparse's, except that a parameter whose annotation is a union of ``int`` and ``float`` parses an int
+        as an int, however ``typing`` ordered the union (``lit_gspo.lightning.int_before_float``). Also the parser
+        of a class given by ``class_path`` (a callback, a logger), which jsonargparse builds of this class."""
+        exact = int_or_float_parameters(class_type) if inspect.isclass(class_type) else {}
+        added = super().add_class_arguments(class_type, nested_key, *args, skip={*(skip or ()), *exact}, **kwargs)
+        container = (self.groups or {}).get(nested_key, self)
+        for name, (hint, default) in exact.items():
+            key = f"{nested_key}.{name}" if nested_key else name
+            container.add_argument(
+                f"--{key}", type=int_before_float(hint), default=default, help=_parameter_doc(class_type, name)
+            )
+            added.append(key)
+        return added
 
     def error(self, message: str, ex: Exception | None = None):
         nested = nested_value_error(message)
