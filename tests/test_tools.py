@@ -391,10 +391,10 @@ needs_smollm2 = pytest.mark.skipif(
 def smollm2_tokenizer():
     from transformers import AutoTokenizer
 
-    from lit_gspo.models.gguf_utils import packaged_gguf_path
+    from lit_gspo.models.gguf_utils import gguf_tokenizer, packaged_gguf_path
 
     path = packaged_gguf_path()  # converting the GGUF tokenizer takes ~10 s: once per module
-    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    return gguf_tokenizer(AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path)), path)
 
 
 @needs_smollm2

@@ -4,16 +4,23 @@ transformers loads a ``.gguf`` file by de-quantizing every tensor to the request
 still attaches a ``GgufHfQuantizer`` and flags the model as quantized, which makes
 ``save_pretrained`` refuse and ``.float()``/``.half()`` raise. The weights are ordinary dense tensors
 by then, so :func:`drop_quantizer` removes the flags.
+
+The tokenizer transformers converts from a GGUF file does not always carry the file's special tokens: transformers
+5.17 gives SmolLM2-135M-Instruct's ``<|im_start|>`` as its EOS where the file says ``<|im_end|>`` (5.19 and 5.24 read
+it right), so a rollout stopped at the wrong token. :func:`gguf_tokenizer` sets them from the file's metadata.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 
 from transformers import PreTrainedModel
 
 from lit_gspo.runtime.extras import available
+
+log = logging.getLogger(__name__)
 
 #: what transformers imports to load a ``.gguf`` (the ``gguf`` extra installs both): the reader, and accelerate
 GGUF_PACKAGES = ("gguf", "accelerate")
@@ -42,6 +49,47 @@ def packaged_gguf_path(alias: str = "smollm2-135m-instruct") -> str:
         if os.path.isfile(path):
             return path
     raise FileNotFoundError(f"{filename} not found in the installed package {requirement!r}; re-{hint}")
+
+
+#: the tokenizer's special token → the GGUF metadata key of its id
+SPECIAL_TOKEN_KEYS = {
+    "bos_token": "tokenizer.ggml.bos_token_id",
+    "eos_token": "tokenizer.ggml.eos_token_id",
+    "unk_token": "tokenizer.ggml.unknown_token_id",
+    "pad_token": "tokenizer.ggml.padding_token_id",
+}
+
+
+def special_token_ids(path: str) -> dict[str, int]:
+    """``{"eos_token": id, ...}`` as the GGUF file at ``path`` declares them (those it declares)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(path).fields
+    return {
+        role: int(fields[key].parts[fields[key].data[0]][0])
+        for role, key in SPECIAL_TOKEN_KEYS.items()
+        if key in fields and fields[key].data
+    }
+
+
+def gguf_tokenizer(tokenizer, path: str):
+    """``tokenizer``, converted by transformers from the GGUF file at ``path``, with the file's special tokens: each
+    one transformers gave another token (or none) is set to the file's, with a warning naming both."""
+    for role, token_id in special_token_ids(path).items():
+        if not 0 <= token_id < len(tokenizer):
+            continue
+        token = tokenizer.convert_ids_to_tokens(token_id)
+        if getattr(tokenizer, role) != token:
+            log.warning(
+                "%s: %s is %r (id %d) in the file, %r in the tokenizer transformers converted from it; using the file's",
+                os.path.basename(path),
+                role,
+                token,
+                token_id,
+                getattr(tokenizer, role),
+            )
+            setattr(tokenizer, role, token)
+    return tokenizer
 
 
 def gguf_available() -> bool:

@@ -31,7 +31,7 @@ from lit_gspo.runtime.extras import require_installed
 from lit_gspo.runtime.hub import hub_offline, hub_unreachable, offline_hint
 
 from .builders import build_from_config, tiny_llama_config, tiny_qwen3_moe_config
-from .gguf_utils import GGUF_ALIASES, GGUF_PACKAGES, drop_quantizer, packaged_gguf_path
+from .gguf_utils import GGUF_ALIASES, GGUF_PACKAGES, drop_quantizer, gguf_tokenizer, packaged_gguf_path
 from .tokenizer import char_tokenizer
 
 log = logging.getLogger(__name__)
@@ -173,6 +173,8 @@ def _load_pretrained(
         raise _unknown(source if gguf_file is None else f"{source}/{gguf_file}", f"loading failed ({err})") from err
     if gguf_file is not None:
         drop_quantizer(model)
+        if os.path.isdir(source):  # a hub id's file is in the hub's cache, where transformers found it
+            tokenizer = gguf_tokenizer(tokenizer, os.path.join(source, gguf_file))
         if not getattr(tokenizer, "chat_template", None):
             log.warning("the tokenizer from %s carries no chat template; chat-formatted prompts will fail", gguf_file)
     return model, tokenizer
