@@ -208,21 +208,42 @@ def test_compiled_decoding_gives_the_eager_tokens(model):
         torch.testing.assert_close(compiled.engine_logprobs, eager.engine_logprobs, atol=1e-5, rtol=0)
 
 
-def test_a_step_the_compiler_fails_on_decodes_eagerly_with_a_warning_that_names_the_error(model, monkeypatch):
-    """On the H100 inductor failed to generate code for the step at a real vocabulary (a split scan), and the fit
-    crashed in its first rollout: a compiler's failure is a slower sampler and a warning, not a lost run. The eager
-    step draws the same tokens; the compiler is not tried again."""
-    calls = []
-
-    def failing_backend(graph, example_inputs):
+def _failing_backend(calls):
+    def backend(graph, example_inputs):  # inductor on the H100 (torch 2.11), code generation at a real vocabulary
         calls.append(1)
         raise TypeError("list indices must be integers or slices, not NoneType")
 
     real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: real_compile(fn, backend=failing_backend))
+    return lambda fn, **kwargs: real_compile(fn, backend=backend)
+
+
+def _failing_tracer(calls, error=torch._dynamo.exc.InternalTorchDynamoError):
+    def compile(fn, **kwargs):  # Dynamo tracing the step's cache keyword on torch 2.11 (a CPU run of its versions)
+        def compiled(*args):
+            calls.append(1)
+            raise error("AsPythonConstantNotImplementedError: UnspecializedNNModuleVariable is not a constant")
+
+        return compiled
+
+    return compile
+
+
+@pytest.mark.parametrize(
+    "compiler, names",
+    [(_failing_backend, "TypeError: list indices must be integers"), (_failing_tracer, "AsPythonConstantNot")],
+    ids=["inductor", "dynamo"],
+)
+def test_a_step_the_compiler_fails_on_decodes_eagerly_with_a_warning_that_names_the_error(
+    model, monkeypatch, compiler, names
+):
+    """On the H100 inductor failed to generate code for the step at a real vocabulary (a split scan), and the fit
+    crashed in its first rollout: a compiler's failure is a slower sampler and a warning, not a lost run. The eager
+    step draws the same tokens; the compiler is not tried again."""
+    calls = []
+    monkeypatch.setattr(torch, "compile", compiler(calls))
     torch._dynamo.reset()
     engine = StaticCacheSampler(compile=True)
-    with pytest.warns(UserWarning, match=r"decodes eagerly \(slower\).*TypeError: list indices must be integers"):
+    with pytest.warns(UserWarning, match=rf"decodes eagerly \(slower\).*{names}"):
         first = sample(engine, model, return_logprobs=True)
     eager = sample(StaticCacheSampler(compile=False), model, return_logprobs=True)
     assert torch.equal(first.input_ids, eager.input_ids) and torch.equal(first.engine_logprobs, eager.engine_logprobs)
@@ -230,6 +251,13 @@ def test_a_step_the_compiler_fails_on_decodes_eagerly_with_a_warning_that_names_
         warnings.filterwarnings("error", message="StaticCacheSampler decodes eagerly")
         again = sample(engine, model, return_logprobs=True)
     assert torch.equal(again.input_ids, eager.input_ids) and len(calls) == 1
+
+
+def test_a_refusal_of_the_compiler_is_not_taken_for_its_failure(model, monkeypatch):
+    """A recompile under ``fail_on_recompile`` (how the tests hold the step to one graph) still raises."""
+    monkeypatch.setattr(torch, "compile", _failing_tracer([], torch._dynamo.exc.RecompileError))
+    with pytest.raises(torch._dynamo.exc.RecompileError):
+        sample(StaticCacheSampler(compile=True), model)
 
 
 @pytest.mark.slow

@@ -60,6 +60,10 @@ SLOT_BUCKETS = 8
 #: slots a cache has past the longest a step reads, never written or read: the slots read are then never the whole
 #: cache, whose view torch.compile would take for another (contiguous) case and compile the step again for
 SPARE_SLOTS = 1
+#: the compiler's own failures, after which the step decodes eagerly: inductor's (code generation failed at a real
+#: vocabulary on the H100, torch 2.11) and Dynamo's internal errors (one traced the step's cache keyword on torch 2.11).
+#: Not its refusals (a recompile under ``fail_on_recompile``, a graph break under ``fullgraph``), nor the model's errors
+COMPILER_FAILURES = (torch._dynamo.exc.BackendCompilerFailed, torch._dynamo.exc.InternalTorchDynamoError)
 
 
 def row_bucket(rows: int) -> int:
@@ -308,8 +312,8 @@ class StaticCacheSampler(RolloutEngine):
                     torch.compiler.cudagraph_mark_step_begin()  # the last step's outputs are used up: buffers free
                 try:
                     return compiled(*args)
-                except torch._dynamo.exc.BackendCompilerFailed as error:  # the compiler's failure, not the model's:
-                    # it fails before the step runs (nothing written), and the eager step computes the same tokens
+                except COMPILER_FAILURES as error:  # the compiler's failure, not the model's: it fails before the
+                    # step runs (nothing written), and the eager step computes the same tokens
                     cause = getattr(error, "inner_exception", error)
                     warnings.warn(
                         f"StaticCacheSampler decodes eagerly (slower): torch {torch.__version__} failed to compile "
