@@ -18,7 +18,7 @@ import os
 
 from transformers import PreTrainedModel
 
-from lit_gspo.runtime.extras import available
+from lit_gspo.runtime.extras import available, require
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +62,7 @@ SPECIAL_TOKEN_KEYS = {
 
 def special_token_ids(path: str) -> dict[str, int]:
     """``{"eos_token": id, ...}`` as the GGUF file at ``path`` declares them (those it declares)."""
-    from gguf import GGUFReader
-
-    fields = GGUFReader(path).fields
+    fields = require("gguf", "reading a GGUF file's special tokens").GGUFReader(path).fields
     return {
         role: int(fields[key].parts[fields[key].data[0]][0])
         for role, key in SPECIAL_TOKEN_KEYS.items()
