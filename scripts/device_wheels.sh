@@ -7,7 +7,8 @@
 #
 #   scripts/device_wheels.sh            # core: bitsandbytes (slimmed), jsonargparse, math-verify, gguf + their deps
 #   scripts/device_wheels.sh --trl      # + trl, datasets, dill, multiprocess (benchmarks/vs_trl.py --device cuda)
-#   scripts/device_wheels.sh --match    # + transformers and peft at the versions tested here (the machine has its own)
+#   scripts/device_wheels.sh --match    # + transformers and peft at the versions tested here (not needed: .ci/run
+#                                       # also tests the machine's own, .ci/device-stack.txt)
 #   scripts/device_wheels.sh --full-bnb # bitsandbytes' wheel as published (43 MB: every CUDA/ROCm build)
 #
 # bitsandbytes 0.50.2's wheel (43 MB) holds a library per CUDA and ROCm version; the machine's torch is cu130, so the
@@ -31,7 +32,7 @@ for arg in "$@"; do
     --trl) WANT="$WANT $TRL" ;;
     --match) WANT="$WANT $MATCH" ;;
     --full-bnb) SLIM=0 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
 done
