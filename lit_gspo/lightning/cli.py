@@ -179,8 +179,10 @@ def _unknown_parameter(option: str, name: str, class_path: str) -> str | None:
 def _parameter_doc(cls: type, name: str) -> str | None:
     """The description of ``cls.__init__``'s parameter ``name`` in its docstring (or the class's), as jsonargparse's
     help shows it."""
-    import docstring_parser
-
+    try:
+        import docstring_parser  # jsonargparse's, for the help of every other parameter
+    except ImportError:
+        return None
     for doc in (cls.__init__.__doc__, cls.__doc__):
         for param in docstring_parser.parse(doc or "").params:
             if param.arg_name == name:

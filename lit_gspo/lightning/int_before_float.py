@@ -1,4 +1,4 @@
-"""A Trainer flag that means a count as an int and a fraction as a float is parsed as the user wrote it.
+"""A parameter where an int is a count and a float a fraction (Lightning's ``limit_*_batches``) gets what was written.
 
 Lightning annotates ``limit_train_batches``, ``limit_val_batches``, ... as ``Optional[Union[int, float]]``: an int is a
 number of batches, a float a fraction of them. jsonargparse tries a union's members in the order of its ``__args__``,
