@@ -21,7 +21,7 @@ from lit_gspo.lightning import class_switch, run_dir, trainer_flags
 from lit_gspo.lightning.checks import validation_schedule
 from lit_gspo.lightning.component_errors import NamingInstantiator, component_error
 from lit_gspo.lightning.datamodule import PromptDataModule
-from lit_gspo.lightning.int_before_float import int_before_float, int_or_float_parameters
+from lit_gspo.lightning.int_before_float import int_before_float, int_or_float_parameters, parameter_doc
 from lit_gspo.lightning.module import RLModule
 from lit_gspo.lightning.monitors import check_monitors, config_monitors, logged_names
 from lit_gspo.lightning.schedule import ScheduleCadence
@@ -176,20 +176,6 @@ def _unknown_parameter(option: str, name: str, class_path: str) -> str | None:
     )
 
 
-def _parameter_doc(cls: type, name: str) -> str | None:
-    """The description of ``cls.__init__``'s parameter ``name`` in its docstring (or the class's), as jsonargparse's
-    help shows it."""
-    try:
-        import docstring_parser  # jsonargparse's, for the help of every other parameter
-    except ImportError:
-        return None
-    for doc in (cls.__init__.__doc__, cls.__doc__):
-        for param in docstring_parser.parse(doc or "").params:
-            if param.arg_name == name:
-                return param.description
-    return None
-
-
 class RLArgumentParser(LightningArgumentParser):
     """Parser errors about the objective list the objectives that exist, about a misspelled nested key the valid
     fields, about a class path of a missing optional package the extra to install, about an unknown option the
@@ -212,7 +198,7 @@ class RLArgumentParser(LightningArgumentParser):
         for name, (hint, default) in exact.items():
             key = f"{nested_key}.{name}" if nested_key else name
             container.add_argument(
-                f"--{key}", type=int_before_float(hint), default=default, help=_parameter_doc(class_type, name)
+                f"--{key}", type=int_before_float(hint), default=default, help=parameter_doc(class_type, name)
             )
             added.append(key)
         return added

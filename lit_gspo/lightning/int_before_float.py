@@ -10,7 +10,8 @@ order as equal, so the annotation Lightning gets is whichever of ``Union[int, fl
 
 :func:`int_before_float` rebuilds such an annotation with ``int`` before ``float`` as ``int | float | ...``
 (``types.UnionType``, which keeps the order it is written in), and :func:`int_or_float_parameters` finds the
-parameters of a class that need it, so that ``RLArgumentParser`` adds them with that type.
+parameters of a class that need it, so that ``RLArgumentParser`` adds them with that type and :func:`parameter_doc`'s
+help.
 """
 
 from __future__ import annotations
@@ -46,3 +47,17 @@ def int_or_float_parameters(cls: type) -> dict[str, tuple[object, object]]:
 def _holds_int_and_float(hint) -> bool:
     members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else ()
     return int in members and float in members
+
+
+def parameter_doc(cls: type, name: str) -> str | None:
+    """The description of ``cls.__init__``'s parameter ``name`` in its docstring (or the class's), as jsonargparse's
+    help shows it."""
+    try:
+        import docstring_parser  # jsonargparse's, for the help of every other parameter
+    except ImportError:
+        return None
+    for doc in (cls.__init__.__doc__, cls.__doc__):
+        for param in docstring_parser.parse(doc or "").params:
+            if param.arg_name == name:
+                return param.description
+    return None
