@@ -18,6 +18,7 @@ from lit_gspo.rl.learn.learner import Learner
 from lit_gspo.rl.learn.mismatch import Mismatch
 from lit_gspo.rl.objectives import Objective
 from lit_gspo.rl.rewards import ExactMatch, RewardSet
+from lit_gspo.runtime.installed import check_installed
 
 
 @dataclass
@@ -46,6 +47,7 @@ def build_stages(
     """The policy (and its reference and critic), a collector over ``environment`` × ``engine`` scored by ``rewards``,
     and a learner of ``objective`` with ``update``'s schedule and ``mismatch``'s π_old (``update.mismatch`` as the run
     resolved it)."""
+    check_installed()  # the Python API's start, as `lit-gspo` checks at its own
     models = build_policies(
         policy.name,
         model_config=policy.config,

@@ -19,6 +19,7 @@ import importlib.util
 import re
 from types import ModuleType
 
+from lit_gspo.runtime.installed import check_extra
 from lit_gspo.runtime.user_errors import UserError
 
 #: importable name → the extra that installs it
@@ -54,14 +55,17 @@ def available(package: str) -> bool:
 
 
 def require(module: str, feature: str) -> ModuleType:
-    """Import ``module`` (e.g. ``"peft"``, ``"matplotlib.pyplot"``), or raise :class:`MissingExtraError` naming the extra."""
+    """Import ``module`` (e.g. ``"peft"``, ``"matplotlib.pyplot"``), or raise :class:`MissingExtraError` naming the extra
+    (or ``UnsupportedVersionError`` naming the version the extra needs)."""
     package = module.split(".")[0]
     try:
-        return importlib.import_module(module)
+        imported = importlib.import_module(module)
     except ImportError as err:
         if err.name is not None and err.name.split(".")[0] != package:
             raise  # the package is there but one of *its* dependencies is missing: that error says more
         raise MissingExtraError(missing_message(package, feature)) from err
+    check_extra(package)
+    return imported
 
 
 def require_installed(packages: tuple[str, ...], feature: str) -> None:
@@ -70,6 +74,7 @@ def require_installed(packages: tuple[str, ...], feature: str) -> None:
     for package in packages:
         if not available(package):
             raise MissingExtraError(missing_message(package, feature))
+        check_extra(package)
 
 
 def pyplot(feature: str) -> ModuleType:

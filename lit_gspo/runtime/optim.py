@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from lit_gspo.runtime.collectives import all_reduce
+from lit_gspo.runtime.installed import check_extra
 
 try:
     from torch.distributed.tensor import DTensor, Shard
@@ -187,6 +188,7 @@ def shard_aware(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """
     if not needs_local_updates(optimizer) or isinstance(optimizer, LocalShardUpdates):
         return optimizer
+    check_extra("bitsandbytes")  # every optimizer of a fit passes here; an old one fails on the CPU naming a GPU
     if not any(_is_dtensor(p) for g in optimizer.param_groups for p in g["params"]):
         return optimizer
     cls = type(optimizer)

@@ -13,6 +13,7 @@ import importlib
 import sys
 
 from lit_gspo.runtime import user_errors
+from lit_gspo.runtime.installed import check_installed
 from lit_gspo.runtime.own_context import run_in_own_context
 
 # Subcommands run here, before LightningCLI: name → the module with its ``make_parser`` and ``main``.
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _main(args: list[str], from_sys_argv: bool) -> None:
+    check_installed()  # a package outside lit_gspo's requirements: one error here, not a failure far from its cause
     if args and args[0] in COMMANDS:
         command(args[0]).main(args[1:])
         return
