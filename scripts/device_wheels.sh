@@ -8,7 +8,7 @@
 #   scripts/device_wheels.sh            # core: bitsandbytes (slimmed), jsonargparse, math-verify, gguf + their deps
 #   scripts/device_wheels.sh --trl      # + trl, datasets, dill, multiprocess (benchmarks/vs_trl.py --device cuda)
 #   scripts/device_wheels.sh --match    # + transformers and peft at the versions tested here (not needed: .ci/run
-#                                       # also tests the machine's own, .ci/device-stack.txt)
+#                                       # also tests the machine's own, .ci/floors.txt)
 #   scripts/device_wheels.sh --full-bnb # bitsandbytes' wheel as published (43 MB: every CUDA/ROCm build)
 #
 # bitsandbytes 0.50.2's wheel (43 MB) holds a library per CUDA and ROCm version; the machine's torch is cu130, so the
