@@ -19,7 +19,7 @@ from collections.abc import Callable
 from functools import cache
 from importlib import metadata
 
-from packaging.requirements import Requirement
+from packaging.requirements import Requirement  # packaging: a requirement of lightning and of transformers
 from packaging.utils import canonicalize_name
 
 from lit_gspo.runtime.user_errors import UserError
@@ -53,11 +53,11 @@ def extra_requirement(package: str) -> Requirement | None:
     return None
 
 
-def unmet(requirements: list[Requirement], version_of: Callable[[str], str]) -> list[tuple[Requirement, str | None]]:
+def unmet(wanted: list[Requirement], version_of: Callable[[str], str]) -> list[tuple[Requirement, str | None]]:
     """Each requirement the installed packages miss, with the installed version (None: not installed). A local or
     pre-release version counts by its number (``2.11.0+cu130`` meets ``>=2.11``; so does a nightly ``2.16.0.dev``)."""
     missed = []
-    for requirement in requirements:
+    for requirement in wanted:
         try:
             installed = version_of(requirement.name)
         except metadata.PackageNotFoundError:
@@ -76,10 +76,7 @@ def pip_argument(requirement: Requirement) -> str:
 
 def unmet_message(missed: list[tuple[Requirement, str | None]]) -> str:
     found = "; ".join(
-        f"{r.name} {installed} (lit_gspo needs {r.name}{r.specifier})"
-        if installed
-        else f"{r.name} not installed (lit_gspo needs {r.name}{r.specifier})"
-        for r, installed in missed
+        f"{r.name} {installed or 'not installed'} (lit_gspo needs {pip_argument(r)})" for r, installed in missed
     )
     wanted = " ".join(f"'{pip_argument(r)}'" for r, _ in missed)
     return f"lit_gspo cannot run on the installed packages: {found}. Install what it needs: pip install {wanted}"
