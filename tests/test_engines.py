@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lit_gspo.models import load_policy
-from lit_gspo.rl.engines import HFGenerate, LeanSampler, RolloutEngine
+from lit_gspo.rl.engines import HFGenerate, LeanSampler, RolloutEngine, StaticCacheSampler
 from lit_gspo.rl.rollout import token_logprobs
 
 PAD, EOS = 0, 1  # conftest.py's tiny model
@@ -16,10 +16,23 @@ def sample(engine, model, seed=0, **kwargs):
     return engine.sample(model, PROMPTS, num_generations=3, max_new_tokens=8, pad_id=PAD, eos_id=EOS, **kwargs)
 
 
-@pytest.mark.parametrize("engine", [HFGenerate(), LeanSampler()], ids=["hf", "lean"])
-def test_engine_logprobs_are_the_trainers_when_both_see_the_same_distribution(model, engine):
-    batch = sample(engine, model, temperature=0.7, return_logprobs=True)
-    plain = sample(engine, model, temperature=0.7)
+def own_stream(engine: RolloutEngine, seed: int = 7) -> RolloutEngine:
+    engine.own_random_stream(seed)
+    return engine
+
+
+SAMPLERS = {  # each in-process engine, drawing from torch's default stream or from its own
+    "hf": HFGenerate,
+    "lean": LeanSampler,
+    "hf-own-stream": lambda: own_stream(HFGenerate()),
+    "lean-own-stream": lambda: own_stream(LeanSampler()),
+}
+
+
+@pytest.mark.parametrize("make", SAMPLERS.values(), ids=list(SAMPLERS))
+def test_engine_logprobs_are_the_trainers_when_both_see_the_same_distribution(model, make):
+    batch = sample(make(), model, temperature=0.7, return_logprobs=True)
+    plain = sample(make(), model, temperature=0.7)
     assert torch.equal(batch.input_ids, plain.input_ids) and plain.engine_logprobs is None  # same draws
     mask = batch.completion_mask
     assert batch.engine_logprobs.dtype == torch.float32 and batch.engine_logprobs.shape == mask.shape
@@ -29,15 +42,44 @@ def test_engine_logprobs_are_the_trainers_when_both_see_the_same_distribution(mo
     torch.testing.assert_close(batch.engine_logprobs[mask], trainer[mask], atol=2e-5, rtol=0)
 
 
-@pytest.mark.parametrize("engine", [HFGenerate(), LeanSampler()], ids=["hf", "lean"])
-def test_with_top_k_the_sampler_renormalises_so_its_logprobs_exceed_the_trainers(model, engine):
+@pytest.mark.parametrize("make", SAMPLERS.values(), ids=list(SAMPLERS))
+def test_with_top_k_the_sampler_renormalises_so_its_logprobs_exceed_the_trainers(model, make):
     """The sampler draws from the top-k distribution; the trainer scores under the full softmax (a mismatch)."""
-    batch = sample(engine, model, top_k=3, return_logprobs=True)
+    batch = sample(make(), model, top_k=3, return_logprobs=True)
     mask = batch.completion_mask
     with torch.no_grad():
         trainer = token_logprobs(model, batch).logprobs
     gap = (batch.engine_logprobs - trainer)[mask]
     assert (gap > 1e-4).all()  # the 3 kept tokens' mass is < 1 under the full softmax
+
+
+@pytest.mark.parametrize("make", [HFGenerate, LeanSampler, StaticCacheSampler], ids=["hf", "lean", "static-cache"])
+def test_an_engine_with_its_own_stream_samples_the_same_whatever_torch_drew_meanwhile(model, make):
+    """The thread rollout worker's engine draws from its own stream: the trainer's thread drawing from torch's default
+    one (at any moment) changes nothing it samples. On the default stream the same draws do change it."""
+    drawn = {}
+    for torch_seed, torch_draws in ((0, 0), (1, 5)):
+        engine = own_stream(make(), seed=7)
+        torch.manual_seed(torch_seed)
+        first = engine.sample(model, PROMPTS, num_generations=3, max_new_tokens=8, pad_id=PAD, eos_id=EOS)
+        torch.rand(torch_draws)  # the trainer's thread, between two rollouts
+        second = sample(engine, model, seed=torch_seed + 10, top_p=0.9, return_logprobs=True)
+        drawn[torch_seed] = first, second
+    (a, b), (c, d) = drawn.values()
+    assert torch.equal(a.input_ids, c.input_ids) and torch.equal(b.input_ids, d.input_ids)
+    assert torch.equal(b.engine_logprobs, d.engine_logprobs)
+    assert not torch.equal(a.input_ids, b.input_ids)  # the stream went on: the second rollout drew afresh
+    assert not torch.equal(sample(make(), model, seed=0).input_ids, sample(make(), model, seed=1).input_ids)
+
+
+def test_one_stream_inverts_the_same_cdf_in_every_engine(model):
+    """HFGenerate's own-stream draws (a logits processor) are the lean sampler's: the same uniform per row inverts the
+    same distribution, so every first token agrees (later ones differ once a finished row leaves the lean batch)."""
+    hf = sample(own_stream(HFGenerate()), model, temperature=0.7, return_logprobs=True)
+    lean = sample(own_stream(LeanSampler()), model, temperature=0.7, return_logprobs=True)
+    P = len(max(PROMPTS, key=len))
+    assert torch.equal(hf.input_ids[:, : P + 1], lean.input_ids[:, : P + 1])
+    torch.testing.assert_close(hf.engine_logprobs[:, 0], lean.engine_logprobs[:, 0], atol=2e-6, rtol=0)
 
 
 def test_lean_and_hf_engines_agree_on_greedy_tokens_and_logprobs(model):

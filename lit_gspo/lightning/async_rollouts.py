@@ -88,11 +88,13 @@ def build_async_rollouts(module) -> AsyncRollouts:
     """The pipeline of one fit of ``module`` (an RLModule), started: a worker with a copy of the policy as it is now
     (after the warm start, or as the resumed checkpoint left it), its own engine and collector (a thread shares the
     environment, reward functions and tokenizer; a process has its own copies), Lightning's precision context around
-    each rollout, its own refill prompts and (a process) its own random stream."""
+    each rollout, its own refill prompts and its own random streams: the engine's samples (either worker) and torch's
+    default one (a process)."""
     collector = copy.copy(module.collector)  # its own trainer_state and last_* (the reward set and environment shared)
-    collector.engine = copy.deepcopy(module.collector.engine)
-    collector.last_extra, collector.last_per_function = {}, {}
     seed = stream_seed(module.seed, rank=module.global_rank, stream=1 + module.rl_step)  # a resume draws afresh
+    collector.engine = copy.deepcopy(module.collector.engine)
+    collector.engine.own_random_stream(seed)  # a thread's samples never depend on when the trainer's thread draws
+    collector.last_extra, collector.last_per_function = {}, {}
     refill = functools.partial(module.refill_rows, generator=torch.Generator().manual_seed(seed))
 
     def sample(policy, rows, trainer_state):

@@ -42,6 +42,9 @@ class RolloutEngine:
     #: (:meth:`reading_in`); None outside one, or without it
     reading_dtype: torch.dtype | None = None
 
+    #: the seed of the engine's own random stream (:meth:`own_random_stream`); None: it draws from torch's default one
+    random_seed: int | None = None
+
     def __init__(self, attn_implementation: str | None = None):
         if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
             raise ValueError(
@@ -51,6 +54,23 @@ class RolloutEngine:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(attn_implementation={self.attn_implementation!r})"
+
+    def own_random_stream(self, seed: int) -> None:
+        """From now on draw every sample from generators of this engine's own, seeded with ``seed`` (one per device),
+        not from torch's default stream. The thread rollout worker's engine does: the trainer's thread draws from the
+        default stream too (data loaders, shuffles, a user's callback), at moments no one controls, and a shared stream
+        would make what the worker samples depend on that timing."""
+        self.random_seed, self._generators = seed, {}
+
+    def generator(self, device: torch.device | str) -> torch.Generator | None:
+        """Where the engine's random draws on ``device`` come from: its own stream's generator there, or None
+        (torch's default stream, as :func:`torch.rand` without one). An engine passes it to every draw it makes."""
+        if self.random_seed is None:
+            return None
+        device = torch.device(device)
+        if device not in self._generators:
+            self._generators[device] = torch.Generator(device).manual_seed(self.random_seed)
+        return self._generators[device]
 
     def sync_weights(self, policy: nn.Module) -> None:
         """Make the engine sample from ``policy``'s current weights (nothing to do for the built-ins)."""
@@ -137,7 +157,7 @@ class RolloutEngine:
                     f"{type(self).__name__} samples with transformers' generate under sharded parameters (synced_gpus)",
                     stacklevel=2,
                 )
-                generate = partial(generate_with_hf)
+                generate = partial(generate_with_hf, generator=self.generator(device))
             with (
                 attention_implementation(policy, self.attn_implementation),
                 weights_cast_once(device.type),

@@ -42,6 +42,7 @@ class LeanSampler(RolloutEngine):
             pad_id=pad_id,
             do_sample=bool(sampling),
             return_logprobs=return_logprobs,
+            generator=self.generator(input_ids.device),
             **sampling,
         )
         return out if return_logprobs else (out, None)

@@ -415,6 +415,7 @@ class StaticCacheSampler(RolloutEngine):
                 pad_id=pad_id,
                 do_sample=bool(sampling),
                 return_logprobs=return_logprobs,
+                generator=self.generator(device),
                 **sampling,
             )
             return out if return_logprobs else (out, None)
@@ -443,7 +444,7 @@ class StaticCacheSampler(RolloutEngine):
         state.finished.fill_(True)  # the bucket's spare rows
         state.finished[:rows] = False
         if sampling:  # every draw of the rollout at once: the step reads its row of them
-            uniforms = torch.rand(max_new_tokens, bucket, device=device)
+            uniforms = torch.rand(max_new_tokens, bucket, device=device, generator=self.generator(device))
             state.temperature.fill_(sampling["temperature"])
             sampling = dict(sampling, temperature=state.temperature)
         decode = self._decode_step(device, policy, greedy=not sampling)
