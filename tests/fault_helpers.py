@@ -3,8 +3,12 @@ their PYTHONPATH)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
+
+import torch
 
 
 class StuckOnRank1:
@@ -42,6 +46,21 @@ class AlwaysRaises:
 
     def __call__(self, prompts, completions, **columns):
         raise ConnectionError(f"reward server down (rank {os.environ.get('LOCAL_RANK', '0')})")
+
+
+class RecordsSamples:
+    """Scores 0 and appends what each call scored to ``<directory>/rank<r>.jsonl``: the prompts and completions, and a
+    draw from torch's default random stream right after the sampling (one stream on two ranks draws alike)."""
+
+    def __init__(self, directory: str):
+        self.directory = Path(directory)
+
+    def __call__(self, prompts, completions, **columns):
+        record = {"prompts": [str(p) for p in prompts], "completions": [str(c) for c in completions]}
+        record["draw"] = torch.rand(()).item()
+        with open(self.directory / f"rank{os.environ.get('LOCAL_RANK', '0')}.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        return [0.0] * len(completions)
 
 
 class Alternating:

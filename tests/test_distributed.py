@@ -18,6 +18,7 @@ and KL to 1e-3.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import socket
 import subprocess
@@ -280,6 +281,28 @@ def ddp_env() -> dict:
         "MASTER_PORT": str(port),
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
     }
+
+
+@pytest.mark.distributed
+def test_ddp_ranks_sample_with_draws_of_their_own(tmp_path):
+    """Before: ``seed_everything`` seeded both ranks alike and each sampled its prompts with the other's uniforms; the
+    tiny policy, hardly reading its prompt before training, sampled the same completions on both (half the global
+    batch a copy). Now every rank but rank 0 reseeds its default streams after the warm start."""
+    records = tmp_path / "records"
+    records.mkdir()
+    reward = f"[{{class_path: fault_helpers.RecordsSamples, init_args: {{directory: {records}}}}}]"
+    fit = [sys.executable, "-m", "lit_gspo.tools.main", "fit"]
+    fit += run_args(tmp_path / "run", "--trainer.strategy", "ddp", "--model.rewards", reward, prompts=2, devices=2)
+    fit += ["--model.validation.every_n_steps", "0"]
+    proc = subprocess.run(fit, cwd=ROOT, env=ddp_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [[json.loads(line) for line in open(records / f"rank{r}.jsonl")] for r in (0, 1)]
+    rollouts = [
+        [call for call in calls if len(set(call["prompts"])) < len(call["prompts"])] for calls in ranks
+    ]  # G each
+    assert len(rollouts[0]) == len(rollouts[1]) == 2  # two RL steps
+    for zero, one in zip(*rollouts):
+        assert zero["draw"] != one["draw"] and zero["completions"] != one["completions"]
 
 
 @pytest.mark.distributed

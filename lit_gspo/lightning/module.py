@@ -35,7 +35,7 @@ from lit_gspo.lightning.quiet import silence_lightning_noise
 from lit_gspo.lightning.rl_step_optimizer import RLStepOptimizer
 from lit_gspo.lightning.run_state import load_run_state, save_run_state
 from lit_gspo.lightning.schedule import ScheduleCadence, after_epoch, after_rl_step, learner_schedule
-from lit_gspo.lightning.seed import resolve_seed, stream_seed
+from lit_gspo.lightning.seed import resolve_seed, seed_ranks_apart, stream_seed
 from lit_gspo.lightning.step_log import StepLog
 from lit_gspo.lightning.strategy import check_strategy
 from lit_gspo.lightning.validation import GreedyValidation
@@ -253,13 +253,15 @@ class RLModule(LightningModule):
 
     def on_fit_start(self) -> None:
         """The fit's first stages, once the policy is on its device and a checkpoint restored: the data checked, then a
-        fresh run's warm start. Lightning's sanity check follows: over every held-out batch it is ``val/reward`` at
-        step 0, the policy RL starts from (``lit-gspo fit``'s default, ``Trainer(num_sanity_val_steps=-1)``)."""
+        fresh run's warm start and every rank's own random streams (``seed_ranks_apart``). Lightning's sanity check
+        follows: over every held-out batch it is ``val/reward`` at step 0, the policy RL starts from (``lit-gspo fit``'s
+        default, ``Trainer(num_sanity_val_steps=-1)``)."""
         check_data(self)
         check_monitors(logged_names(self), object_monitors(self.plateau_metric, self.trainer.callbacks))
-        if not self.warm_started and self.global_step == 0:  # never after a resume
+        if not self.warm_started and self.global_step == 0:  # never after a resume (it restores every rank's RNGs)
             self.warm_started = True
             supervised_warm_start(self)
+            seed_ranks_apart(self.seed, self.global_rank)  # from here on each rank samples its own draws
 
     def on_train_epoch_end(self) -> None:
         after_epoch(self)
