@@ -93,7 +93,9 @@ def build_async_rollouts(module) -> AsyncRollouts:
     collector = copy.copy(module.collector)  # its own trainer_state and last_* (the reward set and environment shared)
     seed = stream_seed(module.seed, rank=module.global_rank, stream=1 + module.rl_step)  # a resume draws afresh
     collector.engine = copy.deepcopy(module.collector.engine)
-    collector.engine.own_random_stream(seed)  # a thread's samples never depend on when the trainer's thread draws
+    # a thread's samples never depend on when the trainer's thread draws; a seed apart from the refill generator's
+    # and the process's default stream's (streams of one seed would draw alike)
+    collector.engine.own_random_stream(stream_seed(seed, stream=1))
     collector.last_extra, collector.last_per_function = {}, {}
     refill = functools.partial(module.refill_rows, generator=torch.Generator().manual_seed(seed))
 
