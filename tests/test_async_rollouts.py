@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import multiprocessing
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -296,20 +298,25 @@ def process_running(pid: int) -> bool:
     return "\nState:\tZ" not in state  # a zombie has ended (nobody reaped it yet)
 
 
-def test_a_process_worker_draws_its_own_random_stream():
-    def draw(policy, rows, state):
-        return Rollout(rows), {"draw": float(torch.rand(()))}
+def test_a_process_worker_draws_its_own_random_streams():
+    """torch's, numpy's and python's: a forked child would otherwise draw what the trainer draws next (a reward or an
+    environment drawing from numpy or python in the worker did, before)."""
 
-    torch.manual_seed(0)
+    def draw(policy, rows, state):
+        return Rollout(rows), {"draws": (float(torch.rand(())), float(np.random.rand()), random.random())}
+
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
     worker = ProcessRolloutWorker(draw, versioned_policy(), seed=123, poll_s=0.01)
     worker.start()
     try:
         worker.submit([1])
-        theirs = worker.get().stats["draw"]
+        theirs = worker.get().stats["draws"]
     finally:
         worker.stop()
-    mine = float(torch.rand(()))
-    assert theirs != mine and theirs == float(torch.rand((), generator=torch.Generator().manual_seed(123)))
+    mine = (float(torch.rand(())), float(np.random.rand()), random.random())
+    assert all(a != b for a, b in zip(theirs, mine))
+    torch.manual_seed(123), np.random.seed(123), random.seed(123)
+    assert theirs == (float(torch.rand(())), float(np.random.rand()), random.random())
 
 
 # ---------------------------------------------------------------------- settings

@@ -4,10 +4,8 @@ each rank's random streams."""
 from __future__ import annotations
 
 import os
-import random
 
-import numpy as np
-import torch
+from lit_gspo.runtime.rng import seed_default_streams
 
 #: the stream number of a rank's default random streams (:func:`seed_ranks_apart`); the run's generators are ≥ 0
 DEFAULT_STREAMS = -1
@@ -37,7 +35,4 @@ def seed_ranks_apart(seed: int, rank: int) -> None:
     restores every rank's streams from the checkpoint instead."""
     if rank == 0:
         return
-    own = stream_seed(seed, rank=rank, stream=DEFAULT_STREAMS)
-    torch.manual_seed(own)
-    np.random.seed(own % 2**32)
-    random.seed(own)
+    seed_default_streams(stream_seed(seed, rank=rank, stream=DEFAULT_STREAMS))

@@ -12,6 +12,13 @@ import torch
 from lit_gspo.runtime.collectives import gather_objects
 
 
+def seed_default_streams(seed: int) -> None:
+    """Seed this process's default random streams: torch's (every device), numpy's and python's."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
 def local_rng_state(refill_generator: torch.Generator | None = None) -> dict[str, Any]:
     """This process's torch (CPU and CUDA), numpy and python RNG states (and the refill generator's)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()

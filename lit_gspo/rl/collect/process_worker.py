@@ -43,6 +43,7 @@ from lit_gspo.rl.collect.async_rollouts import (
     trainable_parameters,
     trainable_parameters_of_copy,
 )
+from lit_gspo.runtime.rng import seed_default_streams
 
 
 class Failure(tuple):
@@ -56,7 +57,8 @@ class ProcessRolloutWorker(RolloutWorker):
         sample: what one rollout is (``(policy, rows, trainer_state) -> (rollout, stats)``), run in the worker.
         policy: the trainer's policy; the worker's copy is the one it inherits at :meth:`start` (version ``version``).
         version: the policy version at start (RL steps done).
-        seed: the worker's torch RNG seed (a fork would otherwise repeat the trainer's random stream).
+        seed: the seed of the worker's torch, numpy and python random streams (a fork would otherwise repeat the
+            trainer's streams).
         context: entered around every rollout in the worker (Lightning's precision: autocast).
         poll_s: how often a waiting side looks whether the other is still alive.
         stop_grace_s: how long :meth:`stop` lets a rollout in progress finish before it kills the worker.
@@ -160,7 +162,7 @@ class ProcessRolloutWorker(RolloutWorker):
         signal.signal(signal.SIGTERM, lambda *_: self._stop.set())  # finish the rollout in progress, then end
         try:
             torch.set_num_threads(1)  # GNU OpenMP cannot run a team of threads in a forked child
-            torch.manual_seed(self.seed)
+            seed_default_streams(self.seed)  # torch's, numpy's and python's: a fork would repeat the trainer's
             for p in self.policy.parameters():
                 p.requires_grad_(False)
                 p.grad = None
