@@ -42,7 +42,9 @@ LONG_PROMPTS = [
     "Write a long story about a lighthouse keeper and a storm.",
     "Explain in detail how a bicycle works, part by part.",
 ]
-ENGINES = ("HFGenerate", "LeanSampler", "StaticCacheSampler", "VLLMEngine")
+#: HFGenerate-own-stream: HFGenerate drawing from a stream of its own (as the async rollouts' worker has it), each token
+#: drawn in a logits processor instead of transformers' sampling
+ENGINES = ("HFGenerate", "HFGenerate-own-stream", "LeanSampler", "StaticCacheSampler", "VLLMEngine")
 
 
 def make_engine(name: str, dtype: str):
@@ -50,6 +52,10 @@ def make_engine(name: str, dtype: str):
 
     if name == "HFGenerate":
         return HFGenerate()
+    if name == "HFGenerate-own-stream":
+        engine = HFGenerate()
+        engine.own_random_stream(0)
+        return engine
     if name == "LeanSampler":
         return LeanSampler(attn_implementation="lit_gqa_eager")  # as the SmolLM2 configs sample
     if name == "StaticCacheSampler":
@@ -107,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--config", default=str(ROOT / "configs/smollm2/gspo_arithmetic.yaml"))
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    parser.add_argument("--engines", nargs="+", default=[e for e in ENGINES if "own-stream" not in e], choices=ENGINES)
     parser.add_argument("--device", default="cpu", help="where the policy samples (cpu, cuda)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--temperature", type=float, default=1.0)
