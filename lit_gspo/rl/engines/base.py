@@ -22,7 +22,8 @@ class RolloutEngine:
     (padding, eval mode, the attention kernel while sampling, masks through the first EOS, the batch
     layout). Engines that keep their own copy of the weights (a server, another process) refresh it in
     :meth:`sync_weights`, which the trainer calls before every rollout; the built-ins sample from the
-    policy module itself, so theirs does nothing.
+    policy module itself, so theirs does nothing. Every random draw goes through :meth:`generator` (torch's
+    default stream unless the engine was given its own, as the async rollouts' worker gives its copy).
 
     Args:
         attn_implementation: the attention kernel while sampling (``eager``, ``sdpa``, ``lit_gqa_eager``:
