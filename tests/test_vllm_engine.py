@@ -130,6 +130,19 @@ def test_a_seeded_torch_rng_samples_the_same_completions_and_another_seed_others
     assert len({tuple(r.tolist()) for r in rows}) > len(PROMPTS)  # the G samples of a prompt differ
 
 
+def test_with_a_stream_of_its_own_the_engine_samples_the_same_whatever_torch_drew(engine, model):
+    """The async rollouts' worker gives its engine a stream of its own: the request seeds come from it, not from torch's
+    default stream (which the trainer's thread draws from too)."""
+    drawn = []
+    try:
+        for torch_seed in (0, 1):
+            engine.own_random_stream(7)
+            drawn.append(sample(engine, model, seed=torch_seed, temperature=1.0).input_ids)
+    finally:
+        engine.own_random_stream(None)  # the module's engine: torch's default stream again for the other tests
+    assert torch.equal(*drawn)
+
+
 def test_prompts_beyond_one_steps_token_budget_sample_with_their_seeds(engine, model):
     """48 prompts × 100 tokens exceed the 4096 tokens vLLM prefills in one step. With chunked prefill (vLLM's
     default) a partly prefilled seeded request fails on CPU ("CPU Generator does not use offset"); whole prompts

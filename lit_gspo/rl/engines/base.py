@@ -56,11 +56,11 @@ class RolloutEngine:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(attn_implementation={self.attn_implementation!r})"
 
-    def own_random_stream(self, seed: int) -> None:
+    def own_random_stream(self, seed: int | None) -> None:
         """From now on draw every sample from generators of this engine's own, seeded with ``seed`` (one per device),
-        not from torch's default stream. The thread rollout worker's engine does: the trainer's thread draws from the
-        default stream too (data loaders, shuffles, a user's callback), at moments no one controls, and a shared stream
-        would make what the worker samples depend on that timing."""
+        not from torch's default stream (None: from the default stream again). The thread rollout worker's engine does:
+        the trainer's thread draws from the default stream too (data loaders, shuffles, a user's callback), at moments
+        no one controls, and a shared stream would make what the worker samples depend on that timing."""
         self.random_seed, self._generators = seed, {}
 
     def generator(self, device: torch.device | str) -> torch.Generator | None:
