@@ -68,10 +68,10 @@ class RolloutEngine:
         (torch's default stream, as :func:`torch.rand` without one). An engine passes it to every draw it makes."""
         if self.random_seed is None:
             return None
-        device = torch.device(device)
-        if device not in self._generators:
-            self._generators[device] = torch.Generator(device).manual_seed(self.random_seed)
-        return self._generators[device]
+        device, generators = torch.device(device), self.__dict__.setdefault("_generators", {})
+        if device not in generators:
+            generators[device] = torch.Generator(device).manual_seed(self.random_seed)
+        return generators[device]
 
     def sync_weights(self, policy: nn.Module) -> None:
         """Make the engine sample from ``policy``'s current weights (nothing to do for the built-ins)."""

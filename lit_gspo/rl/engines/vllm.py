@@ -160,7 +160,8 @@ class VLLMEngine(RolloutEngine):
             vllm.TokensPrompt(prompt_token_ids=ids[mask.bool()].tolist())
             for ids, mask in zip(input_ids.cpu(), attention_mask.cpu())
         ]
-        # one seed per prompt, from the engine's random stream (greedy draws none); vLLM gives a prompt's n samples seed + 0..n-1
+        # one seed per prompt, from the engine's random stream (greedy draws none); vLLM gives a prompt's n samples
+        # seed + 0..n-1
         high = 2**31 - len(prompts) * num_generations
         base = int(torch.randint(0, high, (), generator=self.generator("cpu"))) if sampling else None
         params = [
