@@ -42,6 +42,18 @@ def test_engine_logprobs_are_the_trainers_when_both_see_the_same_distribution(mo
     torch.testing.assert_close(batch.engine_logprobs[mask], trainer[mask], atol=2e-5, rtol=0)
 
 
+@pytest.mark.parametrize(
+    "sampling", [{"top_k": 3}, {"top_p": 0.8, "temperature": 1.3}, {"greedy": True}], ids=["top-k", "top-p", "greedy"]
+)
+@pytest.mark.parametrize("make", SAMPLERS.values(), ids=list(SAMPLERS))
+def test_asking_for_the_logprobs_changes_nothing_sampled(model, make, sampling):
+    """HFGenerate keeps the log-probs in a logits processor that applies the warpers itself: its draws must be those
+    of transformers' own warpers, bit for bit."""
+    batch = sample(make(), model, return_logprobs=True, **sampling)
+    plain = sample(make(), model, **sampling)
+    assert torch.equal(batch.input_ids, plain.input_ids) and torch.equal(batch.completion_mask, plain.completion_mask)
+
+
 @pytest.mark.parametrize("make", SAMPLERS.values(), ids=list(SAMPLERS))
 def test_with_top_k_the_sampler_renormalises_so_its_logprobs_exceed_the_trainers(model, make):
     """The sampler draws from the top-k distribution; the trainer scores under the full softmax (a mismatch)."""
@@ -172,3 +184,27 @@ def test_under_sharded_parameters_an_engine_without_its_own_sharded_loop_samples
         getattr(engines, engine)().sample(policy, prompts, synced_gpus=True, **kwargs)
     getattr(engines, engine)().sample(policy, prompts, **kwargs)
     assert calls == [True]  # only the sharded call went to generate
+
+
+def test_hf_generates_logprobs_hold_one_steps_scores_not_every_steps(model):
+    """transformers' ``output_scores`` kept a (rows, vocabulary) fp32 tensor per step, and stacking them made
+    (rows, T, vocabulary) — 10 GB for 64 rows × 256 tokens of a 152k vocabulary. No tensor that large is made now."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    vocabulary = model.config.vocab_size  # 23: no other dimension of the tiny model
+
+    class LargestScores(TorchDispatchMode):
+        numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.dim() and t.shape[-1] == vocabulary:
+                    LargestScores.numel = max(LargestScores.numel, t.numel())
+            return out
+
+    with LargestScores():
+        batch = sample(HFGenerate(), model, top_p=0.9, return_logprobs=True)
+    rows, T = batch.completion_mask.shape
+    assert T > max(map(len, PROMPTS))  # the prefill's logits (rows, P, vocabulary) are smaller than T steps' scores
+    assert LargestScores.numel < rows * T * vocabulary
