@@ -34,13 +34,13 @@ def generate_with_hf(
     return_logprobs: bool,
     generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """:meth:`RolloutEngine.generate` with ``policy.generate``; with a ``generator``, sampled from it
-    (:class:`DrawFrom`: transformers' own sampling draws from torch's default stream only). The log-probs are kept
-    a step at a time (:class:`KeepLogprobs`), never as transformers' ``output_scores``."""
-    if generator is not None and sampling:
-        processor, sampler_args = DrawFrom(generator, sampling), {"do_sample": False}
-    elif return_logprobs:  # the warpers in the processor, none of transformers' (1.0 and 0 add none)
-        processor, sampler_args = KeepLogprobs(sampling), {"do_sample": bool(sampling), **NO_WARPERS}
+    """:meth:`RolloutEngine.generate` with ``policy.generate``; with a ``generator``, sampled from it (transformers' own
+    sampling draws from torch's default stream only). The log-probs are kept a step at a time (:class:`InProcessor`),
+    never as transformers' ``output_scores``."""
+    draws = generator is not None and bool(sampling)
+    if draws or return_logprobs:  # the warpers in the processor, none of transformers' (1.0 and 0 add none)
+        processor = InProcessor(sampling, generator if draws else None)
+        sampler_args = {"do_sample": bool(sampling) and not draws, **NO_WARPERS}
     else:
         processor, sampler_args = None, {"do_sample": bool(sampling), **sampling}
     sequences = policy.generate(
@@ -62,22 +62,27 @@ def generate_with_hf(
 NO_WARPERS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
 
 
-class KeepLogprobs(LogitsProcessor):
-    """Applies temperature, top-k and top-p itself (:func:`filter_logits`, bit for bit transformers' warpers, which
-    transformers adds after the processors it is given) and keeps each drawn token's log-prob under them: one step's
+class InProcessor(LogitsProcessor):
+    """Temperature, top-k and top-p applied in a logits processor (:func:`filter_logits`, bit for bit transformers'
+    warpers, which transformers adds after the processors it is given), and with a ``generator`` the draw too: the
+    inverse CDF (:func:`sample_tokens`, as the lean sampler draws), returned as scores whose argmax is the drawn token
+    so that greedy decoding emits it. Keeps each drawn token's log-prob under the filtered distribution: one step's
     (rows, vocabulary) log-softmax at a time, read at the next call, whose ``input_ids`` end with the token drawn from
     it — not ``output_scores``' stack of every step (rows × T × vocabulary in fp32: 10 GB for 64 rows × 256 tokens of
     a 152k vocabulary)."""
 
-    def __init__(self, sampling: dict):
-        self.sampling, self.previous = sampling, None
+    def __init__(self, sampling: dict, generator: torch.Generator | None = None):
+        self.sampling, self.generator, self.previous = sampling, generator, None
         self.logprobs: list[Tensor] = []  # (rows,) per decoding step
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         self._keep(input_ids[:, -1])
         logits = filter_logits(scores, **self.sampling)
         self.previous = logits.log_softmax(-1)
-        return logits
+        if self.generator is None:
+            return logits  # transformers draws from them
+        chosen = sample_tokens(logits.softmax(-1), self.generator)
+        return torch.full_like(scores, float("-inf")).scatter_(-1, chosen[:, None], 0.0)
 
     def _keep(self, drawn: Tensor) -> None:
         if self.previous is not None:
@@ -87,23 +92,4 @@ class KeepLogprobs(LogitsProcessor):
     def drawn_logprobs(self, sequences: Tensor) -> Tensor:
         """(rows, T): the log-probs of the tokens drawn (the last one is the last of ``sequences``)."""
         self._keep(sequences[:, -1])
-        return torch.stack(self.logprobs, 1)
-
-
-class DrawFrom(LogitsProcessor):
-    """Draws each next token from ``generator`` — temperature, top-k, top-p (:func:`filter_logits`, the order of
-    transformers' warpers), then the inverse CDF (:func:`sample_tokens`) — and returns scores whose argmax is it, so
-    that greedy decoding emits it. Keeps the drawn tokens' log-probs under the distribution they were drawn from."""
-
-    def __init__(self, generator: torch.Generator, sampling: dict):
-        self.generator, self.sampling = generator, sampling
-        self.logprobs: list[Tensor] = []  # (rows,) per decoding step
-
-    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        logits = filter_logits(scores, **self.sampling)
-        chosen = sample_tokens(logits.softmax(-1), self.generator)
-        self.logprobs.append(logits.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(1))
-        return torch.full_like(scores, float("-inf")).scatter_(-1, chosen[:, None], 0.0)
-
-    def drawn_logprobs(self, sequences: Tensor) -> Tensor:
         return torch.stack(self.logprobs, 1)
