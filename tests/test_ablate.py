@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_own_context import record_trainers
 
 from lit_gspo.tools.ablate import fit_args, load_ablation, main
 from lit_gspo.tools.ablate_report import SUMMARY_COLUMNS, paired_by_seed
 from lit_gspo.tools.main import main as cli_entry
-from tests.test_own_context import record_trainers
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "configs/ablate/toy.yaml"

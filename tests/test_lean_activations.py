@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from test_learner import G, learn, make_learner, sample_rollout, with_rewards
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
@@ -14,7 +15,6 @@ from lit_gspo.models.cast_parameters import CastParameters
 from lit_gspo.models.lean_activations import LeanActivations, gated_mlp_qualifies, rmsnorm_qualifies
 from lit_gspo.rl.config import Update
 from lit_gspo.runtime.token_budget import saved_bytes_per_token
-from tests.test_learner import G, learn, make_learner, sample_rollout, with_rewards
 
 SHAPE = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2)
 
