@@ -124,6 +124,9 @@ TEST_THREADS = int(os.environ.get("LIT_GSPO_TEST_THREADS", "1"))
 
 
 def pytest_configure(config):
+    # the tests run commands as a user types them at the repository's root (`--config configs/quickstart.yaml`, an
+    # ablation's `base:`): `pytest /path/to/tests` from another directory, or an IDE's runner, must see the same paths
+    os.chdir(config.rootpath)
     _parse_each_docstring_once()
     torch.set_num_threads(TEST_THREADS)
 
