@@ -26,7 +26,7 @@ from lit_gspo.lightning.run_dir import SaveRunConfig  # noqa: E402
 from lit_gspo.tools.main import cli_main  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = sorted((ROOT / "tests/golden").glob("*.json"))
+GOLDEN = sorted((ROOT / "tests/golden").glob("*/*.json"))  # one folder per CPU vendor
 
 
 def folder_clashes(keys) -> list[tuple[str, str]]:
