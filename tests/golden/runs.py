@@ -14,12 +14,17 @@ pinned to one thread and to code paths that give the same bits on every CPU of o
 Not across vendors: on an AMD EPYC Zen 4 (family 25 model 17, 2026-11-28) every run differed from the files
 recorded on Intel by ~1e-7 from step 0 (the entropy and gradient norm after the warm start; the samples, rewards
 and loss equal), the same bits run after run, although the process made only SGEMM calls, every one
-``CNR:COMPATIBLE`` and free of FMAs. So each vendor has its own recording of the same fits
+``CNR:COMPATIBLE`` and free of FMAs. What is left to differ is how ``COMPATIBLE`` blocks the sum over K: on that
+CPU a GEMM with K ≤ 64 is the plain sequential fp32 sum, and with 64 < K ≤ 200 the sequential sums over blocks of
+112 added up (``python tests/golden/runs.py k-block`` finds the block), a size MKL most likely derives from the
+caches (32 KB L1d and 1 MB L2 a core there, 48 KB and 2 MB on an Emerald Rapids; not measured on Intel yet). The
+backward's weight gradients sum over every token (K in the thousands). So each vendor has its own recording of the same fits
 (``tests/golden/<vendor_id>/NAME.json``, ``vendor_id`` as /proc/cpuinfo names it), both made by the same code;
 a CPU of a vendor without one skips the check, naming it.
 
     python tests/golden/runs.py record          # (re)write this vendor's files from the current code
     python tests/golden/runs.py check [NAME..]  # compare the current code with this vendor's files
+    python tests/golden/runs.py k-block         # the K-block of the pinned process's fp32 GEMMs on this CPU
 
 Re-recording is a decision, not a fix: say in the commit which values changed and why. A change that moves the
 numbers re-records on the vendor it runs on and deletes the other vendor's files it cannot re-record (that
@@ -174,7 +179,43 @@ def differences(name: str, got: dict) -> list[str]:
     return out
 
 
+def gemm_k_block(max_block: int = 512) -> int | None:
+    """The K-block of this process's fp32 GEMM: the kc for which ``A @ B`` (8 × 2kc × 8) equals, bit for bit, the
+    sequential fp32 sums over K's blocks of kc added into C (0: sequential over all K ≤ ``max_block``; None: neither)."""
+    import numpy as np
+    import torch
+
+    def blocked(a, b, kc):
+        c = np.zeros((a.shape[0], b.shape[1]), np.float32)
+        for start in range(0, a.shape[1], kc):
+            part = np.zeros_like(c)
+            for k in range(start, min(start + kc, a.shape[1])):
+                part = part + a[:, k, None] * b[None, k, :]  # fp32 multiply, then fp32 add: no FMA
+            c = c + part
+        return c
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 2 * max_block, generator=gen), torch.randn(2 * max_block, 8, generator=gen)
+    for kc in range(4, max_block + 1, 4):  # the first K at which the sequential sum stops matching
+        if not np.array_equal(
+            (a[:, : kc + 4] @ b[: kc + 4]).numpy(), blocked(a[:, : kc + 4].numpy(), b[: kc + 4].numpy(), kc + 4)
+        ):
+            k = kc + 4
+            for block in range(4, k, 4):
+                if np.array_equal(
+                    (a[:, : 2 * block] @ b[: 2 * block]).numpy(),
+                    blocked(a[:, : 2 * block].numpy(), b[: 2 * block].numpy(), block),
+                ):
+                    return block
+            return None
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["k-block"]:  # in the pinned process, as the runs compute
+        probe = "import runs; print('fp32 GEMM K-block:', runs.gemm_k_block())"
+        env = {**os.environ, **PINNED_ENV, "PYTHONPATH": str(HERE)}
+        return subprocess.run([sys.executable, "-c", probe], env=env).returncode
     if not argv or argv[0] not in ("record", "check"):
         print(__doc__)
         return 2
