@@ -196,19 +196,14 @@ def gemm_k_block(max_block: int = 512) -> int | None:
 
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(8, 2 * max_block, generator=gen), torch.randn(2 * max_block, 8, generator=gen)
-    for kc in range(4, max_block + 1, 4):  # the first K at which the sequential sum stops matching
-        if not np.array_equal(
-            (a[:, : kc + 4] @ b[: kc + 4]).numpy(), blocked(a[:, : kc + 4].numpy(), b[: kc + 4].numpy(), kc + 4)
-        ):
-            k = kc + 4
-            for block in range(4, k, 4):
-                if np.array_equal(
-                    (a[:, : 2 * block] @ b[: 2 * block]).numpy(),
-                    blocked(a[:, : 2 * block].numpy(), b[: 2 * block].numpy(), block),
-                ):
-                    return block
-            return None
-    return 0
+
+    def same(k, kc):  # A @ B over the first k of K, against blocks of kc
+        return np.array_equal((a[:, :k] @ b[:k]).numpy(), blocked(a[:, :k].numpy(), b[:k].numpy(), kc))
+
+    first = next((k for k in range(4, max_block + 1, 4) if not same(k, k)), None)  # where one block stops matching
+    if first is None:
+        return 0
+    return next((kc for kc in range(4, first, 4) if same(2 * kc, kc)), None)
 
 
 def main(argv: list[str]) -> int:
