@@ -1,7 +1,7 @@
 """The trainer's numbers do not move under a refactor: six fits reproduce their recorded values bit for bit.
 
 Each fit (``tests/golden/runs.py``) runs 40 RL steps in a fresh process pinned to one thread and to
-code paths that are the same on every CPU of one vendor (ATen's AVX2 kernels, MKL's ``COMPATIBLE`` branch);
+code paths that gave the same bits on the CPUs of one vendor (ATen's AVX2 kernels, MKL's ``COMPATIBLE`` branch);
 every logged ``train/*`` and ``val/*`` value and the sha256 of the saved weights must equal the ones recorded for
 this CPU's vendor exactly (Intel and AMD differ by ~1e-7: runs.py says what was seen). A change that moves a
 number on purpose re-records (``python tests/golden/runs.py record NAME``) and says why in its commit.

@@ -1,7 +1,7 @@
 """Golden runs: fits whose every logged value and final weights a refactor must reproduce bit for bit.
 
 Each run is ``lit-gspo fit`` as a user types it, in a fresh process, for 40 RL steps. The process is
-pinned to one thread and to code paths that give the same bits on every CPU of one vendor with AVX2:
+pinned to one thread and to code paths that gave the same bits on every CPU of one vendor seen so far:
 
 - ATen's AVX2 kernels: IEEE adds, multiplies, FMAs, divides and square roots, no approximate reciprocals.
 - MKL's ``COMPATIBLE`` branch (SSE2 without rcpps/rsqrtps). MKL's other reproducible branches (``AVX2``,
