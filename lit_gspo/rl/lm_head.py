@@ -1,4 +1,6 @@
-"""The LM head: fp32 logits z = h Wᵀ + b, and log π(y) = z_y − logsumexp(z) without the (B, c, V) log-softmax.
+"""The LM head: fp32 logits z = m(h Wᵀ + b), and log π(y) = z_y − logsumexp(z) without the (B, c, V) log-softmax.
+
+m is what the model's forward does to its head's output (a scale, a soft cap: ``logit_map.py``; the identity for most).
 
 Log-probs, ratios and their reductions are fp32. The head's matmul has fp32 precision too, in one of two ways:
 
@@ -28,23 +30,27 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lit_gspo.rl.logit_map import LogitMap
+
 
 class HeadWeights(NamedTuple):
-    """The head's weight (V, H) and bias; ``hi``/``lo``: the weight's bf16 parts when the head runs as bf16x3."""
+    """The head's weight (V, H) and bias; ``hi``/``lo``: the weight's bf16 parts when the head runs as bf16x3;
+    ``logit_map``: what the model's forward does to h Wᵀ + b."""
 
     weight: Tensor
     bias: Tensor | None = None
     hi: Tensor | None = None
     lo: Tensor | None = None
+    logit_map: LogitMap = LogitMap()
 
 
-def head_weights(head: nn.Module) -> HeadWeights:
+def head_weights(head: nn.Module, logit_map: LogitMap = LogitMap()) -> HeadWeights:
     """The weights ``head_logits`` uses, split into bf16 parts where :func:`head_precision` says bf16x3."""
     weight, bias = head.weight, head.bias
     if head_precision(weight.device, weight.dtype) == "fp32":  # a bf16 weight cast once, not once per chunk
-        return HeadWeights(weight.float(), bias)
+        return HeadWeights(weight.float(), bias, logit_map=logit_map)
     hi, lo = bf16_parts(weight.detach())
-    return HeadWeights(weight, bias, hi, lo)
+    return HeadWeights(weight, bias, hi, lo, logit_map)
 
 
 def head_precision(device: torch.device, weight_dtype: torch.dtype = torch.float32) -> str:
@@ -115,7 +121,7 @@ class _Bf16x3Linear(torch.autograd.Function):
 
 
 def head_logits(hidden: Tensor, head: HeadWeights, temperature: float = 1.0) -> Tensor:
-    """fp32 logits (…, V) of ``hidden`` (…, H), divided by ``temperature``."""
+    """fp32 logits (…, V) of ``hidden`` (…, H), the model's :class:`LogitMap` applied, divided by ``temperature``."""
     with torch.autocast(hidden.device.type, enabled=False):
         if head.hi is None:
             logits = F.linear(hidden.float(), head.weight.float())
@@ -124,6 +130,7 @@ def head_logits(hidden: Tensor, head: HeadWeights, temperature: float = 1.0) -> 
             logits = flat.reshape(*hidden.shape[:-1], -1)
         if head.bias is not None:
             logits = logits + head.bias.float()
+        logits = head.logit_map(logits)
         return logits if temperature == 1.0 else logits / temperature
 
 

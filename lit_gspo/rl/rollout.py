@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lit_gspo.models.cache_keyword import cache_kwargs
 from lit_gspo.rl.lm_head import chunk_logprobs_and_entropy, head_weights
+from lit_gspo.rl.logit_map import logit_map
 
 
 @dataclass
@@ -274,7 +275,7 @@ def token_logprobs(
             "the LM head weight is still sharded after the root's forward: do not set "
             "reshard_after_forward=True on the root fully_shard (lit_gspo.runtime.sharding.apply_fsdp2)"
         )
-    weights = head_weights(head)  # fp32, or bf16x3 on CUDA in bf16 (lm_head.py)
+    weights = head_weights(head, logit_map(model))  # fp32, or bf16x3 on CUDA in bf16 (lm_head.py)
     chunk = max(1, max_chunk_elements // max(1, hidden.shape[0] * head.weight.shape[0]))
     logps, ents = [], []
     for start in range(0, T, chunk):

@@ -14,6 +14,7 @@ from lit_gspo.rl.collect import Collector
 from lit_gspo.rl.config import Generation, Policy, Update
 from lit_gspo.rl.engines import RolloutEngine
 from lit_gspo.rl.envs import Environment, SingleTurn
+from lit_gspo.rl.forward_checks import check_policy_forward
 from lit_gspo.rl.learn.learner import Learner
 from lit_gspo.rl.learn.mismatch import Mismatch
 from lit_gspo.rl.objectives import Objective
@@ -58,6 +59,7 @@ def build_stages(
         reference=objective.beta > 0 or policy.kl_to_ref,
         critic=objective.needs_critic,
     )
+    check_policy_forward(models.policy)
     if policy.routing.replay and not models.is_moe:
         raise ValueError(f"policy.routing.replay needs an MoE policy with top-k routers; {policy.name!r} has none")
     dynamic = objective.paper_dynamic_sampling if generation.dynamic_sampling is None else generation.dynamic_sampling

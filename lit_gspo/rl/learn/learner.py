@@ -33,6 +33,7 @@ from lit_gspo.models.lora import reference_mode
 from lit_gspo.models.regional_compile import CompiledLayers
 from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, rerouted_tokens, routing_volatility
 from lit_gspo.rl.config import Update
+from lit_gspo.rl.forward_checks import packing_keeps_rows_apart
 from lit_gspo.rl.learn.hooks import (
     FiniteGuard,
     Hooks,
@@ -151,6 +152,7 @@ class Learner:
         self.compiled_layers = CompiledLayers() if update.compile else None
         self.lean_activations = LeanActivations() if update.lean_activations else None
         self.cast_parameters = CastParameters(PARAM_DTYPES[update.param_dtype]) if update.param_dtype else None
+        self.packing_holds: bool | None = None  # probed before the first packed update (:attr:`packs`)
         self.bytes_per_token: dict[tuple, int] = {}  # (compute dtype, aligned rows) -> measured activation bytes
         self.old_policy = old_policy or old_policy_for(update, mismatch, self.old_logprobs)
         self.guard = FiniteGuard(update.max_nonfinite_steps)
@@ -395,12 +397,25 @@ class Learner:
     @property
     def packs(self) -> bool:
         """Whether a micro-batch's rows run as one sequence without padding (``update.pack_sequences``; None: where the
-        attention kernel skips the other rows' blocks). Never with MoE routing records, which hold padded positions."""
+        attention kernel skips the other rows' blocks). Never with MoE routing records, which hold padded positions,
+        nor with a policy whose packed rows see each other (``forward_checks.packing_keeps_rows_apart``, probed before
+        the first packed update: an error with ``pack_sequences: true``, padded rows with None)."""
         if self.records_routing:
             return False
-        if self.cfg.pack_sequences is not None:
-            return self.cfg.pack_sequences
-        return getattr(getattr(self.policy, "config", None), "_attn_implementation", None) in PACKING_KERNELS
+        wanted = self.cfg.pack_sequences
+        if wanted is None:
+            wanted = getattr(getattr(self.policy, "config", None), "_attn_implementation", None) in PACKING_KERNELS
+        if wanted and self.packing_holds is None:
+            self.packing_holds = packing_keeps_rows_apart(self.policy)
+            if not self.packing_holds:
+                why = (
+                    f"{type(self.policy).__name__}'s packed rows see each other (a row's states change with the rows "
+                    "packed before it: its attention mask or its layers do not restart at each row's first position)"
+                )
+                if self.cfg.pack_sequences:
+                    raise ValueError(f"update.pack_sequences=True: {why}; set it to null or false")
+                warnings.warn(f"update.pack_sequences: the update runs padded rows: {why}", stacklevel=3)
+        return bool(wanted and self.packing_holds)
 
     @property
     def compute_dtype(self) -> torch.dtype:

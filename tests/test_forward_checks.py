@@ -1,0 +1,138 @@
+"""The update's log-probs are the model's own, for every causal-LM architecture transformers ships, or the model is
+refused by name: ``forward_checks.check_policy_forward`` at load, ``packing_keeps_rows_apart`` before packing, and the
+model's own logit map (soft caps, scales) in lit_gspo's head (``logit_map.py``)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from tiny_archs import causal_lm_types, tiny_causal_lm
+
+import lit_gspo.rl.logit_map as logit_maps
+from lit_gspo.rl.config import Update
+from lit_gspo.rl.forward_checks import PROBE_ROWS, check_policy_forward, packing_keeps_rows_apart, probe_batch
+from lit_gspo.rl.learn import learner as learner_module
+from lit_gspo.rl.learn.learner import Learner
+from lit_gspo.rl.objectives import GSPO
+from lit_gspo.rl.rollout import token_logprobs
+
+#: architectures RL is run on that must build here and pass (a transformers change that stops one is seen)
+EXPECTED = ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2")
+EXPECTED += ("granite", "cohere", "gpt2", "gpt_neox", "opt", "mixtral", "olmoe", "smollm3", "starcoder2", "glm4")
+
+
+def each_row_alone(model, batch) -> torch.Tensor:
+    """(N, T) log-probs of each row's completion from the model's forward of that row alone, unpadded."""
+    P, T = batch.prompt_length, batch.completion_mask.shape[1]
+    out = torch.zeros(len(batch), T)
+    for row in range(len(batch)):
+        real = batch.attention_mask[row].bool()
+        ids = batch.input_ids[row][real]
+        with torch.no_grad():
+            logp = model(input_ids=ids[None], use_cache=False).logits[0].float().log_softmax(-1)
+        start = P - int((~real[:P]).sum())  # the first completion token's index in ``ids``
+        for t in range(int(batch.completion_mask[row].sum())):
+            out[row, t] = logp[start - 1 + t, ids[start + t]]
+    return out
+
+
+def test_every_architecture_trains_the_logprobs_of_each_row_alone_or_is_refused_by_name():
+    """Over every causal LM transformers' auto mapping holds that builds tiny from its default config: either the load
+    check refuses it with a ValueError naming it, or the padded, aligned and shared-prompt forwards give each row's own
+    log-probs, and the packed forward does exactly where the packing probe says it keeps the rows apart."""
+    accepted, refused, packs = [], {}, {}
+    for model_type in causal_lm_types():
+        model = tiny_causal_lm(model_type)
+        if model is None:
+            continue
+        try:
+            check_policy_forward(model)
+        except ValueError as error:
+            assert type(model).__name__ in str(error) or model_type in str(error)
+            refused[model_type] = str(error).split(":")[0]
+            continue
+        accepted.append(model_type)
+        batch = probe_batch(model, PROBE_ROWS)
+        truth, mask = each_row_alone(model, batch), batch.completion_mask
+        allowed = 1e-5 * (1 + float(truth[mask].abs().max()))
+        with torch.no_grad():
+            for how in ({}, {"align": True}, {"share_prompts": True}):
+                gap = (token_logprobs(model, batch, **how).logprobs - truth)[mask].abs().max()
+                assert gap <= allowed, (model_type, how, float(gap))
+            packs[model_type] = packing_keeps_rows_apart(model)
+            gap = (token_logprobs(model, batch, pack=True).logprobs - truth)[mask].abs().max()
+        assert bool(gap <= allowed) == packs[model_type], (model_type, float(gap), packs[model_type])
+    assert set(EXPECTED) <= set(accepted), sorted(set(EXPECTED) - set(accepted))
+    # the refusals seen: bidirectional encoders as decoders, positions that ignore position_ids, a head lit_gspo
+    # does not know; each for its own reason
+    assert {"bert", "roberta", "xlm-roberta"} <= set(refused)
+    assert {"bart", "marian", "rwkv"} <= set(refused)
+    assert "not causal" in refused["bert"] and "left padding" in refused["bart"]
+    assert not packs["opt"] and packs["llama"]  # OPT's mask ignores restarting positions
+
+
+#: (model_type, config overrides) whose forward maps the head's logits, with the map large enough to matter
+MAPPED = [
+    ("gemma2", {"final_logit_softcapping": 0.5}),
+    ("gemma3_text", {"final_logit_softcapping": 0.5}),
+    ("cohere", {"logit_scale": 4.0}),
+    ("granite", {"logits_scaling": 0.25}),
+    ("granitemoe", {"logits_scaling": 0.25}),
+]
+
+
+@pytest.mark.parametrize("model_type, overrides", MAPPED, ids=[m for m, _ in MAPPED])
+def test_each_logit_map_is_what_makes_the_heads_logprobs_the_models(model_type, overrides, monkeypatch):
+    model = tiny_causal_lm(model_type, **overrides)
+    assert model is not None
+    check_policy_forward(model)  # with its map
+    monkeypatch.setattr("lit_gspo.rl.rollout.logit_map", lambda model: logit_maps.LogitMap())
+    with pytest.raises(ValueError, match=rf"LM head gives log-probs .* {type(model).__name__}"):
+        check_policy_forward(model)  # without it
+
+
+def test_an_architecture_whose_map_lit_gspo_does_not_know_is_refused_at_the_start_of_a_fit(tmp_path, monkeypatch):
+    """Cohere multiplies its logits by ``logit_scale``: with that unknown to lit_gspo, ``lit-gspo fit`` on a saved
+    Cohere stops before sampling, naming it; known, the same fit starts."""
+    from lit_gspo.lightning.cli import cli_main
+    from lit_gspo.models import char_tokenizer
+
+    model = tiny_causal_lm("cohere", vocab_size=128, logit_scale=4.0)
+    model.save_pretrained(tmp_path / "cohere")
+    char_tokenizer().save_pretrained(tmp_path / "cohere")
+    args = ["--config", "configs/quickstart.yaml", "--model.policy.name", str(tmp_path / "cohere")]
+    args += ["--model.policy.config", "{}"]
+    args += ["--model.policy.warm_start.steps", "0", "--trainer.max_steps", "1", "--data.prompts_per_step", "2"]
+    args += ["--model.generation.num_generations", "2", "--model.generation.max_new_tokens", "2"]
+    args += ["--trainer.default_root_dir", str(tmp_path / "run")]
+    monkeypatch.setattr(logit_maps, "SCALES", {k: v for k, v in logit_maps.SCALES.items() if k != "cohere"})
+    with pytest.raises(ValueError, match="CohereForCausalLM.*'cohere'"):
+        cli_main(args, run=False)
+    monkeypatch.undo()
+    cli = cli_main(args, run=False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == 1
+
+
+def packing_learner(model, pack_sequences):
+    return Learner(model, GSPO(), Update(pack_sequences=pack_sequences), max_len=4, group_size=2)
+
+
+def test_packing_asked_of_a_model_whose_packed_rows_see_each_other_is_an_error(monkeypatch):
+    opt = tiny_causal_lm("opt")
+    with pytest.raises(ValueError, match="pack_sequences=True: OPTForCausalLM's packed rows see each other"):
+        _ = packing_learner(opt, True).packs
+    assert packing_learner(tiny_causal_lm("llama"), True).packs
+
+
+def test_packing_by_default_pads_a_model_whose_packed_rows_see_each_other(monkeypatch):
+    monkeypatch.setattr(learner_module, "PACKING_KERNELS", ("eager", "sdpa"))  # as if the CPU's kernels skipped rows
+    opt = packing_learner(tiny_causal_lm("opt"), None)
+    with pytest.warns(UserWarning, match="runs padded rows"):
+        assert not opt.packs
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # probed once
+        assert not opt.packs
+    assert packing_learner(tiny_causal_lm("llama"), None).packs

@@ -1,0 +1,85 @@
+"""Every causal-LM architecture transformers ships (``AutoModelForCausalLM``'s mapping), built tiny from its own default
+config with the sizes shrunk: what ``tests/test_forward_checks.py`` enumerates."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+#: the sizes set wherever a config has the attribute (a model family names them its own way)
+SMALL = dict(
+    hidden_size=32,
+    n_embd=32,
+    d_model=32,
+    num_hidden_layers=2,
+    n_layer=2,
+    num_layers=2,
+    decoder_layers=2,
+    num_attention_heads=4,
+    n_head=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    intermediate_size=64,
+    ffn_dim=64,
+    moe_intermediate_size=16,
+    shared_expert_intermediate_size=16,
+    num_experts=4,
+    num_local_experts=4,
+    n_routed_experts=4,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    n_group=1,
+    topk_group=1,
+    first_k_dense_replace=1,
+    kv_lora_rank=16,
+    q_lora_rank=None,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+    linear_num_value_heads=2,
+    linear_num_key_heads=2,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    vocab_size=64,
+    max_position_embeddings=128,
+)
+#: per-layer lists sized for the default depth: None lets the config derive them for 2 layers
+PER_LAYER = ("layer_types", "mlp_layer_types", "full_attn_idxs", "block_types")
+MAX_PARAMETERS = 5_000_000
+
+
+def causal_lm_types() -> list[str]:
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def tiny_causal_lm(model_type: str, **overrides) -> torch.nn.Module | None:
+    """``model_type``'s causal LM, fp32, eval mode, seeded, or None where its default config does not shrink this way
+    (a composite config, a size that must divide another, more than :data:`MAX_PARAMETERS` parameters)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()
+        try:
+            default = AutoConfig.for_model(model_type)
+            if default.get_text_config() is not default:
+                return None
+            sizes = {k: v for k, v in SMALL.items() if hasattr(default, k)}
+            sizes.update({k: None for k in PER_LAYER if hasattr(default, k)})
+            sizes.update(pad_token_id=0, eos_token_id=1, bos_token_id=2, **overrides)
+            config = AutoConfig.for_model(model_type, **sizes)
+            with torch.device("meta"):
+                if sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters()) > MAX_PARAMETERS:
+                    return None
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(config).eval()
+            with torch.no_grad():
+                model(input_ids=torch.tensor([[3, 4, 5]]), use_cache=False)
+            return model
+        except Exception:  # noqa: BLE001 - any failure to build or run is "does not shrink this way"
+            return None
+        finally:
+            transformers.logging.set_verbosity(verbosity)
