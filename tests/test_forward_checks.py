@@ -12,6 +12,7 @@ from tiny_archs import causal_lm_types, tiny_causal_lm
 
 import lit_gspo.rl.logit_map as logit_maps
 from lit_gspo.rl.config import Update
+from lit_gspo.rl.engines import LeanSampler, StaticCacheSampler
 from lit_gspo.rl.forward_checks import PROBE_ROWS, check_policy_forward, packing_keeps_rows_apart, probe_batch
 from lit_gspo.rl.learn import learner as learner_module
 from lit_gspo.rl.learn.learner import Learner
@@ -136,3 +137,56 @@ def test_packing_by_default_pads_a_model_whose_packed_rows_see_each_other(monkey
         warnings.simplefilter("error")  # probed once
         assert not opt.packs
     assert packing_learner(tiny_causal_lm("llama"), None).packs
+
+
+def accepted_architectures():
+    """(model_type, model) for every architecture that builds tiny and passes the load check."""
+    for model_type in causal_lm_types():
+        model = tiny_causal_lm(model_type)
+        if model is None:
+            continue
+        try:
+            check_policy_forward(model)
+        except ValueError:
+            continue
+        yield model_type, model
+
+
+def test_every_accepted_architecture_samples_the_logprobs_it_trains_or_fails_loudly():
+    """LeanSampler (the CPU default) and StaticCacheSampler (CUDA's, eager here) over every accepted architecture: the
+    sampler's own log-probs are the update's, rows of other lengths included, and greedy tokens are transformers'
+    ``generate``'s, row by row; or the sampler raises (a model without a KV cache, or with a cache of its own). Never
+    other numbers. Recurrent layers (linear attention, convolutions: Qwen3.5, Qwen3-Next, LFM2), whose cache cannot
+    repeat or drop rows, sample right."""
+    prompts, sampled = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12]], set()
+    for model_type, model in accepted_architectures():
+        try:
+            for engine in (LeanSampler(), StaticCacheSampler()):
+                torch.manual_seed(0)
+                batch = engine.sample(
+                    model,
+                    prompts,
+                    num_generations=2,
+                    max_new_tokens=5,
+                    pad_id=0,
+                    eos_id=[1, 7, 9],
+                    return_logprobs=True,
+                )
+                with torch.no_grad():
+                    trained = token_logprobs(model, batch).logprobs
+                gap = (trained - batch.engine_logprobs)[batch.completion_mask].abs().max()
+                assert gap <= 1e-5, (model_type, type(engine).__name__, float(gap))
+            greedy = LeanSampler().sample(
+                model, prompts, num_generations=1, max_new_tokens=4, pad_id=0, eos_id=1, greedy=True
+            )
+        except (RuntimeError, ValueError, AttributeError, NotImplementedError):
+            continue  # loud
+        for row, prompt in enumerate(prompts):
+            with torch.no_grad():
+                reference = model.generate(
+                    torch.tensor([prompt]), max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=1
+                )[0, len(prompt) :]
+            got = greedy.input_ids[row, greedy.prompt_length :][greedy.completion_mask[row]]
+            assert torch.equal(reference[: len(got)], got), (model_type, row)
+        sampled.add(model_type)
+    assert {"qwen3_5_text", "qwen3_next", "lfm2", *EXPECTED} <= sampled, sorted({"qwen3_5_text", *EXPECTED} - sampled)

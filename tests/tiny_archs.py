@@ -7,7 +7,7 @@ import warnings
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 #: the sizes set wherever a config has the attribute (a model family names them its own way)
@@ -47,9 +47,16 @@ SMALL = dict(
     vocab_size=64,
     max_position_embeddings=128,
 )
+#: the depth's names (a hybrid's first 2 layers may both be recurrent: then 4 or 8)
+DEPTHS = ("num_hidden_layers", "n_layer", "num_layers", "decoder_layers")
 #: per-layer lists sized for the default depth: None lets the config derive them for 2 layers
 PER_LAYER = ("layer_types", "mlp_layer_types", "full_attn_idxs", "block_types")
 MAX_PARAMETERS = 5_000_000
+
+
+def derived(config_class: type, name: str) -> bool:
+    """Whether the config computes ``name`` from its other fields (a property: not to be set)."""
+    return isinstance(getattr(config_class, name, None), property)
 
 
 def causal_lm_types() -> list[str]:
@@ -68,9 +75,16 @@ def tiny_causal_lm(model_type: str, **overrides) -> torch.nn.Module | None:
             if default.get_text_config() is not default:
                 return None
             sizes = {k: v for k, v in SMALL.items() if hasattr(default, k)}
-            sizes.update({k: None for k in PER_LAYER if hasattr(default, k)})
+            sizes.update({k: None for k in PER_LAYER if hasattr(default, k) and not derived(type(default), k)})
             sizes.update(pad_token_id=0, eos_token_id=1, bos_token_id=2, **overrides)
             config = AutoConfig.for_model(model_type, **sizes)
+            for depth in (4, 8):  # a hybrid's first layers may all be recurrent (linear attention): its pattern's
+                if any(hasattr(layer, "batch_repeat_interleave") for layer in DynamicCache(config=config).layers):
+                    break  # attention layers come further on, and a cache of recurrent layers alone cannot decode
+                sizes.update({k: depth for k in DEPTHS if hasattr(default, k)})
+                config = AutoConfig.for_model(model_type, **sizes)
+            else:
+                return None
             with torch.device("meta"):
                 if sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters()) > MAX_PARAMETERS:
                     return None

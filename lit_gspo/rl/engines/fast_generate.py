@@ -207,6 +207,12 @@ def fast_generate(
     positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
 
     cache = DynamicCache(config=model.config)
+    # a recurrent layer's state (linear attention, convolutions) cannot be repeated or dropped by row: there each
+    # prompt is run G times and finished rows stay in the batch, their tokens masked
+    by_row = all(hasattr(layer, "batch_repeat_interleave") for layer in cache.layers)
+    if not by_row and G > 1:
+        input_ids, attention_mask = input_ids.repeat_interleave(G, 0), attention_mask.repeat_interleave(G, 0)
+        positions, n, G = positions.repeat_interleave(G, 0), n * G, 1
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -227,6 +233,7 @@ def fast_generate(
     tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs = torch.zeros((rows, max_new_tokens), device=device) if return_logprobs else None
     active = torch.arange(rows, device=device)  # rows of the output still generating, in cache order
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)  # rows kept in the batch after their EOS (not by_row)
     used = 0
     for step in range(max_new_tokens):
         if do_sample:
@@ -234,17 +241,21 @@ def fast_generate(
             nxt = sample_tokens(logits.softmax(-1), generator)
         else:
             nxt = logits.argmax(-1)
+        nxt = nxt.masked_fill(finished, pad_id)
         tokens[active, step] = nxt
         if logprobs is not None:
-            logprobs[active, step] = logits.log_softmax(-1).gather(-1, nxt[:, None]).squeeze(1)
+            logp = logits.log_softmax(-1).gather(-1, nxt[:, None]).squeeze(1)
+            logprobs[active, step] = logp.masked_fill(finished, 0.0)
         used = step + 1
-        running = ~torch.isin(nxt, eos)
+        running = ~torch.isin(nxt, eos) & ~finished
         if step == max_new_tokens - 1 or not bool(running.any()):
             break
-        if not bool(running.all()):  # drop finished rows from the batch and the cache
+        if not by_row:
+            finished = ~running
+        elif not bool(running.all()):  # drop finished rows from the batch and the cache
             keep = running.nonzero().squeeze(1)
             cache.batch_select_indices(keep)
-            active, nxt, attn, next_pos = active[keep], nxt[keep], attn[keep], next_pos[keep]
+            active, nxt, attn, next_pos, finished = active[keep], nxt[keep], attn[keep], next_pos[keep], finished[keep]
         attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], 1)
         out = model(
             input_ids=nxt[:, None],
