@@ -304,3 +304,24 @@ def test_grouped_query_eager_attention_over_the_first_slots_is_the_masked_attent
     k[:, :, 6:], v[:, :, 6:] = float("nan"), float("nan")  # what is not read cannot matter
     first, _ = gqa_eager_attention(module, q, k, v, mask, scaling=0.3, **{ATTENTION_SLOTS: torch.arange(6)})
     torch.testing.assert_close(first, full, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "value_dim, mask_heads", [(8, 1), (5, 1), (8, 4)], ids=["plain", "narrower-values", "per-head"]
+)
+def test_grouped_query_eager_attention_is_eager_attention(value_dim, mask_heads):
+    """Without copying keys and values per query head, the numbers of transformers' eager attention (``repeat_kv``),
+    also with values narrower than keys (latent attention: DeepSeek-V3, MiniCPM3) and a mask per head (Doge's)."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    from lit_gspo.rl.engines.fast_generate import gqa_eager_attention
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, value_dim)
+    mask = torch.randn(2, mask_heads, 3, 6)
+    mask[..., 4:] = torch.finfo(torch.float32).min
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.training = 2, False
+    expected, _ = eager_attention_forward(module, q, k, v, mask, scaling=0.3)
+    got, _ = gqa_eager_attention(module, q, k, v, mask, scaling=0.3)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)

@@ -157,7 +157,7 @@ def test_every_accepted_architecture_samples_the_logprobs_it_trains_or_fails_lou
     sampler's own log-probs are the update's, rows of other lengths included, and greedy tokens are transformers'
     ``generate``'s, row by row; or the sampler raises (a model without a KV cache, or with a cache of its own). Never
     other numbers. Recurrent layers (linear attention, convolutions: Qwen3.5, Qwen3-Next, LFM2), whose cache cannot
-    repeat or drop rows, sample right."""
+    repeat or drop rows, and latent attention (DeepSeek-V3, MiniCPM3: values narrower than keys) sample right."""
     prompts, sampled = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12]], set()
     for model_type, model in accepted_architectures():
         try:
@@ -189,4 +189,5 @@ def test_every_accepted_architecture_samples_the_logprobs_it_trains_or_fails_lou
             got = greedy.input_ids[row, greedy.prompt_length :][greedy.completion_mask[row]]
             assert torch.equal(reference[: len(got)], got), (model_type, row)
         sampled.add(model_type)
-    assert {"qwen3_5_text", "qwen3_next", "lfm2", *EXPECTED} <= sampled, sorted({"qwen3_5_text", *EXPECTED} - sampled)
+    must = {"qwen3_5_text", "qwen3_next", "lfm2", "deepseek_v3", "minicpm3", "glm4_moe_lite", *EXPECTED}
+    assert must <= sampled, sorted(must - sampled)

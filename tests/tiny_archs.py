@@ -71,29 +71,52 @@ def tiny_causal_lm(model_type: str, **overrides) -> torch.nn.Module | None:
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()
         try:
-            default = AutoConfig.for_model(model_type)
-            if default.get_text_config() is not default:
+            shrunk = shrunk_sizes(model_type, overrides)
+            if shrunk is None:
                 return None
-            sizes = {k: v for k, v in SMALL.items() if hasattr(default, k)}
-            sizes.update({k: None for k in PER_LAYER if hasattr(default, k) and not derived(type(default), k)})
-            sizes.update(pad_token_id=0, eos_token_id=1, bos_token_id=2, **overrides)
-            config = AutoConfig.for_model(model_type, **sizes)
-            for depth in (4, 8):  # a hybrid's first layers may all be recurrent (linear attention): its pattern's
-                if any(hasattr(layer, "batch_repeat_interleave") for layer in DynamicCache(config=config).layers):
-                    break  # attention layers come further on, and a cache of recurrent layers alone cannot decode
-                sizes.update({k: depth for k in DEPTHS if hasattr(default, k)})
-                config = AutoConfig.for_model(model_type, **sizes)
-            else:
-                return None
-            with torch.device("meta"):
-                if sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters()) > MAX_PARAMETERS:
-                    return None
-            torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(config).eval()
-            with torch.no_grad():
-                model(input_ids=torch.tensor([[3, 4, 5]]), use_cache=False)
-            return model
-        except Exception:  # noqa: BLE001 - any failure to build or run is "does not shrink this way"
+            sizes, depths = shrunk
+            for heads in ({}, {"num_key_value_heads": 4}):  # latent attention (DeepSeek-V3) has as many as queries
+                model = built(model_type, {**sizes, **heads}, depths)
+                if model is not None:
+                    return model
             return None
         finally:
             transformers.logging.set_verbosity(verbosity)
+
+
+def shrunk_sizes(model_type: str, overrides: dict) -> tuple[dict, list[str]] | None:
+    """The config arguments of the tiny model and the config's names of its depth; None for a composite config, or
+    one whose sizes are per layer."""
+    try:
+        default = AutoConfig.for_model(model_type)
+        if default.get_text_config() is not default:
+            return None
+        sizes = {k: v for k, v in SMALL.items() if hasattr(default, k)}
+        sizes.update({k: None for k in PER_LAYER if hasattr(default, k) and not derived(type(default), k)})
+        depths = [k for k in DEPTHS if hasattr(default, k)]
+    except Exception:  # noqa: BLE001 - a config that cannot be read this way (per-layer sizes)
+        return None
+    return {**sizes, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2, **overrides}, depths
+
+
+def built(model_type: str, sizes: dict, depths: list[str]) -> torch.nn.Module | None:
+    """The model of ``sizes``, deeper (``depths``: the config's names of it) where its first layers are all recurrent;
+    None where it does not build or run."""
+    try:
+        config = AutoConfig.for_model(model_type, **sizes)
+        for depth in (4, 8):  # a hybrid's first layers may all be recurrent (linear attention): its pattern's
+            if any(hasattr(layer, "batch_repeat_interleave") for layer in DynamicCache(config=config).layers):
+                break  # attention layers come further on, and a cache of recurrent layers alone cannot decode
+            config = AutoConfig.for_model(model_type, **{**sizes, **dict.fromkeys(depths, depth)})
+        else:
+            return None
+        with torch.device("meta"):
+            if sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters()) > MAX_PARAMETERS:
+                return None
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config).eval()
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[3, 4, 5]]), use_cache=False)
+        return model
+    except Exception:  # noqa: BLE001 - any failure to build or run is "does not shrink this way"
+        return None

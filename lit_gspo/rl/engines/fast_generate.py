@@ -112,9 +112,9 @@ def gqa_eager_attention(
     if asked:
         raise NotImplementedError(f"{GQA_EAGER} computes plain attention; {type(module).__name__} asks for {asked}")
     B, H, q, D = query.shape
-    kv, S = key.shape[1], key.shape[2]
+    kv, S, Dv = key.shape[1], key.shape[2], value.shape[-1]  # Dv ≠ D: multi-head latent attention (DeepSeek-V3)
     n_rep = H // kv
-    keys, values = key.reshape(B * kv, S, D), value.reshape(B * kv, S, D)  # a static cache's: views
+    keys, values = key.reshape(B * kv, S, D), value.reshape(B * kv, S, Dv)  # a static cache's: views
     slots = kwargs.get(ATTENTION_SLOTS)
     if slots is not None:  # sliced after the reshape: the same strides for every S (one compiled graph)
         S = slots.shape[0]
@@ -122,11 +122,13 @@ def gqa_eager_attention(
         attention_mask = attention_mask[..., :S] if attention_mask is not None else None
     scores = torch.bmm(query.reshape(B * kv, n_rep * q, D), keys.transpose(1, 2)).view(B, kv, n_rep * q, S)
     scores = scores * scaling
-    if attention_mask is not None:  # (B, 1, q, S), the same for every head: repeated for the stacked ones
+    if attention_mask is not None and attention_mask.shape[1] == 1:  # (B, 1, q, S): repeated for the stacked heads
         scores = scores + attention_mask.repeat(1, 1, n_rep, 1)
+    elif attention_mask is not None:  # (B, H, q, S), a mask per head (Doge's): stacked as the queries are
+        scores = scores + attention_mask.reshape(B, kv, n_rep * q, attention_mask.shape[-1])
     probs = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
-    out = torch.bmm(probs.view(B * kv, n_rep * q, S), values).view(B, H, q, D)
+    out = torch.bmm(probs.view(B * kv, n_rep * q, S), values).view(B, H, q, Dv)
     return out.transpose(1, 2).contiguous(), None
 
 
