@@ -21,7 +21,19 @@ from lit_gspo.rl.rollout import token_logprobs
 
 #: architectures RL is run on that must build here and pass (a transformers change that stops one is seen)
 EXPECTED = ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2")
-EXPECTED += ("granite", "cohere", "gpt2", "gpt_neox", "opt", "mixtral", "olmoe", "smollm3", "starcoder2", "glm4")
+EXPECTED += (
+    "granite",
+    "cohere",
+    "gpt2",
+    "gpt_neox",
+    "opt",
+    "mixtral",
+    "olmoe",
+    "smollm3",
+    "starcoder2",
+    "glm4",
+    "llama4_text",
+)
 
 
 def each_row_alone(model, batch) -> torch.Tensor:

@@ -18,6 +18,7 @@ from torch import nn
 
 from lit_gspo.rl.logit_map import logit_map
 from lit_gspo.rl.rollout import RolloutBatch, completion_states_packed, position_ids_of, token_logprobs
+from lit_gspo.runtime.sharding import decoder_of
 
 #: (prompt, completion) rows of other lengths: one prompt left-padded by 2, completions right-padded by 1 and 0
 PROBE_ROWS = [([11, 12, 13], [14, 15]), ([31, 32, 33], [34, 35, 36]), ([41], [42, 43, 44])]
@@ -83,8 +84,8 @@ def check_policy_forward(model: nn.Module) -> None:
         ours = token_logprobs(model, batch).logprobs
     except (RuntimeError, AttributeError, IndexError, TypeError) as error:
         raise ValueError(
-            f"lit_gspo's forward fails on {name} (it reads the states its LM head takes from the output of "
-            f"model.get_decoder(), a {type(model.get_decoder()).__name__} here): {error}"
+            f"lit_gspo's forward fails on {name} (it reads the states its LM head takes from the output of its "
+            f"backbone, a {type(decoder_of(model)).__name__} here): {error}"
         ) from error
     targets = batch.input_ids[:, P : P + T, None]
     theirs = padded[:, P - 1 : P - 1 + T].log_softmax(-1).gather(-1, targets).squeeze(-1)

@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from lit_gspo.models.cache_keyword import cache_kwargs
 from lit_gspo.rl.lm_head import chunk_logprobs_and_entropy, head_weights
 from lit_gspo.rl.logit_map import logit_map
+from lit_gspo.runtime.sharding import decoder_of
 
 
 @dataclass
@@ -404,7 +405,7 @@ def _decoder_output_through_root(
     def keep(module, args, output):
         captured["hidden"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
 
-    handle = model.get_decoder().register_forward_hook(keep)
+    handle = decoder_of(model).register_forward_hook(keep)
     try:
         model(
             input_ids=input_ids,

@@ -13,10 +13,26 @@ import torch
 from torch import Tensor, nn
 
 
+def decoder_of(model: nn.Module) -> nn.Module:
+    """The backbone of a Hugging Face causal LM, whose output is the states its LM head reads: ``get_decoder()``, else
+    ``base_model``, else ``model.model``; the first that holds the input embeddings and is not the model itself
+    (Llama 4's ``get_decoder()`` is the model, ModernBERT-decoder's its head, both found under ``model``)."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    candidates = (
+        model.get_decoder() if hasattr(model, "get_decoder") else None,
+        getattr(model, "base_model", None),
+        getattr(model, "model", None),
+    )
+    for decoder in candidates:
+        if isinstance(decoder, nn.Module) and decoder is not model and any(m is embeddings for m in decoder.modules()):
+            return decoder
+    return model.get_decoder() if hasattr(model, "get_decoder") else model
+
+
 def decoder_layer_list(model: nn.Module) -> nn.ModuleList:
     """The ``nn.ModuleList`` of the transformer blocks of a Hugging Face causal LM (``model.model.layers`` and the
     like), which the decoder's forward iterates."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    decoder = decoder_of(model)
     layers = getattr(decoder, "layers", None) or getattr(decoder, "h", None) or getattr(decoder, "blocks", None)
     if layers is None:
         raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
