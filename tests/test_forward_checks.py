@@ -108,7 +108,7 @@ def test_each_logit_map_is_what_makes_the_heads_logprobs_the_models(model_type, 
 
 def test_an_architecture_whose_map_lit_gspo_does_not_know_is_refused_at_the_start_of_a_fit(tmp_path, monkeypatch):
     """Cohere multiplies its logits by ``logit_scale``: with that unknown to lit_gspo, ``lit-gspo fit`` on a saved
-    Cohere stops before sampling, naming it; known, the same fit starts."""
+    Cohere stops before sampling, naming it and the setting that skips the check; known, the same fit runs."""
     from lit_gspo.lightning.cli import cli_main
     from lit_gspo.models import char_tokenizer
 
@@ -121,8 +121,9 @@ def test_an_architecture_whose_map_lit_gspo_does_not_know_is_refused_at_the_star
     args += ["--model.generation.num_generations", "2", "--model.generation.max_new_tokens", "2"]
     args += ["--trainer.default_root_dir", str(tmp_path / "run")]
     monkeypatch.setattr(logit_maps, "SCALES", {k: v for k, v in logit_maps.SCALES.items() if k != "cohere"})
-    with pytest.raises(ValueError, match="CohereForCausalLM.*'cohere'"):
+    with pytest.raises(ValueError, match="CohereForCausalLM.*'cohere'.*check_forward: false skips this check"):
         cli_main(args, run=False)
+    cli_main([*args, "--model.policy.check_forward", "false"], run=False)  # the way around a wrong refusal
     monkeypatch.undo()
     cli = cli_main(args, run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)

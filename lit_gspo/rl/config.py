@@ -306,6 +306,10 @@ class Policy:
     """Mixture-of-Experts routing (an MoE policy only)."""
     warm_start: WarmStart = field(default_factory=WarmStart)
     """supervised steps on the task's (prompt, answer) pairs before the first RL step."""
+    check_forward: bool = True
+    """at load, check on a few tokens that the update computes the log-probs the model samples (causal, left padding
+    honoured, the model's logit map in lit_gspo's head: ``rl/forward_checks.py``) and refuse the model otherwise.
+    false: skip it, for a model it refuses wrongly (a Mixture-of-Experts router on a near-tie, say)."""
 
 
 # last: the mismatch module's package (rl/learn) imports this one's Update

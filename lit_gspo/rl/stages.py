@@ -59,7 +59,8 @@ def build_stages(
         reference=objective.beta > 0 or policy.kl_to_ref,
         critic=objective.needs_critic,
     )
-    check_policy_forward(models.policy)
+    if policy.check_forward:
+        check_policy_forward(models.policy)
     if policy.routing.replay and not models.is_moe:
         raise ValueError(f"policy.routing.replay needs an MoE policy with top-k routers; {policy.name!r} has none")
     dynamic = objective.paper_dynamic_sampling if generation.dynamic_sampling is None else generation.dynamic_sampling
