@@ -204,3 +204,12 @@ def test_every_accepted_architecture_samples_the_logprobs_it_trains_or_fails_lou
         sampled.add(model_type)
     must = {"qwen3_5_text", "qwen3_next", "lfm2", "deepseek_v3", "minicpm3", "glm4_moe_lite", *EXPECTED}
     assert must <= sampled, sorted(must - sampled)
+
+
+def test_the_load_check_draws_nothing_and_leaves_the_models_mode(tmp_path):
+    """In train mode with dropout (a LoRA policy's, say) the check runs in eval mode: no draw from torch's RNG, the
+    same verdict every time, and the mode restored."""
+    model = tiny_causal_lm("llama", attention_dropout=0.5).train()
+    state = torch.get_rng_state()
+    check_policy_forward(model)
+    assert torch.equal(torch.get_rng_state(), state) and model.training

@@ -48,12 +48,21 @@ def tolerance(dtype: torch.dtype, scale: float) -> float:
     return 1e-4 * (1.0 + scale) if dtype == torch.float32 else 4 * torch.finfo(dtype).eps * (1.0 + scale)
 
 
-@torch.no_grad()
 def check_policy_forward(model: nn.Module) -> None:
     """Raise ``ValueError``, naming what fails, unless on a left-padded probe batch (a) the model is causal: a row's
     logits do not change when tokens follow; (b) it honours left padding: each padded row's logits (attention mask,
     positions counted over real tokens) are the row's logits alone; (c) ``token_logprobs`` (lit_gspo's head) gives the
-    log-softmax of the model's logits. Each to the rounding of the model's dtype."""
+    log-softmax of the model's logits. Each to the rounding of the model's dtype; in eval mode (no dropout drawn)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            _check_policy_forward(model)
+    finally:
+        model.train(was_training)
+
+
+def _check_policy_forward(model: nn.Module) -> None:
     batch = probe_batch(model, PROBE_ROWS)
     P, T = batch.prompt_length, batch.completion_mask.shape[1]
     dtype = model.get_output_embeddings().weight.dtype
