@@ -51,20 +51,29 @@ def each_row_alone(model, batch) -> torch.Tensor:
     return out
 
 
-def test_every_architecture_trains_the_logprobs_of_each_row_alone_or_is_refused_by_name():
-    """Over every causal LM transformers' auto mapping holds that builds tiny from its default config: either the load
-    check refuses it with a ValueError naming it, or the padded, aligned and shared-prompt forwards give each row's own
-    log-probs, and the packed forward does exactly where the packing probe says it keeps the rows apart."""
-    accepted, refused, packs = [], {}, {}
+def checked_architectures():
+    """(model_type, model, the load check's ValueError or None) for every architecture that builds tiny."""
     for model_type in causal_lm_types():
         model = tiny_causal_lm(model_type)
         if model is None:
             continue
         try:
             check_policy_forward(model)
-        except ValueError as error:
-            assert type(model).__name__ in str(error) or model_type in str(error)
-            refused[model_type] = str(error).split(":")[0]
+        except ValueError as refusal:
+            yield model_type, model, refusal
+        else:
+            yield model_type, model, None
+
+
+def test_every_architecture_trains_the_logprobs_of_each_row_alone_or_is_refused_by_name():
+    """Over every causal LM transformers' auto mapping holds that builds tiny from its default config: either the load
+    check refuses it with a ValueError naming it, or the padded, aligned and shared-prompt forwards give each row's own
+    log-probs, and the packed forward does exactly where the packing probe says it keeps the rows apart."""
+    accepted, refused, packs = [], {}, {}
+    for model_type, model, refusal in checked_architectures():
+        if refusal is not None:
+            assert type(model).__name__ in str(refusal) or model_type in str(refusal)
+            refused[model_type] = str(refusal).split(":")[0]
             continue
         accepted.append(model_type)
         batch = probe_batch(model, PROBE_ROWS)
@@ -154,15 +163,7 @@ def test_packing_by_default_pads_a_model_whose_packed_rows_see_each_other(monkey
 
 def accepted_architectures():
     """(model_type, model) for every architecture that builds tiny and passes the load check."""
-    for model_type in causal_lm_types():
-        model = tiny_causal_lm(model_type)
-        if model is None:
-            continue
-        try:
-            check_policy_forward(model)
-        except ValueError:
-            continue
-        yield model_type, model
+    return ((model_type, model) for model_type, model, refusal in checked_architectures() if refusal is None)
 
 
 def test_every_accepted_architecture_samples_the_logprobs_it_trains_or_fails_loudly():
