@@ -214,3 +214,22 @@ def test_the_load_check_draws_nothing_and_leaves_the_models_mode(tmp_path):
     state = torch.get_rng_state()
     check_policy_forward(model)
     assert torch.equal(torch.get_rng_state(), state) and model.training
+
+
+def test_the_packing_probe_judges_in_the_dtype_the_states_are_computed_in(monkeypatch):
+    """Under FSDP2's bf16 casts fp32 parameters compute bf16 states, which two packings of other lengths may round
+    apart by a bf16 step (a GPU's GEMM tiles follow the shape; the CPU's here do not, so the step is added): not a
+    refusal. OPT's rows, which see each other, still are in bf16."""
+    from lit_gspo.rl import forward_checks
+
+    packed, calls = forward_checks.completion_states_packed, []
+
+    def in_bf16(model, batch):
+        states = packed(model, batch).to(torch.bfloat16)
+        calls.append(1)
+        return states if len(calls) == 1 else states + states.abs() * 2**-8  # a bf16 step apart
+
+    monkeypatch.setattr(forward_checks, "completion_states_packed", in_bf16)
+    assert packing_keeps_rows_apart(tiny_causal_lm("llama"))  # fp32 parameters, bf16 states
+    monkeypatch.undo()
+    assert not packing_keeps_rows_apart(tiny_causal_lm("opt").to(torch.bfloat16))
