@@ -12,7 +12,7 @@ from tiny_archs import causal_lm_types, tiny_causal_lm
 
 import lit_gspo.rl.logit_map as logit_maps
 from lit_gspo.rl.config import Update
-from lit_gspo.rl.engines import LeanSampler, StaticCacheSampler
+from lit_gspo.rl.engines import HFGenerate, LeanSampler, StaticCacheSampler
 from lit_gspo.rl.forward_checks import PROBE_ROWS, check_policy_forward, packing_keeps_rows_apart, probe_batch
 from lit_gspo.rl.learn import learner as learner_module
 from lit_gspo.rl.learn.learner import Learner
@@ -167,7 +167,7 @@ def accepted_architectures():
 
 
 def test_every_accepted_architecture_samples_the_logprobs_it_trains_or_fails_loudly():
-    """LeanSampler (the CPU default) and StaticCacheSampler (CUDA's, eager here) over every accepted architecture: the
+    """LeanSampler, StaticCacheSampler (CUDA's default, eager here) and HFGenerate over every accepted architecture: the
     sampler's own log-probs are the update's, rows of other lengths included, and greedy tokens are transformers'
     ``generate``'s, row by row; or the sampler raises (a model without a KV cache, or with a cache of its own). Never
     other numbers. Recurrent layers (linear attention, convolutions: Qwen3.5, Qwen3-Next, LFM2), whose cache cannot
@@ -175,7 +175,7 @@ def test_every_accepted_architecture_samples_the_logprobs_it_trains_or_fails_lou
     prompts, sampled = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12]], set()
     for model_type, model in accepted_architectures():
         try:
-            for engine in (LeanSampler(), StaticCacheSampler()):
+            for engine in (LeanSampler(), StaticCacheSampler(), HFGenerate()):
                 torch.manual_seed(0)
                 batch = engine.sample(
                     model,
