@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from tiny_archs import causal_lm_types, tiny_causal_lm
+from tiny_archs import causal_lm_types, tiny_causal_lm, tiny_composite_lm
 
 import lit_gspo.rl.logit_map as logit_maps
 from lit_gspo.rl.config import Update
@@ -16,6 +16,7 @@ from lit_gspo.rl.engines import HFGenerate, LeanSampler, StaticCacheSampler
 from lit_gspo.rl.forward_checks import PROBE_ROWS, check_policy_forward, packing_keeps_rows_apart, probe_batch
 from lit_gspo.rl.learn import learner as learner_module
 from lit_gspo.rl.learn.learner import Learner
+from lit_gspo.rl.logit_map import logit_map
 from lit_gspo.rl.objectives import GSPO
 from lit_gspo.rl.rollout import token_logprobs
 
@@ -233,3 +234,52 @@ def test_the_packing_probe_judges_in_the_dtype_the_states_are_computed_in(monkey
     assert packing_keeps_rows_apart(tiny_causal_lm("llama"))  # fp32 parameters, bf16 states
     monkeypatch.undo()
     assert not packing_keeps_rows_apart(tiny_causal_lm("opt").to(torch.bfloat16))
+
+
+@pytest.mark.parametrize(
+    "model_type, text_overrides",
+    [("gemma3", {"final_logit_softcapping": 0.5}), ("qwen3_5", {"num_hidden_layers": 4})],
+    ids=["gemma3", "qwen3_5"],
+)
+def test_composite_checkpoints_train_and_sample_their_own_logprobs(model_type, text_overrides):
+    """Gemma 3 (4B and up) and Qwen3.5 checkpoints are vision + text: ``AutoModelForCausalLM`` loads them whole. The
+    load check passes, keeping the logit map their forward applies (Gemma 3's vision + text forward ignores the soft cap
+    its text config names, here made to matter; its text-only forward applies it), and the three engines sample the
+    log-probs the update computes."""
+    model = tiny_composite_lm(model_type, **text_overrides)
+    check_policy_forward(model)
+    assert logit_map(model) == logit_maps.LogitMap()
+    if model_type == "gemma3":
+        text_only = tiny_causal_lm("gemma3_text", **text_overrides)
+        check_policy_forward(text_only)
+        assert logit_map(text_only) == logit_maps.LogitMap(softcap=0.5)
+    for engine in (LeanSampler(), StaticCacheSampler(), HFGenerate()):
+        torch.manual_seed(0)
+        batch = engine.sample(
+            model,
+            [[5, 6, 7, 8], [3, 4]],
+            num_generations=2,
+            max_new_tokens=4,
+            pad_id=0,
+            eos_id=[1, 7],
+            return_logprobs=True,
+        )
+        with torch.no_grad():
+            trained = token_logprobs(model, batch).logprobs
+        assert (trained - batch.engine_logprobs)[batch.completion_mask].abs().max() <= 1e-5, type(engine).__name__
+
+
+def test_the_reference_policy_gets_the_logit_map_the_policy_was_checked_with(tmp_path):
+    """The frozen reference is copied before the load check; it is checked too, so the KL to it is computed with the
+    logit map its forward applies (a saved Gemma 3 whose text config names a soft cap its forward ignores)."""
+    from lit_gspo.lightning.cli import cli_main
+    from lit_gspo.models import char_tokenizer
+
+    model = tiny_composite_lm("gemma3", vocab_size=128, final_logit_softcapping=0.5)
+    model.save_pretrained(tmp_path / "gemma3")
+    char_tokenizer().save_pretrained(tmp_path / "gemma3")
+    args = ["--config", "configs/quickstart.yaml", "--model.policy.name", str(tmp_path / "gemma3")]
+    args += ["--model.policy.config", "{}", "--trainer.default_root_dir", str(tmp_path / "run")]
+    cli = cli_main(args, run=False)
+    assert isinstance(cli.model.ref_policy, torch.nn.Module) and cli.model.ref_policy is not cli.model.policy
+    assert logit_map(cli.model.ref_policy) == logit_map(cli.model.policy) == logit_maps.LogitMap()

@@ -120,3 +120,22 @@ def built(model_type: str, sizes: dict, depths: list[str]) -> torch.nn.Module | 
         return model
     except Exception:  # noqa: BLE001 - any failure to build or run is "does not shrink this way"
         return None
+
+
+def tiny_composite_lm(model_type: str, **text_overrides) -> torch.nn.Module | None:
+    """A composite (vision + text) checkpoint's causal LM, as ``AutoModelForCausalLM`` loads Gemma 3's or Qwen3.5's,
+    its text config shrunk as :func:`tiny_causal_lm` shrinks one and its vision tower to one small layer."""
+    default = AutoConfig.for_model(model_type)
+    text = default.get_text_config()
+    text_sizes = {k: v for k, v in SMALL.items() if hasattr(text, k)}
+    text_sizes.update({k: None for k in PER_LAYER if hasattr(text, k) and not derived(type(text), k)})
+    text_sizes.update(pad_token_id=0, eos_token_id=1, bos_token_id=2, **text_overrides)
+    vision = default.vision_config.to_dict() if getattr(default, "vision_config", None) is not None else {}
+    small_vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, depth=1, num_attention_heads=4)
+    small_vision.update(num_heads=4, out_hidden_size=32, embed_dim=32)
+    vision_sizes = {k: v for k, v in small_vision.items() if k in vision}
+    config = AutoConfig.for_model(model_type, text_config=text_sizes, vision_config=vision_sizes)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoModelForCausalLM.from_config(config).eval()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lit_gspo.rl.logit_map import logit_map
+from lit_gspo.rl.logit_map import VERIFIED, LogitMap, config_logit_map
 from lit_gspo.rl.rollout import RolloutBatch, completion_states_packed, position_ids_of, token_logprobs
 from lit_gspo.runtime.sharding import decoder_of
 
@@ -52,7 +52,8 @@ def check_policy_forward(model: nn.Module) -> None:
     """Raise ``ValueError``, naming what fails, unless on a left-padded probe batch (a) the model is causal: a row's
     logits do not change when tokens follow; (b) it honours left padding: each padded row's logits (attention mask,
     positions counted over real tokens) are the row's logits alone; (c) ``token_logprobs`` (lit_gspo's head) gives the
-    log-softmax of the model's logits. Each to the rounding of the model's dtype; in eval mode (no dropout drawn)."""
+    log-softmax of the model's logits, with the logit map its config names or else none (the one that does is kept on
+    the model: ``logit_map.VERIFIED``). Each to the rounding of the model's dtype; in eval mode (no dropout drawn)."""
     was_training = model.training
     model.eval()
     try:
@@ -91,23 +92,30 @@ def _check_policy_forward(model: nn.Module) -> None:
                 "other lengths would sample and train other log-probs than the model's. lit_gspo needs a model whose "
                 f"forward takes attention_mask and position_ids{SKIP}"
             )
-    try:
-        ours = token_logprobs(model, batch).logprobs
-    except (RuntimeError, AttributeError, IndexError, TypeError) as error:
-        raise ValueError(
-            f"lit_gspo's forward fails on {name} (it reads the states its LM head takes from the output of its "
-            f"backbone, a {type(decoder_of(model)).__name__} here): {error}"
-        ) from error
     targets = batch.input_ids[:, P : P + T, None]
     theirs = padded[:, P - 1 : P - 1 + T].log_softmax(-1).gather(-1, targets).squeeze(-1)
-    gap = float((ours - theirs)[batch.completion_mask].abs().max())
-    if not gap <= allowed:
-        raise ValueError(
-            f"lit_gspo's LM head gives log-probs up to {gap:.3g} nats away from those of {name}'s own logits "
-            f"(allowed {allowed:.2g}): its forward does something to its logits that lit_gspo's head does not "
-            f"({logit_map(model)}; lit_gspo.rl.logit_map knows soft caps and the scales of Cohere, Granite, HyperCLOVA "
-            f"X, Falcon-H1 and MiniCPM3), so training would optimise other log-probs than those it samples{SKIP}"
-        )
+    gaps = []
+    for candidate in dict.fromkeys((config_logit_map(model), LogitMap())):  # the config's, then none
+        setattr(model, VERIFIED, candidate)  # what token_logprobs applies from now on
+        try:
+            ours = token_logprobs(model, batch).logprobs
+        except (RuntimeError, AttributeError, IndexError, TypeError) as error:
+            delattr(model, VERIFIED)
+            raise ValueError(
+                f"lit_gspo's forward fails on {name} (it reads the states its LM head takes from the output of its "
+                f"backbone, a {type(decoder_of(model)).__name__} here): {error}"
+            ) from error
+        gaps.append(float((ours - theirs)[batch.completion_mask].abs().max()))
+        if gaps[-1] <= allowed:
+            return
+    delattr(model, VERIFIED)
+    raise ValueError(
+        f"lit_gspo's LM head gives log-probs up to {gaps[0]:.3g} nats away from those of {name}'s own logits "
+        f"(allowed {allowed:.2g}) with the logit map its config names ({config_logit_map(model)}), and "
+        f"{gaps[-1]:.3g} without one: its forward does something to its logits that lit_gspo's head does not "
+        "(lit_gspo.rl.logit_map knows soft caps and the scales of Cohere, Granite, HyperCLOVA X, Falcon-H1 and "
+        f"MiniCPM3), so training would optimise other log-probs than those it samples{SKIP}"
+    )
 
 
 @torch.no_grad()

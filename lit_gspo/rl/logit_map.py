@@ -11,8 +11,10 @@ Read from the model's (text) config, by architecture:
   (HyperCLOVA X: the same name, the other way round), ``lm_head_multiplier`` (Falcon-H1), 1 / ``logits_scaling``
   (MiniCPM3: it divides the states before a head without bias, the same logits).
 
-Any other architecture's forward is taken to return h Wᵀ + b; ``forward_checks.check_policy_forward`` holds
-every policy a run loads to that, so an architecture that does something else is refused by name at the start instead
+Any other architecture's forward is taken to return h Wᵀ + b. The config says what a forward may do, not what it does:
+Gemma 3's vision + text forward ignores its text config's soft cap, Gemma 3n's applies it. So the load check
+(``forward_checks.check_policy_forward``) tries the config's map, then the identity, against the model's own logits and
+keeps on the model (``VERIFIED``) the one that reproduces them; none: the model is refused by name at the start instead
 of training on log-probs other than the ones it samples.
 """
 
@@ -51,8 +53,19 @@ SCALES: dict[str, Callable[[object], float]] = {
 }
 
 
+#: the attribute the load check sets on a model: the map it found to reproduce the model's own logits
+VERIFIED = "lit_gspo_logit_map"
+
+
 def logit_map(model: nn.Module) -> LogitMap:
-    """The :class:`LogitMap` of ``model``'s forward (identity for a model without a config, or one that maps none)."""
+    """The :class:`LogitMap` of ``model``'s forward: the one the load check verified on it, else its config's."""
+    verified = getattr(model, VERIFIED, None)
+    return verified if verified is not None else config_logit_map(model)
+
+
+def config_logit_map(model: nn.Module) -> LogitMap:
+    """The :class:`LogitMap` ``model``'s (text) config names (identity for a model without a config, or one whose
+    config names none)."""
     config = getattr(model, "config", None)
     if config is None:
         return LogitMap()

@@ -59,8 +59,10 @@ def build_stages(
         reference=objective.beta > 0 or policy.kl_to_ref,
         critic=objective.needs_critic,
     )
-    if policy.check_forward:
-        check_policy_forward(models.policy)
+    if policy.check_forward:  # the reference too: a copy made before the check, its logit map is the policy's
+        for model in (models.policy, models.reference):
+            if isinstance(model, nn.Module):
+                check_policy_forward(model)
     if policy.routing.replay and not models.is_moe:
         raise ValueError(f"policy.routing.replay needs an MoE policy with top-k routers; {policy.name!r} has none")
     dynamic = objective.paper_dynamic_sampling if generation.dynamic_sampling is None else generation.dynamic_sampling

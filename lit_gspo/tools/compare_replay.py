@@ -165,6 +165,7 @@ def ratio_spread(logprobs: Tensor, start: Tensor, mask: Tensor) -> dict[str, flo
 def load_model(model: str | None, rollout_file: Path, meta: dict):
     """The policy: ``model`` (HF dir, built-in, hub id, or a run's ``.ckpt``), default the rollout's ``step_K_policy/``."""
     from lit_gspo.models import load_policy
+    from lit_gspo.rl.forward_checks import check_policy_forward
 
     if model is None:
         found = policy_dir(rollout_file)
@@ -186,6 +187,7 @@ def load_model(model: str | None, rollout_file: Path, meta: dict):
     else:
         overrides = meta.get("model_config") if model == meta.get("model") else None
         policy, _ = load_policy(model, config_overrides=overrides, seed=meta.get("seed", 0))
+    check_policy_forward(policy)  # as the run did: the logit map its forward applies kept on it
     return policy, model
 
 
