@@ -91,12 +91,17 @@ def shrunk_sizes(model_type: str, overrides: dict) -> tuple[dict, list[str]] | N
         default = AutoConfig.for_model(model_type)
         if default.get_text_config() is not default:
             return None
-        sizes = {k: v for k, v in SMALL.items() if hasattr(default, k)}
-        sizes.update({k: None for k in PER_LAYER if hasattr(default, k) and not derived(type(default), k)})
-        depths = [k for k in DEPTHS if hasattr(default, k)]
+        return small_sizes(default, overrides), [k for k in DEPTHS if hasattr(default, k)]
     except Exception:  # noqa: BLE001 - a config that cannot be read this way (per-layer sizes)
         return None
-    return {**sizes, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2, **overrides}, depths
+
+
+def small_sizes(config, overrides: dict) -> dict:
+    """The arguments that shrink ``config``: :data:`SMALL` where it has the attribute, per-layer lists derived again,
+    the tiny tokenizer's special ids, then ``overrides``."""
+    sizes = {k: v for k, v in SMALL.items() if hasattr(config, k)}
+    sizes.update({k: None for k in PER_LAYER if hasattr(config, k) and not derived(type(config), k)})
+    return {**sizes, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2, **overrides}
 
 
 def built(model_type: str, sizes: dict, depths: list[str]) -> torch.nn.Module | None:
@@ -122,14 +127,11 @@ def built(model_type: str, sizes: dict, depths: list[str]) -> torch.nn.Module | 
         return None
 
 
-def tiny_composite_lm(model_type: str, **text_overrides) -> torch.nn.Module | None:
+def tiny_composite_lm(model_type: str, **text_overrides) -> torch.nn.Module:
     """A composite (vision + text) checkpoint's causal LM, as ``AutoModelForCausalLM`` loads Gemma 3's or Qwen3.5's,
     its text config shrunk as :func:`tiny_causal_lm` shrinks one and its vision tower to one small layer."""
     default = AutoConfig.for_model(model_type)
-    text = default.get_text_config()
-    text_sizes = {k: v for k, v in SMALL.items() if hasattr(text, k)}
-    text_sizes.update({k: None for k in PER_LAYER if hasattr(text, k) and not derived(type(text), k)})
-    text_sizes.update(pad_token_id=0, eos_token_id=1, bos_token_id=2, **text_overrides)
+    text_sizes = small_sizes(default.get_text_config(), text_overrides)
     vision = default.vision_config.to_dict() if getattr(default, "vision_config", None) is not None else {}
     small_vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, depth=1, num_attention_heads=4)
     small_vision.update(num_heads=4, out_hidden_size=32, embed_dim=32)
