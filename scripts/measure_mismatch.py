@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
             module.warm_start_cfg,
             module.seed,
             environment=module.collector.environment,
+            end_id=module.collector.stop_ids[0],
         )
         policy.eval()
     prompt_ids = encode(dm.train_rows[: own.prompts])
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
                 num_generations=gen.num_generations,
                 max_new_tokens=gen.max_new_tokens,
                 pad_id=tok.pad_token_id,
-                eos_id=tok.eos_token_id,
+                eos_id=module.collector.stop_ids,
                 temperature=gen.temperature,
                 top_p=gen.top_p,
                 top_k=gen.top_k,

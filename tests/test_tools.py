@@ -333,7 +333,7 @@ def test_char_tokenizer_prompt_describes_the_tools_and_results_are_text():
     assert text.startswith("You can call these tools:\ncalculator(expression: string): ")
     assert 'CALL calculator(expression="...")' in text and text.endswith("\nWhat is 2 * 3?")
     turn = env.step({}, 'CALL calculator("2 * 3")\nCALL calculator("1 / 0")', {"turn": 1})
-    obs = env.encode_observation(tok, turn.observation, reply_ended_with_eos=False)
+    obs = env.encode_observation(tok, turn.observation, reply_end="")
     expected = "\nRESULT: 6\nRESULT: Error: calculator failed: ValueError: division by zero in 1 / 0\n"
     assert obs == tok(expected, add_special_tokens=False)["input_ids"]
 
@@ -361,10 +361,7 @@ def test_a_template_that_renders_tools_gets_them_through_tools_and_tool_messages
     turn = env.step(
         {}, '<tool_call>{"name": "calculator", "arguments": {"expression": "2 * 3"}}</tool_call>', {"turn": 1}
     )
-    assert (
-        tok.decode(env.encode_observation(tok, turn.observation, reply_ended_with_eos=False))
-        == "\ntool: 6\nassistant: "
-    )
+    assert tok.decode(env.encode_observation(tok, turn.observation, reply_end="")) == "\ntool: 6\nassistant: "
     forced = ToolUse([CALC], tools_in_system_prompt=True).encode(tok, [{"prompt": "Q"}], max_prompt_length=10_000)[0]
     assert tok.decode(forced).startswith("system: You can call functions") and "TOOLS:" not in tok.decode(forced)
 
@@ -415,7 +412,7 @@ def test_smollm2_tool_message_renders_as_a_tool_turn(smollm2_tokenizer, ended_wi
     tok = smollm2_tokenizer
     env = ToolUse([CALC], call_format="plain")
     turn = env.step({}, 'CALL calculator("123 * 45")', {"turn": 1})
-    ids = env.encode_observation(tok, turn.observation, reply_ended_with_eos=ended_with_eos)
+    ids = env.encode_observation(tok, turn.observation, reply_end="<|im_end|>" if ended_with_eos else "")
     expected = "\n<|im_start|>tool\n5535<|im_end|>\n<|im_start|>assistant\n"
     assert tok.decode(ids) == ("" if ended_with_eos else "<|im_end|>") + expected
     im_start, im_end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])

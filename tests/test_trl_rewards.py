@@ -441,7 +441,8 @@ def scripted_engine(tokenizer, replies: list[str]):
             return_logprobs,
         ):
             rows = input_ids.repeat_interleave(num_generations, 0)
-            ids = [tokenizer(r, add_special_tokens=False)["input_ids"] + [eos_id] for r in replies]
+            end = eos_id if isinstance(eos_id, int) else eos_id[0]
+            ids = [tokenizer(r, add_special_tokens=False)["input_ids"] + [end] for r in replies]
             out = torch.full((len(rows), max_new_tokens), pad_id, dtype=torch.long)
             for i, reply in enumerate(ids):
                 out[i, : len(reply)] = torch.tensor(reply[:max_new_tokens])

@@ -47,6 +47,7 @@ from lit_gspo.rl.engines import RolloutEngine
 from lit_gspo.rl.envs import Environment
 from lit_gspo.rl.objectives import GSPO, Objective
 from lit_gspo.rl.stages import build_stages
+from lit_gspo.rl.stop_tokens import describe_stop_tokens
 from lit_gspo.runtime.collectives import any_rank, gather_objects
 from lit_gspo.runtime.optim import shard_aware
 from lit_gspo.runtime.rng import local_rng_state, restore_local_rng_state
@@ -231,6 +232,8 @@ class RLModule(LightningModule):
         self._scaled_step = GradScalerStep(scaler) if scaler is not None else None
         if stage == "fit" and trainer.log_every_n_steps > 1:
             rank_zero_info(f"train/* metrics every {trainer.log_every_n_steps} RL steps (log_every_n_steps)")
+        if stage == "fit" and len(self.collector.stop_ids) > 1:
+            rank_zero_info(f"replies end at any of {describe_stop_tokens(self.tokenizer, self.collector.stop_ids)}")
         self.device_defaults.apply(self)
 
     def on_before_optimizer_step(self, optimizer) -> None:

@@ -216,7 +216,9 @@ def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
 
 def completion_mask_through_eos(completions: Tensor, eos_id: int | list[int]) -> Tensor:
     """(N, T) bool: True up to and including the first EOS of each row (all True if none)."""
-    eos_ids = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], device=completions.device)
+    eos_ids = torch.tensor(
+        eos_id if isinstance(eos_id, list) else [eos_id], dtype=torch.long, device=completions.device
+    )
     is_eos = torch.isin(completions, eos_ids).long()
     after_eos = (is_eos.cumsum(1) - is_eos) > 0
     return ~after_eos

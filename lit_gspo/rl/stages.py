@@ -19,6 +19,7 @@ from lit_gspo.rl.learn.learner import Learner
 from lit_gspo.rl.learn.mismatch import Mismatch
 from lit_gspo.rl.objectives import Objective
 from lit_gspo.rl.rewards import ExactMatch, RewardSet
+from lit_gspo.rl.stop_tokens import stop_token_ids
 from lit_gspo.runtime.installed import check_installed
 
 
@@ -66,8 +67,11 @@ def build_stages(
     if policy.routing.replay and not models.is_moe:
         raise ValueError(f"policy.routing.replay needs an MoE policy with top-k routers; {policy.name!r} has none")
     dynamic = objective.paper_dynamic_sampling if generation.dynamic_sampling is None else generation.dynamic_sampling
+    environment = environment or SingleTurn()
+    chat = environment.uses_chat_template(models.tokenizer)
+    stop_ids = stop_token_ids(models.tokenizer, models.policy, chat_template=chat)
     collector = Collector(
-        environment or SingleTurn(),
+        environment,
         engine,
         RewardSet(list(rewards) if rewards else [ExactMatch()], reward_weights),
         models.tokenizer,
@@ -76,6 +80,7 @@ def build_stages(
         max_sampling_rounds=generation.max_sampling_rounds,
         engine_logprobs=mismatch is not None,
         param_dtype=PARAM_DTYPES.get(update.param_dtype),
+        stop_ids=stop_ids,
     )
     learner = Learner(
         models.policy,

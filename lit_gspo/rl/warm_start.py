@@ -27,9 +27,11 @@ def warm_start(
     cfg: WarmStart,
     seed: int,
     environment: Environment | None = None,
+    end_id: int | None = None,
 ) -> float:
-    """``cfg.steps`` AdamW steps of −mean log π(demonstrated replies + EOS | prompt, observations) on random rows
-    that have a demonstration; returns the last loss."""
+    """``cfg.steps`` AdamW steps of −mean log π(demonstrated replies + end | prompt, observations) on random rows
+    that have a demonstration; returns the last loss. ``end_id``: the token a reply ends with (the collector's first
+    stop id: the chat template's turn closing where prompts use it); None: the tokenizer's eos."""
     environment = environment or SingleTurn()
     rows = [r for r in rows if environment.demonstration(r) is not None]
     if not rows:
@@ -45,7 +47,7 @@ def warm_start(
     for _ in range(cfg.steps):
         pick = torch.randint(len(rows), (cfg.batch_size,), generator=generator)
         chosen = [rows[int(i)] for i in pick]
-        batch = demonstration_batch(environment, tokenizer, chosen, encode(chosen)).to(device)
+        batch = demonstration_batch(environment, tokenizer, chosen, encode(chosen), end_id).to(device)
         logp = token_logprobs(policy, batch).logprobs
         loss = -(logp * batch.completion_mask).sum() / batch.completion_mask.sum()
         opt.zero_grad()
@@ -56,16 +58,19 @@ def warm_start(
 
 
 def demonstration_batch(
-    environment: Environment, tokenizer, rows: list[dict], prompt_ids: list[list[int]]
+    environment: Environment, tokenizer, rows: list[dict], prompt_ids: list[list[int]], end_id: int | None = None
 ) -> RolloutBatch:
-    """Each row's demonstrated episode: its replies (+ EOS, loss mask 1) and the environment's answers (mask 0)."""
-    eos = tokenizer.eos_token_id
+    """Each row's demonstrated episode: its replies (+ the end token, loss mask 1) and the environment's answers
+    (mask 0)."""
+    end = tokenizer.eos_token_id if end_id is None else end_id
+    if end is None:
+        raise ValueError("a demonstration needs a token that ends a reply: the tokenizer has no eos and none was given")
     episodes = []
     for row in rows:
         replies = environment.demonstration(row)
         episode = Episode(row, environment.reset(row), budget=sys.maxsize)
         for k, reply in enumerate(replies):
-            episode.add_reply(tokenizer(reply, add_special_tokens=False)["input_ids"] + [eos], None, reply)
+            episode.add_reply(tokenizer(reply, add_special_tokens=False)["input_ids"] + [end], None, reply)
             if k == len(replies) - 1:
                 break
             step_all(environment, [episode], [reply])
@@ -74,7 +79,9 @@ def demonstration_batch(
                     f"{type(environment).__name__} ended the demonstration {replies!r} after reply {k + 1} "
                     f"on row {row!r}; a demonstration's replies must all be answered"
                 )
-            episode.add_observation(environment.encode_observation(tokenizer, episode.turns[-1].observation, True))
+            episode.add_observation(
+                environment.encode_observation(tokenizer, episode.turns[-1].observation, tokenizer.decode([end]))
+            )
         episodes.append(episode)
     ids, attn = left_pad(prompt_ids, tokenizer.pad_token_id)
     prompts = RolloutBatch(

@@ -26,6 +26,7 @@ from lit_gspo.rl.engines import RolloutEngine
 from lit_gspo.rl.envs import Environment
 from lit_gspo.rl.rewards import RewardSet, TrainerState, conversation_completions
 from lit_gspo.rl.rollout import RolloutBatch, concat_rollouts
+from lit_gspo.rl.stop_tokens import stop_token_ids
 from lit_gspo.runtime.user_errors import option
 
 
@@ -51,6 +52,7 @@ class Collector:
         max_sampling_rounds: int = 4,
         engine_logprobs: bool = False,
         param_dtype: torch.dtype | None = None,
+        stop_ids: list[int] | None = None,
     ):
         if max_sampling_rounds < 1:
             raise ValueError(f"max_sampling_rounds must be >= 1, got {max_sampling_rounds}")
@@ -62,6 +64,12 @@ class Collector:
         )
         self.engine_logprobs = engine_logprobs  # keep the sampler's log-probs of sampled tokens (mismatch correction)
         self.param_dtype = param_dtype  # the update's (``update.param_dtype``): the sampler reads the parameters so too
+        # where a reply ends (lit_gspo.rl.stop_tokens); None: those the tokenizer and the chat template name
+        self.stop_ids = (
+            stop_token_ids(tokenizer, chat_template=environment.uses_chat_template(tokenizer))
+            if stop_ids is None
+            else list(stop_ids)
+        )
         self.trainer_state: TrainerState | None = None
         self.last_extra: dict[str, list] = {}
         self.last_per_function: dict[str, list[float]] = {}
@@ -131,7 +139,7 @@ class Collector:
             num_generations=group,
             max_new_tokens=max_new_tokens,
             pad_id=self.tokenizer.pad_token_id,
-            eos_id=self.tokenizer.eos_token_id,
+            eos_id=self.stop_ids,
             temperature=g.temperature,
             top_p=g.top_p,
             top_k=g.top_k,
@@ -152,17 +160,14 @@ class Collector:
     ) -> None:
         """Turns 2..max_turns: append each observation, sample the next reply on exactly the ids so far."""
         env, tok = self.environment, self.tokenizer
-        eos = set(tok.eos_token_id if isinstance(tok.eos_token_id, list) else [tok.eos_token_id])
         for turn in range(2, env.max_turns + 1):
             active, contexts = [], []
             for i, episode in enumerate(episodes):
                 if episode.done:
                     continue
-                ids = env.encode_observation(
-                    tok,
-                    episode.turns[-1].observation,
-                    reply_ended_with_eos=episode.reply_ids[-1:] and episode.reply_ids[-1] in eos,
-                )
+                ended = episode.reply_ids[-1:] and episode.reply_ids[-1] in self.stop_ids
+                reply_end = tok.decode(episode.reply_ids[-1:]) if ended else ""
+                ids = env.encode_observation(tok, episode.turns[-1].observation, reply_end=reply_end)
                 if len(ids) + 1 > episode.budget:  # no room for the observation and one reply token: the episode ends
                     episode.truncated = True
                     if len(ids) + 1 > episode.budget + len(episode.ids) and not self._warned_long_observation:
@@ -183,7 +188,7 @@ class Collector:
             if not active and not synced_gpus:
                 break
             if not active:  # every rank must call generate as often as the others under synced_gpus
-                self._generate(policy, [[tok.eos_token_id]], 1, 1, greedy, synced_gpus)
+                self._generate(policy, [[tok.pad_token_id]], 1, 1, greedy, synced_gpus)
                 continue
             batch = self._generate(
                 policy, contexts, 1, min(max_new_tokens, max(e.budget for e in active)), greedy, synced_gpus

@@ -115,9 +115,10 @@ class RolloutEngine:
         """Sample from left-padded prompts (N, P), each once in ``input_ids``.
 
         Returns (sequences, logprobs): sequences (N·G, P + T) group-major, the prompt then the completion
-        (anything after an EOS is ignored); logprobs (N·G, T) fp32, the sampler's log-probability of each
+        (anything after a stop id is ignored); logprobs (N·G, T) fp32, the sampler's log-probability of each
         sampled token under the distribution it sampled from, or None (not asked for, or not available).
-        ``sampling`` holds ``temperature``, ``top_p``, ``top_k`` — empty for greedy decoding.
+        ``sampling`` holds ``temperature``, ``top_p``, ``top_k`` — empty for greedy decoding. ``eos_id``: the ids a
+        reply ends at, an int or a list (the collector passes its ``stop_ids``, lit_gspo.rl.stop_tokens).
         """
         raise NotImplementedError
 

@@ -205,7 +205,7 @@ def fast_generate(
     device = input_ids.device
     n, P = input_ids.shape
     G = num_generations
-    eos = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], device=device)
+    eos = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], dtype=torch.long, device=device)
     positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
 
     cache = DynamicCache(config=model.config)

@@ -48,7 +48,7 @@ def generate_with_hf(
         attention_mask=attention_mask.repeat_interleave(num_generations, 0),
         max_new_tokens=max_new_tokens,
         pad_token_id=pad_id,
-        eos_token_id=eos_id,
+        eos_token_id=eos_id if eos_id != [] else None,
         synced_gpus=synced_gpus,
         logits_processor=LogitsProcessorList([processor] if processor is not None else []),
         **sampler_args,

@@ -449,7 +449,7 @@ class StaticCacheSampler(RolloutEngine):
             sampling = dict(sampling, temperature=state.temperature)
         decode = self._decode_step(device, policy, greedy=not sampling)
 
-        eos = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], device=device)
+        eos = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], dtype=torch.long, device=device)
         tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((rows, max_new_tokens), device=device) if return_logprobs else None
         chosen, chosen_logprobs, finished = next_tokens(

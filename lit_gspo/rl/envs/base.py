@@ -132,9 +132,13 @@ class Environment:
             tools=self.tools(),
         )
 
-    def encode_observation(self, tokenizer, observation: Conversation, reply_ended_with_eos: bool) -> list[int]:
+    def encode_observation(self, tokenizer, observation: Conversation, reply_end: str) -> list[int]:
         """Token ids appended after a reply: the observation and, with a chat template, the turn's closing
-        and the next generation prompt, rendered once and tokenised once."""
+        and the next generation prompt, rendered once and tokenised once.
+
+        reply_end: the text of the stop token the reply ended with ("" when it ran out of tokens); where the
+        template's closing starts with it, the reply already closed the turn and the closing goes on after it.
+        """
         if not self.uses_chat_template(tokenizer):
             if not isinstance(observation, str):
                 raise ValueError(
@@ -144,9 +148,8 @@ class Environment:
             return list(tokenizer(observation, add_special_tokens=False)["input_ids"])
         messages = [{"role": "user", "content": observation}] if isinstance(observation, str) else list(observation)
         closing, text = chat_continuation(tokenizer, messages, self.tools())
-        eos_text = tokenizer.eos_token or ""
-        if reply_ended_with_eos and eos_text and closing.startswith(eos_text):
-            closing = closing[len(eos_text) :]  # the sampled EOS already closed the reply
+        if reply_end and closing.startswith(reply_end):
+            closing = closing[len(reply_end) :]
         return list(tokenizer(closing + text, add_special_tokens=False)["input_ids"])
 
 
@@ -168,14 +171,26 @@ def chat_continuation(tokenizer, messages: list[dict], tools: list[dict] | None 
     conversation with and without ``messages``; raises when the template does not render the shorter
     conversation as a prefix of the longer one (then no appended text can be exact).
     """
-    base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
     kwargs = {"tools": tools} if tools else {}
-    before = tokenizer.apply_chat_template(base, tokenize=False, **kwargs)
-    after = tokenizer.apply_chat_template(base + messages, tokenize=False, add_generation_prompt=True, **kwargs)
+    before = tokenizer.apply_chat_template(_REPLIED, tokenize=False, **kwargs)
+    after = tokenizer.apply_chat_template(_REPLIED + messages, tokenize=False, add_generation_prompt=True, **kwargs)
     if not after.startswith(before):
         raise ValueError(
             "the tokenizer's chat template does not render a conversation as a prefix of its continuation, "
             "so observations cannot be appended token-exactly; set the environment's chat_template=False "
             "and return text observations"
         )
-    return before[before.rindex(_SENTINEL) + len(_SENTINEL) :], after[len(before) :]
+    return _after_reply(before), after[len(before) :]
+
+
+def assistant_closing(tokenizer, tools: list[dict] | None = None) -> str:
+    """What the chat template writes after an assistant reply's content (e.g. ``<|im_end|>\\n``, ``<end_of_turn>\\n``)."""
+    kwargs = {"tools": tools} if tools else {}
+    return _after_reply(tokenizer.apply_chat_template(_REPLIED, tokenize=False, **kwargs))
+
+
+_REPLIED = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]
+
+
+def _after_reply(rendered: str) -> str:
+    return rendered[rendered.rindex(_SENTINEL) + len(_SENTINEL) :]

@@ -150,10 +150,10 @@ class ToolUse(Environment):
             system_prompt=system,
         )
 
-    def encode_observation(self, tokenizer, observation: Conversation, reply_ended_with_eos: bool) -> list[int]:
+    def encode_observation(self, tokenizer, observation: Conversation, reply_end: str) -> list[int]:
         if isinstance(observation, list) and not self.uses_chat_template(tokenizer):
             observation = self.call_format.results_text([message["content"] for message in observation])
-        return super().encode_observation(tokenizer, observation, reply_ended_with_eos)
+        return super().encode_observation(tokenizer, observation, reply_end)
 
 
 def template_renders_tools(tokenizer, schemas: list[dict]) -> bool:

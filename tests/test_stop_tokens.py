@@ -1,0 +1,172 @@
+"""A reply ends at every token that ends one (lit_gspo.rl.stop_tokens): the chat template's turn closing and the
+model's generation_config eos ids, not the tokenizer's eos alone — in every engine, in multi-turn episodes, in the
+warm start's demonstrations, and from a checkpoint directory as a user loads one."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch import nn
+from transformers import GenerationConfig
+
+from lit_gspo.models.builders import build_from_config, tiny_llama_config
+from lit_gspo.models.loading import load_policy
+from lit_gspo.models.tokenizer import char_tokenizer
+from lit_gspo.rl.collect import Collector
+from lit_gspo.rl.config import Generation, Policy, Update
+from lit_gspo.rl.engines import HFGenerate, LeanSampler, StaticCacheSampler
+from lit_gspo.rl.envs import Environment, SingleTurn, Turn
+from lit_gspo.rl.objectives import GRPO
+from lit_gspo.rl.rewards import CharAccuracy, RewardSet
+from lit_gspo.rl.stages import build_stages
+from lit_gspo.rl.stop_tokens import stop_token_ids, turn_closing_token
+from lit_gspo.rl.warm_start import demonstration_batch
+
+# Gemma's shape: the template closes a turn with <end_of_turn>, which the tokenizer does not call eos (<eos>)
+GEMMA_LIKE = (
+    "{% for m in messages %}<start_of_turn>{{ 'model' if m.role == 'assistant' else m.role }}\n"
+    "{{ m.content }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+ROWS = [{"prompt": "rev 12=", "answer": "21"}, {"prompt": "rev 345=", "answer": "543"}]
+
+
+def gemma_like_tokenizer(template: str | None = GEMMA_LIKE):
+    tok = char_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+    tok.chat_template = template
+    tok.padding_side = "left"
+    return tok
+
+
+def eot(tok) -> int:
+    return tok.convert_tokens_to_ids("<end_of_turn>")
+
+
+def replying(tok, logits: dict[str, float]) -> nn.Module:
+    """A tiny Llama whose next-token logits are ``logits`` (token → logit, the rest −30) at every position: its
+    replies are runs of those tokens, whatever the prompt."""
+    model = build_from_config(tiny_llama_config(vocab_size=len(tok), tie_word_embeddings=False), seed=0)
+    head = nn.Linear(model.config.hidden_size, len(tok), bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.fill_(-30.0)
+        for token, value in logits.items():
+            head.bias[tok.convert_tokens_to_ids(token)] = value
+    model.lm_head = head
+    return model.eval()
+
+
+def test_the_stop_ids_are_the_template_closing_the_tokenizer_eos_and_the_generation_config_eos_in_order():
+    tok = gemma_like_tokenizer()
+    model = replying(tok, {})
+    model.generation_config = GenerationConfig(eos_token_id=[tok.eos_token_id, eot(tok), 5])
+    assert turn_closing_token(tok) == eot(tok)
+    assert stop_token_ids(tok, model, chat_template=True) == [eot(tok), tok.eos_token_id, 5]
+    assert stop_token_ids(tok, model) == [tok.eos_token_id, eot(tok), 5]  # raw prompts: no template's closing
+    model.generation_config = GenerationConfig(eos_token_id=7)
+    assert stop_token_ids(tok, model) == [tok.eos_token_id, 7]
+    assert stop_token_ids(tok, None, chat_template=True) == [eot(tok), tok.eos_token_id]
+
+
+@pytest.mark.parametrize(
+    "template, closing",
+    [
+        ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n\n{% endfor %}", None),  # text closes the turn
+        ("{% for m in messages %}{{ m.content }}{% endfor %}", None),  # nothing closes it
+        ("{% for m in messages %}{{ m.content }}{% if m.role == 'assistant' %}<eos>{% endif %}{% endfor %}", "<eos>"),
+    ],
+)
+def test_a_closing_that_is_text_or_nothing_adds_no_stop_token(template, closing):
+    tok = gemma_like_tokenizer(template)
+    expected = None if closing is None else tok.convert_tokens_to_ids(closing)
+    assert turn_closing_token(tok) == expected
+    assert stop_token_ids(tok, chat_template=True) == [tok.eos_token_id]  # the eos once, never twice
+
+
+def collector(tok, engine, env=None, max_new=12, G=4):
+    return Collector(
+        env or SingleTurn(),
+        engine,
+        RewardSet([CharAccuracy()]),
+        tok,
+        Generation(num_generations=G, max_new_tokens=max_new, temperature=1.0),
+    )
+
+
+@pytest.mark.parametrize("engine", [LeanSampler, StaticCacheSampler, HFGenerate], ids=lambda e: e.__name__)
+def test_every_engine_ends_a_reply_at_the_templates_turn_closing(engine):
+    """Replies are 'a's, each followed by <end_of_turn> with probability ~0.4: each must stop at its first one, the
+    loss mask through it and no further, the reply text the 'a's before it (with the tokenizer's eos alone, a reply
+    ran on past the turn's end to the token budget)."""
+    tok = gemma_like_tokenizer()
+    policy = replying(tok, {"a": 0.0, "<end_of_turn>": -0.4})
+    torch.manual_seed(0)
+    batch, replies, _ = collector(tok, engine()).sample(policy, ROWS)
+    completions = batch.input_ids[:, batch.prompt_length :]
+    lengths = batch.completion_mask.sum(1)
+    assert len(set(lengths.tolist())) > 1  # replies of several lengths: the stop decided where each ended
+    for row, mask, n, reply in zip(completions, batch.completion_mask, lengths.tolist(), replies):
+        assert mask[:n].all() and not mask[n:].any()
+        assert row[n - 1] == eot(tok) and (row[: n - 1] == tok.convert_tokens_to_ids("a")).all()
+        assert reply == "a" * (n - 1)
+
+
+class Talker(Environment):
+    def step(self, row, reply, state):
+        return Turn(observation="more", done=state["turn"] == 2)
+
+
+@pytest.mark.parametrize("engine", [LeanSampler, HFGenerate], ids=lambda e: e.__name__)
+def test_a_turn_closed_by_the_reply_is_not_closed_again_by_the_next_observation(engine):
+    tok = gemma_like_tokenizer()
+    policy = replying(tok, {"a": 0.0, "<end_of_turn>": -0.4})
+    torch.manual_seed(0)
+    batch, _, _ = collector(tok, engine(), Talker(max_turns=2)).sample(policy, ROWS)
+    P = batch.prompt_length
+    for ids, real in zip(batch.input_ids[:, P:], batch.attention_mask[:, P:]):
+        text = tok.decode(ids[real.bool()])
+        assert re.fullmatch(
+            r"a*<end_of_turn>\n<start_of_turn>user\nmore<end_of_turn>\n<start_of_turn>model\na*<end_of_turn>", text
+        ), text
+
+
+def test_a_demonstration_ends_with_the_turn_closing_and_its_observation_goes_on_after_it():
+    tok = gemma_like_tokenizer()
+
+    class Demonstrated(Talker):
+        def demonstration(self, row):
+            return ["ab", "cd"]
+
+    env = Demonstrated(max_turns=2)
+    rows = ROWS[:1]
+    batch = demonstration_batch(env, tok, rows, env.encode(tok, rows, 100), end_id=eot(tok))
+    ids = batch.input_ids[0, batch.prompt_length :][batch.attention_mask[0, batch.prompt_length :].bool()]
+    expected = "ab<end_of_turn>\n<start_of_turn>user\nmore<end_of_turn>\n<start_of_turn>model\ncd<end_of_turn>"
+    assert tok.decode(ids) == expected
+
+
+def test_a_checkpoint_directorys_generation_config_adds_its_eos_ids_to_the_runs_stop_ids(tmp_path):
+    """As a user loads a model (``model.policy.name: <dir>``): generation_config.json's eos ids are where replies
+    end, beside the template's closing and the tokenizer's eos."""
+    tok = gemma_like_tokenizer()
+    model = build_from_config(tiny_llama_config(vocab_size=len(tok)), seed=0)
+    model.generation_config = GenerationConfig(eos_token_id=[tok.eos_token_id, eot(tok), 4])
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    loaded, _ = load_policy(str(tmp_path))
+    assert loaded.generation_config.eos_token_id == [tok.eos_token_id, eot(tok), 4]
+    stages = build_stages(
+        Policy(name=str(tmp_path)),
+        GRPO(),
+        LeanSampler(),
+        Generation(num_generations=2, max_new_tokens=4),
+        Update(),
+        rewards=None,
+        reward_weights=None,
+        environment=None,
+        mismatch=None,
+        seed=0,
+    )
+    assert stages.collector.stop_ids == [eot(tok), tok.eos_token_id, 4]
