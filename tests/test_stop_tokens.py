@@ -170,3 +170,31 @@ def test_a_checkpoint_directorys_generation_config_adds_its_eos_ids_to_the_runs_
         seed=0,
     )
     assert stages.collector.stop_ids == [eot(tok), tok.eos_token_id, 4]
+
+
+def test_a_fit_from_a_gemma_like_checkpoint_says_where_replies_end_and_which_settings_it_ignores(tmp_path, caplog):
+    """`lit-gspo fit --model.policy.name <dir>` as a user runs it: the run's log names the stop tokens and the
+    checkpoint's sampling settings no engine applies; the warm start and an RL step run on them."""
+    import logging
+    from pathlib import Path
+
+    from lit_gspo.tools.main import cli_main
+
+    tok = gemma_like_tokenizer()
+    model = build_from_config(tiny_llama_config(vocab_size=len(tok)), seed=0)
+    model.generation_config = GenerationConfig(eos_token_id=[tok.eos_token_id, eot(tok)], repetition_penalty=1.05)
+    checkpoint = tmp_path / "gemma-like"
+    model.save_pretrained(checkpoint)
+    tok.save_pretrained(checkpoint)
+    config = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    args = ["fit", "--config", str(config), "--model.policy.name", str(checkpoint), "--model.policy.config", "{}"]
+    args += ["--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path / "runs")]
+    args += ["--trainer.enable_progress_bar", "false", "--model.policy.warm_start.steps", "1"]
+    args += ["--data.num_val", "4", "--data.num_train", "16", "--data.prompts_per_step", "2"]
+    with caplog.at_level(logging.INFO):
+        cli = cli_main(args)
+    assert cli.trainer.global_step == 1
+    assert cli.model.collector.stop_ids == [eot(tok), tok.eos_token_id]
+    log = caplog.text
+    assert f"replies end at any of <end_of_turn> ({eot(tok)}), <eos> ({tok.eos_token_id})" in log
+    assert "the model's generation_config sets {'repetition_penalty': 1.05}; no engine applies them" in log

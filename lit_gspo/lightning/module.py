@@ -44,6 +44,7 @@ from lit_gspo.models.cast_parameters import PARAM_DTYPES
 from lit_gspo.rl.advantages import AdvantageEstimator, get_advantage
 from lit_gspo.rl.config import Generation, Policy, Update, Validation
 from lit_gspo.rl.engines import RolloutEngine
+from lit_gspo.rl.engines.checkpoint_settings import checkpoint_sampling_settings
 from lit_gspo.rl.envs import Environment
 from lit_gspo.rl.objectives import GSPO, Objective
 from lit_gspo.rl.stages import build_stages
@@ -234,6 +235,12 @@ class RLModule(LightningModule):
             rank_zero_info(f"train/* metrics every {trainer.log_every_n_steps} RL steps (log_every_n_steps)")
         if stage == "fit" and len(self.collector.stop_ids) > 1:
             rank_zero_info(f"replies end at any of {describe_stop_tokens(self.tokenizer, self.collector.stop_ids)}")
+        if stage == "fit" and (ignored := checkpoint_sampling_settings(self.policy)):
+            g = self.generation
+            rank_zero_info(
+                f"the model's generation_config sets {ignored}; no engine applies them: replies are sampled with "
+                f"model.generation's temperature={g.temperature}, top_p={g.top_p}, top_k={g.top_k} only"
+            )
         self.device_defaults.apply(self)
 
     def on_before_optimizer_step(self, optimizer) -> None:

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from lit_gspo.rl.engines.base import RolloutEngine
+from lit_gspo.rl.engines.checkpoint_settings import empty_generation_config
 from lit_gspo.rl.engines.fast_generate import filter_logits, sample_tokens
 
 
@@ -43,16 +44,17 @@ def generate_with_hf(
         sampler_args = {"do_sample": bool(sampling) and not draws, **NO_WARPERS}
     else:
         processor, sampler_args = None, {"do_sample": bool(sampling), **sampling}
-    sequences = policy.generate(
-        input_ids=input_ids.repeat_interleave(num_generations, 0),
-        attention_mask=attention_mask.repeat_interleave(num_generations, 0),
-        max_new_tokens=max_new_tokens,
-        pad_token_id=pad_id,
-        eos_token_id=eos_id if eos_id != [] else None,
-        synced_gpus=synced_gpus,
-        logits_processor=LogitsProcessorList([processor] if processor is not None else []),
-        **sampler_args,
-    )
+    with empty_generation_config(policy):  # the checkpoint's sampling settings never apply (checkpoint_settings.py)
+        sequences = policy.generate(
+            input_ids=input_ids.repeat_interleave(num_generations, 0),
+            attention_mask=attention_mask.repeat_interleave(num_generations, 0),
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad_id,
+            eos_token_id=eos_id if eos_id != [] else None,
+            synced_gpus=synced_gpus,
+            logits_processor=LogitsProcessorList([processor] if processor is not None else []),
+            **sampler_args,
+        )
     if not return_logprobs:
         return sequences, None
     return sequences, processor.drawn_logprobs(sequences)
