@@ -193,6 +193,32 @@ def test_encode_without_chat_template():
         encode_prompts(tok, ["ab"], chat_template=True, max_prompt_length=8)
 
 
+@pytest.mark.parametrize(
+    "template, expected",
+    [
+        ("<bos> $A <eos>", ["<bos>", "a", "b"]),  # add_eos_token: the EOS goes, the BOS stays
+        ("$A <eos>", ["a", "b"]),
+        ("<bos> $A", ["<bos>", "a", "b"]),
+        ("$A", ["a", "b"]),
+        ("<eos> $A <eos>", ["<eos>", "a", "b"]),  # OPT's BOS is its EOS token: the leading one stays
+    ],
+)
+def test_a_text_prompt_keeps_the_tokenizers_bos_but_never_ends_with_an_eos_it_appends(template, expected):
+    from tokenizers.processors import TemplateProcessing
+
+    from lit_gspo.models.tokenizer import char_tokenizer as char_tok
+
+    tok = char_tok()
+    specials = [(t, tok.convert_tokens_to_ids(t)) for t in ("<bos>", "<eos>") if t in template]
+    tok.backend_tokenizer.post_processor = TemplateProcessing(single=template, special_tokens=specials)
+    if template.startswith("<eos>"):
+        tok.bos_token = "<eos>"
+    (ids,) = encode_prompts(tok, ["ab"], chat_template=False, max_prompt_length=16)
+    assert tok.convert_ids_to_tokens(ids) == expected
+    (empty,) = encode_prompts(tok, [""], chat_template=False, max_prompt_length=16)
+    assert tok.convert_ids_to_tokens(empty) == expected[:-2]
+
+
 def test_too_long_prompt_raises():
     with pytest.raises(ValueError, match="prompt 1 is 9 tokens, longer than --model.generation.max_prompt_length 8"):
         encode_prompts(char_tokenizer(), ["ab", "rev 1234="], max_prompt_length=8)

@@ -461,8 +461,7 @@ def encode_prompts(
                     )
                 )
                 raise ValueError(f"prompt {i} is a list of chat messages, but {why}")
-            text = prompt if system_prompt is None else f"{system_prompt}\n{prompt}"
-            ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+            ids = text_prompt_ids(tokenizer, prompt if system_prompt is None else f"{system_prompt}\n{prompt}")
         if len(ids) > max_prompt_length:
             raise ValueError(
                 f"prompt {i} is {len(ids)} tokens, longer than "
@@ -471,6 +470,19 @@ def encode_prompts(
             )
         encoded.append(list(ids))
     return encoded
+
+
+def text_prompt_ids(tokenizer, text: str) -> list[int]:
+    """A text prompt's ids with the special tokens the tokenizer puts before a text (a BOS) but none it appends after
+    one (an EOS or SEP, as tokenizers with ``add_eos_token`` do): a prompt ending in an EOS would end its document
+    before the reply starts."""
+    ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    text_length = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    leading = int(len(ids) > text_length and ids[0] == tokenizer.bos_token_id)
+    ends = {tokenizer.eos_token_id, tokenizer.sep_token_id} - {None}
+    while len(ids) > text_length + leading and ids[-1] in ends:
+        ids.pop()
+    return ids
 
 
 #: where a prompt's chat templating is set: on the environment (``model.environment``'s ``chat_template``)
