@@ -70,19 +70,47 @@ def test_the_stop_ids_are_the_template_closing_the_tokenizer_eos_and_the_generat
     assert stop_token_ids(tok, None, chat_template=True) == [eot(tok), tok.eos_token_id]
 
 
-@pytest.mark.parametrize(
-    "template, closing",
-    [
-        ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n\n{% endfor %}", None),  # text closes the turn
-        ("{% for m in messages %}{{ m.content }}{% endfor %}", None),  # nothing closes it
-        ("{% for m in messages %}{{ m.content }}{% if m.role == 'assistant' %}<eos>{% endif %}{% endfor %}", "<eos>"),
-    ],
-)
-def test_a_closing_that_is_text_or_nothing_adds_no_stop_token(template, closing):
-    tok = gemma_like_tokenizer(template)
+def turns(opening: str, closing: str) -> str:
+    """A template writing each message as ``opening`` (with ``ROLE``) + content + ``closing``."""
+    head = opening.replace("ROLE", "' + m.role + '")
+    return (
+        f"{{% for m in messages %}}{{{{ '{head}' + m.content + '{closing}' }}}}{{% endfor %}}"
+        f"{{% if add_generation_prompt %}}{{{{ '{opening.replace('ROLE', 'assistant')}' }}}}{{% endif %}}"
+    )
+
+
+#: the ways chat templates close an assistant turn (each family's shape, written here): a special token of its own,
+#: the tokenizer's eos, text, nothing
+TEMPLATE_SHAPES = {
+    "chatml (Qwen, SmolLM2)": (
+        turns("<|im_start|>ROLE\\n", "<|im_end|>\\n"),
+        ["<|im_start|>", "<|im_end|>"],
+        "<|im_end|>",
+    ),
+    "llama 3": (
+        turns("<|start_header_id|>ROLE<|end_header_id|>\\n\\n", "<|eot_id|>"),
+        ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+        "<|eot_id|>",
+    ),
+    "phi-3": (turns("<|ROLE|>\\n", "<|end|>\\n"), ["<|user|>", "<|assistant|>", "<|end|>"], "<|end|>"),
+    "gemma": (GEMMA_LIKE, ["<start_of_turn>", "<end_of_turn>"], "<end_of_turn>"),
+    "deepseek": (turns("<｜ROLE｜>", "<｜end▁of▁sentence｜>"), ["<｜end▁of▁sentence｜>"], "<｜end▁of▁sentence｜>"),
+    "zephyr: the eos": (turns("<|ROLE|>\\n", "<eos>\\n"), ["<|user|>", "<|assistant|>"], "<eos>"),
+    "text": (turns("ROLE: ", "\\n\\n"), [], None),
+    "nothing": (turns("", ""), [], None),
+}
+
+
+@pytest.mark.parametrize("shape", TEMPLATE_SHAPES)
+def test_the_turn_closing_of_each_template_shape_is_the_first_stop_id_and_the_eos_counts_once(shape):
+    template, specials, closing = TEMPLATE_SHAPES[shape]
+    tok = char_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": specials})
+    tok.chat_template = template
     expected = None if closing is None else tok.convert_tokens_to_ids(closing)
     assert turn_closing_token(tok) == expected
-    assert stop_token_ids(tok, chat_template=True) == [tok.eos_token_id]  # the eos once, never twice
+    stops = stop_token_ids(tok, chat_template=True)
+    assert stops == ([] if expected in (None, tok.eos_token_id) else [expected]) + [tok.eos_token_id]
 
 
 def collector(tok, engine, env=None, max_new=12, G=4):
