@@ -412,6 +412,7 @@ def encode_prompts(
     max_prompt_length: int,
     system_prompt: str | None = None,
     tools: list[dict] | None = None,
+    template_kwargs: dict | None = None,
 ) -> list[list[int]]:
     """Token ids of each prompt, ready for generation; never truncates.
 
@@ -420,7 +421,8 @@ def encode_prompts(
     tokenized without adding special tokens (the template writes its own). A prompt may also be a
     list of messages already. Without a chat template the raw text is tokenized with the
     tokenizer's own special tokens (e.g. a BOS if it adds one); ``system_prompt`` is then
-    prepended followed by a newline. ``tools``: JSON schemas passed to the chat template's ``tools=``.
+    prepended followed by a newline. ``tools``: JSON schemas passed to the chat template's ``tools=``;
+    ``template_kwargs``: more variables for the template (``{"enable_thinking": False}``).
 
     Raises:
         ValueError: a prompt longer than ``max_prompt_length`` tokens (naming its index, length and
@@ -443,7 +445,7 @@ def encode_prompts(
             if system_prompt is not None and not any(m.get("role") == "system" for m in messages):
                 messages = [{"role": "system", "content": system_prompt}, *messages]
             text = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True, **({"tools": tools} if tools else {})
+                messages, tokenize=False, add_generation_prompt=True, **template_arguments(tools, template_kwargs)
             )
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         else:
@@ -470,6 +472,34 @@ def encode_prompts(
             )
         encoded.append(list(ids))
     return encoded
+
+
+#: what lit_gspo passes to ``apply_chat_template`` itself: not for ``chat_template_kwargs``
+_RENDERING_ARGUMENTS = {"conversation", "messages", "tools", "documents", "add_generation_prompt", "tokenize"}
+_RENDERING_ARGUMENTS |= {"continue_final_message", "return_dict", "return_tensors", "chat_template", "padding"}
+
+
+def check_template_kwargs(template_kwargs: dict | None) -> dict:
+    """``chat_template_kwargs`` as a dict of template variables, or a ValueError naming what is wrong with it."""
+    if template_kwargs is None:
+        return {}
+    if not isinstance(template_kwargs, dict) or not all(isinstance(k, str) for k in template_kwargs):
+        raise ValueError(
+            f"chat_template_kwargs must map template variable names to values, e.g. {{'enable_thinking': False}}; "
+            f"got {template_kwargs!r}"
+        )
+    taken = sorted(_RENDERING_ARGUMENTS & set(template_kwargs))
+    if taken:
+        raise ValueError(
+            f"chat_template_kwargs {taken} are apply_chat_template's own arguments, which lit_gspo sets; "
+            "give template variables only (e.g. enable_thinking)"
+        )
+    return dict(template_kwargs)
+
+
+def template_arguments(tools: list[dict] | None, template_kwargs: dict | None) -> dict:
+    """The keyword arguments of one ``apply_chat_template`` call: the environment's variables and its tools."""
+    return {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
 
 
 def text_prompt_ids(tokenizer, text: str) -> list[int]:

@@ -69,7 +69,9 @@ def build_stages(
     dynamic = objective.paper_dynamic_sampling if generation.dynamic_sampling is None else generation.dynamic_sampling
     environment = environment or SingleTurn()
     chat = environment.uses_chat_template(models.tokenizer)
-    stop_ids = stop_token_ids(models.tokenizer, models.policy, chat_template=chat)
+    stop_ids = stop_token_ids(
+        models.tokenizer, models.policy, chat_template=chat, template_kwargs=environment.chat_template_kwargs
+    )
     collector = Collector(
         environment,
         engine,

@@ -19,20 +19,24 @@ from torch import nn
 from lit_gspo.rl.envs.base import assistant_closing
 
 
-def stop_token_ids(tokenizer, model: nn.Module | None = None, *, chat_template: bool = False) -> list[int]:
-    """The ids a reply ends at: the template's turn closing (with ``chat_template``), the tokenizer's eos and the
-    model's ``generation_config.eos_token_id`` (an int or a list)."""
-    found = [turn_closing_token(tokenizer) if chat_template else None, tokenizer.eos_token_id]
+def stop_token_ids(
+    tokenizer, model: nn.Module | None = None, *, chat_template: bool = False, template_kwargs: dict | None = None
+) -> list[int]:
+    """The ids a reply ends at: the template's turn closing (with ``chat_template``, rendered with
+    ``template_kwargs``), the tokenizer's eos and the model's ``generation_config.eos_token_id`` (an int or a list)."""
+    found = [turn_closing_token(tokenizer, template_kwargs) if chat_template else None, tokenizer.eos_token_id]
     config = getattr(model, "generation_config", None)
     declared = getattr(config, "eos_token_id", None)
     found += declared if isinstance(declared, (list, tuple)) else [declared]
     return list(dict.fromkeys(int(i) for i in found if i is not None))
 
 
-def turn_closing_token(tokenizer) -> int | None:
+def turn_closing_token(tokenizer, template_kwargs: dict | None = None) -> int | None:
     """The special token the chat template closes an assistant turn with (``<|im_end|>``, ``<end_of_turn>``), or
     None where its closing starts with text (``\\n\\n``) or nothing."""
-    ids = tokenizer(assistant_closing(tokenizer), add_special_tokens=False)["input_ids"]
+    ids = tokenizer(assistant_closing(tokenizer, template_kwargs=template_kwargs), add_special_tokens=False)[
+        "input_ids"
+    ]
     if not ids:
         return None
     added = tokenizer.added_tokens_decoder.get(ids[0])

@@ -66,7 +66,11 @@ class Collector:
         self.param_dtype = param_dtype  # the update's (``update.param_dtype``): the sampler reads the parameters so too
         # where a reply ends (lit_gspo.rl.stop_tokens); None: those the tokenizer and the chat template name
         self.stop_ids = (
-            stop_token_ids(tokenizer, chat_template=environment.uses_chat_template(tokenizer))
+            stop_token_ids(
+                tokenizer,
+                chat_template=environment.uses_chat_template(tokenizer),
+                template_kwargs=environment.chat_template_kwargs,
+            )
             if stop_ids is None
             else list(stop_ids)
         )

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from lit_gspo.data import encode_prompts
+from lit_gspo.data.prompts import check_template_kwargs, template_arguments
 
 Conversation = str | list[dict]  # plain text, or chat messages [{"role": ..., "content": ...}, ...]
 
@@ -54,6 +55,8 @@ class Environment:
         system_prompt: a system message put before the first prompt (or before the text, followed by a
             newline, when chat templating is off).
         chat_template: render prompts with the tokenizer's chat template (None: if it has one).
+        chat_template_kwargs: extra variables every rendering passes to the template, as TRL's option of this name
+            and ``apply_chat_template(**kwargs)`` take them (Qwen3: ``{"enable_thinking": False}``).
         max_turns: the most replies the policy gives in one episode.
         max_episode_tokens: the most tokens after the first prompt (replies and observations together);
             None: what the model's context leaves. A turn never starts without room for one token.
@@ -63,6 +66,7 @@ class Environment:
 
     #: the keys of ``Turn.metrics`` this environment reports; validation logs them as ``val/<key>`` too
     metric_names: tuple[str, ...] = ()
+    chat_template_kwargs: dict | None = None  # set by __init__; a subclass that skips it renders without any
 
     def __init__(
         self,
@@ -71,7 +75,9 @@ class Environment:
         max_turns: int = 1,
         max_episode_tokens: int | None = None,
         demonstration: Sequence[str] | None = None,
+        chat_template_kwargs: dict | None = None,
     ):
+        self.chat_template_kwargs = check_template_kwargs(chat_template_kwargs)
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if max_episode_tokens is not None and max_episode_tokens < 1:
@@ -130,6 +136,7 @@ class Environment:
             max_prompt_length=max_prompt_length,
             system_prompt=self.system_prompt,
             tools=self.tools(),
+            template_kwargs=self.chat_template_kwargs,
         )
 
     def encode_observation(self, tokenizer, observation: Conversation, reply_end: str) -> list[int]:
@@ -147,7 +154,7 @@ class Environment:
                 )
             return list(tokenizer(observation, add_special_tokens=False)["input_ids"])
         messages = [{"role": "user", "content": observation}] if isinstance(observation, str) else list(observation)
-        closing, text = chat_continuation(tokenizer, messages, self.tools())
+        closing, text = chat_continuation(tokenizer, messages, self.tools(), self.chat_template_kwargs)
         if reply_end and closing.startswith(reply_end):
             closing = closing[len(reply_end) :]
         return list(tokenizer(closing + text, add_special_tokens=False)["input_ids"])
@@ -163,7 +170,9 @@ class SingleTurn(Environment):
 _SENTINEL = "\u2063lit_gspo_reply\u2063"
 
 
-def chat_continuation(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> tuple[str, str]:
+def chat_continuation(
+    tokenizer, messages: list[dict], tools: list[dict] | None = None, template_kwargs: dict | None = None
+) -> tuple[str, str]:
     """How the chat template continues after an assistant reply: (closing, text).
 
     closing: what the template writes after the reply's content (e.g. ``<|im_end|>\\n``); text: ``messages``
@@ -171,7 +180,7 @@ def chat_continuation(tokenizer, messages: list[dict], tools: list[dict] | None 
     conversation with and without ``messages``; raises when the template does not render the shorter
     conversation as a prefix of the longer one (then no appended text can be exact).
     """
-    kwargs = {"tools": tools} if tools else {}
+    kwargs = template_arguments(tools, template_kwargs)
     before = tokenizer.apply_chat_template(_REPLIED, tokenize=False, **kwargs)
     after = tokenizer.apply_chat_template(_REPLIED + messages, tokenize=False, add_generation_prompt=True, **kwargs)
     if not after.startswith(before):
@@ -183,10 +192,11 @@ def chat_continuation(tokenizer, messages: list[dict], tools: list[dict] | None 
     return _after_reply(before), after[len(before) :]
 
 
-def assistant_closing(tokenizer, tools: list[dict] | None = None) -> str:
+def assistant_closing(tokenizer, tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
     """What the chat template writes after an assistant reply's content (e.g. ``<|im_end|>\\n``, ``<end_of_turn>\\n``)."""
-    kwargs = {"tools": tools} if tools else {}
-    return _after_reply(tokenizer.apply_chat_template(_REPLIED, tokenize=False, **kwargs))
+    return _after_reply(
+        tokenizer.apply_chat_template(_REPLIED, tokenize=False, **template_arguments(tools, template_kwargs))
+    )
 
 
 _REPLIED = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _SENTINEL}]

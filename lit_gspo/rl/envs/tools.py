@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from lit_gspo.data import encode_prompts
+from lit_gspo.data.prompts import template_arguments
 from lit_gspo.rl.envs.base import Conversation, Environment, Turn
 from lit_gspo.rl.envs.tool_calls import CallFormat, ToolCall, get_call_format
 from lit_gspo.rl.envs.tool_functions import (
@@ -63,6 +64,7 @@ class ToolUse(Environment):
         max_turns: int = 3,
         max_episode_tokens: int | None = None,
         demonstration: Sequence[str] | None = None,
+        chat_template_kwargs: dict | None = None,
     ):
         super().__init__(
             system_prompt=system_prompt,
@@ -70,6 +72,7 @@ class ToolUse(Environment):
             max_turns=max_turns,
             max_episode_tokens=max_episode_tokens,
             demonstration=demonstration,
+            chat_template_kwargs=chat_template_kwargs,
         )
         if isinstance(tools, (str, bytes)) or not tools:
             raise ValueError(f"ToolUse needs a non-empty list of tools (functions or import paths), got {tools!r}")
@@ -129,7 +132,10 @@ class ToolUse(Environment):
         """Whether the tools go into the system prompt as text (else through the template's ``tools=``)."""
         if self.tools_in_system_prompt is not None:
             return self.tools_in_system_prompt
-        return not (self.uses_chat_template(tokenizer) and template_renders_tools(tokenizer, self.schemas))
+        return not (
+            self.uses_chat_template(tokenizer)
+            and template_renders_tools(tokenizer, self.schemas, self.chat_template_kwargs)
+        )
 
     def encode(self, tokenizer, rows: list[dict], max_prompt_length: int) -> list[list[int]]:
         if not self.describes_tools_in_text(tokenizer):
@@ -148,6 +154,7 @@ class ToolUse(Environment):
             chat_template=self.chat_template,
             max_prompt_length=max_prompt_length,
             system_prompt=system,
+            template_kwargs=self.chat_template_kwargs,
         )
 
     def encode_observation(self, tokenizer, observation: Conversation, reply_end: str) -> list[int]:
@@ -156,11 +163,12 @@ class ToolUse(Environment):
         return super().encode_observation(tokenizer, observation, reply_end)
 
 
-def template_renders_tools(tokenizer, schemas: list[dict]) -> bool:
+def template_renders_tools(tokenizer, schemas: list[dict], template_kwargs: dict | None = None) -> bool:
     """True when the tokenizer's chat template writes ``tools=`` into the prompt (SmolLM2's ignores them)."""
     messages = [{"role": "user", "content": "x"}]
-    return tokenizer.apply_chat_template(messages, tokenize=False, tools=schemas) != tokenizer.apply_chat_template(
-        messages, tokenize=False
+    with_tools = tokenizer.apply_chat_template(messages, tokenize=False, **template_arguments(schemas, template_kwargs))
+    return with_tools != tokenizer.apply_chat_template(
+        messages, tokenize=False, **template_arguments(None, template_kwargs)
     )
 
 
