@@ -692,3 +692,30 @@ def test_under_bf16_autocast_a_compiled_qwen3_update_is_as_close_to_fp32_as_the_
     assert distance(update(compile=True, bf16=False), fp32) < 1e-6
     eager_bf16 = distance(update(compile=False, bf16=True), fp32)
     assert 0 < distance(update(compile=True, bf16=True), fp32) <= 1.5 * eager_bf16
+
+
+def test_an_update_draws_no_dropout_whatever_mode_the_policy_was_left_in():
+    """A policy with attention dropout 0.5 left in train mode (a callback's ``policy.train()``): the old-policy pass
+    and the update run in eval mode, as the sampler does, so the update ends where the same update of the policy in
+    eval mode ends, bit for bit (with dropout drawn it does not); each module's mode is restored after. The warm start
+    trains in train mode and leaves the mode as it found it."""
+    from lit_gspo.rl.config import WarmStart
+    from lit_gspo.rl.warm_start import warm_start
+
+    def dropping_learner(train_mode: bool) -> Learner:
+        policy, _ = load_policy("tiny-llama", seed=0, config_overrides={"attention_dropout": 0.5})
+        policy.train(train_mode)
+        return Learner(policy, GSPO(), Update(num_minibatches=2), max_len=MAX_NEW, group_size=G)
+
+    learners = {mode: dropping_learner(mode) for mode in (True, False)}
+    rollout = sample_rollout(learners[False].policy)
+    for mode, learner in learners.items():
+        learn(learner, with_rewards(learner, rollout, [float(i % 3) for i in range(len(ROWS) * G)]))
+        assert all(m.training == mode for m in learner.policy.modules())  # restored
+    for a, b in zip(learners[True].policy.parameters(), learners[False].policy.parameters()):
+        assert torch.equal(a, b)
+
+    policy, tokenizer = load_policy("tiny-llama", seed=0, config_overrides={"attention_dropout": 0.5})
+    encode = lambda chosen: [tokenizer(r["prompt"])["input_ids"] for r in chosen]  # noqa: E731
+    warm_start(policy, tokenizer, [dict(row) for row in ROWS], encode, WarmStart(steps=1, batch_size=2), seed=0)
+    assert not any(m.training for m in policy.modules())

@@ -19,7 +19,9 @@ from .utils import (
     checkpointing_paused,
     count_parameters,
     enable_gradient_checkpointing,
+    eval_mode,
     freeze,
+    module_mode,
 )
 
 __all__ = [
@@ -36,6 +38,8 @@ __all__ = [
     "checkpointing_active",
     "checkpointing_paused",
     "enable_gradient_checkpointing",
+    "eval_mode",
+    "module_mode",
     "freeze",
     "is_lora",
     "known_names",

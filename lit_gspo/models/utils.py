@@ -40,6 +40,30 @@ def enable_gradient_checkpointing(model: nn.Module) -> nn.Module:
     return model
 
 
+def eval_mode(*modules: nn.Module | None):
+    """Every submodule of ``modules`` in eval mode (no dropout, no router noise), each one's own flag restored on exit.
+
+    An RL update computes the log-probs of the policy that sampled, which samples in eval mode: with dropout drawn
+    in the update, the ratio of an unchanged policy would be noise around 1 (GSPO clips at 1 ± 4e-4), whatever mode
+    the policy was left in (a callback's ``policy.train()``, say).
+    """
+    return module_mode(*modules, training=False)
+
+
+@contextmanager
+def module_mode(*modules: nn.Module | None, training: bool):
+    """Every submodule of ``modules`` in train (``training``) or eval mode, each one's own flag restored on exit."""
+    submodules = [m for module in modules if module is not None for m in module.modules()]
+    before = [m.training for m in submodules]
+    for m in submodules:
+        m.training = training
+    try:
+        yield
+    finally:
+        for m, was in zip(submodules, before):
+            m.training = was
+
+
 def checkpointing_active(model: nn.Module):
     """Let gradient checkpointing run while the model stays in eval mode.
 

@@ -234,7 +234,7 @@ class LoRA:
     alpha: int = 16
     """LoRA's scaling numerator: the adapters' update is scaled by alpha / r."""
     dropout: float = 0.0
-    """dropout on the adapters' input."""
+    """dropout on the adapters' input, in the supervised warm start only (RL updates run without dropout)."""
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     """module-name suffixes that get adapters (or ``all-linear``)."""
 

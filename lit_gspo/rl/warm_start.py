@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from lit_gspo.models import module_mode
 from lit_gspo.rl.collect.episodes import Episode, assemble, step_all
 from lit_gspo.rl.config import WarmStart
 from lit_gspo.rl.envs import Environment, SingleTurn
@@ -41,18 +42,18 @@ def warm_start(
         )
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr)
     generator = torch.Generator().manual_seed(seed)
-    policy.train()
     device = next(p for p in policy.parameters()).device
     loss = torch.zeros(())
-    for _ in range(cfg.steps):
-        pick = torch.randint(len(rows), (cfg.batch_size,), generator=generator)
-        chosen = [rows[int(i)] for i in pick]
-        batch = demonstration_batch(environment, tokenizer, chosen, encode(chosen), end_id).to(device)
-        logp = token_logprobs(policy, batch).logprobs
-        loss = -(logp * batch.completion_mask).sum() / batch.completion_mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    with module_mode(policy, training=True):  # supervised: dropout (a LoRA adapter's too) as in any fine-tune
+        for _ in range(cfg.steps):
+            pick = torch.randint(len(rows), (cfg.batch_size,), generator=generator)
+            chosen = [rows[int(i)] for i in pick]
+            batch = demonstration_batch(environment, tokenizer, chosen, encode(chosen), end_id).to(device)
+            logp = token_logprobs(policy, batch).logprobs
+            loss = -(logp * batch.completion_mask).sum() / batch.completion_mask.sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
     opt.zero_grad()  # the last gradients are applied: not held on the device through the fit's first rollout
     return float(loss.detach())
 

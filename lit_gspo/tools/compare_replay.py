@@ -237,7 +237,7 @@ def load_replay(rollout: str | Path, model: str | None = None, device: str = "cp
     policy, model_source = load_model(model, rollout_file, meta)
     dev = torch.device(device)
     deterministic_on_cpu(dev.type)  # as fit does
-    policy.to(dev).train()  # as in fit (Lightning's train mode)
+    policy.to(dev).eval()  # as a fit leaves it: no dropout (Learner.learn and snapshot run in eval mode anyway)
     moved = {
         f.name: getattr(batch, f.name).to(dev)
         for f in dataclasses.fields(batch)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from lit_gspo.models import checkpointing_active, checkpointing_paused
+from lit_gspo.models import checkpointing_active, checkpointing_paused, eval_mode
 from lit_gspo.models.cast_parameters import PARAM_DTYPES, CastParameters
 from lit_gspo.models.lean_activations import LeanActivations
 from lit_gspo.models.lora import reference_mode
@@ -179,7 +179,12 @@ class Learner:
         old_pass = self.value_head is not None or self.records_routing or self.old_policy.snapshot_computes_old
         keep_old = self.old_policy.snapshot_computes_old or self.old_policy.snapshot_keeps_old
         olds, refs, vals, routes, order = [], [], [], [], []
-        with self.compiled(), self.cast(self.policy), self.cast(self.reference):
+        with (
+            eval_mode(self.policy, self.value_head),
+            self.compiled(),
+            self.cast(self.policy),
+            self.cast(self.reference),
+        ):
             for micro_rows, micro, _ in self.micro_batches(rollout.to(self.device)):
                 order.append(micro_rows)
                 if old_pass:
@@ -227,7 +232,8 @@ class Learner:
         global minibatch, multiplied by the world size because DDP and FSDP2 average gradients over ranks.
         """
         backward, step = backward or Tensor.backward, step or clip_then_step
-        with checkpointing_active(self.policy), self.compiled(), self.lean():  # each a no-op unless asked for
+        # dropout off whatever mode the policy is in (eval_mode); the rest each a no-op unless asked for
+        with eval_mode(self.policy, self.value_head), checkpointing_active(self.policy), self.compiled(), self.lean():
             update = self.begin(rollout.to(self.device))
             for epoch in range(self.cfg.epochs):
                 order = self.minibatch_order(len(rollout))
@@ -584,7 +590,7 @@ class Learner:
           over the rerouted tokens and over the others (NaN for an empty set, or without old log-probs). The
           GSPO paper's case for Routing Replay is that rerouted tokens' ratios swing; these measure it.
         """
-        with record_routing(self.policy) as recorder, self.cast(self.policy):
+        with eval_mode(self.policy), record_routing(self.policy) as recorder, self.cast(self.policy):
             logprobs = torch.cat(
                 [
                     token_logprobs(self.policy, micro, temperature=self.temperature).logprobs
