@@ -50,18 +50,9 @@ def eval_mode(*modules: nn.Module | None):
     return module_mode(*modules, training=False)
 
 
-@contextmanager
 def module_mode(*modules: nn.Module | None, training: bool):
     """Every submodule of ``modules`` in train (``training``) or eval mode, each one's own flag restored on exit."""
-    submodules = [m for module in modules if module is not None for m in module.modules()]
-    before = [m.training for m in submodules]
-    for m in submodules:
-        m.training = training
-    try:
-        yield
-    finally:
-        for m, was in zip(submodules, before):
-            m.training = was
+    return training_flags([m for module in modules if module is not None for m in module.modules()], training)
 
 
 def checkpointing_active(model: nn.Module):
@@ -79,17 +70,21 @@ def checkpointing_paused(model: nn.Module):
     return checkpointed_layers_training(model, False)
 
 
-@contextmanager
 def checkpointed_layers_training(model: nn.Module, flag: bool):
     """The ``training`` flag of the layers with gradient checkpointing set to ``flag``, restored on exit."""
-    layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", None) is True]
-    before = [m.training for m in layers]
-    for m in layers:
+    return training_flags([m for m in model.modules() if getattr(m, "gradient_checkpointing", None) is True], flag)
+
+
+@contextmanager
+def training_flags(modules: list[nn.Module], flag: bool):
+    """Each of ``modules``' own ``training`` flag (not its submodules') set to ``flag``, restored on exit."""
+    before = [m.training for m in modules]
+    for m in modules:
         m.training = flag
     try:
         yield
     finally:
-        for m, was in zip(layers, before):
+        for m, was in zip(modules, before):
             m.training = was
 
 
