@@ -131,7 +131,8 @@ def test_every_engine_ends_a_reply_at_the_templates_turn_closing(engine):
     tok = gemma_like_tokenizer()
     policy = replying(tok, {"a": 0.0, "<end_of_turn>": -0.4})
     torch.manual_seed(0)
-    batch, replies, _ = collector(tok, engine()).sample(policy, ROWS)
+    batch, replies, stats = collector(tok, engine()).sample(policy, ROWS)
+    assert stats["clipped_ratio"] == 0.0  # every reply ended, none was cut by the budget
     completions = batch.input_ids[:, batch.prompt_length :]
     lengths = batch.completion_mask.sum(1)
     assert len(set(lengths.tolist())) > 1  # replies of several lengths: the stop decided where each ended
@@ -139,6 +140,19 @@ def test_every_engine_ends_a_reply_at_the_templates_turn_closing(engine):
         assert mask[:n].all() and not mask[n:].any()
         assert row[n - 1] == eot(tok) and (row[: n - 1] == tok.convert_tokens_to_ids("a")).all()
         assert reply == "a" * (n - 1)
+
+
+def test_the_share_of_replies_the_budget_cut_is_logged_as_trls_clipped_ratio():
+    tok = gemma_like_tokenizer()
+    endless = replying(tok, {"a": 0.0})  # never a stop token: every reply runs to max_new_tokens
+    _, replies, stats = collector(tok, LeanSampler(), max_new=5).sample(endless, ROWS)
+    assert stats["clipped_ratio"] == 1.0 and replies == ["aaaaa"] * 8
+    half = replying(tok, {"a": 0.0, "<end_of_turn>": 0.0})
+    torch.manual_seed(3)
+    batch, _, stats = collector(tok, LeanSampler(), max_new=3).sample(half, ROWS)
+    ends = batch.input_ids[:, batch.prompt_length :].gather(1, batch.completion_mask.sum(1, keepdim=True) - 1)
+    assert stats["clipped_ratio"] == float((ends != eot(tok)).float().mean())
+    assert 0.0 < stats["clipped_ratio"] < 1.0
 
 
 class Talker(Environment):

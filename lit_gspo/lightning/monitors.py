@@ -31,7 +31,7 @@ from lit_gspo.runtime.user_errors import SettingsError
 TRAIN_NAMES = (
     # the collector: rewards, lengths, sampling
     *("reward", "reward_std", "reward_all_groups", "reward_failed", "response_length"),
-    *("frac_zero_std_groups", "sampling_rounds"),
+    *("frac_zero_std_groups", "sampling_rounds", "clipped_ratio"),
     # the learner and the objectives' records
     *("loss", "grad_norm", "nonfinite_steps", "rows_with_gradient", "lr", "entropy", "kl"),
     *("clip_frac", "clip_frac_low", "clip_frac_high", "dual_clip_frac", "is_clip_frac", "cov_clip_frac", "cov_mean"),

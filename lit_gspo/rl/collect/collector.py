@@ -250,7 +250,9 @@ class Collector:
                 for turn, t in last_token.items():
                     token_rewards[i, t] = turn_rewards[i][turn]
             token_rewards = token_rewards.to(batch.turn_ids.device)
-        stats = {"reward_failed": float(scores.num_failed)}
+        ended = [bool(e.reply_ids) and e.reply_ids[-1] in self.stop_ids for e in episodes]
+        # TRL's completions/clipped_ratio: the share of last replies cut by the token budget, not ended by a stop id
+        stats = {"reward_failed": float(scores.num_failed), "clipped_ratio": 1.0 - sum(ended) / len(ended)}
         stats.update(per_function_stats(scores.per_function))
         stats.update({name: value for name, value in scores.metrics.items() if name not in stats})  # log_metric
         if self.environment.max_turns > 1:
