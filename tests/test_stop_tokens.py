@@ -113,6 +113,15 @@ def test_the_turn_closing_of_each_template_shape_is_the_first_stop_id_and_the_eo
     assert stops == ([] if expected in (None, tok.eos_token_id) else [expected]) + [tok.eos_token_id]
 
 
+def test_a_template_that_cannot_render_a_reply_leaves_the_eos_and_says_so():
+    tok = gemma_like_tokenizer(
+        "{% for m in messages %}{% if m.role == 'assistant' %}{{ raise_exception('no replies here') }}{% endif %}"
+        "{{ m.content }}{% endfor %}"
+    )
+    with pytest.warns(RuntimeWarning, match="cannot render a user turn and an assistant reply .*no replies here"):
+        assert stop_token_ids(tok, chat_template=True) == [tok.eos_token_id]
+
+
 def collector(tok, engine, env=None, max_new=12, G=4):
     return Collector(
         env or SingleTurn(),

@@ -14,6 +14,8 @@ The first is the one a demonstration ends with (the warm start); a reply ends at
 
 from __future__ import annotations
 
+import warnings
+
 from torch import nn
 
 from lit_gspo.rl.envs.base import assistant_closing
@@ -34,9 +36,17 @@ def stop_token_ids(
 def turn_closing_token(tokenizer, template_kwargs: dict | None = None) -> int | None:
     """The special token the chat template closes an assistant turn with (``<|im_end|>``, ``<end_of_turn>``), or
     None where its closing starts with text (``\\n\\n``) or nothing."""
-    ids = tokenizer(assistant_closing(tokenizer, template_kwargs=template_kwargs), add_special_tokens=False)[
-        "input_ids"
-    ]
+    try:
+        closing = assistant_closing(tokenizer, template_kwargs=template_kwargs)
+    except Exception as error:  # noqa: BLE001 — a template may refuse a conversation (a raise_exception of its own)
+        warnings.warn(
+            f"the tokenizer's chat template cannot render a user turn and an assistant reply ({type(error).__name__}: "
+            f"{error}); replies end at the tokenizer's eos and the model's generation_config eos ids only",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    ids = tokenizer(closing, add_special_tokens=False)["input_ids"]
     if not ids:
         return None
     added = tokenizer.added_tokens_decoder.get(ids[0])
