@@ -169,8 +169,7 @@ class Collector:
             for i, episode in enumerate(episodes):
                 if episode.done:
                     continue
-                ended = episode.reply_ids[-1:] and episode.reply_ids[-1] in self.stop_ids
-                reply_end = tok.decode(episode.reply_ids[-1:]) if ended else ""
+                reply_end = tok.decode(episode.reply_ids[-1:]) if self.ended(episode) else ""
                 ids = env.encode_observation(tok, episode.turns[-1].observation, reply_end=reply_end)
                 if len(ids) + 1 > episode.budget:  # no room for the observation and one reply token: the episode ends
                     episode.truncated = True
@@ -203,6 +202,10 @@ class Collector:
                     ids, None if logprobs is None else logprobs[: len(ids)], tok.decode(ids, skip_special_tokens=True)
                 )
             step_all(env, active, [e.replies[-1] for e in active])
+
+    def ended(self, episode: Episode) -> bool:
+        """Whether the episode's last reply ended at a stop id (not cut by the token budget)."""
+        return bool(episode.reply_ids) and episode.reply_ids[-1] in self.stop_ids
 
     def _score(
         self, batch: RolloutBatch, episodes: list[Episode], group: int, max_new_tokens: int
@@ -250,9 +253,9 @@ class Collector:
                 for turn, t in last_token.items():
                     token_rewards[i, t] = turn_rewards[i][turn]
             token_rewards = token_rewards.to(batch.turn_ids.device)
-        ended = [bool(e.reply_ids) and e.reply_ids[-1] in self.stop_ids for e in episodes]
         # TRL's completions/clipped_ratio: the share of last replies cut by the token budget, not ended by a stop id
-        stats = {"reward_failed": float(scores.num_failed), "clipped_ratio": 1.0 - sum(ended) / len(ended)}
+        clipped = sum(not self.ended(e) for e in episodes) / len(episodes)
+        stats = {"reward_failed": float(scores.num_failed), "clipped_ratio": clipped}
         stats.update(per_function_stats(scores.per_function))
         stats.update({name: value for name, value in scores.metrics.items() if name not in stats})  # log_metric
         if self.environment.max_turns > 1:
