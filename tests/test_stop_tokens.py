@@ -249,3 +249,9 @@ def test_a_fit_from_a_gemma_like_checkpoint_says_where_replies_end_and_which_set
     log = caplog.text
     assert f"replies end at any of <end_of_turn> ({eot(tok)}), <eos> ({tok.eos_token_id})" in log
     assert "the model's generation_config sets {'repetition_penalty': 1.05}; no engine applies them" in log
+    import csv
+
+    rows = list(csv.DictReader(open(next((tmp_path / "runs").rglob("metrics.csv")))))
+    for name in ("train/clipped_ratio", "val/clipped_ratio"):  # every RL step's, every validation's (2: before, after)
+        values = [float(r[name]) for r in rows if r.get(name)]
+        assert len(values) == (1 if name.startswith("train") else 2) and all(0.0 <= v <= 1.0 for v in values)

@@ -25,6 +25,7 @@ from lit_gspo.lightning.int_before_float import int_before_float, int_or_float_p
 from lit_gspo.lightning.module import RLModule
 from lit_gspo.lightning.monitors import check_monitors, config_monitors, logged_names
 from lit_gspo.lightning.schedule import ScheduleCadence
+from lit_gspo.lightning.validation import VALIDATION_NAMES
 
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
 from lit_gspo.rl import advantages, engines, envs  # noqa: F401
@@ -632,7 +633,7 @@ def check_plateau(model) -> None:
         single_turn = model.get("environment") is None
         check_plateau_monitor(
             (scheduler.get("init_args") or Namespace()).get("monitor"),
-            ["val/reward", "val/response_length"] if single_turn else None,
+            list(VALIDATION_NAMES) if single_turn else None,
         )
 
 

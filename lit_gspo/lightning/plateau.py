@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from lit_gspo.lightning.validation import VALIDATION_NAMES
 from lit_gspo.runtime.user_errors import SettingsError
 
 
@@ -26,7 +27,7 @@ def check_plateau_monitor(monitor: str | None, val_metrics: list[str] | None) ->
             "--model.lr_scheduler.mode max"
         )
     if not (monitor.startswith("train/") or (monitor in val_metrics if val_metrics else monitor.startswith("val/"))):
-        names = ", ".join(val_metrics or ["val/reward", "val/response_length"])
+        names = ", ".join(val_metrics or VALIDATION_NAMES)
         raise SettingsError(
             f"--model.lr_scheduler.monitor {monitor}: never logged; monitor one of {names} (after each "
             "validation) or a train/* metric (each RL step)"

@@ -1,5 +1,5 @@
 """One validation (or test) of an RLModule: greedy completions of the held-out prompts, scored, reduced over the
-ranks and logged as ``<split>/reward``, ``<split>/response_length`` and the multi-turn metrics, with some of the
+ranks and logged as ``<split>/reward``, ``<split>/response_length``, ``<split>/clipped_ratio`` and the multi-turn metrics, with some of the
 completions shown (``completions.csv``, the loggers' tables, the terminal)."""
 
 from __future__ import annotations
@@ -12,6 +12,15 @@ from lightning.pytorch.utilities import rank_zero_info
 from lit_gspo.lightning.completions_log import due, log_completions, terminal_table
 from lit_gspo.rl.evaluate import GreedyTally
 from lit_gspo.runtime.collectives import all_reduce_sum
+
+#: what a validation logs for every environment: the tally's own sums, then its keyed means
+VALIDATION_NAMES = ("val/reward", "val/response_length", "val/clipped_ratio")
+
+
+def validation_metric_keys(environment) -> list[str]:
+    """The keyed means validation reports besides reward and length: the share of replies the budget cut, and a
+    multi-turn environment's episode metrics."""
+    return ["clipped_ratio", *episode_metric_keys(environment)]
 
 
 def episode_metric_keys(environment) -> list[str]:
@@ -30,7 +39,7 @@ class GreedyValidation:
 
     def __init__(self, module):
         self.module = module
-        self.tally = GreedyTally(episode_metric_keys(module.collector.environment))
+        self.tally = GreedyTally(validation_metric_keys(module.collector.environment))
         self.shown = ([], [], [])  # rows, replies, rewards of the completions logged with this validation
         self.shown_scores: dict[str, list[float]] = {}  # each reward function's scores of those
         self.start = time.perf_counter()
