@@ -3,7 +3,8 @@
 A ``ReduceLROnPlateau``'s ``monitor`` and a callback's (``ModelCheckpoint``, ``EarlyStopping``) name a metric the fit
 logs. Which ones a run logs is known from its components:
 
-* ``val/*`` (each validation): ``val/reward``, ``val/response_length``, ``val/clipped_ratio``, and a multi-turn environment's episode metrics;
+* ``val/*`` (each validation): ``val/reward``, ``val/response_length``, ``val/clipped_ratio``, and a multi-turn
+  environment's episode metrics;
 * ``train/*`` (each RL step): lit_gspo's own stages log only :data:`TRAIN_NAMES` and :data:`TRAIN_PATTERNS` (a superset:
   some only with some objectives or settings), each reward function's ``rewards/<name>/mean|std`` and the environment's
   ``metric_names``. A component of the user's own may log other names (a reward function that is given ``log_metric``,

@@ -1,6 +1,6 @@
 """One validation (or test) of an RLModule: greedy completions of the held-out prompts, scored, reduced over the
-ranks and logged as ``<split>/reward``, ``<split>/response_length``, ``<split>/clipped_ratio`` and the multi-turn metrics, with some of the
-completions shown (``completions.csv``, the loggers' tables, the terminal)."""
+ranks and logged as ``<split>/reward``, ``<split>/response_length``, ``<split>/clipped_ratio`` and the multi-turn
+metrics, with some of the completions shown (``completions.csv``, the loggers' tables, the terminal)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from lit_gspo.rl.learn.learner import Learner
 from lit_gspo.rl.learn.mismatch import Mismatch
 from lit_gspo.rl.objectives import Objective
 from lit_gspo.rl.rewards import ExactMatch, RewardSet
-from lit_gspo.rl.stop_tokens import stop_token_ids
+from lit_gspo.rl.stop_tokens import environment_stop_ids
 from lit_gspo.runtime.installed import check_installed
 
 
@@ -68,10 +68,7 @@ def build_stages(
         raise ValueError(f"policy.routing.replay needs an MoE policy with top-k routers; {policy.name!r} has none")
     dynamic = objective.paper_dynamic_sampling if generation.dynamic_sampling is None else generation.dynamic_sampling
     environment = environment or SingleTurn()
-    chat = environment.uses_chat_template(models.tokenizer)
-    stop_ids = stop_token_ids(
-        models.tokenizer, models.policy, chat_template=chat, template_kwargs=environment.chat_template_kwargs
-    )
+    stop_ids = environment_stop_ids(models.tokenizer, environment, models.policy)
     collector = Collector(
         environment,
         engine,

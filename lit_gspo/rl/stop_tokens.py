@@ -33,6 +33,17 @@ def stop_token_ids(
     return list(dict.fromkeys(int(i) for i in found if i is not None))
 
 
+def environment_stop_ids(tokenizer, environment, model: nn.Module | None = None) -> list[int]:
+    """:func:`stop_token_ids` for prompts rendered as ``environment`` renders them (its chat template use, its
+    ``chat_template_kwargs``)."""
+    return stop_token_ids(
+        tokenizer,
+        model,
+        chat_template=environment.uses_chat_template(tokenizer),
+        template_kwargs=environment.chat_template_kwargs,
+    )
+
+
 def turn_closing_token(tokenizer, template_kwargs: dict | None = None) -> int | None:
     """The special token the chat template closes an assistant turn with (``<|im_end|>``, ``<end_of_turn>``), or
     None where its closing starts with text (``\\n\\n``) or nothing."""

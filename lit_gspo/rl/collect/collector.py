@@ -26,7 +26,7 @@ from lit_gspo.rl.engines import RolloutEngine
 from lit_gspo.rl.envs import Environment
 from lit_gspo.rl.rewards import RewardSet, TrainerState, conversation_completions
 from lit_gspo.rl.rollout import RolloutBatch, concat_rollouts
-from lit_gspo.rl.stop_tokens import stop_token_ids
+from lit_gspo.rl.stop_tokens import environment_stop_ids
 from lit_gspo.runtime.user_errors import option
 
 
@@ -65,15 +65,7 @@ class Collector:
         self.engine_logprobs = engine_logprobs  # keep the sampler's log-probs of sampled tokens (mismatch correction)
         self.param_dtype = param_dtype  # the update's (``update.param_dtype``): the sampler reads the parameters so too
         # where a reply ends (lit_gspo.rl.stop_tokens); None: those the tokenizer and the chat template name
-        self.stop_ids = (
-            stop_token_ids(
-                tokenizer,
-                chat_template=environment.uses_chat_template(tokenizer),
-                template_kwargs=environment.chat_template_kwargs,
-            )
-            if stop_ids is None
-            else list(stop_ids)
-        )
+        self.stop_ids = environment_stop_ids(tokenizer, environment) if stop_ids is None else list(stop_ids)
         self.trainer_state: TrainerState | None = None
         self.last_extra: dict[str, list] = {}
         self.last_per_function: dict[str, list[float]] = {}
