@@ -1,7 +1,11 @@
 """RewardModel: a sequence-classification model's logit as the reward, batched, on a tiny model built from a config."""
 
+import shutil
+import warnings
+
 import pytest
 import torch
+from tokenizers.processors import TemplateProcessing
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
 from lit_gspo.models.tokenizer import char_tokenizer
@@ -26,6 +30,22 @@ def reward_dir(tmp_path_factory):
     LlamaForSequenceClassification(config).eval().save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
+
+
+def with_tokenizer(tmp_path, reward_dir, tok):
+    """The reward model of ``reward_dir`` saved with another tokenizer."""
+    path = tmp_path / "rm"
+    shutil.copytree(reward_dir, path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def last_token_scores(path, rows, label):
+    """The reference by ids: each row alone, the logit read at its last token (no pad id to look for)."""
+    model = LlamaForSequenceClassification.from_pretrained(path).eval()
+    model.config.pad_token_id = None
+    with torch.no_grad():
+        return [float(model(input_ids=torch.tensor([row])).logits[0, label]) for row in rows]
 
 
 def one_by_one(path, texts, label):
@@ -68,5 +88,61 @@ def test_bad_settings_name_the_value(reward_dir):
         RewardModel(reward_dir, dtype="fp8")
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
         RewardModel(reward_dir, batch_size=0)
+    with pytest.raises(ValueError, match="max_length must be >= 1 or None .*got 0"):
+        RewardModel(reward_dir, max_length=0)
     with pytest.raises(ValueError, match="label 2 is out of range.*num_labels=2"):
         RewardModel(reward_dir, label=2, device="cpu")(PROMPTS, COMPLETIONS)
+
+
+def bos_tokenizer():
+    """The char tokenizer with a BOS put before every text, as Llama's tokenizers do."""
+    tok = char_tokenizer()
+    tok.backend_tokenizer.post_processor = TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
+    return tok
+
+
+def test_a_text_gets_the_special_tokens_its_tokenizer_adds(tmp_path, reward_dir):
+    path = with_tokenizer(tmp_path, reward_dir, bos_tokenizer())
+    rm = RewardModel(path, batch_size=2, device="cpu")
+    texts = [p + c for p, c in zip(PROMPTS, COMPLETIONS)]
+    with_bos = [bos_tokenizer()(t)["input_ids"] for t in texts]
+    assert all(row[0] == 1 and row[1] != 1 for row in with_bos)
+    assert [rm.token_ids(p, c) for p, c in zip(PROMPTS, COMPLETIONS)] == with_bos
+    scores = rm(PROMPTS, COMPLETIONS)
+    assert scores == pytest.approx(last_token_scores(path, with_bos, 0), abs=1e-5)
+    without_bos = last_token_scores(path, [row[1:] for row in with_bos], 0)
+    assert all(abs(a - b) > 1e-4 for a, b in zip(scores, without_bos))  # the BOS moves every score
+
+
+def test_a_conversation_gets_only_the_special_tokens_its_template_writes(tmp_path, reward_dir):
+    tok = bos_tokenizer()
+    tok.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['role'][0] }}: {{ m['content'] }}\n{% endfor %}"
+    rm = RewardModel(with_tokenizer(tmp_path, reward_dir, tok), device="cpu")
+    ids = rm.token_ids([{"role": "user", "content": "rev 12="}], "21")
+    assert tok.convert_ids_to_tokens(ids) == ["<bos>", *"u: rev 12=\na: 21\n"]  # one BOS: the template's
+
+
+@pytest.mark.parametrize("pad", [None, "<eos>"])
+def test_the_score_is_read_at_the_last_token_whatever_the_pad(tmp_path, reward_dir, pad):
+    """No pad token (a Llama tokenizer) or the pad set to the EOS a text ends with: each text scores as it does
+    alone, read at its last token."""
+    tok = char_tokenizer()
+    tok.pad_token = pad
+    path = with_tokenizer(tmp_path, reward_dir, tok)
+    completions = [c + "<eos>" for c in COMPLETIONS[:2]] + COMPLETIONS[2:]
+    rm = RewardModel(path, batch_size=3, device="cpu")
+    rows = [rm.token_ids(p, c) for p, c in zip(PROMPTS, completions)]
+    assert [row[-1] for row in rows] == [2, 2, tok.convert_tokens_to_ids("k")]
+    assert rm(PROMPTS, completions) == pytest.approx(last_token_scores(path, rows, 0), abs=1e-5)
+
+
+def test_a_text_longer_than_max_length_is_scored_on_its_start_with_a_warning(reward_dir):
+    rm = RewardModel(reward_dir, batch_size=3, device="cpu", max_length=9)
+    rows = [rm.token_ids(p, c) for p, c in zip(PROMPTS, COMPLETIONS)]
+    with pytest.warns(UserWarning, match="2 of 3 texts are longer than max_length 9 tokens \\(the longest 22\\)"):
+        scores = rm(PROMPTS, COMPLETIONS)
+    assert [len(row) for row in rows] == [11, 8, 22]
+    assert scores == pytest.approx(last_token_scores(reward_dir, [row[:9] for row in rows], 0), abs=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rm(PROMPTS[1:2], COMPLETIONS[1:2])  # none too long: no warning

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from lit_gspo.rl.rewards.calling import completion_text
@@ -14,9 +16,14 @@ class RewardModel:
 
     The text scored is the conversation when the prompt is a list of chat messages and the reward
     model's tokenizer has a chat template (the completion appended as the assistant's turn), and
-    ``prompt + completion`` otherwise. Texts are scored in batches of ``batch_size``, right-truncated
-    to ``max_length`` tokens, in eval mode without gradient. The model loads on the first call, so a
-    config names it without loading it.
+    ``prompt + completion`` otherwise. Each is tokenized as the model's own usage does: a conversation
+    with the special tokens its template writes and no others (as ``apply_chat_template(tokenize=True)``),
+    a text with those the tokenizer adds to a text (a BOS; BERT's and DeBERTa's ``[CLS] … [SEP]``), as
+    ``tokenizer(text)``. The reward is read at each text's last token whatever its id, so a tokenizer
+    without a pad token, or whose pad is the token a text ends with (a pad set to the EOS), scores as
+    each text alone does. Texts are scored in batches of ``batch_size``, in eval mode without gradient;
+    one longer than ``max_length`` tokens is scored on its first ``max_length`` (with a warning). The
+    model loads on the first call, so a config names it without loading it.
 
     Args:
         model: a local directory or hub id of a sequence-classification model (with its tokenizer).
@@ -44,6 +51,8 @@ class RewardModel:
             raise ValueError(f"RewardModel batch_size must be >= 1, got {batch_size}")
         if label < 0:
             raise ValueError(f"RewardModel label must be >= 0, got {label}")
+        if max_length is not None and max_length < 1:
+            raise ValueError(f"RewardModel max_length must be >= 1 or None (the tokenizer's), got {max_length}")
         self.model_name, self.label, self.batch_size = model, label, batch_size
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype, self.max_length, self.weight = dtype, max_length, weight
@@ -54,8 +63,6 @@ class RewardModel:
 
         self._tokenizer = AutoTokenizer.from_pretrained(self.model_name)
         model = AutoModelForSequenceClassification.from_pretrained(self.model_name, dtype=DTYPES[self.dtype])
-        if model.config.pad_token_id is None:  # batched scoring finds each row's last token through the pad id
-            model.config.pad_token_id = self._tokenizer.pad_token_id
         if self.label >= model.config.num_labels:
             raise ValueError(
                 f"RewardModel label {self.label} is out of range: {self.model_name} has "
@@ -66,33 +73,69 @@ class RewardModel:
     def text(self, prompt, completion) -> str:
         """The text scored for one sample (see the class docstring); ``completion`` is text or, with chat
         prompts, the messages after the prompt (as ``RewardSet`` passes them)."""
-        if isinstance(prompt, str):
-            return prompt + completion_text(completion)
-        reply = [{"role": "assistant", "content": completion}] if isinstance(completion, str) else list(completion)
-        if self._tokenizer.chat_template is not None:
-            return self._tokenizer.apply_chat_template([*prompt, *reply], tokenize=False)
-        return "".join(m["content"] for m in [*prompt, *reply])
+        return self._rendered(prompt, completion)[0]
 
-    @torch.no_grad()
-    def __call__(self, prompts: list, completions: list[str], **columns) -> list[float]:
+    def token_ids(self, prompt, completion) -> list[int]:
+        """The token ids scored for one sample, before truncation (see the class docstring)."""
+        text, templated = self._rendered(prompt, completion)
+        return list(self._tokenizer(text, add_special_tokens=not templated)["input_ids"])
+
+    def _rendered(self, prompt, completion) -> tuple[str, bool]:
+        """The text scored and whether the chat template wrote it."""
         if self._model is None:
             self._load()
-        texts = [self.text(p, c) for p, c in zip(prompts, completions)]
-        tok = self._tokenizer
-        side, tok.padding_side = tok.padding_side, "right"  # the model reads its score at the last real token
-        try:
-            scores = []
-            for start in range(0, len(texts), self.batch_size):
-                batch = tok(
-                    texts[start : start + self.batch_size],
-                    return_tensors="pt",
-                    padding=True,
-                    truncation=True,
-                    max_length=self.max_length,
-                    add_special_tokens=False,
-                ).to(self.device)
-                logits = self._model(**batch).logits.float()
-                scores += logits[:, self.label].tolist()
-        finally:
-            tok.padding_side = side
+        if isinstance(prompt, str):
+            return prompt + completion_text(completion), False
+        reply = [{"role": "assistant", "content": completion}] if isinstance(completion, str) else list(completion)
+        if self._tokenizer.chat_template is not None:
+            return self._tokenizer.apply_chat_template([*prompt, *reply], tokenize=False), True
+        return "".join(m["content"] for m in [*prompt, *reply]), False
+
+    def __call__(self, prompts: list, completions: list[str], **columns) -> list[float]:
+        rows = self._truncated([self.token_ids(p, c) for p, c in zip(prompts, completions)])
+        scores = []
+        with torch.no_grad():
+            for start in range(0, len(rows), self.batch_size):
+                scores += self._scores(rows[start : start + self.batch_size])
         return scores
+
+    def _truncated(self, rows: list[list[int]]) -> list[list[int]]:
+        limit = self.max_length or self._tokenizer.model_max_length
+        long = sum(len(row) > limit for row in rows)
+        if long:
+            warnings.warn(
+                f"RewardModel {self.model_name}: {long} of {len(rows)} texts are longer than max_length {limit} "
+                f"tokens (the longest {max(map(len, rows))}); each is scored on its first {limit} tokens, so its "
+                "reward reads a cut text",
+                stacklevel=3,
+            )
+        return [row[:limit] for row in rows]
+
+    def _scores(self, rows: list[list[int]]) -> list[float]:
+        """One forward over right-padded rows. The model reads its score at the rightmost token that is not its
+        ``pad_token_id``, so the pad used here is one no row ends with."""
+        pad = padding_id(rows, self._tokenizer.pad_token_id)
+        length = max(map(len, rows))
+        input_ids = torch.full((len(rows), length), pad, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            attention_mask[i, : len(row)] = 1
+        config = self._model.config.get_text_config()
+        loaded, config.pad_token_id = config.pad_token_id, pad
+        try:
+            logits = self._model(
+                input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)
+            ).logits.float()
+        finally:
+            config.pad_token_id = loaded
+        return logits[:, self.label].tolist()
+
+
+def padding_id(rows: list[list[int]], preferred: int | None) -> int:
+    """A pad id that is not the last token of any row: ``preferred`` (the tokenizer's pad) when none ends with it,
+    else the smallest id none ends with."""
+    last = {row[-1] for row in rows if row}
+    if preferred is not None and preferred not in last:
+        return preferred
+    return next(i for i in range(len(last) + 1) if i not in last)
