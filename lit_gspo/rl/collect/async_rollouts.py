@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from lit_gspo.runtime.threads import start_thread
+
 #: ``sampling.async_old_logprobs``: what the ratio's denominator π_old is under K ≥ 1
 ASYNC_OLD_LOGPROBS = ("sampler", "proximal")
 
@@ -147,8 +149,7 @@ class ThreadRolloutWorker(RolloutWorker):
             p.grad = None
         self._copy.eval()
         self._staged = {n: p.detach().clone() for n, p in trainable_parameters(self.policy).items()}
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self._run, self.name)  # on the trainer thread's device (a rank's GPU)
 
     def submit(self, rows, trainer_state=None):
         self._inbox.put((rows, trainer_state))

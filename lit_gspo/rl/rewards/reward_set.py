@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from lit_gspo.rl.rewards.calling import CALL_INPUTS, TRAINER_COLUMNS, TRL_ONLY, TrainerState, convention
+from lit_gspo.runtime.threads import start_thread
 from lit_gspo.runtime.user_errors import option, option_value
 
 
@@ -44,8 +45,7 @@ def call_with_timeout(call: Callable[[], object], timeout_s: float | None, name:
         except BaseException as err:  # noqa: BLE001 — handed to the caller
             outcome["error"] = err
 
-    thread = threading.Thread(target=target, daemon=True, name=f"lit_gspo-{name}")
-    thread.start()
+    thread = start_thread(target, f"lit_gspo-{name}")  # on the caller's device: a rank's GPU under DDP
     thread.join(timeout_s)
     if thread.is_alive():
         raise RewardTimeout(f"no result within timeout_s={timeout_s:g} s (the call is abandoned)")
@@ -70,7 +70,7 @@ def run_coroutine(coroutine: Coroutine):
     with _loop_lock:
         if _loop is None or _loop_pid != os.getpid() or _loop.is_closed():
             _loop, _loop_pid = asyncio.new_event_loop(), os.getpid()
-            threading.Thread(target=_loop.run_forever, daemon=True, name="lit_gspo-async-rewards").start()
+            start_thread(_loop.run_forever, "lit_gspo-async-rewards")
         loop = _loop
     return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
 
