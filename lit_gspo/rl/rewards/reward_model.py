@@ -124,8 +124,9 @@ class RewardModel:
         config = self._model.config.get_text_config()
         loaded, config.pad_token_id = config.pad_token_id, pad
         try:
+            device = self._model.device  # where "cuda" put it: the loading thread's current GPU
             logits = self._model(
-                input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)
+                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)
             ).logits.float()
         finally:
             config.pad_token_id = loaded
