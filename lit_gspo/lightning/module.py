@@ -235,6 +235,8 @@ class RLModule(LightningModule):
             rank_zero_info(f"train/* metrics every {trainer.log_every_n_steps} RL steps (log_every_n_steps)")
         if stage == "fit" and len(self.collector.stop_ids) > 1:
             rank_zero_info(f"replies end at any of {describe_stop_tokens(self.tokenizer, self.collector.stop_ids)}")
+        if stage == "fit" and self.collector.stop_strings is not None:
+            rank_zero_info(f"replies also end at the strings {list(self.collector.stop_strings.strings)!r}")
         if stage == "fit" and (ignored := checkpoint_sampling_settings(self.policy)):
             g = self.generation
             rank_zero_info(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from lit_gspo.models.cast_parameters import PARAM_DTYPES
+from lit_gspo.rl.stop_strings import check_stop_strings
 
 
 @dataclass
@@ -32,6 +33,10 @@ class Generation:
     top_k: int = 0
     """sample among the k most probable tokens only (0: no top-k)."""
 
+    stop: list[str] | None = None
+    """strings a reply also ends at, besides the stop tokens: it ends with the token that completes the first it
+    writes, and its text (what rewards and the environment read) holds the string — vLLM's ``stop`` with
+    ``include_stop_str_in_output`` (lit_gspo/rl/stop_strings.py). E.g. ``['</answer>']``; null: stop tokens only."""
     dynamic_sampling: bool | None = None
     """drop the groups whose rewards are all equal (nothing to learn: Â = 0) and sample more prompts to refill the
     batch (DAPO's dynamic sampling); None resolves to the objective's paper's (``Objective.paper_dynamic_sampling``:
@@ -79,6 +84,8 @@ class Generation:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p} (1: no nucleus cut; 0 would sample nothing)")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0: no top-k), got {self.top_k}")
+        if self.stop is not None:
+            check_stop_strings(self.stop)
         if self.max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be >= 1, got {self.max_prompt_length}")
         if self.max_sampling_rounds < 1:

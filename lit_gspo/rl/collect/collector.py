@@ -26,6 +26,7 @@ from lit_gspo.rl.engines import RolloutEngine
 from lit_gspo.rl.envs import Environment
 from lit_gspo.rl.rewards import RewardSet, TrainerState, conversation_completions
 from lit_gspo.rl.rollout import RolloutBatch, concat_rollouts
+from lit_gspo.rl.stop_strings import StopStrings
 from lit_gspo.rl.stop_tokens import environment_stop_ids
 from lit_gspo.runtime.user_errors import option
 
@@ -66,6 +67,7 @@ class Collector:
         self.param_dtype = param_dtype  # the update's (``update.param_dtype``): the sampler reads the parameters so too
         # where a reply ends (lit_gspo.rl.stop_tokens); None: those the tokenizer and the chat template name
         self.stop_ids = environment_stop_ids(tokenizer, environment) if stop_ids is None else list(stop_ids)
+        self.stop_strings = StopStrings(tokenizer, generation.stop) if generation.stop else None
         self.trainer_state: TrainerState | None = None
         self.last_extra: dict[str, list] = {}
         self.last_per_function: dict[str, list[float]] = {}
@@ -143,6 +145,7 @@ class Collector:
             synced_gpus=synced_gpus,
             return_logprobs=self.engine_logprobs and not greedy,
             param_dtype=self.param_dtype,
+            stop=self.stop_strings,
         )
 
     def _continue_episodes(
@@ -161,7 +164,8 @@ class Collector:
             for i, episode in enumerate(episodes):
                 if episode.done:
                     continue
-                reply_end = tok.decode(episode.reply_ids[-1:]) if self.ended(episode) else ""
+                last = episode.reply_ids[-1:]
+                reply_end = tok.decode(last) if last and last[0] in self.stop_ids else ""  # a stop token's text
                 ids = env.encode_observation(tok, episode.turns[-1].observation, reply_end=reply_end)
                 if len(ids) + 1 > episode.budget:  # no room for the observation and one reply token: the episode ends
                     episode.truncated = True
@@ -196,8 +200,12 @@ class Collector:
             step_all(env, active, [e.replies[-1] for e in active])
 
     def ended(self, episode: Episode) -> bool:
-        """Whether the episode's last reply ended at a stop id (not cut by the token budget)."""
-        return bool(episode.reply_ids) and episode.reply_ids[-1] in self.stop_ids
+        """Whether the episode's last reply ended at a stop id or a stop string (not cut by the token budget)."""
+        if not episode.reply_ids:
+            return False
+        if episode.reply_ids[-1] in self.stop_ids:
+            return True
+        return self.stop_strings is not None and self.stop_strings.found(episode.reply_ids)
 
     def _score(
         self, batch: RolloutBatch, episodes: list[Episode], group: int, max_new_tokens: int

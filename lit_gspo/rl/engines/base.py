@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from lit_gspo.models.cast_parameters import CastParameters
 from lit_gspo.rl.engines.fast_generate import ATTENTION_IMPLEMENTATIONS, attention_implementation, weights_cast_once
 from lit_gspo.rl.rollout import RolloutBatch, completion_mask_through_eos, left_pad
+from lit_gspo.rl.stop_strings import StopStrings
 from lit_gspo.runtime.sharding import is_sharded
 
 
@@ -45,6 +46,10 @@ class RolloutEngine:
 
     #: the seed of the engine's own random stream (:meth:`own_random_stream`); None: it draws from torch's default one
     random_seed: int | None = None
+
+    #: the stop strings of the current sampling call (None outside one, or without them); every engine's replies are
+    #: cut at them after :meth:`generate`, and an engine that can stop a row there while sampling reads them
+    stopping: StopStrings | None = None
 
     def __init__(self, attn_implementation: str | None = None):
         if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
@@ -139,16 +144,18 @@ class RolloutEngine:
         synced_gpus: bool = False,
         return_logprobs: bool = False,
         param_dtype: torch.dtype | None = None,
+        stop: StopStrings | None = None,
     ) -> RolloutBatch:
         """Completions of ``prompt_ids`` as a rollout batch: prompts left-padded to P, completions right-padded
-        to T (columns no row uses trimmed), ``completion_mask`` 1 through the first EOS, rows group-major.
-        ``param_dtype``: the policy's floating parameters read in this dtype, cast once for the call
+        to T (columns no row uses trimmed), ``completion_mask`` 1 through the first EOS (or ``stop`` string), rows
+        group-major. ``param_dtype``: the policy's floating parameters read in this dtype, cast once for the call
         (:meth:`parameters_in`), as the update reads them under ``update.param_dtype``."""
         ids, attn = left_pad(prompt_ids, pad_id)
         device = next(policy.parameters()).device
         ids, attn = ids.to(device), attn.to(device)
         was_training = policy.training
         policy.eval()  # gradient checkpointing disables the KV cache in train mode
+        self.stopping = stop
         try:
             sampling = {} if greedy else dict(temperature=temperature, top_p=top_p, top_k=top_k)
             generate = self.generate
@@ -159,7 +166,7 @@ class RolloutEngine:
                     f"{type(self).__name__} samples with transformers' generate under sharded parameters (synced_gpus)",
                     stacklevel=2,
                 )
-                generate = partial(generate_with_hf, generator=self.generator(device))
+                generate = partial(generate_with_hf, generator=self.generator(device), stop=stop)
             with (
                 attention_implementation(policy, self.attn_implementation),
                 weights_cast_once(device.type),
@@ -179,11 +186,14 @@ class RolloutEngine:
                 )
         finally:
             policy.train(was_training)
+            self.stopping = None
         ids = ids.repeat_interleave(num_generations, 0)
         attn = attn.repeat_interleave(num_generations, 0)
         prompt_length = ids.shape[1]
         completions = out[:, prompt_length:]
         mask = completion_mask_through_eos(completions, eos_id)
+        if stop is not None:
+            mask = stop.cut(completions, mask)
         completions = completions.masked_fill(~mask, pad_id)
         used = int(mask.sum(1).max()) if mask.numel() else 0  # trim columns no row uses
         completions, mask = completions[:, :used], mask[:, :used]

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_gspo.models.cache_keyword import cache_kwargs
+from lit_gspo.rl.stop_strings import StopStrings
 
 
 def cumulative_sum(x: Tensor) -> Tensor:
@@ -192,13 +193,14 @@ def fast_generate(
     top_k: int = 0,
     generator: torch.Generator | None = None,
     return_logprobs: bool = False,
+    stop: StopStrings | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Sample ``num_generations`` completions for each (left-padded) prompt row.
 
     Returns (N·G, P + T) token ids; with ``return_logprobs`` also (N·G, T) fp32 log-probs of the sampled
     tokens under the distribution they were drawn from (after temperature, top-k, top-p).
     ``input_ids``/``attention_mask`` hold each prompt once (N rows). T ≤ ``max_new_tokens`` is the
-    longest completion (generation stops once every row has emitted an EOS).
+    longest completion (generation stops once every row has emitted an EOS or written a ``stop`` string).
     """
     from transformers import DynamicCache
 
@@ -250,6 +252,8 @@ def fast_generate(
             logprobs[active, step] = logp.masked_fill(finished, 0.0)
         used = step + 1
         running = ~torch.isin(nxt, eos) & ~finished
+        if stop is not None:
+            running &= ~stop.written(tokens[active, :used])
         if step == max_new_tokens - 1 or not bool(running.any()):
             break
         if not by_row:

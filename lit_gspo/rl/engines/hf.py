@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from lit_gspo.rl.engines.base import RolloutEngine
 from lit_gspo.rl.engines.checkpoint_settings import empty_generation_config
 from lit_gspo.rl.engines.fast_generate import filter_logits, sample_tokens
+from lit_gspo.rl.stop_strings import StopStrings
 
 
 class HFGenerate(RolloutEngine):
@@ -18,7 +19,8 @@ class HFGenerate(RolloutEngine):
     def generate(
         self, policy: nn.Module, input_ids: Tensor, attention_mask: Tensor, **kwargs
     ) -> tuple[Tensor, Tensor | None]:
-        return generate_with_hf(policy, input_ids, attention_mask, generator=self.generator(input_ids.device), **kwargs)
+        generator = self.generator(input_ids.device)
+        return generate_with_hf(policy, input_ids, attention_mask, generator=generator, stop=self.stopping, **kwargs)
 
 
 def generate_with_hf(
@@ -34,9 +36,10 @@ def generate_with_hf(
     synced_gpus: bool,
     return_logprobs: bool,
     generator: torch.Generator | None = None,
+    stop: StopStrings | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """:meth:`RolloutEngine.generate` with ``policy.generate``; with a ``generator``, sampled from it (transformers' own
-    sampling draws from torch's default stream only). The log-probs are kept a step at a time (:class:`InProcessor`),
+    sampling draws from torch's default stream only); a row stops at a ``stop`` string too. The log-probs are kept a step at a time (:class:`InProcessor`),
     never as transformers' ``output_scores``."""
     draws = generator is not None and bool(sampling)
     if draws or return_logprobs:  # the warpers in the processor, none of transformers' (1.0 and 0 add none)
@@ -53,6 +56,7 @@ def generate_with_hf(
             eos_token_id=eos_id if eos_id != [] else None,
             synced_gpus=synced_gpus,
             logits_processor=LogitsProcessorList([processor] if processor is not None else []),
+            stopping_criteria=StoppingCriteriaList([StringWritten(stop, input_ids.shape[1])] if stop else []),
             **sampler_args,
         )
     if not return_logprobs:
@@ -95,3 +99,13 @@ class InProcessor(LogitsProcessor):
         """(rows, T): the log-probs of the tokens drawn (the last one is the last of ``sequences``)."""
         self._keep(sequences[:, -1])
         return torch.stack(self.logprobs, 1)
+
+
+class StringWritten(StoppingCriteria):
+    """A row is done once its reply (the tokens after the ``prompt_length`` of the prompts) writes a stop string."""
+
+    def __init__(self, stop: StopStrings, prompt_length: int):
+        self.stop, self.prompt_length = stop, prompt_length
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs) -> Tensor:
+        return self.stop.written(input_ids[:, self.prompt_length :])

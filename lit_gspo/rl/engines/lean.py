@@ -43,6 +43,7 @@ class LeanSampler(RolloutEngine):
             do_sample=bool(sampling),
             return_logprobs=return_logprobs,
             generator=self.generator(input_ids.device),
+            stop=self.stopping,
             **sampling,
         )
         return out if return_logprobs else (out, None)

@@ -9,7 +9,8 @@ token. To keep replaying the same graphs across RL steps:
   long as the longest prompt + ``max_new_tokens`` seen so far rounded up to a multiple of 64 (or ``max_cache_len``):
   a shorter prompt reuses it, the slots it does not use are masked;
 - **finished rows stay in the batch** (their tokens forced to ``pad_id`` after EOS) instead of leaving it, and
-  whether every row has finished is read every ``finished_check_every`` steps, not every token (a host sync);
+  whether every row has finished (and which wrote a stop string) is read every ``finished_check_every`` steps, not
+  every token (a host sync);
 - the prompt's **prefill runs once per prompt** (eager, dynamic shapes) and its keys and values are copied G
   times into the static cache;
 - under autocast the step reads **Linear weights cast once per rollout** (``precast.py``), not at every token, and
@@ -464,7 +465,12 @@ class StaticCacheSampler(RolloutEngine):
         used = 1
         decoding_kernel = self.decode_attention if plain_attention(policy) else self.attn_implementation
         with attention_implementation(decoder, decoding_kernel):
-            while used < max_new_tokens and not (used % self.finished_check_every == 0 and bool(state.finished.all())):
+            while used < max_new_tokens:
+                if used % self.finished_check_every == 0:  # a host sync: read every few steps only
+                    if self.stopping is not None:
+                        state.finished[:rows] |= self.stopping.written(tokens[:, :used], self.finished_check_every)
+                    if bool(state.finished.all()):
+                        break
                 if sampling:
                     state.uniform.copy_(uniforms[used])
                 # this step writes slot P + used - 1: lit_gqa_eager reads the slots up to it, not the whole cache
