@@ -172,3 +172,24 @@ def test_a_fit_takes_its_stop_strings_from_the_command_line(tmp_path, caplog):
     batch, replies, _ = cli.model.collector.sample(cli.model.policy, rows)
     ended = [r for r in replies if "1" in r or "2" in r]
     assert ended and all(r[-1] in "12" and "1" not in r[:-1] and "2" not in r[:-1] for r in ended)
+
+
+def test_a_demonstration_ends_at_its_stop_string_as_a_sampled_reply_does():
+    """A ReAct demonstration without a chat template: each reply ends with its string (no end token after it, and
+    what it writes after the string dropped), the observation right after it; a reply without one gets the end token."""
+    from lit_gspo.rl.warm_start import demonstration_batch
+
+    tok = char_tokenizer()
+
+    class Demonstrated(Search):
+        def demonstration(self, row):
+            return ["q ab tail", "no string"]
+
+    env = Demonstrated(max_turns=2, chat_template=False)
+    rows = ROWS[:1]
+    batch = demonstration_batch(env, tok, rows, env.encode(tok, rows, 100), stop=StopStrings(tok, ["ab"]))
+    P = batch.prompt_length
+    real = batch.attention_mask[0, P:].bool()
+    assert tok.decode(batch.input_ids[0, P:][real]) == "q ab[x]no string<eos>"
+    trained = batch.input_ids[0, P:][batch.completion_mask[0]]
+    assert tok.decode(trained) == "q abno string<eos>"

@@ -23,6 +23,7 @@ def supervised_warm_start(module) -> None:
         module.seed,
         environment=module.collector.environment,
         end_id=module.collector.stop_ids[0] if module.collector.stop_ids else None,
+        stop=module.collector.stop_strings,
     )
     rank_zero_info(f"warm start: {cfg.steps} supervised steps, last loss {loss:.4f}")
     if module.ref_policy is not None:
