@@ -146,3 +146,21 @@ def test_a_text_longer_than_max_length_is_scored_on_its_start_with_a_warning(rew
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         rm(PROMPTS[1:2], COMPLETIONS[1:2])  # none too long: no warning
+
+
+def test_a_pair_model_reads_the_prompt_and_the_completion_as_a_text_pair(tmp_path, reward_dir):
+    """As a DeBERTa reward model's card scores: ``tokenizer(question, answer)``, [CLS] q [SEP] a [SEP]."""
+    tok = char_tokenizer()
+    tok.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<bos> $A <eos>", pair="<bos> $A <eos> $B:1 <eos>:1", special_tokens=[("<bos>", 1), ("<eos>", 2)]
+    )
+    path = with_tokenizer(tmp_path, reward_dir, tok)
+    paired = RewardModel(path, device="cpu", pair=True, batch_size=2)
+    rows = [paired.token_ids(p, c) for p, c in zip(PROMPTS, COMPLETIONS)]
+    assert tok.convert_ids_to_tokens(rows[1]) == ["<bos>", *"rev 45=", "<eos>", "5", "<eos>"]
+    scores = paired(PROMPTS, COMPLETIONS)
+    assert scores == pytest.approx(last_token_scores(path, rows, 0), abs=1e-5)
+    joined = RewardModel(path, device="cpu")(PROMPTS, COMPLETIONS)  # [CLS] q a [SEP]: another input, another score
+    assert all(abs(a - b) > 1e-4 for a, b in zip(scores, joined))
+    with pytest.raises(ValueError, match="pair=True, which scores .* text pairs, but a prompt is a list of chat"):
+        paired([[{"role": "user", "content": "hi"}]], ["x"])

@@ -25,6 +25,10 @@ class RewardModel:
     one longer than ``max_length`` tokens is scored on its first ``max_length`` (with a warning). The
     model loads on the first call, so a config names it without loading it.
 
+    A model trained on (question, answer) text pairs reads them as a pair: ``pair=True`` tokenizes
+    ``tokenizer(prompt, completion)`` (OpenAssistant's DeBERTa reward models: ``[CLS] prompt [SEP] completion [SEP]``,
+    as their model cards score), for text prompts.
+
     Args:
         model: a local directory or hub id of a sequence-classification model (with its tokenizer).
         label: which output logit is the reward (0 for the usual single-logit reward model).
@@ -32,6 +36,7 @@ class RewardModel:
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, …; None: CUDA when available, else CPU.
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"`` (the scores are returned as Python floats).
         max_length: longest text in tokens (None: the tokenizer's ``model_max_length``).
+        pair: tokenize the prompt and the completion as a text pair (text prompts only).
         weight: the weight ``RewardSet`` gives this function.
     """
 
@@ -44,6 +49,7 @@ class RewardModel:
         dtype: str = "float32",
         max_length: int | None = None,
         weight: float = 1.0,
+        pair: bool = False,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"RewardModel dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -55,7 +61,7 @@ class RewardModel:
             raise ValueError(f"RewardModel max_length must be >= 1 or None (the tokenizer's), got {max_length}")
         self.model_name, self.label, self.batch_size = model, label, batch_size
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.dtype, self.max_length, self.weight = dtype, max_length, weight
+        self.dtype, self.max_length, self.weight, self.pair = dtype, max_length, weight, pair
         self._model = self._tokenizer = None
 
     def _load(self) -> None:
@@ -77,13 +83,24 @@ class RewardModel:
 
     def token_ids(self, prompt, completion) -> list[int]:
         """The token ids scored for one sample, before truncation (see the class docstring)."""
+        if self.pair:
+            if not isinstance(prompt, str):
+                raise ValueError(
+                    f"RewardModel {self.model_name} has pair=True, which scores (prompt, completion) text pairs, but "
+                    f"a prompt is a list of chat messages ({prompt!r}); give text prompts, or pair=False"
+                )
+            return list(self._loaded_tokenizer()(prompt, completion_text(completion))["input_ids"])
         text, templated = self._rendered(prompt, completion)
         return list(self._tokenizer(text, add_special_tokens=not templated)["input_ids"])
 
-    def _rendered(self, prompt, completion) -> tuple[str, bool]:
-        """The text scored and whether the chat template wrote it."""
+    def _loaded_tokenizer(self):
         if self._model is None:
             self._load()
+        return self._tokenizer
+
+    def _rendered(self, prompt, completion) -> tuple[str, bool]:
+        """The text scored and whether the chat template wrote it."""
+        self._loaded_tokenizer()
         if isinstance(prompt, str):
             return prompt + completion_text(completion), False
         reply = [{"role": "assistant", "content": completion}] if isinstance(completion, str) else list(completion)
