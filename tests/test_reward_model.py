@@ -164,3 +164,30 @@ def test_a_pair_model_reads_the_prompt_and_the_completion_as_a_text_pair(tmp_pat
     assert all(abs(a - b) > 1e-4 for a, b in zip(scores, joined))
     with pytest.raises(ValueError, match="pair=True, which scores .* text pairs, but a prompt is a list of chat"):
         paired([[{"role": "user", "content": "hi"}]], ["x"])
+
+
+def test_a_fit_scores_with_a_reward_model_written_as_the_error_for_trls_model_id_says(tmp_path, reward_dir, capsys):
+    """TRL's ``reward_funcs`` takes a model id; lit_gspo's ``model.rewards`` names the RewardModel class, and says so
+    in one line when given an id. The form it suggests runs a fit."""
+    from pathlib import Path
+
+    from lit_gspo.tools.main import cli_main, main
+
+    config = str(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
+    base = ["--config", config, "--trainer.default_root_dir", str(tmp_path), "--trainer.max_steps", "1"]
+    base += ["--model.policy.warm_start.steps", "0", "--data.num_val", "4", "--data.prompts_per_step", "2"]
+    base += ["--trainer.enable_progress_bar", "false"]
+    with pytest.raises(SystemExit):
+        main(["fit", *base, "--model.rewards", f"[{reward_dir}]"])
+    error = capsys.readouterr().err
+    suggested = f"{{class_path: lit_gspo.rl.rewards.RewardModel, init_args: {{model: {reward_dir}}}}}"
+    assert f"a reward model (TRL's reward_funcs takes its id) is {suggested}" in error
+    cli = cli_main([*base, "--model.rewards", f"[{suggested}]"], run=False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == 1
+    import csv
+    import math
+
+    rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
+    scored = [float(r["train/rewards/reward_model/mean"]) for r in rows if r.get("train/rewards/reward_model/mean")]
+    assert len(scored) == 1 and math.isfinite(scored[0])

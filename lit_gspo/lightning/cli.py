@@ -127,6 +127,12 @@ def one_line_value_error(message: str) -> str:
     if not others and not valid:
         return message
     what = "; ".join(others) if others else "expected " + " or ".join(valid) + nullable
+    models = [p for p in paths if "/" in p or os.sep in p]  # a hub id or a directory, as TRL's reward_funcs takes
+    if models:
+        what += (
+            f"; a reward model (TRL's reward_funcs takes its id) is {{class_path: lit_gspo.rl.rewards.RewardModel, "
+            f"init_args: {{model: {models[0]}}}}}"
+        )
     return f"--{head.group(1)} {given.group(1).strip()}: {what}"
 
 
