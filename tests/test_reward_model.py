@@ -191,3 +191,27 @@ def test_a_fit_scores_with_a_reward_model_written_as_the_error_for_trls_model_id
     rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
     scored = [float(r["train/rewards/reward_model/mean"]) for r in rows if r.get("train/rewards/reward_model/mean")]
     assert len(scored) == 1 and math.isfinite(scored[0])
+
+
+def test_a_sequence_classification_model_given_as_a_reward_function_scores_as_trl_scores_one(reward_dir):
+    """TRL's reward_funcs takes the model itself: RewardSet wraps it in a RewardModel (its tokenizer from its
+    name_or_path, or given), which scores as the same model named by its directory."""
+    model = LlamaForSequenceClassification.from_pretrained(reward_dir)
+    scores = RewardSet([model]).score(PROMPTS, COMPLETIONS, {})
+    assert list(scores.per_function) == ["reward_model"]
+    assert scores.total.tolist() == pytest.approx(RewardModel(reward_dir, device="cpu")(PROMPTS, COMPLETIONS), abs=1e-5)
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    config._name_or_path = ""  # built in memory, not loaded
+    nameless = LlamaForSequenceClassification(config)
+    with pytest.raises(ValueError, match="without a name_or_path to load its tokenizer from: give its tokenizer"):
+        RewardSet([nameless])
+    given = RewardModel(nameless, tokenizer=char_tokenizer())
+    assert given(PROMPTS, COMPLETIONS) == pytest.approx(one_by_one_model(nameless, PROMPTS, COMPLETIONS), abs=1e-5)
+
+
+def one_by_one_model(model, prompts, completions):
+    tok = char_tokenizer()
+    with torch.no_grad():
+        return [
+            float(model.eval()(**tok(p + c, return_tensors="pt")).logits[0, 0]) for p, c in zip(prompts, completions)
+        ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch import nn
 
 from lit_gspo.rl.rewards.calling import completion_text
 
@@ -30,7 +31,9 @@ class RewardModel:
     as their model cards score), for text prompts.
 
     Args:
-        model: a local directory or hub id of a sequence-classification model (with its tokenizer).
+        model: a local directory or hub id of a sequence-classification model (with its tokenizer), or the model
+            itself (as TRL's ``reward_funcs`` takes one; ``RewardSet`` wraps one given as a reward function), used on
+            its device and in its dtype.
         label: which output logit is the reward (0 for the usual single-logit reward model).
         batch_size: texts per forward.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, …; None: CUDA when available, else CPU.
@@ -38,11 +41,12 @@ class RewardModel:
         max_length: longest text in tokens (None: the tokenizer's ``model_max_length``).
         pair: tokenize the prompt and the completion as a text pair (text prompts only).
         weight: the weight ``RewardSet`` gives this function.
+        tokenizer: the model's tokenizer; None: loaded from ``model`` (a given model's ``name_or_path``).
     """
 
     def __init__(
         self,
-        model: str,
+        model: str | nn.Module,
         label: int = 0,
         batch_size: int = 16,
         device: str | None = None,
@@ -50,6 +54,7 @@ class RewardModel:
         max_length: int | None = None,
         weight: float = 1.0,
         pair: bool = False,
+        tokenizer=None,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"RewardModel dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -59,22 +64,34 @@ class RewardModel:
             raise ValueError(f"RewardModel label must be >= 0, got {label}")
         if max_length is not None and max_length < 1:
             raise ValueError(f"RewardModel max_length must be >= 1 or None (the tokenizer's), got {max_length}")
-        self.model_name, self.label, self.batch_size = model, label, batch_size
+        self.given = model if isinstance(model, nn.Module) else None
+        name = getattr(model, "name_or_path", None) if self.given is not None else model
+        if self.given is not None and tokenizer is None and not name:
+            raise ValueError(
+                f"RewardModel was given a {type(model).__name__} without a name_or_path to load its tokenizer from: "
+                "give its tokenizer, RewardModel(model, tokenizer=...)"
+            )
+        self.model_name, self.label, self.batch_size = name or type(model).__name__, label, batch_size
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype, self.max_length, self.weight, self.pair = dtype, max_length, weight, pair
-        self._model = self._tokenizer = None
+        self._model, self._tokenizer = None, tokenizer
 
     def _load(self) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        self._tokenizer = AutoTokenizer.from_pretrained(self.model_name)
-        model = AutoModelForSequenceClassification.from_pretrained(self.model_name, dtype=DTYPES[self.dtype])
+        if self._tokenizer is None:
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_name)
+        if self.given is not None:
+            model = self.given
+        else:
+            model = AutoModelForSequenceClassification.from_pretrained(self.model_name, dtype=DTYPES[self.dtype])
+            model = model.to(self.device)
         if self.label >= model.config.num_labels:
             raise ValueError(
                 f"RewardModel label {self.label} is out of range: {self.model_name} has "
                 f"num_labels={model.config.num_labels}"
             )
-        self._model = model.to(self.device).eval()
+        self._model = model.eval()
 
     def text(self, prompt, completion) -> str:
         """The text scored for one sample (see the class docstring); ``completion`` is text or, with chat
@@ -148,6 +165,11 @@ class RewardModel:
         finally:
             config.pad_token_id = loaded
         return logits[:, self.label].tolist()
+
+
+def is_sequence_classifier(fn) -> bool:
+    """Whether a reward function given is a sequence-classification model (TRL's ``reward_funcs`` takes one)."""
+    return isinstance(fn, nn.Module) and isinstance(getattr(getattr(fn, "config", None), "num_labels", None), int)
 
 
 def padding_id(rows: list[list[int]], preferred: int | None) -> int:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from lit_gspo.rl.rewards.calling import CALL_INPUTS, TRAINER_COLUMNS, TRL_ONLY, TrainerState, convention
+from lit_gspo.rl.rewards.reward_model import RewardModel, is_sequence_classifier
 from lit_gspo.runtime.threads import start_thread
 from lit_gspo.runtime.user_errors import option, option_value
 
@@ -154,12 +155,14 @@ class RewardSet:
     does) only work in the main thread: give them no ``timeout_s``.
 
     Args:
-        functions: the reward functions.
+        functions: the reward functions; a sequence-classification model among them is scored through
+            :class:`RewardModel`, as TRL scores one given in ``reward_funcs``.
         weights: one weight per function; None uses each function's ``weight`` attribute (default 1.0).
     """
 
     def __init__(self, functions: list[Callable], weights: list[float] | None = None) -> None:
-        functions = list(functions)
+        # a sequence-classification model scores as TRL scores one given in reward_funcs
+        functions = [RewardModel(fn) if is_sequence_classifier(fn) else fn for fn in functions]
         if not functions:
             raise ValueError("RewardSet needs at least one reward function, got an empty list")
         for fn in functions:
