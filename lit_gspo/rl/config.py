@@ -126,6 +126,10 @@ class Update:
     ``flex_attention``); with ``sdpa``/``eager`` the packed mask is dense (S × S). Never with MoE routing records."""
     max_grad_norm: float | None = 1.0
     """clip the gradient norm of each optimiser step to this (> 0); None: no clipping."""
+    mask_truncated_completions: bool = False
+    """DAPO's overlong filtering (TRL's ``mask_truncated_completions``): a sample whose last reply the token budget cut
+    (ended by no stop token or string: what ``train/clipped_ratio`` counts) trains on none of its tokens. Its reward
+    still counts in its group's advantages, and it counts as a sequence in ``seq-mean`` normalisers, as in TRL."""
     skip_zero_advantage_rows: bool = True
     """leave out of the forward/backward the rows whose advantage is 0 everywhere when the objective's gradient
     vanishes there (β = 0, no critic). Loss and gradient are unchanged (those rows still count in the normalisers);

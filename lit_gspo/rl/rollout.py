@@ -45,6 +45,9 @@ class RolloutBatch:
         None  # (N, T) fp32, multi-turn: each reply's reward on its last token; sums to rewards
     )
     routing: Any = None  # RoutingRecord of the old-policy pass, (N, P + T, k) per MoE layer; select/trimmed slice it
+    truncated: Tensor | None = (
+        None  # (N,) bool: the row's last reply was cut by the token budget (no stop token/string)
+    )
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -254,8 +254,8 @@ class Collector:
                     token_rewards[i, t] = turn_rewards[i][turn]
             token_rewards = token_rewards.to(batch.turn_ids.device)
         # TRL's completions/clipped_ratio: the share of last replies cut by the token budget, not ended by a stop id
-        clipped = sum(not self.ended(e) for e in episodes) / len(episodes)
-        stats = {"reward_failed": float(scores.num_failed), "clipped_ratio": clipped}
+        batch.truncated = torch.tensor([not self.ended(e) for e in episodes], device=device)
+        stats = {"reward_failed": float(scores.num_failed), "clipped_ratio": float(batch.truncated.float().mean())}
         stats.update(per_function_stats(scores.per_function))
         stats.update({name: value for name, value in scores.metrics.items() if name not in stats})  # log_metric
         if self.environment.max_turns > 1:

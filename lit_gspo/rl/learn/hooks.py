@@ -7,6 +7,7 @@ after_backward(update, minibatch)      the minibatch's gradient is complete, not
 may_step(update, minibatch, loss, grad_norm)   whether the optimiser may step (every hook must agree)
 metrics(update)                        the step's metrics, after the last epoch
 
+MaskTruncated        DAPO's overlong filtering: rows whose last reply the token budget cut train on no token
 MismatchCorrection   the sampler–trainer mismatch layer (``mismatch.py``): corrected rollout, OPSM, measures
 RoutingReplay        MoE: the old pass's experts in the update's forward (and in backward's recomputation)
 RoutingVolatility    MoE: how far the update moved the routing (``Learner.measure_routing``)
@@ -19,7 +20,7 @@ from __future__ import annotations
 import math
 import warnings
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from torch import Tensor, nn
 
@@ -62,6 +63,22 @@ class UpdateHook:
 
     def metrics(self, update) -> dict[str, float]:
         return {}
+
+
+class MaskTruncated(UpdateHook):
+    """DAPO's overlong filtering (``update.mask_truncated_completions``): the loss mask of every row whose last reply the
+    token budget cut (``RolloutBatch.truncated``) is emptied. The row keeps its advantage and counts as a sequence in
+    the normalisers, as in TRL; it runs no forward or backward (no token of it carries a gradient)."""
+
+    def before_update(self, update) -> None:
+        rollout = update.rollout
+        if rollout.truncated is None:
+            raise ValueError(
+                "update.mask_truncated_completions needs to know which rows the token budget cut, and this rollout "
+                "does not say (RolloutBatch.truncated is None: the collector sets it); set it, or turn the option off"
+            )
+        keep = ~rollout.truncated.to(rollout.completion_mask.device)
+        update.rollout = replace(rollout, completion_mask=rollout.completion_mask & keep[:, None])
 
 
 class Hooks(UpdateHook):

@@ -37,6 +37,7 @@ from lit_gspo.rl.forward_checks import packing_keeps_rows_apart
 from lit_gspo.rl.learn.hooks import (
     FiniteGuard,
     Hooks,
+    MaskTruncated,
     MicroStep,
     MismatchCorrection,
     RatioDiagnostics,
@@ -156,7 +157,7 @@ class Learner:
         self.bytes_per_token: dict[tuple, int] = {}  # (compute dtype, aligned rows) -> measured activation bytes
         self.old_policy = old_policy or old_policy_for(update, mismatch, self.old_logprobs)
         self.guard = FiniteGuard(update.max_nonfinite_steps)
-        built_in: list[UpdateHook] = []
+        built_in: list[UpdateHook] = [MaskTruncated()] if update.mask_truncated_completions else []
         if mismatch is not None:
             built_in.append(MismatchCorrection(mismatch))
         if routing_replay:

@@ -14,7 +14,8 @@ class DAPO(PPOClip):
 
     ε_low = 0.2, ε_high = 0.28. Dynamic sampling (drop groups whose rewards are all equal, refill the
     batch) is the collect stage's ``model.generation.dynamic_sampling``, on by default with DAPO
-    (``paper_dynamic_sampling``); overlong reward shaping is the reward ``lit_gspo.rl.rewards.OverlongPenalty``.
+    (``paper_dynamic_sampling``); overlong reward shaping is the reward ``lit_gspo.rl.rewards.OverlongPenalty``, and
+    overlong filtering (the loss of truncated samples masked) is ``model.update.mask_truncated_completions``.
     """
 
     name = "dapo"
