@@ -77,6 +77,46 @@ def test_sequence_mis_masks_whole_sequences_by_their_product_or_geometric_ratio(
     assert emptied.tolist() == [True, False, True]
 
 
+def test_a_weighted_mis_weights_the_band_by_its_ratio_and_the_rest_by_zero_in_the_normalisers():
+    """Yao et al.'s MIS, TRL's token_mask: Â_t ← ρ_t · 1[low ≤ ρ_t ≤ high] · Â_t, the mask unchanged."""
+    ratios = [0.4, 0.5, 1.0, 5.0, 6.0]
+    batch = hand_batch([[log(r) for r in ratios]], [[1] * 5], [2.0])
+    out, emptied, records = Mismatch([MIS(low=0.5, high=5.0, weighted=True)]).before_update(batch)
+    torch.testing.assert_close(out.advantages, torch.tensor([[0.0, 1.0, 2.0, 10.0, 0.0]]))
+    assert torch.equal(out.completion_mask, batch.completion_mask) and not emptied.any()
+    assert records[0][0]["mismatch/masked_token_frac"] == pytest.approx(2 / 5)
+    assert records[0][0]["mismatch/truncated_token_frac"] == 0
+
+
+def test_a_weighted_sequence_mis_is_trls_sequence_mask():
+    """TRL's default vllm_importance_sampling_mode: sequence i weighted by ρ_i = e^(Σ_t δ_t) where ρ_i ≤ 3, else 0."""
+    delta = [[log(2), log(2), 0.0], [log(2), log(1.2), 0.0], [log(5), 0.0, 0.0]]
+    batch = hand_batch(delta, [[1, 1, 0], [1, 1, 0], [1, 0, 0]], [1.0, -1.0, 1.0])  # products 4, 2.4, 5
+    out, emptied, records = Mismatch([SequenceMIS(cap=3.0, weighted=True)]).before_update(batch)
+    kept = out.completion_mask
+    assert torch.equal(kept, batch.completion_mask) and not emptied.any()
+    torch.testing.assert_close(out.advantages[kept], torch.tensor([0.0, 0.0, -2.4, -2.4, 0.0]))
+    assert records[0][0]["mismatch/masked_token_frac"] == pytest.approx(3 / 5)
+
+
+def test_a_weighted_sequence_mis_update_has_trls_grpo_loss():
+    """On-policy GRPO (seq-mean-token-mean, ratio 1): TRL's loss ((−Â_i ρ_i 1[ρ_i ≤ C]) · m).sum(-1) / |y_i|, mean over
+    every row = −(1/N) Σ_i ρ_i 1[ρ_i ≤ C] Â_i, the masked rows counted."""
+    base = make_learner(Update(), GRPO())
+    rollout = mismatched_rollout(base, noise=0.3)
+    for k in (2, 7):  # sequences SequenceMIS weighs 0
+        rollout.engine_logprobs[k] -= 2.0 * rollout.completion_mask[k]
+    learner = learner_with(Update(), GRPO(), Mismatch([SequenceMIS(cap=3.0, weighted=True)]))
+    learner.policy.load_state_dict(base.policy.state_dict())
+    batch = with_rewards(learner, rollout, REWARDS)
+    m = learn(learner, batch)
+    delta = (batch.old_logprobs - rollout.engine_logprobs).masked_fill(~rollout.completion_mask, 0.0)
+    rho = delta.sum(1).exp()
+    assert 0 < int((rho > 3).sum()) < len(rho)  # some sequences weighted 0, others by their ratio
+    expected = -float((rho * (rho <= 3) * batch.advantages).sum()) / len(rho)
+    assert m["loss"] == pytest.approx(expected, rel=1e-5)
+
+
 def test_opsm_drops_negative_advantage_sequences_that_drifted_more_than_delta():
     # mean log(π_sampler/π_θ) per sequence: 0.6, 0.6, 0.4 (over its valid tokens)
     sampler = torch.tensor([[-1.0, -1.0], [-1.0, -1.0], [-1.0, -1.0]])
@@ -153,7 +193,8 @@ def test_a_sampler_identical_to_the_trainer_changes_nothing_bit_for_bit(objectiv
     # pass before the update runs over every row in both (measure only vs every correction)
     off = None if update.on_policy else Mismatch()
     runs = []
-    for mismatch in (off, Mismatch([c() for c in ALL])):
+    every = [*(c() for c in ALL), MIS(weighted=True), SequenceMIS(weighted=True)]
+    for mismatch in (off, Mismatch(every)):
         learner = learner_with(update, copy.deepcopy(objective), mismatch)
         learner.policy.load_state_dict(base.policy.state_dict())
         batch = with_rewards(learner, rollout, REWARDS)

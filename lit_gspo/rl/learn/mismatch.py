@@ -5,8 +5,10 @@
     before the update (``model.update.mismatch.corrections``, each on the rollout's own tokens):
         TIS            Â_t ← min(e^δ_t, C) · Â_t                              C = 2
         MIS (IcePop)   token t masked when e^δ_t ∉ [α, β]                     [0.5, 5]
-        SequenceMIS    sequence i masked when ρ_i > C, ρ_i = e^(Σ_t δ_t)       C = 3 (TRL's default; or the
-                       geometric mean e^(Σ_t δ_t / |y_i|))
+        SequenceMIS    sequence i masked when ρ_i > C, ρ_i = e^(Σ_t δ_t)       C = 3 (or the geometric mean
+                       e^(Σ_t δ_t / |y_i|))
+        weighted: true (MIS, SequenceMIS)  Â_t ← ρ · 1[ρ in the band] · Â_t     Yao et al.'s MIS, TRL's token_mask
+                       and sequence_mask (TRL's default): kept tokens weighted by their ratio, the others by 0
     in each update step (its π_θ: the policy being updated, detached):
         OPSM           Â_{i,t} ← 0 where Â_{i,t} < 0 and (1/|y_i|) Σ_t log π_sampler(y_t)/π_θ(y_t) > δ    δ = 0.5
 
@@ -14,7 +16,8 @@ Token weights fold into the advantage: every built-in policy loss is Â times a 
 the ratio (a positive weight keeps Â's sign, so clipping and SAPO's gate act as before); GSPO and
 GMPO share one ratio per sequence, so there the weights act through their mean over the sequence.
 Masks before the update set ``completion_mask`` to 0: masked tokens leave every normaliser, and a
-sequence masked whole leaves the sequence count (verl's rejection sampling). OPSM depends on π_θ, so
+sequence masked whole leaves the sequence count (verl's rejection sampling); a weighted MIS's 0 is a weight, so its
+tokens stay in the normalisers (as TRL's). OPSM depends on π_θ, so
 it acts in each micro-step as the paper writes it, on the advantage: its tokens stay in the normalisers.
 ``old_logprobs: sampler`` skips the trainer's old-policy pass: π_old = π_sampler, so the first
 minibatch's ratio is π_θ/π_sampler (verl's bypass mode); TIS and MIS have nothing to correct then.
@@ -74,45 +77,69 @@ class TIS(Correction):
 
 
 class MIS(Correction):
-    """Masked importance sampling (IcePop): token t masked when π_old(y_t)/π_sampler(y_t) ∉ [low, high].
+    """Masked importance sampling (IcePop): token t masked when ρ_t = π_old(y_t)/π_sampler(y_t) ∉ [low, high].
 
     Defaults [0.5, 5]: IcePop's band (Ling team, 2025, "Every Step Evolves"; verl's ``token_k1``
-    rejection); the bounds themselves are kept.
+    rejection); the bounds themselves are kept. ``weighted``: Â_t ← ρ_t · 1[low ≤ ρ_t ≤ high] · Â_t instead, the
+    masked tokens staying in the normalisers with weight 0 (Yao et al.'s MIS; TRL's ``token_mask`` with
+    ``vllm_importance_sampling_clip_min``/``clip_max`` as ``low``/``high``).
     """
 
-    def __init__(self, low: float = 0.5, high: float = 5.0):
+    def __init__(self, low: float = 0.5, high: float = 5.0, weighted: bool = False):
         if not 0 <= low < high:
             raise ValueError(f"MIS needs 0 <= low < high, got low={low}, high={high}")
-        self.low, self.high = float(low), float(high)
+        self.low, self.high, self.weighted = float(low), float(high), weighted
 
-    def keep(self, log_ratio: Tensor, mask: Tensor) -> Tensor:
+    def band(self, log_ratio: Tensor) -> Tensor:
         ratio = log_ratio.exp()  # (N, T)
         return (ratio >= self.low) & (ratio <= self.high)
+
+    def keep(self, log_ratio: Tensor, mask: Tensor) -> Tensor | None:
+        return None if self.weighted else self.band(log_ratio)
+
+    def weights(self, log_ratio: Tensor, mask: Tensor) -> Tensor | None:
+        return log_ratio.exp() * self.band(log_ratio) if self.weighted else None
 
 
 class SequenceMIS(Correction):
     """Sequence-level masked IS: sequence i masked when its ratio ρ_i > cap (or < low).
 
-    ρ_i = exp(Σ_t δ_t)            ``ratio: product``   (TRL's ``vllm_importance_sampling_mode:
-                                                        sequence_mask``, its default, cap 3)
+    ρ_i = exp(Σ_t δ_t)            ``ratio: product``   (the sum of its tokens' log-ratios, as TRL's ``sequence_mask``)
     ρ_i = exp(Σ_t δ_t / |y_i|)    ``ratio: geometric`` (verl's ``seq_mean_k1``)
+
+    ``weighted``: Â_{i,t} ← ρ_i · 1[low ≤ ρ_i ≤ cap] · Â_{i,t} instead, a masked sequence staying in the normalisers
+    with weight 0: TRL's ``vllm_importance_sampling_mode: sequence_mask`` (its default, ``clip_max`` 3) exactly, with
+    ``ratio: product``.
     """
 
-    def __init__(self, cap: float = 3.0, low: float | None = None, ratio: str = "product"):
+    def __init__(self, cap: float = 3.0, low: float | None = None, ratio: str = "product", weighted: bool = False):
         if not cap > 0 or (low is not None and not 0 <= low < cap):
             raise ValueError(f"SequenceMIS needs cap > 0 and 0 <= low < cap (or low null), got cap={cap}, low={low}")
         if ratio not in ("product", "geometric"):
             raise ValueError(f"SequenceMIS ratio must be 'product' or 'geometric', got {ratio!r}")
         self.cap, self.low, self.ratio = float(cap), None if low is None else float(low), ratio
+        self.weighted = weighted
 
-    def keep(self, log_ratio: Tensor, mask: Tensor) -> Tensor:
-        seq = masked_sum(log_ratio, mask, dim=1)  # (N,)
-        if self.ratio == "geometric":
-            seq = seq / mask.sum(1).clamp(min=1)
+    def log_ratio_of_sequences(self, log_ratio: Tensor, mask: Tensor) -> Tensor:
+        """(N,): log ρ_i."""
+        seq = masked_sum(log_ratio, mask, dim=1)
+        return seq / mask.sum(1).clamp(min=1) if self.ratio == "geometric" else seq
+
+    def band(self, log_ratio: Tensor, mask: Tensor) -> Tensor:
+        seq = self.log_ratio_of_sequences(log_ratio, mask)
         keep = seq <= math.log(self.cap)
         if self.low is not None:
             keep &= seq >= (math.log(self.low) if self.low > 0 else -math.inf)
         return keep[:, None].expand_as(mask)
+
+    def keep(self, log_ratio: Tensor, mask: Tensor) -> Tensor | None:
+        return None if self.weighted else self.band(log_ratio, mask)
+
+    def weights(self, log_ratio: Tensor, mask: Tensor) -> Tensor | None:
+        if not self.weighted:
+            return None
+        rho = self.log_ratio_of_sequences(log_ratio, mask).exp()[:, None].expand_as(mask)
+        return rho * self.band(log_ratio, mask)
 
 
 class OPSM(Correction):
@@ -194,11 +221,15 @@ class Mismatch:
         mask = rollout.completion_mask
         delta = log_ratio(rollout.old_logprobs, sampler)  # (N, T), clamped to ±20
         weights, keep, truncated = None, mask.clone(), torch.zeros_like(mask)
+        zeroed = torch.zeros_like(mask)  # weighted to 0 (a weighted MIS's mask): counted as masked, kept in normalisers
         for c in self.corrections:
             w, k = c.weights(delta, mask), c.keep(delta, mask)
             if w is not None:
                 weights = w if weights is None else weights * w
-                truncated |= w < delta.exp()
+                if getattr(c, "weighted", False):  # a weighted mask: its 0s are masked tokens
+                    zeroed |= w == 0
+                else:  # a truncation (TIS): weights below the ratio
+                    truncated |= w < delta.exp()
             if k is not None:
                 keep &= k
         emptied = mask.any(1) & ~keep.any(1)  # (N,)
@@ -206,7 +237,7 @@ class Mismatch:
         token_metrics.update(
             {
                 "mismatch/truncated_token_frac": masked_mean(truncated.float(), mask),
-                "mismatch/masked_token_frac": masked_mean((~keep).float(), mask),
+                "mismatch/masked_token_frac": masked_mean((~keep | zeroed).float(), mask),
             }
         )
         has_tokens = mask.any(1)
