@@ -728,3 +728,26 @@ def test_a_subclass_without_a_name_registers_under_its_own_and_a_redefinition_re
     exec(compile(source, "user_module", "exec"), namespace)  # the same class defined again (a reloaded module)
     exec(compile(source, "user_module", "exec"), namespace)
     assert ADVANTAGES.pop("scaled_rloo").__name__ == "ScaledRLOO"
+
+
+def test_k3_is_gives_the_reverse_kls_exact_gradient_on_policy_and_k3_does_not():
+    """E_{y~π}[∇ (π_θ/π_old)(y) · k3(y)] at θ = θ_old is ∇ KL(π_θ ‖ π_ref) (DeepSeek-V3.2's unbiased estimate, TRL's
+    use_bias_correction_kl); E_{y~π}[∇ k3(y)] alone is not. Exact expectations over a 5-token vocabulary."""
+    from lit_gspo.rl.objectives.base import kl_penalty
+
+    torch.manual_seed(0)
+    theta = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    ref = torch.randn(5, dtype=torch.float64).log_softmax(0)
+    logp = theta.log_softmax(0)
+    exact = torch.autograd.grad((logp.exp() * (logp - ref)).sum(), theta)[0]
+    probs = logp.detach().exp()
+
+    def expected_gradient(estimator):
+        logp = theta.log_softmax(0)
+        per_token = kl_penalty(logp, ref, estimator, old_logprobs=logp.detach())
+        return torch.autograd.grad((probs * per_token).sum(), theta)[0]
+
+    torch.testing.assert_close(expected_gradient("k3_is"), exact)
+    assert (expected_gradient("k3") - exact).abs().max() > 1e-2
+    value = (probs * kl_penalty(logp.detach(), ref, "k3_is", old_logprobs=logp.detach())).sum()
+    torch.testing.assert_close(value, (probs * (logp.detach() - ref)).sum())  # on-policy: E[k3] = KL

@@ -25,7 +25,7 @@ from lit_gspo.runtime.registry import Registered, snake_case
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 AGGREGATIONS: tuple[str, ...] = Aggregation.__args__  # type: ignore[attr-defined]
-KLEstimator = Literal["k1", "k2", "k3"]
+KLEstimator = Literal["k1", "k2", "k3", "k3_is"]
 KL_ESTIMATORS: tuple[str, ...] = KLEstimator.__args__  # type: ignore[attr-defined]
 
 OBJECTIVES: dict[str, type[Objective]] = {}
@@ -114,18 +114,25 @@ def aggregate(loss: Tensor, mask: Tensor, mode: str, counts: Counts) -> Tensor:
     raise ValueError(f"unknown aggregation {mode!r}; valid: {', '.join(AGGREGATIONS)}")
 
 
-def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:
-    """Per-token estimate of KL(π_θ ‖ π_ref) from samples of π_θ (Schulman's k1, k2, k3).
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str, old_logprobs: Tensor | None = None) -> Tensor:
+    """Per-token estimate of KL(π_θ ‖ π_ref) from samples of π_θ (Schulman's k1, k2, k3), or of π_old (k3_is).
 
-    k1 = logp − ref;  k2 = ½(logp − ref)²;  k3 = e^(ref − logp) − (ref − logp) − 1.
+    k1 = logp − ref;  k2 = ½(logp − ref)²;  k3 = e^(ref − logp) − (ref − logp) − 1;
+    k3_is = (π_θ/π_old) · k3: the samples are π_old's, and its gradient is the reverse KL's whole gradient, the ratio's
+    included (it is 1 on-policy, its gradient is not): DeepSeek-V3.2's unbiased KL estimate, TRL's
+    ``use_bias_correction_kl`` (with its token-level ratio).
     """
-    log_ratio = logprobs - ref_logprobs
+    if estimator == "k3_is":
+        if old_logprobs is None:
+            raise ValueError("kl_estimator 'k3_is' weights k3 by π_θ/π_old: it needs the old log-probs")
+        return torch.exp(log_ratio(logprobs, old_logprobs)) * kl_penalty(logprobs, ref_logprobs, "k3")
+    difference = logprobs - ref_logprobs
     if estimator == "k1":
-        return log_ratio
+        return difference
     if estimator == "k2":
-        return 0.5 * log_ratio.square()
+        return 0.5 * difference.square()
     if estimator == "k3":
-        neg = (-log_ratio).clamp(max=20.0)  # e^20 keeps fp32 finite; the clamp only bites far off-policy
+        neg = (-difference).clamp(max=20.0)  # e^20 keeps fp32 finite; the clamp only bites far off-policy
         return torch.exp(neg) - neg - 1.0
     raise ValueError(f"unknown kl_estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
 
@@ -154,7 +161,8 @@ class Objective(Registered, register=False):
         clip_low: ε_low: ratios below 1 − ε_low are clipped (each objective's default is its paper's).
         clip_high: ε_high: ratios above 1 + ε_high are clipped (each objective's default is its paper's).
         beta: β, the weight of the KL penalty to the reference policy (0: none).
-        kl_estimator: the per-token KL estimator of the penalty (Schulman's ``k1``, ``k2``, ``k3``).
+        kl_estimator: the per-token KL estimator of the penalty (Schulman's ``k1``, ``k2``, ``k3``; ``k3_is``: k3
+            weighted by π_θ/π_old, the unbiased estimate, as TRL's ``use_bias_correction_kl``; :func:`kl_penalty`).
         aggregation: how per-token losses reduce to the step's loss (``token-mean``: over all tokens;
             ``seq-mean-token-mean``: per sequence, then over sequences; ``seq-mean-token-sum``;
             ``seq-mean-token-sum-norm``: Dr. GRPO's constant length).
@@ -241,13 +249,14 @@ class Objective(Registered, register=False):
         if self.beta > 0:
             if ref_logprobs is None:
                 raise ValueError(f"{type(self).__name__} has beta={self.beta} > 0 but no ref_logprobs were passed")
-            kl = kl_penalty(logprobs, torch.where(mask, ref_logprobs.float(), zero), self.kl_estimator)
+            ref = torch.where(mask, ref_logprobs.float(), zero)
+            kl = kl_penalty(logprobs, ref, self.kl_estimator, old_logprobs)
             kl_loss = aggregate(kl, mask, self.aggregation, counts)
             out.loss = out.loss + self.beta * kl_loss
             out.metrics["kl"] = masked_mean(kl.detach(), mask)
         elif ref_logprobs is not None:
             ref = torch.where(mask, ref_logprobs.float(), zero)
-            out.metrics["kl"] = masked_mean(kl_penalty(logprobs.detach(), ref, self.kl_estimator), mask)
+            out.metrics["kl"] = masked_mean(kl_penalty(logprobs.detach(), ref, self.kl_estimator, old_logprobs), mask)
         return out
 
 
