@@ -47,6 +47,7 @@ from lit_gspo.rl.engines import RolloutEngine
 from lit_gspo.rl.engines.checkpoint_settings import checkpoint_sampling_settings
 from lit_gspo.rl.envs import Environment
 from lit_gspo.rl.objectives import GSPO, Objective
+from lit_gspo.rl.reference_sync import sync_reference
 from lit_gspo.rl.stages import build_stages
 from lit_gspo.rl.stop_tokens import describe_stop_tokens
 from lit_gspo.runtime.collectives import any_rank, gather_objects
@@ -165,6 +166,9 @@ class RLModule(LightningModule):
         values = self.step_log.values(stats, rollout)
         self.step_log.log(self, values, batch_size=len(rows))
         step_plateau(self, values, "train")
+        sync = self.settings.ref_sync
+        if sync is not None and (self.rl_step + 1) % sync.every_n_steps == 0:  # after the step's logged KL
+            sync_reference(self.ref_policy, self.policy, sync.mixup_alpha)
         self.rl_step += 1
         if is_last_rl_step(self.trainer, self):
             self.trainer.should_stop = True  # Lightning's loop then validates after this step (val/reward at the end)

@@ -296,6 +296,23 @@ class Routing:
 
 
 @dataclass
+class ReferenceSync:
+    """The reference policy moved toward the policy during training (TR-DPO's syncing, TRL's ``sync_ref_model``):
+    after every ``every_n_steps``-th RL step, π_ref ← α · π_θ + (1 − α) · π_ref, parameter by parameter."""
+
+    every_n_steps: int = 512
+    """RL steps between two syncs (TRL's ``ref_model_sync_steps``)."""
+    mixup_alpha: float = 0.6
+    """α (TRL's ``ref_model_mixup_alpha``); 1 resets the reference to the policy (ProRL's reference reset)."""
+
+    def __post_init__(self):
+        if self.every_n_steps < 1:
+            raise ValueError(f"ref_sync.every_n_steps must be >= 1, got {self.every_n_steps}")
+        if not 0 < self.mixup_alpha <= 1:
+            raise ValueError(f"ref_sync.mixup_alpha must be in (0, 1] (1: a reset), got {self.mixup_alpha}")
+
+
+@dataclass
 class Policy:
     """The policy RL starts from: which model, built how, warm-started how, and its reference."""
 
@@ -313,6 +330,8 @@ class Policy:
     GRPOTrainer turns it on by default)."""
     kl_to_ref: bool = True
     """keep a frozen reference policy (the policy after the warm start) to log ``train/kl`` even when β = 0."""
+    ref_sync: ReferenceSync | None = None
+    """move the reference toward the policy every n RL steps (``ReferenceSync``); None: it stays frozen."""
     routing: Routing = field(default_factory=Routing)
     """Mixture-of-Experts routing (an MoE policy only)."""
     warm_start: WarmStart = field(default_factory=WarmStart)

@@ -18,6 +18,7 @@ from lit_gspo.rl.forward_checks import check_policy_forward
 from lit_gspo.rl.learn.learner import Learner
 from lit_gspo.rl.learn.mismatch import Mismatch
 from lit_gspo.rl.objectives import Objective
+from lit_gspo.rl.reference_sync import check_reference_sync
 from lit_gspo.rl.rewards import ExactMatch, RewardSet
 from lit_gspo.rl.stop_tokens import environment_stop_ids
 from lit_gspo.runtime.installed import check_installed
@@ -64,6 +65,8 @@ def build_stages(
         for model in (models.policy, models.reference):
             if isinstance(model, nn.Module):
                 check_policy_forward(model)
+    if policy.ref_sync is not None:
+        check_reference_sync(isinstance(models.reference, nn.Module), lora=policy.lora is not None)
     if policy.routing.replay and not models.is_moe:
         raise ValueError(f"policy.routing.replay needs an MoE policy with top-k routers; {policy.name!r} has none")
     dynamic = objective.paper_dynamic_sampling if generation.dynamic_sampling is None else generation.dynamic_sampling
