@@ -21,6 +21,7 @@ trl = pytest.importorskip("trl")
 from transformers import TrainingArguments
 
 from lit_gspo.rl import advantages, envs, objectives
+from lit_gspo.rl.config import ReferenceSync
 from lit_gspo.rl.engines import HFGenerate, LeanSampler, StaticCacheSampler, VLLMEngine
 from lit_gspo.rl.learn.mismatch import MIS, OPSM, TIS, Mismatch, SequenceMIS
 
@@ -59,6 +60,7 @@ CLASSES_UNDER = {
     "model.update.mismatch": [Mismatch, TIS, MIS, SequenceMIS, OPSM],
     "model.engine": [HFGenerate, LeanSampler, StaticCacheSampler, VLLMEngine],
     "model.environment": [envs.Environment, envs.SingleTurn, envs.ToolUse, envs.RetryWithFeedback],
+    "model.policy.ref_sync": [ReferenceSync],  # null in the quickstart
 }
 
 

@@ -1,6 +1,6 @@
 """The reference policy moved toward the policy (TR-DPO's syncing, TRL's ``sync_ref_model``; ProRL's reset at α = 1):
 
-    π_ref ← α · π_θ + (1 − α) · π_ref        every parameter, in place, after every n-th RL step
+π_ref ← α · π_θ + (1 − α) · π_ref        every parameter, in place, after every n-th RL step
 """
 
 from __future__ import annotations
