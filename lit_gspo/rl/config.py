@@ -130,6 +130,11 @@ class Update:
     """DAPO's overlong filtering (TRL's ``mask_truncated_completions``): a sample whose last reply the token budget cut
     (ended by no stop token or string: what ``train/clipped_ratio`` counts) trains on none of its tokens. Its reward
     still counts in its group's advantages, and it counts as a sequence in ``seq-mean`` normalisers, as in TRL."""
+    top_entropy_quantile: float = 1.0
+    """ρ: only the tokens whose entropy under π_θ is in the top ρ of their micro-batch's tokens carry the policy
+    gradient; the others' Â is 0 (the KL term stays on every token). "Beyond the 80/20 rule" (Wang et al., 2025, the
+    Qwen team) trains on the top 20 %: 0.2. TRL's ``top_entropy_quantile``; as TRL's, the quantile is taken per
+    forward (micro-batch, on each rank), so this alone depends on the micro-batch split. 1: every token."""
     skip_zero_advantage_rows: bool = True
     """leave out of the forward/backward the rows whose advantage is 0 everywhere when the objective's gradient
     vanishes there (β = 0, no critic). Loss and gradient are unchanged (those rows still count in the normalisers);
@@ -211,6 +216,11 @@ class Update:
             raise ValueError(f"max_grad_norm must be > 0 or null (no clipping), got {self.max_grad_norm}")
         if self.max_nonfinite_steps < 1:
             raise ValueError(f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
+        if not 0 < self.top_entropy_quantile <= 1:
+            raise ValueError(
+                f"top_entropy_quantile must be in (0, 1] (the share of tokens trained on; 1: all), got "
+                f"{self.top_entropy_quantile}"
+            )
 
     @property
     def on_policy(self) -> bool:

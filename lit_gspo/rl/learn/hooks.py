@@ -8,6 +8,7 @@ may_step(update, minibatch, loss, grad_norm)   whether the optimiser may step (e
 metrics(update)                        the step's metrics, after the last epoch
 
 MaskTruncated        DAPO's overlong filtering: rows whose last reply the token budget cut train on no token
+HighEntropyTokens    "Beyond the 80/20 rule": only the micro-batch's top-ρ entropy tokens carry the policy gradient
 MismatchCorrection   the sampler–trainer mismatch layer (``mismatch.py``): corrected rollout, OPSM, measures
 RoutingReplay        MoE: the old pass's experts in the update's forward (and in backward's recomputation)
 RoutingVolatility    MoE: how far the update moved the routing (``Learner.measure_routing``)
@@ -22,11 +23,13 @@ import warnings
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field, replace
 
+import torch
 from torch import Tensor, nn
 
 from lit_gspo.models.routing import replay_routing
 from lit_gspo.rl.learn.diagnostics import RatioStats
 from lit_gspo.rl.learn.mismatch import Mismatch, mismatch_metrics
+from lit_gspo.rl.objectives.base import masked_mean
 from lit_gspo.rl.rollout import RolloutBatch
 
 
@@ -41,6 +44,7 @@ class MicroStep:
     old_is_current: bool  # π_old is π_θ itself (detached): the ratio is 1 by construction
     advantages: Tensor  # what the loss reads (a hook may change them)
     metrics: dict = field(default_factory=dict)  # added to the micro-batch's metrics
+    entropy: Tensor | None = None  # (B, T) π_θ's entropy per token, detached, where the forward computed it
 
 
 class UpdateHook:
@@ -79,6 +83,24 @@ class MaskTruncated(UpdateHook):
             )
         keep = ~rollout.truncated.to(rollout.completion_mask.device)
         update.rollout = replace(rollout, completion_mask=rollout.completion_mask & keep[:, None])
+
+
+class HighEntropyTokens(UpdateHook):
+    """``update.top_entropy_quantile`` ρ < 1: Â_{i,t} ← 0 where H_{i,t} < the (1 − ρ)-quantile of H over the
+    micro-batch's completion tokens (H: π_θ's entropy, detached), as TRL's ``get_high_entropy_mask`` per forward."""
+
+    def __init__(self, quantile: float):
+        self.quantile = quantile
+
+    def before_loss(self, update, step: MicroStep) -> None:
+        mask = step.batch.completion_mask
+        if step.placeholder or step.entropy is None or not bool(mask.any()):
+            return
+        threshold = torch.quantile(step.entropy[mask].float(), 1 - self.quantile)
+        keep = (step.entropy >= threshold) & mask
+        advantages = step.advantages if step.advantages.dim() == 2 else step.advantages[:, None].expand_as(mask)
+        step.advantages = torch.where(keep, advantages, torch.zeros((), dtype=advantages.dtype))
+        step.metrics["high_entropy_token_frac"] = masked_mean(keep.float(), mask)
 
 
 class Hooks(UpdateHook):

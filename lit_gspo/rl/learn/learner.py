@@ -36,6 +36,7 @@ from lit_gspo.rl.config import Update
 from lit_gspo.rl.forward_checks import packing_keeps_rows_apart
 from lit_gspo.rl.learn.hooks import (
     FiniteGuard,
+    HighEntropyTokens,
     Hooks,
     MaskTruncated,
     MicroStep,
@@ -158,6 +159,8 @@ class Learner:
         self.old_policy = old_policy or old_policy_for(update, mismatch, self.old_logprobs)
         self.guard = FiniteGuard(update.max_nonfinite_steps)
         built_in: list[UpdateHook] = [MaskTruncated()] if update.mask_truncated_completions else []
+        if update.top_entropy_quantile < 1:
+            built_in.append(HighEntropyTokens(update.top_entropy_quantile))
         if mismatch is not None:
             built_in.append(MismatchCorrection(mismatch))
         if routing_replay:
@@ -293,11 +296,13 @@ class Learner:
     ) -> Tensor:
         """The loss of one (trimmed) micro-batch, rows ``rows`` of the update's rollout with ``tokens`` completion
         tokens, normalised by its minibatch's global counts; records its metrics (as tensors: read at the end)."""
-        fwd = self.completion_logprobs(
-            self.policy, micro, with_entropy=minibatch.epoch == 0, value_head=self.value_head
-        )
+        with_entropy = minibatch.epoch == 0 or self.cfg.top_entropy_quantile < 1  # every epoch where a hook reads it
+        fwd = self.completion_logprobs(self.policy, micro, with_entropy=with_entropy, value_head=self.value_head)
         old, old_is_current = self.old_policy.old_logprobs(update, minibatch, rows, micro, fwd.logprobs.detach())
-        step = MicroStep(micro, minibatch.placeholder, fwd.logprobs, old, old_is_current, advantages=micro.advantages)
+        entropy = None if fwd.entropy is None else fwd.entropy.detach()
+        step = MicroStep(
+            micro, minibatch.placeholder, fwd.logprobs, old, old_is_current, micro.advantages, entropy=entropy
+        )
         self.hooks.before_loss(update, step)
         critic = (
             dict(values=fwd.values, old_values=micro.old_values, returns=micro.returns)
@@ -309,8 +314,7 @@ class Learner:
             fwd.logprobs, old, step.advantages, mask, counts=minibatch.counts, ref_logprobs=micro.ref_logprobs, **critic
         )
         metrics = {k: v.detach() if isinstance(v, Tensor) else v for k, v in {**out.metrics, **step.metrics}.items()}
-        if fwd.entropy is not None and tokens:
-            entropy = fwd.entropy.detach()
+        if entropy is not None and tokens and minibatch.epoch == 0:  # the first epoch's, as without the hook
             metrics["entropy"] = lambda: entropy[mask].mean()  # indexing by the mask reads it: done at the end
         if minibatch.placeholder:  # its ratio is 1 by construction: keep only what it measures for real
             metrics = {k: v for k, v in metrics.items() if k.startswith("clip_frac") or k in ("entropy", "kl")}
