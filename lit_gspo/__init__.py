@@ -72,6 +72,7 @@ _EXPORTS = {
     # advantage estimators
     "AdvantageEstimator": "lit_gspo.rl.advantages",
     "GroupNormalized": "lit_gspo.rl.advantages",
+    "GDPO": "lit_gspo.rl.advantages",
     "TurnGroupNormalized": "lit_gspo.rl.advantages",
     "GroupMean": "lit_gspo.rl.advantages",
     "BatchNormalized": "lit_gspo.rl.advantages",

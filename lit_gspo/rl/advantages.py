@@ -5,6 +5,7 @@ Rows are ordered group-major: prompt 0's G completions, then prompt 1's, and so 
     GroupNormalized  "group"       Â_i = (R_i − mean_g R) / (std_g R + eps)      GRPO, DAPO, GSPO (std unbiased)
     GroupMean        "group_mean"  Â_i = R_i − mean_g R                          Dr. GRPO (no std division)
     BatchNormalized  "batch"       Â_i = (R_i − mean_g R) / (std_batch R + eps)  group baseline, batch-wide scale
+    GDPO             "gdpo"        Â_i = whiten_batch(Σ_k w_k group-normalised r_k)  GDPO: each reward function first
     RLOO             "rloo"        Â_i = R_i − (Σ_g R − R_i) / (G − 1)           leave-one-out baseline
     GAE              "gae"         generalised advantage estimation on a critic's values, whitened (PPO)
     TurnGroupNormalized "turn_group"  per reply of a multi-turn episode: its return-to-go, group-normalised per turn
@@ -154,6 +155,26 @@ class BatchNormalized(GroupBaseline):
     """Â_i = (R_i − mean_g R) / (std_batch R + eps): group baseline, one scale for the batch."""
 
     name, scale = "batch", "batch"
+
+
+class GDPO(AdvantageEstimator):
+    """Â_i = (R'_i − mean R') / (std R' + eps) over the batch, R' the sum of the reward functions' scores each normalised
+    within its group (``rollout.decoupled_rewards``, lit_gspo/rl/rewards/decoupled.py): GDPO (group reward-decoupled
+    normalisation), TRL's ``multi_objective_aggregation: normalize_then_sum``. std Bessel-corrected, eps 1e-4 (TRL's).
+    ``train/reward`` stays the weighted sum of the raw scores; an environment's turn rewards are not in R'."""
+
+    name = "gdpo"
+    needs_groups = True
+
+    def __call__(self, rollout: RolloutBatch, group_size: int) -> Tensor:
+        if rollout.decoupled_rewards is None:
+            raise ValueError(
+                "GDPO reads each reward function's scores normalised within the group (rollout.decoupled_rewards), "
+                "which the collector sets on every rollout it samples; this rollout has none"
+            )
+        grouped = _grouped(rollout.decoupled_rewards, group_size)
+        std = grouped.std() if grouped.numel() > 1 else torch.zeros((), device=grouped.device)
+        return _zero_constant_groups((grouped - grouped.mean()) / (std + 1e-4), grouped)
 
 
 class RLOO(AdvantageEstimator):

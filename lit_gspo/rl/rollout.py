@@ -48,6 +48,7 @@ class RolloutBatch:
     truncated: Tensor | None = (
         None  # (N,) bool: the row's last reply was cut by the token budget (no stop token/string)
     )
+    decoupled_rewards: Tensor | None = None  # (N,) fp32: GDPO's group-normalised reward sum (rewards/decoupled.py)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -25,6 +25,7 @@ from lit_gspo.rl.config import Generation
 from lit_gspo.rl.engines import RolloutEngine
 from lit_gspo.rl.envs import Environment
 from lit_gspo.rl.rewards import RewardSet, TrainerState, conversation_completions
+from lit_gspo.rl.rewards.decoupled import group_decoupled_sum
 from lit_gspo.rl.rollout import RolloutBatch, concat_rollouts
 from lit_gspo.rl.stop_strings import StopStrings
 from lit_gspo.rl.stop_tokens import environment_stop_ids
@@ -242,6 +243,10 @@ class Collector:
             total = total + torch.tensor([sum(r) for r in turn_rewards], dtype=torch.float32)
         device = batch.completion_mask.device
         rewards = fill_failed_with_group_mean(total, scores.valid, group)  # on the CPU, like the reward functions
+        per_function = torch.stack([scores.per_function[name] for name in self.rewards.names], 1)
+        per_function = per_function.masked_fill(~scores.valid[:, None], float("nan"))  # a failed sample: in no mean
+        decoupled = group_decoupled_sum(per_function, torch.tensor(self.rewards.weights), group)
+        batch.decoupled_rewards = decoupled.to(batch.completion_mask.device)  # what the GDPO estimator reads
         # a failed sample keeps its row (groups stay intact) but carries no gradient
         batch.completion_mask = batch.completion_mask & scores.valid[:, None].to(device)
         token_rewards = None
