@@ -90,9 +90,9 @@ def test_estimators_by_class_and_by_name():
     torch.testing.assert_close(GroupMean()(batch, 2), torch.tensor([0.5, -0.5, 0.0, 0.0]))
     torch.testing.assert_close(BatchNormalized()(batch, 2), group_advantages(r, 2, scale="batch"))
     torch.testing.assert_close(RLOO()(batch, 2), torch.tensor([1.0, -1.0, 0.0, 0.0]))
-    assert set(ADVANTAGES) == {"group", "group_mean", "batch", "rloo", "gae", "turn_group"}
+    assert set(ADVANTAGES) == {"group", "group_mean", "batch", "gdpo", "rloo", "gae", "turn_group"}
     assert type(get_advantage("rloo")) is RLOO and type(get_advantage("GroupMean")) is GroupMean
-    with pytest.raises(ValueError, match="group, group_mean, batch, rloo, gae"):
+    with pytest.raises(ValueError, match="group, group_mean, batch, gdpo, rloo, gae"):
         get_advantage("grpo")
     with pytest.raises(ValueError, match="critic"):
         GAE()(batch, 2)  # no values to estimate from
