@@ -246,7 +246,7 @@ class Collector:
         per_function = torch.stack([scores.per_function[name] for name in self.rewards.names], 1)
         per_function = per_function.masked_fill(~scores.valid[:, None], float("nan"))  # a failed sample: in no mean
         decoupled = group_decoupled_sum(per_function, torch.tensor(self.rewards.weights), group)
-        batch.decoupled_rewards = decoupled.to(batch.completion_mask.device)  # what the GDPO estimator reads
+        batch.decoupled_rewards = decoupled.to(device)  # what the GDPO estimator reads
         # a failed sample keeps its row (groups stay intact) but carries no gradient
         batch.completion_mask = batch.completion_mask & scores.valid[:, None].to(device)
         token_rewards = None
