@@ -39,8 +39,8 @@ def generate_with_hf(
     stop: StopStrings | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """:meth:`RolloutEngine.generate` with ``policy.generate``; with a ``generator``, sampled from it (transformers' own
-    sampling draws from torch's default stream only); a row stops at a ``stop`` string too. The log-probs are kept a step at a time (:class:`InProcessor`),
-    never as transformers' ``output_scores``."""
+    sampling draws from torch's default stream only); a row stops at a ``stop`` string too. The log-probs are kept a
+    step at a time (:class:`InProcessor`), never as transformers' ``output_scores``."""
     draws = generator is not None and bool(sampling)
     if draws or return_logprobs:  # the warpers in the processor, none of transformers' (1.0 and 0 add none)
         processor = InProcessor(sampling, generator if draws else None)
