@@ -71,6 +71,28 @@ class Alternating:
         return [float(i % 2) for i in range(len(completions))]
 
 
+class ConstantOnRank0:
+    """Rank 0 scores every completion 0 (no group has a spread: dynamic sampling keeps nothing there); the other ranks
+    score 1 for every other completion (every group has one)."""
+
+    def __call__(self, prompts, completions, **columns):
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            return [0.0] * len(completions)
+        return [float(i % 2) for i in range(len(completions))]
+
+
+class FirstGroupConstantOnRank0:
+    """1 for every other completion, except rank 0's first G = ``group_size`` completions, all 0: rank 0 has a group
+    without signal (its rows skipped by the update), the other ranks none."""
+
+    def __init__(self, group_size: int = 4):
+        self.group_size = group_size
+
+    def __call__(self, prompts, completions, **columns):
+        rank0 = os.environ.get("LOCAL_RANK", "0") == "0"
+        return [0.0 if rank0 and i < self.group_size else float(i % 2) for i in range(len(completions))]
+
+
 from lit_gspo.rl.engines import HFGenerate  # noqa: E402 - the engines after the light reward helpers
 
 

@@ -490,3 +490,35 @@ def test_ddp_with_a_rollout_worker_failing_on_one_rank_stops_every_rank_naming_i
     ), proc.stderr[-3000:]
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] >= 1
     assert not processes_of(tmp_path)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    "case",
+    [
+        "dynamic sampling keeps no group on rank 0",
+        "rank 0 skips a group's rows",
+    ],
+)
+def test_ddp_ranks_with_unequal_rows_to_learn_from_finish_in_step(tmp_path, case):
+    """Before, a rank with fewer micro-batches than the other (``rank_pairing.py``) left it waiting in DDP's gradient
+    reduction: DAPO's dynamic sampling keeping no group on one rank hung the fit at its first update; so did one rank
+    skipping more rows with Â = 0 (the default) under a micro-batch size. Now both ranks run as many passes and learn
+    in step (tests/test_rank_pairing.py checks the weights against one process)."""
+    if case.startswith("dynamic"):  # rank 0: every reward 0; rank 1: 0, 1, 0, 1, …
+        extra = ["--model.generation.dynamic_sampling", "true", "--model.generation.max_sampling_rounds", "1"]
+        extra += ["--model.rewards", "[{class_path: fault_helpers.ConstantOnRank0}]"]
+    else:  # rank 0's first group all 0
+        extra = ["--model.update.skip_zero_advantage_rows", "true"]
+        extra += ["--model.rewards", "[{class_path: fault_helpers.FirstGroupConstantOnRank0}]"]
+    extra += ["--trainer.strategy", "ddp", "--model.validation.every_n_steps", "0"]
+    result = launch(tmp_path, run_args(tmp_path, *extra, prompts=2, devices=2), timeout=180)
+    assert [s for s, _ in metric(result, "train/loss")] == [0, 1]
+    if case.startswith("dynamic"):  # rank 1's 2 groups kept, rank 0's none: the logged rewards are rank 1's
+        assert [v for _, v in metric(result, "train/reward")] == [0.5, 0.5]
+        assert [v for _, v in metric(result, "train/frac_zero_std_groups")] == [0.5, 0.5]
+    rank0, rank1 = (torch.load(tmp_path / f"weights_rank{r}.pt", weights_only=True) for r in (0, 1))
+    initial, _ = load_policy("tiny-llama", config_overrides=MODEL_CONFIG, seed=0)
+    assert any(not torch.equal(rank0[k], v) for k, v in initial.state_dict().items())  # it learned
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name

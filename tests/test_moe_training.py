@@ -125,8 +125,11 @@ def test_volatility_is_zero_before_an_update_and_positive_after_the_router_moved
     assert 0.0 < module.learner.measure_routing(rollout)["routing_volatility"] <= 1.0
 
 
-def test_rerouted_and_kept_tokens_split_the_log_ratio_by_whether_an_expert_changed():
-    module = moe_module()  # Update(num_minibatches=2): the snapshot takes old log-probs
+@pytest.mark.parametrize("budget", [None, 48], ids=["rows in order", "a token budget deals rows by length"])
+def test_rerouted_and_kept_tokens_split_the_log_ratio_by_whether_an_expert_changed(budget):
+    """With a token budget (on a GPU, by default) the micro-batches take rows longest first: before, the measure
+    compared the passes' rows in that order with the rollout's in its own, i.e. other rows' experts and log-probs."""
+    module = moe_module(update=Update(num_minibatches=2, micro_batch_size=4, micro_batch_tokens=budget))
     rollout = snapshot_rollout(module)
     assert rollout.old_logprobs is not None
     before = module.learner.measure_routing(rollout)

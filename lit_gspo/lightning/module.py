@@ -48,6 +48,7 @@ from lit_gspo.rl.engines.checkpoint_settings import checkpoint_sampling_settings
 from lit_gspo.rl.envs import Environment
 from lit_gspo.rl.objectives import GSPO, Objective
 from lit_gspo.rl.reference_sync import sync_reference
+from lit_gspo.rl.rollout import RolloutBatch
 from lit_gspo.rl.stages import build_stages
 from lit_gspo.rl.stop_tokens import describe_stop_tokens
 from lit_gspo.runtime.collectives import any_rank, gather_objects
@@ -155,6 +156,8 @@ class RLModule(LightningModule):
                 )
         if not any_rank(rollout is not None and bool(rollout.completion_mask.any())):
             rollout = None  # every sample of every rank failed: no rank updates, all count a skipped step alike
+        elif rollout is None:  # this rank's sampling kept nothing, another's did: it takes part in the update, rowless
+            rollout = RolloutBatch.without_rows(self.device)
         if rollout is not None:
             start = time.perf_counter()
             with torch.profiler.record_function("lit_gspo.update"):
@@ -163,7 +166,7 @@ class RLModule(LightningModule):
         if self.async_rollouts:
             self.async_rollouts.publish(stats)
         self.skipped_steps.count(rollout is not None, stats, lambda: gather_objects(self.collector.rewards.last_error))
-        values = self.step_log.values(stats, rollout)
+        values = self.step_log.values(stats, rollout if rollout is not None and len(rollout) else None)
         self.step_log.log(self, values, batch_size=len(rows))
         step_plateau(self, values, "train")
         sync = self.settings.ref_sync

@@ -10,6 +10,9 @@ Rows are ordered group-major: prompt 0's G completions, then prompt 1's, and so 
     GAE              "gae"         generalised advantage estimation on a critic's values, whitened (PPO)
     TurnGroupNormalized "turn_group"  per reply of a multi-turn episode: its return-to-go, group-normalised per turn
 
+Batch-wide statistics (``batch``'s std, GDPO's and GAE's whitening) are over every rank's rows: under DDP or FSDP2 the
+batch is the global one, and every rank must call the estimator (it is a collective there).
+
 Each is a small class picked by class path or name (``--model.advantage RLOO``); :func:`get_advantage`
 builds one by name. An estimator returns Â per row (N,) or per token (N, T); one that needs the
 critic's values (``needs_values``) reads ``rollout.old_values`` and also fills ``rollout.returns``.
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import torch
 from torch import Tensor
 
+from lit_gspo.runtime.collectives import mean_and_std, sum_over_ranks
 from lit_gspo.runtime.registry import Registered
 
 if TYPE_CHECKING:
@@ -59,9 +63,8 @@ def group_advantages(
     if scale == "group":
         std = grouped.std(1, keepdim=True) if group_size > 1 else torch.zeros_like(centred[:, :1])
         adv = centred / (std + eps)
-    elif scale == "batch":
-        std = grouped.std() if grouped.numel() > 1 else torch.zeros(())
-        adv = centred / (std + eps)
+    elif scale == "batch":  # over every rank's rewards: the batch is the global one
+        adv = centred / (mean_and_std(grouped)[1] + eps)
     elif scale == "none":
         adv = centred
     else:
@@ -173,8 +176,8 @@ class GDPO(AdvantageEstimator):
                 "which the collector sets on every rollout it samples; this rollout has none"
             )
         grouped = _grouped(rollout.decoupled_rewards, group_size)
-        std = grouped.std() if grouped.numel() > 1 else torch.zeros((), device=grouped.device)
-        return _zero_constant_groups((grouped - grouped.mean()) / (std + 1e-4), grouped)
+        mean, std = mean_and_std(grouped)  # over every rank's rows
+        return _zero_constant_groups((grouped - mean) / (std + 1e-4), grouped)
 
 
 class RLOO(AdvantageEstimator):
@@ -224,9 +227,11 @@ class GAE(AdvantageEstimator):
                 lam=self.lam,
             )
             advantages, rollout.returns = (torch.zeros_like(values).scatter(1, index, x * packed_mask) for x in packed)
-        valid = advantages[mask]
-        if self.whiten and valid.numel() > 1:
-            advantages = (advantages - valid.mean()) / (valid.std() + 1e-8)
+        if self.whiten:  # over every rank's valid tokens
+            valid = advantages[mask]
+            if sum_over_ranks(valid.numel()) > 1:
+                mean, std = mean_and_std(valid)
+                advantages = (advantages - mean) / (std + 1e-8)
         return advantages * mask
 
 

@@ -53,6 +53,22 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    @classmethod
+    def without_rows(cls, device: torch.device | str = "cpu") -> RolloutBatch:
+        """A rollout of no rows, with every per-row field a sampled rollout has (the sampler's log-probs, rewards, …):
+        what a rank whose sampling kept nothing brings to an update the other ranks take."""
+        ids = torch.zeros(0, 2, dtype=torch.long, device=device)
+        return cls(
+            ids,
+            ids.clone(),
+            1,
+            torch.zeros(0, 1, dtype=torch.bool, device=device),
+            engine_logprobs=torch.zeros(0, 1, device=device),
+            rewards=torch.zeros(0, device=device),
+            truncated=torch.zeros(0, dtype=torch.bool, device=device),
+            decoupled_rewards=torch.zeros(0, device=device),
+        )
+
     def select(self, index: Tensor) -> RolloutBatch:
         """Rows ``index`` of every per-row tensor (the index copied to their device once: :func:`index_on`), and of the
         routing record (``RoutingRecord[rows]``)."""
@@ -188,7 +204,7 @@ def micro_batch_rows(
     ``extents``: the batch's :class:`RowExtents`, where the caller holds them.
     """
     n = len(batch)
-    max_rows = max_rows or n
+    max_rows = max_rows or max(n, 1)
     if not max_tokens:
         return [torch.arange(start, min(start + max_rows, n)) for start in range(0, n, max_rows)]
     extents = extents or RowExtents.of(batch)

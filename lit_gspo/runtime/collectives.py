@@ -59,6 +59,29 @@ def sum_over_ranks(value: float) -> float:
     return float(all_reduce_sum(torch.tensor([value], dtype=torch.float64))) if world_size() > 1 else value
 
 
+def max_over_ranks(value: int) -> int:
+    """The largest ``value`` of any rank (collective: all ranks must call it)."""
+    if world_size() == 1:
+        return value
+    return int(all_reduce(torch.tensor([value], dtype=torch.int64), op=dist.ReduceOp.MAX))
+
+
+def mean_and_std(values: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean and Bessel-corrected std of ``values`` (any shape) over every rank's values (collective: all ranks must
+    call it, with any number of values, none included); std is 0 for fewer than two values in all.
+
+    In one process torch's own reductions; over several, the sums of n, x and x² in fp64."""
+    if world_size() == 1:
+        return values.mean(), values.std() if values.numel() > 1 else torch.zeros((), device=values.device)
+    x = values.double().flatten()
+    n, total, squares = all_reduce_sum(
+        torch.stack([torch.tensor(float(x.numel()), dtype=x.dtype, device=x.device), x.sum(), (x * x).sum()])
+    )
+    mean = total / n.clamp(min=1)
+    variance = ((squares - n * mean * mean) / (n - 1).clamp(min=1)).clamp(min=0) * (n > 1)
+    return mean.to(values.dtype), variance.sqrt().to(values.dtype)
+
+
 def any_rank(flag: bool) -> bool:
     """True on every rank when ``flag`` is True on any (collective: all ranks must call it)."""
     return sum_over_ranks(float(flag)) > 0 if world_size() > 1 else flag

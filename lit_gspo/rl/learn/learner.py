@@ -12,14 +12,15 @@ Where π_old comes from is one object chosen at construction (``old_policy.py``)
 replay and volatility, the ratio diagnostics and the finite guard are hooks (``hooks.py``); the optimiser step is
 a callable the trainer may replace (``optimizer_step.py``: fp16's GradScaler). Rows whose advantage is 0 everywhere
 are left out of forward and backward when the objective's gradient vanishes there; they still count in the
-normalisers. No Lightning here: the trainer hands in the optimiser, the scheduler, its backward and its step.
+normalisers. Under DDP or FSDP2 every rank runs as many passes and steps as the others, whatever rows it holds
+(``rank_pairing.py``). No Lightning here: the trainer hands in the optimiser, the scheduler, its backward and its step.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -50,6 +51,7 @@ from lit_gspo.rl.learn.host_reads import host_floats, records_on_host
 from lit_gspo.rl.learn.mismatch import Mismatch
 from lit_gspo.rl.learn.old_policy import OldPolicy, old_policy_for
 from lit_gspo.rl.learn.optimizer_step import clip_then_step
+from lit_gspo.rl.learn.rank_pairing import MicroBatch, agreed_count, filler_loss, with_fillers
 from lit_gspo.rl.objectives import Counts, Objective
 from lit_gspo.rl.rollout import (
     RolloutBatch,
@@ -68,6 +70,15 @@ PACKING_KERNELS = ("flash_attention_2", "flash_attention_3", "flex_attention")
 #: on a GPU a shared prompt forward runs only where it saves this share of the backbone's tokens: its two passes
 #: launch every layer's kernels twice, and a small model's update is bound by those launches there
 SHARED_PROMPT_MIN_SAVING_ON_GPU = 0.5
+
+
+def in_rollout_order(parts: list[Tensor], inverse: Tensor | None, rollout: RolloutBatch) -> Tensor:
+    """(N, T) fp32: the micro-batches' (rows, ≤ T) outputs ``parts``, dealt in the order whose inverse permutation is
+    ``inverse``, joined and put back in ``rollout``'s row order; (0, T) where ``rollout`` has no rows."""
+    if not parts:
+        return torch.zeros(0, rollout.completion_mask.shape[1], dtype=torch.float32, device=rollout.input_ids.device)
+    joined = torch.cat(parts)
+    return joined[index_on(inverse, joined)]
 
 
 @dataclass
@@ -189,7 +200,13 @@ class Learner:
             self.cast(self.policy),
             self.cast(self.reference),
         ):
-            for micro_rows, micro, _ in self.micro_batches(rollout.to(self.device)):
+            for micro_rows, micro, _, filler in self.micro_batches(rollout.to(self.device)):
+                if filler:  # the same passes as a micro-batch's below
+                    if old_pass:
+                        self.filler_pass(MicroBatch(micro_rows, micro, None))
+                    if self.reference is not None:
+                        self.reference_logprobs(micro)
+                    continue
                 order.append(micro_rows)
                 if old_pass:
                     with record_routing(self.policy) if self.records_routing else nullcontext() as recorder:
@@ -203,14 +220,14 @@ class Learner:
                     refs.append(self.reference_logprobs(micro))
         # a token budget deals rows to micro-batches by length: put them back in rollout order
         inverse = torch.argsort(torch.cat(order)) if order else None
-        if olds and keep_old:
-            rollout.old_logprobs = (old := torch.cat(olds))[index_on(inverse, old)]
+        if old_pass and keep_old:
+            rollout.old_logprobs = in_rollout_order(olds, inverse, rollout)
         if routes:
             rollout.routing = RoutingRecord.cat(routes)[inverse]  # (N, P + T, k) per MoE layer
-        if refs:
-            rollout.ref_logprobs = (ref := torch.cat(refs))[index_on(inverse, ref)]
-        if vals:
-            rollout.old_values = (values := torch.cat(vals))[index_on(inverse, values)]
+        if self.reference is not None:
+            rollout.ref_logprobs = in_rollout_order(refs, inverse, rollout)
+        if old_pass and self.value_head is not None:
+            rollout.old_values = in_rollout_order(vals, inverse, rollout)
 
     def reference_logprobs(self, micro: RolloutBatch) -> Tensor:
         if self.reference == "adapters_off":
@@ -245,9 +262,12 @@ class Learner:
                 for minibatch in self.minibatches(update, order, epoch):
                     optimizer.zero_grad()
                     rows, extents = minibatch.rows, update.extents[minibatch.rows]
-                    micro_batches = self.micro_batches(update.rollout.select(rows), extents)
+                    micro_batches = self.micro_batches(update.rollout.select(rows), extents, at_least=1)
                     with self.cast(self.policy):  # (cast again after each step)
-                        for micro_rows, micro, micro_extents in micro_batches:
+                        for micro_rows, micro, micro_extents, filler in micro_batches:
+                            if filler:
+                                self.filler_pass(MicroBatch(micro_rows, micro, micro_extents), backward)
+                                continue
                             micro = micro.trimmed(micro_extents)
                             tokens = float(micro_extents.completion_tokens.sum())
                             with self.hooks.around_micro(micro):
@@ -271,21 +291,25 @@ class Learner:
         return update
 
     def minibatches(self, update: UpdateState, order: Tensor, epoch: int):
-        """The minibatches of one epoch, ``order`` cut in M: each with the global counts of all its rows, and the rows
-        that run forward and backward (those without gradient left out; if none has one, a single row still runs, a
-        placeholder whose loss is 0, so that every rank backpropagates and the optimiser steps as on a zero gradient)."""
+        """The minibatches of one epoch, ``order`` cut in chunks of ⌈N / M⌉: each with the global counts of all its rows,
+        and the rows that run forward and backward (those without gradient left out; if none has one, a single row
+        still runs, a placeholder whose loss is 0, so that every rank backpropagates and the optimiser steps as on a
+        zero gradient). Every rank takes as many as any rank has (``rank_pairing.py``), with no rows where it has
+        fewer."""
         size, tokens = update.size, update.extents.completion_tokens
-        for start in range(0, len(order), size):
-            rows = order[start : start + size]
+        own = [order[start : start + size] for start in range(0, len(order), size)] if size else []
+        for index in range(agreed_count(len(own))):  # as many on every rank: a rank short of rows has empty ones
+            rows = own[index] if index < len(own) else order[:0]
             counts = self.global_counts(float(tokens[rows].sum()), len(rows) - int(update.emptied[rows].sum()))
             kept = update.active[rows].clone()
             placeholder = not bool(kept.any())
-            kept[0] |= placeholder
+            if len(kept):
+                kept[0] |= placeholder
             yield Minibatch(
                 rows=rows[kept],
                 counts=counts,
                 epoch=epoch,
-                index=start // size,
+                index=index,
                 placeholder=placeholder,
                 skipped_tokens=float(tokens[rows[~kept]].sum()),
                 first_record=len(update.records),
@@ -510,12 +534,14 @@ class Learner:
     def old_logprobs(self, rollout: RolloutBatch, rows: Tensor) -> Tensor:
         """(N, T) log-probs of the policy before this update's first optimiser step, computed for ``rows`` (0 elsewhere)."""
         old = torch.zeros(rollout.completion_mask.shape, dtype=torch.float32, device=rollout.input_ids.device)
-        if len(rows):
-            with self.cast(self.policy):
-                for micro_rows, micro, micro_extents in self.micro_batches(rollout.select(rows)):
-                    micro = micro.trimmed(micro_extents)
-                    logprobs = self.completion_logprobs(self.policy, micro).logprobs
-                    old[index_on(rows[micro_rows], old), : logprobs.shape[1]] = logprobs
+        with self.cast(self.policy):
+            for micro_rows, micro, micro_extents, filler in self.micro_batches(rollout.select(rows)):
+                if filler:
+                    self.filler_pass(MicroBatch(micro_rows, micro, None))
+                    continue
+                micro = micro.trimmed(micro_extents)
+                logprobs = self.completion_logprobs(self.policy, micro).logprobs
+                old[index_on(rows[micro_rows], old), : logprobs.shape[1]] = logprobs
         return old
 
     def global_counts(self, tokens: float, seqs: int) -> Counts:
@@ -573,15 +599,26 @@ class Learner:
                 param.grad = None
         return logprobs
 
-    def micro_batches(self, batch: RolloutBatch, extents: RowExtents | None = None):
-        """(rows into ``batch``, the micro-batch, its extents) of each micro-batch of ``batch`` (``micro_batch_rows``);
-        ``extents``: the batch's, where the caller holds them; else read here when a token budget needs them (else
-        None: trimming reads them)."""
+    def micro_batches(
+        self, batch: RolloutBatch, extents: RowExtents | None = None, at_least: int = 0
+    ) -> Iterator[MicroBatch]:
+        """The micro-batches of ``batch`` (``micro_batch_rows``), then fillers up to as many as any rank runs, at least
+        ``at_least`` (``rank_pairing.py``; collective: every rank must call it). ``extents``: the batch's, where the
+        caller holds them; else read here when a token budget needs them (else None: trimming reads them)."""
         budget = self.micro_batch_tokens()
         if budget and extents is None:
             extents = RowExtents.of(batch)
-        for rows in micro_batch_rows(batch, self.cfg.micro_batch_size, budget, extents):
-            yield rows, batch.select(rows), (extents[rows] if extents is not None else None)
+        dealt = micro_batch_rows(batch, self.cfg.micro_batch_size, budget, extents)
+        real = (MicroBatch(rows, batch.select(rows), extents[rows] if extents is not None else None) for rows in dealt)
+        return with_fillers(real, len(dealt), batch, at_least)
+
+    def filler_pass(self, micro: MicroBatch, backward: Callable[[Tensor], None] | None = None) -> None:
+        """A pass that only pairs this rank's collectives with the other ranks' (``rank_pairing.py``): a no-grad forward,
+        or with ``backward`` a forward and the backward of 0 × its outputs."""
+        with torch.set_grad_enabled(backward is not None):
+            fwd = self.completion_logprobs(self.policy, micro.batch, value_head=self.value_head)
+        if backward is not None:
+            backward(filler_loss(fwd.logprobs, fwd.values))
 
     @torch.no_grad()
     def measure_routing(self, rollout: RolloutBatch) -> dict[str, float]:
@@ -595,19 +632,34 @@ class Learner:
           over the rerouted tokens and over the others (NaN for an empty set, or without old log-probs). The
           GSPO paper's case for Routing Replay is that rerouted tokens' ratios swing; these measure it.
         """
-        with eval_mode(self.policy), record_routing(self.policy) as recorder, self.cast(self.policy):
-            logprobs = torch.cat(
-                [
-                    token_logprobs(self.policy, micro, temperature=self.temperature).logprobs
-                    for _, micro, _ in self.micro_batches(rollout)
-                ]
+        parts, routes, order = [], [], []
+        with eval_mode(self.policy), self.cast(self.policy):
+            for micro_rows, micro, _, filler in self.micro_batches(rollout):
+                if filler:
+                    self.filler_pass(MicroBatch(micro_rows, micro, None))
+                    continue
+                with record_routing(self.policy) as recorder:
+                    parts.append(token_logprobs(self.policy, micro, temperature=self.temperature).logprobs)
+                routes.append(recorder.record)
+                order.append(micro_rows)
+        if not order:  # no row on this rank
+            nan = float("nan")
+            return dict.fromkeys(
+                (
+                    "routing_volatility",
+                    "routing/rerouted_tokens",
+                    *(f"routing/abs_logratio_{n}" for n in ("rerouted", "kept")),
+                ),
+                nan,
             )
+        inverse = torch.argsort(torch.cat(order))  # a token budget deals rows by length: back in rollout order
+        logprobs, record = in_rollout_order(parts, inverse, rollout), RoutingRecord.cat(routes)[inverse]
         mask = rollout.completion_mask.bool()
         full_mask = torch.cat(
             [torch.zeros_like(rollout.input_ids[:, : rollout.prompt_length], dtype=torch.bool), mask], 1
         )
-        metrics = {"routing_volatility": routing_volatility(rollout.routing, recorder.record, full_mask)}
-        rerouted = rerouted_tokens(rollout.routing, recorder.record)[:, rollout.prompt_length :].to(mask.device) & mask
+        metrics = {"routing_volatility": routing_volatility(rollout.routing, record, full_mask)}
+        rerouted = rerouted_tokens(rollout.routing, record)[:, rollout.prompt_length :].to(mask.device) & mask
         metrics["routing/rerouted_tokens"] = float(rerouted.sum() / mask.sum()) if mask.any() else float("nan")
         shift = (logprobs - rollout.old_logprobs).abs() if rollout.old_logprobs is not None else None
         for name, tokens in (("rerouted", rerouted), ("kept", mask & ~rerouted)):

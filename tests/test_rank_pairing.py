@@ -1,0 +1,188 @@
+"""Two processes (gloo) whose rows need different numbers of passes learn what one process learns from all the rows.
+
+DDP reduces gradients at every backward and FSDP2 gathers parameters at every forward, so a rank that ran fewer
+micro-batches than the other left it waiting: a fit hung (seen with DAPO's dynamic sampling keeping no group on one
+rank, and with ``skip_zero_advantage_rows`` skipping more rows on one rank; a token budget sized from each rank's free
+GPU memory does the same). Each case here gives the two ranks rows that need different numbers of passes and compares
+the weights after ``learn`` with one process learning all the rows. The batch-wide statistics of the advantage
+estimators (BatchNormalized's std, GDPO's and GAE's whitening) are likewise those of all the rows, not of each rank's.
+
+The ranks are this file run as a script (``python tests/test_rank_pairing.py RANK PORT OUT``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+G = 3
+REWARDS = [0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]  # rank 0: rows 0-5 (its first group flat)
+HALVES = (torch.arange(0, 6), torch.arange(6, 12))
+#: case → (rank 0's rows, rank 1's rows, rank 0's update settings, rank 1's); None: a rank whose sampling kept nothing
+CASES = {
+    "skipped rows": (HALVES[0], HALVES[1], {}, {}),  # rank 0: 3 rows with a gradient (1 micro-batch), rank 1: 6 (2)
+    "no rows": (None, HALVES[1], {}, {}),  # dynamic sampling kept no group on rank 0
+    "other budgets": (HALVES[0], HALVES[1], {"micro_batch_size": 1}, {}),  # rank 0: 3 micro-batches, rank 1: 2
+}
+STRATEGIES = ("ddp", "fsdp2")
+
+
+def update_settings(**overrides):
+    from lit_gspo.rl.config import Update
+
+    return Update(**{"epochs": 2, "micro_batch_size": 3, **overrides})
+
+
+def rollout_of(learner, rollout, rows):
+    """``rollout``'s ``rows`` with REWARDS, snapshotted and with group advantages (a rowless rollout for None)."""
+    from test_learner import with_rewards
+
+    from lit_gspo.rl.rollout import RolloutBatch
+
+    if rows is None:
+        empty = RolloutBatch.without_rows()
+        learner.snapshot(empty)
+        empty.advantages = torch.zeros(0)
+        return empty
+    return with_rewards(learner, rollout.select(rows), [REWARDS[i] for i in rows])
+
+
+def full_weights(policy) -> dict[str, torch.Tensor]:
+    return {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+        for k, v in policy.state_dict().items()
+    }
+
+
+def learn(learner, rollout, backward=None, world_size: int = 1) -> None:
+    torch.manual_seed(1)
+    optimizer = torch.optim.SGD(learner.policy.parameters(), lr=0.5)
+    learner.learn(rollout, optimizer, backward=backward, world_size=world_size)
+
+
+def with_estimator_inputs(rollout):
+    """``rollout`` with REWARDS, GDPO's normalised sum (here 3R − 1) and a critic's values (a ramp over the rows)."""
+    rollout.rewards = torch.tensor(REWARDS)
+    rollout.decoupled_rewards = rollout.rewards * 3 - 1
+    n, T = rollout.completion_mask.shape
+    rollout.old_values = torch.linspace(-1, 1, n * T).view(n, T)
+    return rollout
+
+
+def estimator_outputs(rollout) -> dict[str, torch.Tensor]:
+    """BatchNormalized's, GDPO's and GAE's advantages of ``rollout``."""
+    from lit_gspo.rl.advantages import GAE, GDPO, BatchNormalized
+
+    return {"batch": BatchNormalized()(rollout, G), "gdpo": GDPO()(rollout, G), "gae": GAE()(rollout, G)}
+
+
+def rank_main(rank: int, port: int, out: Path) -> None:
+    import torch.distributed as dist
+    from test_learner import make_learner, sample_rollout
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from lit_gspo.runtime.sharding import shard_model
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    results = {}
+    rollout = with_estimator_inputs(sample_rollout(make_learner(update_settings()).policy))
+    results["estimators"] = estimator_outputs(rollout.select(HALVES[rank]))
+    for strategy in STRATEGIES:
+        for case, (*rows, settings0, settings1) in CASES.items():
+            learner = make_learner(update_settings(**(settings0, settings1)[rank]))
+            backward = None
+            if strategy == "ddp":  # as Lightning's manual_backward: the reducer prepared before each backward
+                ddp = torch.nn.parallel.DistributedDataParallel(learner.policy)
+
+                def backward(loss, ddp=ddp):
+                    ddp.reducer.prepare_for_backward([])
+                    loss.backward()
+
+            else:
+                shard_model(learner.policy, init_device_mesh("cpu", (2,)))
+            learn(learner, rollout_of(learner, rollout, rows[rank]), backward, world_size=2)
+            results[strategy, case] = full_weights(learner.policy)
+    torch.save(results, out / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("rank_pairing")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(HERE)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(rank), str(port), str(out)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        logs = [proc.communicate(timeout=240)[0] for proc in procs]
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        pytest.fail("the ranks did not finish in 240 s: a pass of one rank left the other waiting")
+    for proc, log in zip(procs, logs):
+        assert proc.returncode == 0, log[-4000:]
+    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
+
+
+def one_process(case: str) -> dict[str, torch.Tensor]:
+    from test_learner import make_learner, sample_rollout
+
+    rows0, rows1, _, _ = CASES[case]
+    rollout = sample_rollout(make_learner(update_settings()).policy)
+    learner = make_learner(update_settings())
+    rows = rows1 if rows0 is None else torch.cat([rows0, rows1])
+    learn(learner, rollout_of(learner, rollout, rows))
+    return full_weights(learner.policy)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_ranks_with_unequal_passes_learn_what_one_process_learns_from_all_their_rows(ranks, strategy, case):
+    expected = one_process(case)
+    start = make_learner_weights()
+    assert any(not torch.equal(expected[k], start[k]) for k in start)  # the update moved the weights
+    for rank in (0, 1):
+        got = ranks[rank][strategy, case]
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=0, msg=f"rank {rank}: {name}")
+
+
+def make_learner_weights() -> dict[str, torch.Tensor]:
+    from test_learner import make_learner
+
+    return full_weights(make_learner(update_settings()).policy)
+
+
+@pytest.mark.distributed
+def test_batch_wide_advantage_statistics_are_over_every_ranks_rows(ranks):
+    from test_learner import make_learner, sample_rollout
+
+    rollout = with_estimator_inputs(sample_rollout(make_learner(update_settings()).policy))
+    whole = estimator_outputs(rollout)
+    alone = [estimator_outputs(rollout.select(half)) for half in HALVES]  # each rank's rows on their own
+    for name, expected in whole.items():
+        got = torch.cat([ranks[0]["estimators"][name], ranks[1]["estimators"][name]])
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6, msg=name)
+        assert not torch.allclose(torch.cat([alone[0][name], alone[1][name]]), expected, atol=1e-3), name
+
+
+if __name__ == "__main__":
+    rank_main(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))
