@@ -522,3 +522,36 @@ def test_ddp_ranks_with_unequal_rows_to_learn_from_finish_in_step(tmp_path, case
     assert any(not torch.equal(rank0[k], v) for k, v in initial.state_dict().items())  # it learned
     for name in rank0:
         assert torch.equal(rank0[name], rank1[name]), name
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case", ["a validation batch smaller than the world", "dynamic sampling refills on rank 0"])
+def test_fsdp2_ranks_with_nothing_to_sample_generate_with_the_others(tmp_path, case):
+    """Under FSDP2 every forward gathers the parameters from all ranks, so sampling is a collective too
+    (``synced_gpus``). Before, a rank with no rows of a validation batch (3 held-out prompts in batches of 2 over 2
+    ranks) skipped it, and a rank whose dynamic sampling was done skipped the other's refill rounds: the other rank
+    waited in its first forward for good. Now such a rank generates one unused token alongside."""
+    if case.startswith("a validation"):
+        extra = ["--data.num_val", "3", "--data.val_batch_size", "2"]
+    else:  # rank 0: every group flat, refilled up to 3 rounds; rank 1 keeps its groups at once
+        extra = ["--model.generation.dynamic_sampling", "true", "--model.generation.max_sampling_rounds", "3"]
+        extra += ["--model.rewards", "[{class_path: fault_helpers.ConstantOnRank0}]"]
+    # the CLI's own engine: dist_run.py's samples each prompt apart (a generate per prompt, not per rollout)
+    cmd = [
+        sys.executable,
+        "-m",
+        "lit_gspo.tools.main",
+        "fit",
+        *run_args(tmp_path, *FSDP2, *extra, prompts=2, devices=2),
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=ddp_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(next(tmp_path.glob("**/metrics.csv"))) as fh:
+        rows = list(csv.DictReader(fh))
+    logged = {
+        key: [float(r[key]) for r in rows if r.get(key)]
+        for key in ("val/reward", "train/loss", "train/sampling_rounds")
+    }
+    assert len(logged["val/reward"]) == 3 and len(logged["train/loss"]) == 2
+    if not case.startswith("a validation"):
+        assert logged["train/sampling_rounds"] == [3.0, 3.0]  # rank 0's (the max over ranks)

@@ -48,12 +48,14 @@ class GreedyValidation:
         """Greedy completions of this rank's share of the held-out batch, scored."""
         module = self.module
         rows = rows[module.global_rank :: module.trainer.world_size]
-        if not rows:  # every rank runs every step: FSDP2's sharded forward needs all of them
-            return
         # Lightning validates under inference mode; FSDP2 on one device makes its unsharded parameters at their first
         # forward and keeps them: as inference tensors they could not be written in training ("Inference tensors do not
         # track version counter"). no_grad is what sampling needs.
         with torch.inference_mode(False), torch.no_grad():
+            if not rows:  # a batch smaller than the world: under FSDP2 this rank still generates with the others
+                if module.synced_gpus():
+                    module.collector.generate_nothing(module.policy, True, True)
+                return
             batch, replies, stats = module.collector.sample(
                 module.policy, rows, greedy=True, synced_gpus=module.synced_gpus()
             )

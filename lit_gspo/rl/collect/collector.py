@@ -29,6 +29,7 @@ from lit_gspo.rl.rewards.decoupled import group_decoupled_sum
 from lit_gspo.rl.rollout import RolloutBatch, concat_rollouts
 from lit_gspo.rl.stop_strings import StopStrings
 from lit_gspo.rl.stop_tokens import environment_stop_ids
+from lit_gspo.runtime.collectives import any_rank
 from lit_gspo.runtime.user_errors import option
 
 
@@ -122,6 +123,11 @@ class Collector:
         batch.rewards, batch.token_rewards, stats = self._score(batch, episodes, group, max_new_tokens)
         return batch, [e.replies[-1] for e in episodes], stats
 
+    def generate_nothing(self, policy: nn.Module, greedy: bool, synced_gpus: bool) -> None:
+        """One token after a pad token, not used: under sharded parameters (``synced_gpus``) every rank must generate as
+        often as the others (each forward gathers the parameters from all ranks), also where it has nothing to sample."""
+        self._generate(policy, [[self.tokenizer.pad_token_id]], 1, 1, greedy, synced_gpus)
+
     def _generate(
         self,
         policy: nn.Module,
@@ -187,8 +193,8 @@ class Collector:
                 contexts.append(prompt_ids[i] + episode.ids)
             if not active and not synced_gpus:
                 break
-            if not active:  # every rank must call generate as often as the others under synced_gpus
-                self._generate(policy, [[tok.pad_token_id]], 1, 1, greedy, synced_gpus)
+            if not active:
+                self.generate_nothing(policy, greedy, synced_gpus)
                 continue
             batch = self._generate(
                 policy, contexts, 1, min(max_new_tokens, max(e.budget for e in active)), greedy, synced_gpus
@@ -297,7 +303,12 @@ class Collector:
         G = self.generation.num_generations
         kept, stats, rounds, zero_std, seen = [], {}, 0, 0, 0
         pending = rows
-        while pending and rounds < (self.max_sampling_rounds if self.dynamic_sampling else 1):
+        for _ in range(self.max_sampling_rounds if self.dynamic_sampling else 1):
+            if not (any_rank(bool(pending)) if synced_gpus else pending):
+                break
+            if not pending:  # others refill: under sharded parameters this rank generates with them
+                self.generate_nothing(policy, False, synced_gpus)
+                continue
             rounds += 1
             batch, _, round_stats = self.sample(policy, pending, synced_gpus=synced_gpus)
             stats = stats or round_stats
