@@ -72,11 +72,36 @@ def crash_during_save(n: int, marker: Path) -> None:
     AtomicCheckpointIO._write = _write
 
 
+def count_syncs_hook(syncs: list):
+    """DDP's allreduce of each gradient bucket, appending to ``syncs`` once per backward that reduces (its bucket 0)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    def hook(state, bucket):
+        if bucket.index() == 0:
+            syncs.append(1)
+        return allreduce_hook(state, bucket)
+
+    return hook
+
+
+def count_syncs_callback(syncs: list):
+    """A callback registering :func:`count_syncs_hook` on the DDP-wrapped module (Lightning registers comm hooks on CUDA
+    only)."""
+    from lightning.pytorch.callbacks import Callback
+
+    class _CountSyncs(Callback):
+        def on_train_start(self, trainer, pl_module):
+            trainer.strategy.model.register_comm_hook(None, count_syncs_hook(syncs))
+
+    return _CountSyncs()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--ckpt_path", default=None)
     parser.add_argument("--crash_at_save", type=int, default=0)
+    parser.add_argument("--count_syncs", action="store_true", help="count DDP's gradient reductions (result: syncs)")
     parser.add_argument("cli", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     out = Path(args.out)
@@ -98,6 +123,9 @@ def main() -> None:
             _Step.value = pl_module.optimizer_steps  # optimiser steps taken (global_step counts RL steps)
 
     cli.trainer.callbacks.append(TrackStep())
+    syncs: list = []
+    if args.count_syncs:
+        cli.trainer.callbacks.append(count_syncs_callback(syncs))
     refills: list = []  # the rows this rank's trainer drew as refills (dynamic sampling, an async pipeline's priming)
     draw = cli.model.refill_rows
     cli.model.refill_rows = lambda count, generator=None: refills.extend(draw(count, generator)) or refills[-count:]
@@ -137,6 +165,7 @@ def main() -> None:
                 if isinstance(v, torch.Tensor) and v.dtype == torch.uint8
             ),
             "param_numel": sum(p.numel() for p in model.policy.parameters()),
+            "syncs": len(syncs),
         }
         out.mkdir(parents=True, exist_ok=True)
         torch.save(result, out / "result.pt")

@@ -90,10 +90,13 @@ def run_args(root: Path, *extra: str, prompts: int = 4, devices: int = 1, steps:
     ]
 
 
-def launch(out: Path, cli_args: list[str], *, ckpt_path: str | None = None, timeout: int = 240) -> dict:
+def launch(
+    out: Path, cli_args: list[str], *, ckpt_path: str | None = None, timeout: int = 240, count_syncs: bool = False
+) -> dict:
     cmd = (
         [sys.executable, str(ROOT / "tests/dist_run.py")]
         + (["--ckpt_path", ckpt_path] if ckpt_path else [])
+        + (["--count_syncs"] if count_syncs else [])
         + [str(out)]
     )
     with socket.socket() as s:  # a fresh rendezvous port per run (other jobs on the machine may hold the default)
@@ -150,6 +153,16 @@ def test_ddp_two_processes_match_one_process_on_the_same_global_batch(tmp_path, 
     assert result["world_size"] == 2
     assert len(metric(result, "train/loss")) == 2 and any(v != 0 for _, v in metric(result, "train/loss"))
     assert any(v > 0 for _, v in metric(result, "train/clip_frac"))  # the off-policy epoch clips: not trivially equal
+    assert_same_run(result, single)
+
+
+@pytest.mark.distributed
+def test_ddp_reduces_the_gradients_once_per_optimiser_step_not_once_per_micro_batch(tmp_path, single):
+    """Each minibatch's micro-batches but the last run under Lightning's ``strategy.block_backward_sync`` (DDP's
+    ``no_sync``): 2 RL steps × 2 epochs = 4 optimiser steps, each of 2 micro-batches of 4 rows, reduce 4 times (before:
+    8, one all-reduce of every gradient per micro-batch), and the run is still one process's."""
+    result = launch(tmp_path, run_args(tmp_path, "--trainer.strategy", "ddp", prompts=2, devices=2), count_syncs=True)
+    assert result["syncs"] == 4
     assert_same_run(result, single)
 
 

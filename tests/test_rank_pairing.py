@@ -61,10 +61,12 @@ def full_weights(policy) -> dict[str, torch.Tensor]:
     }
 
 
-def learn(learner, rollout, backward=None, world_size: int = 1) -> None:
+def learn(learner, rollout, backward=None, world_size: int = 1, gradient_sync_blocked=None) -> None:
     torch.manual_seed(1)
     optimizer = torch.optim.SGD(learner.policy.parameters(), lr=0.5)
-    learner.learn(rollout, optimizer, backward=backward, world_size=world_size)
+    learner.learn(
+        rollout, optimizer, backward=backward, world_size=world_size, gradient_sync_blocked=gradient_sync_blocked
+    )
 
 
 def with_estimator_inputs(rollout):
@@ -83,6 +85,18 @@ def estimator_outputs(rollout) -> dict[str, torch.Tensor]:
     return {"batch": BatchNormalized()(rollout, G), "gdpo": GDPO()(rollout, G), "gae": GAE()(rollout, G)}
 
 
+def counted_allreduce(syncs: list):
+    """DDP's allreduce of each gradient bucket, appending to ``syncs`` once per backward that reduces (its bucket 0)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    def hook(state, bucket):
+        if bucket.index() == 0:
+            syncs.append(1)
+        return allreduce_hook(None, bucket)
+
+    return hook
+
+
 def rank_main(rank: int, port: int, out: Path) -> None:
     import torch.distributed as dist
     from test_learner import make_learner, sample_rollout
@@ -97,18 +111,24 @@ def rank_main(rank: int, port: int, out: Path) -> None:
     for strategy in STRATEGIES:
         for case, (*rows, settings0, settings1) in CASES.items():
             learner = make_learner(update_settings(**(settings0, settings1)[rank]))
-            backward = None
-            if strategy == "ddp":  # as Lightning's manual_backward: the reducer prepared before each backward
+            backward, no_sync, syncs = None, None, []
+            if strategy == "ddp":  # as Lightning's manual_backward and block_backward_sync
                 ddp = torch.nn.parallel.DistributedDataParallel(learner.policy)
+                ddp.register_comm_hook(None, counted_allreduce(syncs))
+                no_sync = ddp.no_sync
 
                 def backward(loss, ddp=ddp):
-                    ddp.reducer.prepare_for_backward([])
+                    if ddp.require_backward_grad_sync:
+                        ddp.reducer.prepare_for_backward([])
                     loss.backward()
 
             else:
                 shard_model(learner.policy, init_device_mesh("cpu", (2,)))
-            learn(learner, rollout_of(learner, rollout, rows[rank]), backward, world_size=2)
+            learn(
+                learner, rollout_of(learner, rollout, rows[rank]), backward, world_size=2, gradient_sync_blocked=no_sync
+            )
             results[strategy, case] = full_weights(learner.policy)
+            results[strategy, case, "syncs"] = len(syncs)
     torch.save(results, out / f"rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -159,6 +179,8 @@ def test_two_ranks_with_unequal_passes_learn_what_one_process_learns_from_all_th
     expected = one_process(case)
     start = make_learner_weights()
     assert any(not torch.equal(expected[k], start[k]) for k in start)  # the update moved the weights
+    if strategy == "ddp":  # 2 epochs of one minibatch: 2 optimiser steps, each reducing the gradients once
+        assert ranks[0][strategy, case, "syncs"] == ranks[1][strategy, case, "syncs"] == 2
     for rank in (0, 1):
         got = ranks[rank][strategy, case]
         for name in expected:

@@ -19,7 +19,7 @@ from dataclasses import replace
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_gspo.lightning import export
@@ -184,9 +184,15 @@ class RLModule(LightningModule):
         if every and self.rl_step and self.rl_step % every == 0:
             export.save_rollout(self, rollout)
         optimizer = RLStepOptimizer(self.optimizers(), self.trainer.strategy, self._count_optimizer_step)
-        schedule, world = learner_schedule(self), self.trainer.world_size
+        schedule, world, strategy = learner_schedule(self), self.trainer.world_size, self.trainer.strategy
         metrics = self.learner.learn(
-            rollout, optimizer, schedule, backward=self.manual_backward, step=self._scaled_step, world_size=world
+            rollout,
+            optimizer,
+            schedule,
+            backward=self.manual_backward,
+            step=self._scaled_step,
+            world_size=world,
+            gradient_sync_blocked=strategy.block_backward_sync if isinstance(strategy, ParallelStrategy) else None,
         )
         stats.update(metrics)
         after_rl_step(self, stats)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -70,6 +70,19 @@ PACKING_KERNELS = ("flash_attention_2", "flash_attention_3", "flex_attention")
 #: on a GPU a shared prompt forward runs only where it saves this share of the backbone's tokens: its two passes
 #: launch every layer's kernels twice, and a small model's update is bound by those launches there
 SHARED_PROMPT_MIN_SAVING_ON_GPU = 0.5
+
+
+def flag_last(items: Iterable) -> Iterator[tuple[object, bool]]:
+    """(item, whether it is the last) of each of ``items``, reading one ahead."""
+    iterator = iter(items)
+    previous = next(iterator, _NONE)
+    while previous is not _NONE:
+        current = next(iterator, _NONE)
+        yield previous, current is _NONE
+        previous = current
+
+
+_NONE = object()
 
 
 def in_rollout_order(parts: list[Tensor], inverse: Tensor | None, rollout: RolloutBatch) -> Tensor:
@@ -245,12 +258,16 @@ class Learner:
         backward: Callable[[Tensor], None] | None = None,
         step: Callable | None = None,
         world_size: int = 1,
+        gradient_sync_blocked: Callable[[], AbstractContextManager] | None = None,
     ) -> dict[str, float]:
         """K epochs × M minibatches of optimiser steps on ``rollout`` (advantages set); returns the step's metrics.
 
         ``backward(loss)`` defaults to ``loss.backward()``; ``step(optimizer, clip, may_step)`` to
         :func:`~lit_gspo.rl.learn.optimizer_step.clip_then_step`; ``world_size``: each rank's loss is its share of the
-        global minibatch, multiplied by the world size because DDP and FSDP2 average gradients over ranks.
+        global minibatch, multiplied by the world size because DDP and FSDP2 average gradients over ranks;
+        ``gradient_sync_blocked()``: a context whose backward passes do not reduce gradients over ranks (DDP's
+        ``no_sync``, Lightning's ``strategy.block_backward_sync``): each minibatch's micro-batches but the last run in
+        it, so the gradients are reduced once per optimiser step, not once per micro-batch.
         """
         backward, step = backward or Tensor.backward, step or clip_then_step
         # dropout off whatever mode the policy is in (eval_mode); the rest each a no-op unless asked for
@@ -264,15 +281,16 @@ class Learner:
                     rows, extents = minibatch.rows, update.extents[minibatch.rows]
                     micro_batches = self.micro_batches(update.rollout.select(rows), extents, at_least=1)
                     with self.cast(self.policy):  # (cast again after each step)
-                        for micro_rows, micro, micro_extents, filler in micro_batches:
-                            if filler:
-                                self.filler_pass(MicroBatch(micro_rows, micro, micro_extents), backward)
-                                continue
-                            micro = micro.trimmed(micro_extents)
-                            tokens = float(micro_extents.completion_tokens.sum())
-                            with self.hooks.around_micro(micro):
-                                loss = self.micro_loss(update, minibatch, rows[micro_rows], micro, tokens)
-                                backward(loss * world_size)  # DDP/FSDP2 average gradients over ranks
+                        for (micro_rows, micro, micro_extents, filler), last in flag_last(micro_batches):
+                            with nullcontext() if last or gradient_sync_blocked is None else gradient_sync_blocked():
+                                if filler:
+                                    self.filler_pass(MicroBatch(micro_rows, micro, micro_extents), backward)
+                                    continue
+                                micro = micro.trimmed(micro_extents)
+                                tokens = float(micro_extents.completion_tokens.sum())
+                                with self.hooks.around_micro(micro):
+                                    loss = self.micro_loss(update, minibatch, rows[micro_rows], micro, tokens)
+                                    backward(loss * world_size)  # DDP/FSDP2 average gradients over ranks
                     self.hooks.after_backward(update, minibatch)
                     self.optimizer_step(update, minibatch, optimizer, scheduler, step)
                     optimizer.zero_grad()  # applied: freed, not held through the next rollout (or to the end)
