@@ -202,3 +202,48 @@ def test_dense_models_log_no_routing_volatility(tmp_path):
     cli = cli_main(tiny_args(tmp_path, "--trainer.max_steps", "1", "--model.validation.every_n_steps", "0"), run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert "train/routing_volatility" not in read_metrics(tmp_path)[0]
+
+
+def test_under_fsdp2_the_moe_learner_trains_the_shards_after_its_routing_passes():
+    """FSDP2 keeps the root's parameters (embeddings, LM head) gathered after a forward, for its backward; after a
+    no-grad forward nothing reshards them, and ``parameters()`` then names the gathered copies. Before, the snapshot's
+    recorded old pass and the routing measure after the update left them so: an optimiser built after the snapshot
+    stepped the copies and the shards of the (tied) embeddings were never trained, and reading them once freed crashed
+    the process. Now the learner reshards after its no-grad passes: one process, sharded, learns the plain weights."""
+    import torch.distributed as dist
+    from test_learner import MAX_NEW, make_learner, sample_rollout, with_rewards
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from lit_gspo.models import load_policy
+    from lit_gspo.rl.learn.learner import Learner
+    from lit_gspo.rl.objectives import GSPO
+    from lit_gspo.runtime.sharding import full_state_dict, shard_model
+
+    rollout = sample_rollout(make_learner(Update()).policy)
+    rewards = [0.0, 1.0, 0.5, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        weights = []
+        for shard in (False, True):
+            policy, _ = load_policy("tiny-qwen3-moe", seed=0)
+            learner = Learner(
+                policy, GSPO(), Update(epochs=2, micro_batch_size=4), max_len=MAX_NEW, group_size=3, record_routing=True
+            )
+            if shard:
+                shard_model(policy, init_device_mesh("cpu", (1,)))
+            batch = with_rewards(learner, rollout, rewards)  # the snapshot records the old pass's experts
+            assert all(type(p).__name__ == "DTensor" for p in policy.parameters()) == shard
+            torch.manual_seed(1)
+            metrics = learner.learn(batch, torch.optim.SGD(policy.parameters(), lr=0.5))
+            assert 0 < metrics["routing_volatility"] <= 1  # measured after the update
+            assert all(type(p).__name__ == "DTensor" for p in policy.parameters()) == shard
+            weights.append(full_state_dict(policy) if shard else policy.state_dict())
+    finally:
+        dist.destroy_process_group()
+    plain, sharded = weights
+    assert not torch.equal(
+        plain["model.embed_tokens.weight"],
+        load_policy("tiny-qwen3-moe", seed=0)[0].state_dict()["model.embed_tokens.weight"],
+    )
+    for name in plain:
+        torch.testing.assert_close(sharded[name], plain[name], atol=1e-5, rtol=0, msg=name)

@@ -12,6 +12,7 @@ The ranks are this file run as a script (``python tests/test_rank_pairing.py RAN
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import subprocess
@@ -32,6 +33,18 @@ CASES = {
     "other budgets": (HALVES[0], HALVES[1], {"micro_batch_size": 1}, {}),  # rank 0: 3 micro-batches, rank 1: 2
 }
 STRATEGIES = ("ddp", "fsdp2")
+
+
+def moe_learner():
+    """A tiny MoE policy's learner that records the old pass's experts and measures how the update moved them."""
+    from test_learner import MAX_NEW
+
+    from lit_gspo.models import load_policy
+    from lit_gspo.rl.learn.learner import Learner
+    from lit_gspo.rl.objectives import GSPO
+
+    policy, _ = load_policy("tiny-qwen3-moe", seed=0)
+    return Learner(policy, GSPO(), update_settings(), max_len=MAX_NEW, group_size=G, record_routing=True)
 
 
 def update_settings(**overrides):
@@ -61,10 +74,10 @@ def full_weights(policy) -> dict[str, torch.Tensor]:
     }
 
 
-def learn(learner, rollout, backward=None, world_size: int = 1, gradient_sync_blocked=None) -> None:
+def learn(learner, rollout, backward=None, world_size: int = 1, gradient_sync_blocked=None) -> dict[str, float]:
     torch.manual_seed(1)
     optimizer = torch.optim.SGD(learner.policy.parameters(), lr=0.5)
-    learner.learn(
+    return learner.learn(
         rollout, optimizer, backward=backward, world_size=world_size, gradient_sync_blocked=gradient_sync_blocked
     )
 
@@ -129,6 +142,11 @@ def rank_main(rank: int, port: int, out: Path) -> None:
             )
             results[strategy, case] = full_weights(learner.policy)
             results[strategy, case, "syncs"] = len(syncs)
+    # under FSDP2 the routing measure after the update is a pass too: rank 0 (no rows) runs it with rank 1
+    learner = moe_learner()
+    shard_model(learner.policy, init_device_mesh("cpu", (2,)))
+    metrics = learn(learner, rollout_of(learner, rollout, (None, HALVES[1])[rank]), world_size=2)
+    results["moe"] = full_weights(learner.policy), metrics
     torch.save(results, out / f"rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -188,9 +206,33 @@ def test_two_ranks_with_unequal_passes_learn_what_one_process_learns_from_all_th
 
 
 def make_learner_weights() -> dict[str, torch.Tensor]:
+    return full_weights(make_learner_weights_policy())
+
+
+def make_learner_weights_policy():
+    """The dense policy the rollouts are sampled from (as every process builds it: seed 0)."""
     from test_learner import make_learner
 
-    return full_weights(make_learner(update_settings()).policy)
+    return make_learner(update_settings()).policy
+
+
+@pytest.mark.distributed
+def test_under_fsdp2_a_rank_without_rows_measures_the_moe_routing_alongside_the_other(ranks):
+    """The routing measure after an update is a forward over the rollout; a rank without rows used to skip it."""
+    from test_learner import sample_rollout
+
+    learner = moe_learner()
+    rollout = sample_rollout(make_learner_weights_policy())
+    metrics = learn(learner, rollout_of(learner, rollout, HALVES[1]))
+    expected = full_weights(learner.policy)
+    (weights0, metrics0), (weights1, metrics1) = ranks[0]["moe"], ranks[1]["moe"]
+    for name in expected:
+        torch.testing.assert_close(weights0[name], expected[name], atol=1e-5, rtol=0, msg=name)
+        torch.testing.assert_close(weights1[name], expected[name], atol=1e-5, rtol=0, msg=name)
+    assert 0 < metrics["routing/rerouted_tokens"] and metrics1["routing_volatility"] == pytest.approx(
+        metrics["routing_volatility"]
+    )
+    assert math.isnan(metrics0["routing_volatility"])  # rank 0 had no rows to measure
 
 
 @pytest.mark.distributed

@@ -74,6 +74,18 @@ def shard_model(model: nn.Module, mesh, param_dtype: torch.dtype | None = None) 
     fully_shard(forward_root(model), mesh=mesh, mp_policy=policy)
 
 
+def resharded(model: nn.Module | str | None) -> None:
+    """Free the parameters ``model``'s root gathered for a forward without backward (no-op unless sharded).
+
+    FSDP2 keeps the root's parameters (embeddings, LM head, final norm) gathered after its forward, for the backward;
+    after a no-grad forward nothing reshards them, and until the next backward ``parameters()`` and ``state_dict()``
+    then name the gathered copies, not the shards: an optimiser built then, a reference synced then, stepped the copies
+    and left the shards as they were (a tiny MoE's embeddings were not trained after the routing measure's pass), and
+    reading them once freed crashed the process."""
+    if isinstance(model, nn.Module) and is_sharded(model):
+        forward_root(model).reshard()
+
+
 def mixed_precision(param_dtype: torch.dtype | None):
     """FSDP2's policy for ``param_dtype``: gathered parameters in it, gradients reduced in fp32 (None: as they are)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy

@@ -62,7 +62,7 @@ from lit_gspo.rl.rollout import (
     token_logprobs,
 )
 from lit_gspo.runtime.collectives import all_reduce_sum, reduce_weighted_means, sum_over_ranks
-from lit_gspo.runtime.sharding import is_sharded
+from lit_gspo.runtime.sharding import is_sharded, resharded
 from lit_gspo.runtime.token_budget import checkpointed_bytes_per_token, saved_bytes_per_token, token_budget
 
 #: attention kernels that skip the other rows' blocks of a packed sequence (varlen / block-sparse)
@@ -231,6 +231,8 @@ class Learner:
                         vals.append(fwd.values.float())
                 if self.reference is not None:
                     refs.append(self.reference_logprobs(micro))
+        resharded(self.policy)
+        resharded(self.reference)
         # a token budget deals rows to micro-batches by length: put them back in rollout order
         inverse = torch.argsort(torch.cat(order)) if order else None
         if old_pass and keep_old:
@@ -560,6 +562,7 @@ class Learner:
                 micro = micro.trimmed(micro_extents)
                 logprobs = self.completion_logprobs(self.policy, micro).logprobs
                 old[index_on(rows[micro_rows], old), : logprobs.shape[1]] = logprobs
+        resharded(self.policy)
         return old
 
     def global_counts(self, tokens: float, seqs: int) -> Counts:
@@ -660,6 +663,7 @@ class Learner:
                     parts.append(token_logprobs(self.policy, micro, temperature=self.temperature).logprobs)
                 routes.append(recorder.record)
                 order.append(micro_rows)
+        resharded(self.policy)
         if not order:  # no row on this rank
             nan = float("nan")
             return dict.fromkeys(
