@@ -111,13 +111,17 @@ def test_ratio_diagnostics_see_only_ratios_that_are_not_one_by_construction():
 
 
 # ------------------------------------------------------------------ routing
-def test_routing_volatility_measures_only_a_rollout_with_routes():
+def test_routing_volatility_measures_a_rollout_with_routes_or_without_rows():
     seen = []
     hook = RoutingVolatility(lambda rollout: seen.append(rollout) or {"routing_volatility": 0.25})
     rollout = batch([[0.0]], [1.0])
     assert hook.metrics(state(rollout)) == {} and seen == []
     rollout.routing = object()
     assert hook.metrics(state(rollout)) == {"routing_volatility": 0.25} and seen == [rollout]
+    rowless = (
+        RolloutBatch.without_rows()
+    )  # a rank whose sampling kept nothing: its measure's passes pair with the others'
+    assert hook.metrics(state(rowless)) == {"routing_volatility": 0.25} and seen == [rollout, rowless]
 
 
 def test_routing_replay_pins_the_recorded_experts_of_a_micro_batch():

@@ -175,7 +175,8 @@ class RoutingVolatility(UpdateHook):
         self.measure = measure
 
     def metrics(self, update):  # also on a rank without rows (NaN there): its passes pair with the others'
-        return self.measure(update.rollout)
+        rollout = update.rollout
+        return self.measure(rollout) if rollout.routing is not None or not len(rollout) else {}
 
 
 class RatioDiagnostics(UpdateHook):
