@@ -98,20 +98,9 @@ def estimator_outputs(rollout) -> dict[str, torch.Tensor]:
     return {"batch": BatchNormalized()(rollout, G), "gdpo": GDPO()(rollout, G), "gae": GAE()(rollout, G)}
 
 
-def counted_allreduce(syncs: list):
-    """DDP's allreduce of each gradient bucket, appending to ``syncs`` once per backward that reduces (its bucket 0)."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    def hook(state, bucket):
-        if bucket.index() == 0:
-            syncs.append(1)
-        return allreduce_hook(None, bucket)
-
-    return hook
-
-
 def rank_main(rank: int, port: int, out: Path) -> None:
     import torch.distributed as dist
+    from dist_run import count_syncs_hook
     from test_learner import make_learner, sample_rollout
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -127,7 +116,7 @@ def rank_main(rank: int, port: int, out: Path) -> None:
             backward, no_sync, syncs = None, None, []
             if strategy == "ddp":  # as Lightning's manual_backward and block_backward_sync
                 ddp = torch.nn.parallel.DistributedDataParallel(learner.policy)
-                ddp.register_comm_hook(None, counted_allreduce(syncs))
+                ddp.register_comm_hook(None, count_syncs_hook(syncs))
                 no_sync = ddp.no_sync
 
                 def backward(loss, ddp=ddp):
