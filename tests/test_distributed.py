@@ -561,10 +561,18 @@ def test_fsdp2_ranks_with_nothing_to_sample_generate_with_the_others(tmp_path, c
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(next(tmp_path.glob("**/metrics.csv"))) as fh:
         rows = list(csv.DictReader(fh))
-    logged = {
-        key: [float(r[key]) for r in rows if r.get(key)]
-        for key in ("val/reward", "train/loss", "train/sampling_rounds")
-    }
+    keys = (
+        "val/reward",
+        "train/loss",
+        "train/sampling_rounds",
+        "train/frac_zero_std_groups",
+        "train/reward_all_groups",
+    )
+    logged = {key: [float(r[key]) for r in rows if r.get(key)] for key in keys}
     assert len(logged["val/reward"]) == 3 and len(logged["train/loss"]) == 2
     if not case.startswith("a validation"):
         assert logged["train/sampling_rounds"] == [3.0, 3.0]  # rank 0's (the max over ranks)
+        # over every group sampled: rank 0's 3 rounds × 2 groups all flat (rewards 0), rank 1's 2 groups with a
+        # spread (0, 1, 0, 1); a mean of the ranks' means would say 0.5 and 0.25
+        assert logged["train/frac_zero_std_groups"] == [0.75, 0.75]
+        assert logged["train/reward_all_groups"] == [0.125, 0.125]

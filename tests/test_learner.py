@@ -719,3 +719,28 @@ def test_an_update_draws_no_dropout_whatever_mode_the_policy_was_left_in():
     encode = lambda chosen: [tokenizer(r["prompt"])["input_ids"] for r in chosen]  # noqa: E731
     warm_start(policy, tokenizer, [dict(row) for row in ROWS], encode, WarmStart(steps=1, batch_size=2), seed=0)
     assert not any(m.training for m in policy.modules())
+
+
+def test_dynamic_samplings_reward_all_groups_is_over_the_groups_it_dropped_too():
+    """``train/reward_all_groups`` is the policy's reward before dynamic sampling filters groups (``train/reward`` is
+    the kept groups'). Before, it was computed from the kept batches and equalled ``train/reward``."""
+    _, tokenizer = load_policy("tiny-llama", seed=0)
+    policy, _ = load_policy("tiny-llama", seed=0)
+
+    def first_group_flat(prompts, completions, **columns):  # group 0 all 1 (dropped), the others 0, 1, 0
+        return [1.0 if i < G else float(i % G == 1) for i in range(len(completions))]
+
+    collector = Collector(
+        SingleTurn(),
+        HFGenerate(),
+        RewardSet([first_group_flat]),
+        tokenizer,
+        Generation(num_generations=G, max_new_tokens=MAX_NEW),
+        dynamic_sampling=True,
+        max_sampling_rounds=1,
+    )
+    torch.manual_seed(0)
+    rollout, stats = collector.collect(policy, ROWS, refill=lambda n: [])
+    assert len(rollout) == 3 * G and stats["reward"] == pytest.approx(1 / 3)
+    assert stats["frac_zero_std_groups"] == 0.25
+    assert stats["reward_all_groups"] == pytest.approx((G + 3) / (4 * G))  # 3 + 3 × 1 ones over 12 samples

@@ -29,7 +29,7 @@ from lit_gspo.rl.rewards.decoupled import group_decoupled_sum
 from lit_gspo.rl.rollout import RolloutBatch, concat_rollouts
 from lit_gspo.rl.stop_strings import StopStrings
 from lit_gspo.rl.stop_tokens import environment_stop_ids
-from lit_gspo.runtime.collectives import any_rank
+from lit_gspo.runtime.collectives import WEIGHT, any_rank
 from lit_gspo.runtime.user_errors import option
 
 
@@ -301,7 +301,7 @@ class Collector:
         Returns the trimmed rollout (None when dynamic sampling kept no group) and the step's stats.
         """
         G = self.generation.num_generations
-        kept, stats, rounds, zero_std, seen = [], {}, 0, 0, 0
+        kept, sampled, stats, rounds, zero_std, seen = [], [], {}, 0, 0, 0
         pending = rows
         for _ in range(self.max_sampling_rounds if self.dynamic_sampling else 1):
             if not (any_rank(bool(pending)) if synced_gpus else pending):
@@ -312,6 +312,7 @@ class Collector:
             rounds += 1
             batch, _, round_stats = self.sample(policy, pending, synced_gpus=synced_gpus)
             stats = stats or round_stats
+            sampled.append(batch.rewards)
             rewards = batch.rewards.view(-1, G)
             constant = (rewards == rewards[:, :1]).all(1)  # (groups,)
             zero_std += int(constant.sum())
@@ -324,16 +325,20 @@ class Collector:
             pending = refill(missing) if missing > 0 and self.dynamic_sampling else []
         non_empty = [b for b in kept if len(b)]
         rollout = concat_rollouts(non_empty, self.tokenizer.pad_token_id) if non_empty else None
-        stats.update(frac_zero_std_groups=zero_std / max(seen, 1), sampling_rounds=float(rounds))
+        all_rewards = torch.cat(sampled)  # the groups dynamic sampling dropped too
+        stats.update(
+            frac_zero_std_groups=zero_std / max(seen, 1),
+            sampling_rounds=float(rounds),
+            reward_all_groups=float(all_rewards.mean()),
+            **{WEIGHT + "frac_zero_std_groups": float(seen), WEIGHT + "reward_all_groups": float(len(all_rewards))},
+        )
         if rollout is None:
             stats.update(reward=float("nan"), response_length=float("nan"))
             return None, stats
-        all_rewards = torch.cat([b.rewards for b in kept])
         stats.update(
             reward=float(rollout.rewards.mean()),
             reward_std=float(rollout.rewards.std()) if len(rollout) > 1 else 0.0,
             response_length=float(rollout.completion_mask.sum(1).float().mean()),
-            reward_all_groups=float(all_rewards.mean()),
         )
         return rollout.trimmed(), stats
 
