@@ -44,16 +44,22 @@ def make_learner(update: Update, objective=None, gradient_checkpointing: bool = 
     )
 
 
+def make_collector(engine=None, reward=None, generation: Generation | None = None, **kwargs) -> Collector:
+    """The tiny model's collector: ``engine`` (HFGenerate), one ``reward`` (CharAccuracy), G completions of MAX_NEW tokens."""
+    _, tokenizer = load_policy("tiny-llama", seed=0)
+    return Collector(
+        SingleTurn(),
+        engine or HFGenerate(),
+        RewardSet([reward or CharAccuracy()]),
+        tokenizer,
+        generation or Generation(num_generations=G, max_new_tokens=MAX_NEW),
+        **kwargs,
+    )
+
+
 def sample_rollout(policy, seed: int = 0):
     """G completions of each of ROWS, as the trainer collects them."""
-    _, tokenizer = load_policy("tiny-llama", seed=0)
-    collector = Collector(
-        SingleTurn(),
-        HFGenerate(),
-        RewardSet([CharAccuracy()]),
-        tokenizer,
-        Generation(num_generations=G, max_new_tokens=MAX_NEW),
-    )
+    collector = make_collector()
     torch.manual_seed(seed)
     rollout, _, _ = collector.sample(policy, ROWS)
     return rollout.trimmed()
@@ -724,21 +730,12 @@ def test_an_update_draws_no_dropout_whatever_mode_the_policy_was_left_in():
 def test_dynamic_samplings_reward_all_groups_is_over_the_groups_it_dropped_too():
     """``train/reward_all_groups`` is the policy's reward before dynamic sampling filters groups (``train/reward`` is
     the kept groups'). Before, it was computed from the kept batches and equalled ``train/reward``."""
-    _, tokenizer = load_policy("tiny-llama", seed=0)
     policy, _ = load_policy("tiny-llama", seed=0)
 
     def first_group_flat(prompts, completions, **columns):  # group 0 all 1 (dropped), the others 0, 1, 0
         return [1.0 if i < G else float(i % G == 1) for i in range(len(completions))]
 
-    collector = Collector(
-        SingleTurn(),
-        HFGenerate(),
-        RewardSet([first_group_flat]),
-        tokenizer,
-        Generation(num_generations=G, max_new_tokens=MAX_NEW),
-        dynamic_sampling=True,
-        max_sampling_rounds=1,
-    )
+    collector = make_collector(reward=first_group_flat, dynamic_sampling=True, max_sampling_rounds=1)
     torch.manual_seed(0)
     rollout, stats = collector.collect(policy, ROWS, refill=lambda n: [])
     assert len(rollout) == 3 * G and stats["reward"] == pytest.approx(1 / 3)

@@ -8,29 +8,20 @@ import copy
 
 import pytest
 import torch
-from test_learner import ROWS, make_learner, sample_rollout, with_rewards
+from test_learner import ROWS, make_collector, make_learner, sample_rollout, with_rewards
 
 from lit_gspo.models import load_policy
-from lit_gspo.rl.collect import Collector
 from lit_gspo.rl.config import Generation, Update
 from lit_gspo.rl.engines import LeanSampler
-from lit_gspo.rl.envs import SingleTurn
 from lit_gspo.rl.objectives import GRPO
-from lit_gspo.rl.rewards import CharAccuracy, RewardSet
 
 REWARDS = [1.0, 0.0, 0.5, 0.2, 0.9, 0.1, 0.0, 1.0, 0.3, 0.6, 0.4, 0.8]
 TRUNCATED = torch.tensor([True, False, False, False, True, False, True, False, False, False, False, True])
 
 
 def test_the_collector_flags_the_replies_the_budget_cut():
-    policy, tokenizer = load_policy("tiny-llama", seed=0)
-    collector = Collector(
-        SingleTurn(),
-        LeanSampler(),
-        RewardSet([CharAccuracy()]),
-        tokenizer,
-        Generation(num_generations=8, max_new_tokens=3),
-    )
+    policy, _ = load_policy("tiny-llama", seed=0)
+    collector = make_collector(LeanSampler(), generation=Generation(num_generations=8, max_new_tokens=3))
     torch.manual_seed(0)
     batch, _, stats = collector.sample(policy, ROWS)
     lengths = batch.completion_mask.sum(1)

@@ -216,7 +216,7 @@ class Learner:
             for micro_rows, micro, _, filler in self.micro_batches(rollout.to(self.device)):
                 if filler:  # the same passes as a micro-batch's below
                     if old_pass:
-                        self.filler_pass(MicroBatch(micro_rows, micro, None))
+                        self.filler_pass(micro)
                     if self.reference is not None:
                         self.reference_logprobs(micro)
                     continue
@@ -286,7 +286,7 @@ class Learner:
                         for (micro_rows, micro, micro_extents, filler), last in flag_last(micro_batches):
                             with nullcontext() if last or gradient_sync_blocked is None else gradient_sync_blocked():
                                 if filler:
-                                    self.filler_pass(MicroBatch(micro_rows, micro, micro_extents), backward)
+                                    self.filler_pass(micro, backward)
                                     continue
                                 micro = micro.trimmed(micro_extents)
                                 tokens = float(micro_extents.completion_tokens.sum())
@@ -557,7 +557,7 @@ class Learner:
         with self.cast(self.policy):
             for micro_rows, micro, micro_extents, filler in self.micro_batches(rollout.select(rows)):
                 if filler:
-                    self.filler_pass(MicroBatch(micro_rows, micro, None))
+                    self.filler_pass(micro)
                     continue
                 micro = micro.trimmed(micro_extents)
                 logprobs = self.completion_logprobs(self.policy, micro).logprobs
@@ -633,11 +633,11 @@ class Learner:
         real = (MicroBatch(rows, batch.select(rows), extents[rows] if extents is not None else None) for rows in dealt)
         return with_fillers(real, len(dealt), batch, at_least)
 
-    def filler_pass(self, micro: MicroBatch, backward: Callable[[Tensor], None] | None = None) -> None:
+    def filler_pass(self, micro: RolloutBatch, backward: Callable[[Tensor], None] | None = None) -> None:
         """A pass that only pairs this rank's collectives with the other ranks' (``rank_pairing.py``): a no-grad forward,
         or with ``backward`` a forward and the backward of 0 × its outputs."""
         with torch.set_grad_enabled(backward is not None):
-            fwd = self.completion_logprobs(self.policy, micro.batch, value_head=self.value_head)
+            fwd = self.completion_logprobs(self.policy, micro, value_head=self.value_head)
         if backward is not None:
             backward(filler_loss(fwd.logprobs, fwd.values))
 
@@ -657,7 +657,7 @@ class Learner:
         with eval_mode(self.policy), self.cast(self.policy):
             for micro_rows, micro, _, filler in self.micro_batches(rollout):
                 if filler:
-                    self.filler_pass(MicroBatch(micro_rows, micro, None))
+                    self.filler_pass(micro)
                     continue
                 with record_routing(self.policy) as recorder:
                     parts.append(token_logprobs(self.policy, micro, temperature=self.temperature).logprobs)
