@@ -99,16 +99,24 @@ def _find(tree, key):
 
 
 BF16_PARAMS = ("--trainer.precision", "bf16-mixed", "--model.update.param_dtype", "bf16")
+#: the adaptive entropy bonus' coefficient moves every optimiser step (H* above any entropy here: it grows)
+ADAPTIVE_ENTROPY = ("--model.update.entropy_coef", "0.01", "--model.update.entropy_target", "100")
 
 
 @pytest.mark.parametrize(
     "optimizer, extra",
-    [("torch.optim.AdamW", ()), ("bitsandbytes.optim.AdamW8bit", ()), ("torch.optim.AdamW", BF16_PARAMS)],
-    ids=["AdamW", "AdamW8bit", "AdamW-bf16-params"],
+    [
+        ("torch.optim.AdamW", ()),
+        ("bitsandbytes.optim.AdamW8bit", ()),
+        ("torch.optim.AdamW", BF16_PARAMS),
+        ("torch.optim.AdamW", ADAPTIVE_ENTROPY),
+    ],
+    ids=["AdamW", "AdamW8bit", "AdamW-bf16-params", "AdamW-adaptive-entropy-bonus"],
 )
 def test_n_steps_then_resume_n_steps_is_exactly_the_2n_step_run(tmp_path, optimizer, extra):
     """24 rows, 4 per step: the resume lands mid-epoch, so data position, RNG, optimiser and schedule all matter. With
-    the update on bf16 casts (``update.param_dtype``) the checkpoint holds the fp32 master weights."""
+    the update on bf16 casts (``update.param_dtype``) the checkpoint holds the fp32 master weights; with an adaptive
+    entropy bonus it holds the coefficient and the last entropy measured."""
     opt = ["--model.optimizer", optimizer, *extra]
     straight = fit(tmp_path / "straight", 3, *opt)  # 3 RL steps = 6 optimiser steps
     fit(tmp_path / "split", 2, *opt)  # 2 RL steps, last.ckpt after the second

@@ -26,11 +26,15 @@ HERE = Path(__file__).resolve().parent
 G = 3
 REWARDS = [0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]  # rank 0: rows 0-5 (its first group flat)
 HALVES = (torch.arange(0, 6), torch.arange(6, 12))
+#: an adaptive entropy bonus whose c grows after each step (H* above any entropy)
+BONUS = {"entropy_coef": 0.2, "entropy_target": 100.0}
 #: case → (rank 0's rows, rank 1's rows, rank 0's update settings, rank 1's); None: a rank whose sampling kept nothing
 CASES = {
     "skipped rows": (HALVES[0], HALVES[1], {}, {}),  # rank 0: 3 rows with a gradient (1 micro-batch), rank 1: 6 (2)
     "no rows": (None, HALVES[1], {}, {}),  # dynamic sampling kept no group on rank 0
     "other budgets": (HALVES[0], HALVES[1], {"micro_batch_size": 1}, {}),  # rank 0: 3 micro-batches, rank 1: 2
+    # every row runs (the bonus' gradient); N and H̄ over both ranks; the second epoch applies the adapted c
+    "entropy bonus": (HALVES[0], HALVES[1], BONUS, BONUS),
 }
 STRATEGIES = ("ddp", "fsdp2")
 
@@ -171,9 +175,9 @@ def ranks(tmp_path_factory) -> list[dict]:
 def one_process(case: str) -> dict[str, torch.Tensor]:
     from test_learner import make_learner, sample_rollout
 
-    rows0, rows1, _, _ = CASES[case]
+    rows0, rows1, settings0, settings1 = CASES[case]
     rollout = sample_rollout(make_learner(update_settings()).policy)
-    learner = make_learner(update_settings())
+    learner = make_learner(update_settings(**{k: v for k, v in settings0.items() if settings1.get(k) == v}))
     rows = rows1 if rows0 is None else torch.cat([rows0, rows1])
     learn(learner, rollout_of(learner, rollout, rows))
     return full_weights(learner.policy)

@@ -1,6 +1,6 @@
 """What a checkpoint of an RL run holds beyond Lightning's own state: every rank's torch/numpy/python RNG states and the
-refill generator, the RL-step counter, whether the warm start was done, the optimiser steps taken. A resume restores
-them, so that it continues the uninterrupted run bit for bit."""
+refill generator, the RL-step counter, whether the warm start was done, the optimiser steps taken, the adaptive entropy
+bonus' coefficient. A resume restores them, so that it continues the uninterrupted run bit for bit."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ def save_run_state(module, checkpoint: dict) -> None:
     checkpoint["rl_step"] = module.rl_step
     checkpoint["warm_started"] = module.warm_started
     checkpoint["optimizer_steps"] = module.optimizer_steps
+    if module.learner.entropy_bonus is not None:
+        checkpoint["entropy_bonus"] = module.learner.entropy_bonus.state_dict()
 
 
 def load_run_state(module, checkpoint: dict) -> None:
@@ -19,3 +21,5 @@ def load_run_state(module, checkpoint: dict) -> None:
     module.rl_step = checkpoint["rl_step"]
     module.warm_started = checkpoint["warm_started"]
     module.optimizer_steps = checkpoint["optimizer_steps"]
+    if module.learner.entropy_bonus is not None and "entropy_bonus" in checkpoint:
+        module.learner.entropy_bonus.load_state_dict(checkpoint["entropy_bonus"])

@@ -4,6 +4,7 @@ Each field's doc is the string literal right after it (an attribute docstring): 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -135,11 +136,28 @@ class Update:
     gradient; the others' Â is 0 (the KL term stays on every token). "Beyond the 80/20 rule" (Wang et al., 2025, the
     Qwen team) trains on the top 20 %: 0.2. TRL's ``top_entropy_quantile``; as TRL's, the quantile is taken per
     forward (micro-batch, on each rank), so this alone depends on the micro-batch split. 1: every token."""
+    entropy_coef: float = 0.0
+    """c: an entropy bonus, the loss gets −c · H̄ with H̄ π_θ's mean entropy per completion token of the minibatch
+    (``rl/learn/entropy_bonus.py``): c > 0 keeps the policy from collapsing to near-deterministic replies. TRL's
+    ``entropy_coef``: one normaliser for every objective (not its aggregation's); with ``top_entropy_quantile`` < 1 on
+    the tokens it keeps. With ``entropy_target``, the starting c. 0: no bonus. Every row then runs forward and
+    backward (a row whose Â is 0 still has the bonus' gradient)."""
+    entropy_target: float | None = None
+    """H*: adaptive entropy control (Skywork-OR1; TRL's ``use_adaptive_entropy`` with its ``entropy_target``): after
+    each optimiser step c grows by ``entropy_coef_delta`` if the step's H̄ ≤ H*, else shrinks by it, within
+    [``entropy_coef_min``, ``entropy_coef_max``]; a step applies c only while the last H̄ ≤ H* (none before the first
+    measure). In nats: language models sit at about 0.5 to 10, and TRL's 0.2 acts only on a collapse. None: c fixed."""
+    entropy_coef_delta: float = 0.005
+    """δ: how much c moves per optimiser step under ``entropy_target``."""
+    entropy_coef_min: float = 0.0
+    """the least c under ``entropy_target``."""
+    entropy_coef_max: float = 1.0
+    """the largest c under ``entropy_target``."""
     skip_zero_advantage_rows: bool = True
     """leave out of the forward/backward the rows whose advantage is 0 everywhere when the objective's gradient
-    vanishes there (β = 0, no critic). Loss and gradient are unchanged (those rows still count in the normalisers);
-    ``clip_frac`` stays a fraction of every token; entropy, KL and ratio statistics are then over the rows that carry a
-    signal (one row when none does; no ratio statistics then)."""
+    vanishes there (β = 0, no critic, no entropy bonus). Loss and gradient are unchanged (those rows still count in the
+    normalisers); ``clip_frac`` stays a fraction of every token; entropy, KL and ratio statistics are then over the rows
+    that carry a signal (one row when none does; no ratio statistics then)."""
     share_prompt_forward: bool | Literal["auto"] = "auto"
     """rows of a micro-batch with the same prompt run it once and continue from its KV cache (P + G·T tokens per
     group instead of G·(P + T)); the same log-probs and gradients (``rollout.completion_states_shared_prompts``).
@@ -220,6 +238,36 @@ class Update:
             raise ValueError(
                 f"top_entropy_quantile must be in (0, 1] (the share of tokens trained on; 1: all), got "
                 f"{self.top_entropy_quantile}"
+            )
+
+        self.check_entropy_control()
+
+    def check_entropy_control(self) -> None:
+        if not math.isfinite(self.entropy_coef):
+            raise ValueError(f"entropy_coef must be a finite number (0: no entropy bonus), got {self.entropy_coef}")
+        adaptive = {"entropy_coef_delta": 0.005, "entropy_coef_min": 0.0, "entropy_coef_max": 1.0}
+        if self.entropy_target is None:
+            changed = {
+                name: getattr(self, name) for name, default in adaptive.items() if getattr(self, name) != default
+            }
+            if changed:
+                settings = ", ".join(f"{name}={value}" for name, value in changed.items())
+                raise ValueError(
+                    f"{settings} only act under adaptive entropy control, which entropy_target=None leaves off: set "
+                    "entropy_target (the mean entropy per token, in nats, below which the bonus applies), or leave "
+                    f"{' and '.join(changed)} at their defaults"
+                )
+            return
+        if not (math.isfinite(self.entropy_target) and self.entropy_target >= 0):
+            raise ValueError(
+                f"entropy_target must be a number >= 0 (nats per token) or null, got {self.entropy_target}"
+            )
+        if not self.entropy_coef_delta > 0:
+            raise ValueError(f"entropy_coef_delta must be > 0 under entropy_target, got {self.entropy_coef_delta}")
+        if not 0 <= self.entropy_coef_min <= self.entropy_coef_max:
+            raise ValueError(
+                "entropy_coef_min and entropy_coef_max must satisfy 0 <= min <= max, got "
+                f"{self.entropy_coef_min} and {self.entropy_coef_max}"
             )
 
     @property

@@ -135,21 +135,27 @@ def head_logits(hidden: Tensor, head: HeadWeights, temperature: float = 1.0) -> 
 
 
 def chunk_logprobs_and_entropy(
-    hidden: Tensor, targets: Tensor, head: HeadWeights, temperature: float, with_entropy: bool
+    hidden: Tensor,
+    targets: Tensor,
+    head: HeadWeights,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """One LM-head matmul and one softmax serve the log-probs and the entropy."""
-    return target_logprobs_and_entropy(head_logits(hidden, head, temperature), targets, with_entropy)
+    return target_logprobs_and_entropy(head_logits(hidden, head, temperature), targets, with_entropy, entropy_grad)
 
 
 def target_logprobs_and_entropy(
-    logits: Tensor, targets: Tensor, with_entropy: bool = False
+    logits: Tensor, targets: Tensor, with_entropy: bool = False, entropy_grad: bool = False
 ) -> tuple[Tensor, Tensor | None]:
-    """log softmax(z)[y] (with grad) and, if asked, the entropy of softmax(z) (detached), for (B, c, V) fp32 logits z."""
+    """log softmax(z)[y] (with grad) and, if asked, the entropy of softmax(z), for (B, c, V) fp32 logits z; the entropy
+    detached unless ``entropy_grad`` (an entropy bonus differentiates it)."""
     if torch.is_grad_enabled() and logits.requires_grad:
-        logp, entropy = _TargetLogprob.apply(logits, targets, with_entropy)
-        return logp, entropy if with_entropy else None
+        logp, entropy = _TargetLogprob.apply(logits, targets, with_entropy or entropy_grad, entropy_grad)
+        return logp, entropy if with_entropy or entropy_grad else None
     logp, lse = _target_logprob_and_lse(logits, targets)
-    return logp, _entropy(logits, lse) if with_entropy else None
+    return logp, _entropy(logits, lse) if with_entropy or entropy_grad else None
 
 
 def _target_logprob_and_lse(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -163,24 +169,37 @@ class _TargetLogprob(torch.autograd.Function):
 
     Autograd's own graph for ``gather − logsumexp`` recomputes exp(z − lse) and fills a zero (B, c, V)
     buffer for the gather in backward; here backward is one multiply and one scatter. The entropy
-    H = lse − Σ p·z comes from the same p (no gradient: it is a diagnostic).
+    H = lse − Σ p·z comes from the same p: a diagnostic without gradient, or with ``entropy_grad``
+
+        ∂H / ∂z = −p ⊙ (log p + H) = −p ⊙ (z − lse + H)
+
+    for which z is kept instead of p (p recomputed in backward: still one (B, c, V) buffer).
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, with_entropy: bool):
+    def forward(ctx, logits: Tensor, targets: Tensor, with_entropy: bool, entropy_grad: bool):
         logp, lse = _target_logprob_and_lse(logits, targets)
         probs = (logits - lse[..., None]).exp_()
         entropy = _entropy(logits, lse, probs) if with_entropy else logp.new_zeros(())
-        ctx.save_for_backward(probs, targets)
-        ctx.mark_non_differentiable(entropy)
+        ctx.entropy_grad = entropy_grad
+        if entropy_grad:
+            ctx.save_for_backward(logits, lse, entropy, targets)
+        else:
+            ctx.save_for_backward(probs, targets)
+            ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
-        probs, targets = ctx.saved_tensors
-        grad = probs * -grad_logp[..., None]
+        if ctx.entropy_grad:
+            logits, lse, entropy, targets = ctx.saved_tensors
+            shifted = logits - lse[..., None]  # log p
+            grad = shifted.exp() * -(grad_logp[..., None] + grad_entropy[..., None] * (shifted + entropy[..., None]))
+        else:
+            probs, targets = ctx.saved_tensors
+            grad = probs * -grad_logp[..., None]
         grad.scatter_add_(-1, targets[..., None], grad_logp[..., None])
-        return grad, None, None
+        return grad, None, None, None
 
 
 @torch.no_grad()

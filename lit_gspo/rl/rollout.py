@@ -246,7 +246,8 @@ def completion_mask_through_eos(completions: Tensor, eos_id: int | list[int]) ->
 
 @dataclass
 class TokenForward:
-    """Per completion token: log π(y_t) (fp32, with grad), entropy (detached) and critic values."""
+    """Per completion token: log π(y_t) (fp32, with grad), entropy (detached unless asked with grad) and critic
+    values."""
 
     logprobs: Tensor  # (N, T)
     entropy: Tensor | None = None  # (N, T)
@@ -264,6 +265,7 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
     value_head: nn.Module | None = None,
     max_chunk_elements: int = 2**26,
     share_prompts: bool = False,
@@ -279,8 +281,10 @@ def token_logprobs(
     prompt share one forward of it (:func:`completion_states_shared_prompts`) where it saves at least
     ``min_prompt_saving`` of the tokens; ``pack``: the rows run as one sequence without padding
     (:func:`completion_states_packed`); ``align``: each row's tokens first, its padding after, and no attention mask
-    (:func:`completion_states_aligned`).
+    (:func:`completion_states_aligned`). ``entropy_grad``: the entropy with its gradient (an entropy bonus), implies
+    ``with_entropy``.
     """
+    with_entropy = with_entropy or entropy_grad
     batch = batch.to(model.get_input_embeddings().weight.device)  # the caller's tensors may be elsewhere (CPU)
     P, T = batch.prompt_length, batch.completion_mask.shape[1]
     hidden = completion_states_packed(model, batch) if pack else None
@@ -303,7 +307,7 @@ def token_logprobs(
     logps, ents = [], []
     for start in range(0, T, chunk):
         h, y = hidden[:, start : start + chunk], targets[:, start : start + chunk]
-        args = (h, y, weights, temperature, with_entropy)
+        args = (h, y, weights, temperature, with_entropy, entropy_grad)
         if torch.is_grad_enabled() and chunk < T:  # the chunk's (B, c, V) logits are recomputed in backward
             logp, entropy = checkpoint(chunk_logprobs_and_entropy, *args, use_reentrant=False)
         else:

@@ -45,6 +45,7 @@ class MicroStep:
     advantages: Tensor  # what the loss reads (a hook may change them)
     metrics: dict = field(default_factory=dict)  # added to the micro-batch's metrics
     entropy: Tensor | None = None  # (B, T) π_θ's entropy per token, detached, where the forward computed it
+    trained: Tensor | None = None  # (B, T) bool: the tokens a hook left the policy gradient on (None: every one)
 
 
 class UpdateHook:
@@ -100,6 +101,7 @@ class HighEntropyTokens(UpdateHook):
         keep = (step.entropy >= threshold) & mask
         advantages = step.advantages if step.advantages.dim() == 2 else step.advantages[:, None].expand_as(mask)
         step.advantages = torch.where(keep, advantages, torch.zeros((), dtype=advantages.dtype))
+        step.trained = keep
         step.metrics["high_entropy_token_frac"] = masked_mean(keep.float(), mask)
 
 

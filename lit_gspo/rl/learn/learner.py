@@ -35,6 +35,7 @@ from lit_gspo.models.regional_compile import CompiledLayers
 from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, rerouted_tokens, routing_volatility
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.forward_checks import packing_keeps_rows_apart
+from lit_gspo.rl.learn.entropy_bonus import EntropyBonus
 from lit_gspo.rl.learn.hooks import (
     FiniteGuard,
     HighEntropyTokens,
@@ -185,6 +186,9 @@ class Learner:
         built_in: list[UpdateHook] = [MaskTruncated()] if update.mask_truncated_completions else []
         if update.top_entropy_quantile < 1:
             built_in.append(HighEntropyTokens(update.top_entropy_quantile))
+        self.entropy_bonus = EntropyBonus.of(update)
+        if self.entropy_bonus is not None:
+            built_in.append(self.entropy_bonus)
         if mismatch is not None:
             built_in.append(MismatchCorrection(mismatch))
         if routing_replay:
@@ -340,8 +344,12 @@ class Learner:
     ) -> Tensor:
         """The loss of one (trimmed) micro-batch, rows ``rows`` of the update's rollout with ``tokens`` completion
         tokens, normalised by its minibatch's global counts; records its metrics (as tensors: read at the end)."""
-        with_entropy = minibatch.epoch == 0 or self.cfg.top_entropy_quantile < 1  # every epoch where a hook reads it
-        fwd = self.completion_logprobs(self.policy, micro, with_entropy=with_entropy, value_head=self.value_head)
+        bonus = self.entropy_bonus
+        # every epoch where a hook or the bonus reads it
+        with_entropy = minibatch.epoch == 0 or self.cfg.top_entropy_quantile < 1 or bonus is not None
+        fwd = self.completion_logprobs(
+            self.policy, micro, with_entropy=with_entropy, entropy_grad=bonus is not None, value_head=self.value_head
+        )
         old, old_is_current = self.old_policy.old_logprobs(update, minibatch, rows, micro, fwd.logprobs.detach())
         entropy = None if fwd.entropy is None else fwd.entropy.detach()
         step = MicroStep(
@@ -357,14 +365,17 @@ class Learner:
         out = self.objective(
             fwd.logprobs, old, step.advantages, mask, counts=minibatch.counts, ref_logprobs=micro.ref_logprobs, **critic
         )
+        loss = out.loss
+        if bonus is not None:
+            loss = loss + bonus.loss(fwd.entropy, mask if step.trained is None else step.trained, minibatch.counts)
         metrics = {k: v.detach() if isinstance(v, Tensor) else v for k, v in {**out.metrics, **step.metrics}.items()}
         if entropy is not None and tokens and minibatch.epoch == 0:  # the first epoch's, as without the hook
             metrics["entropy"] = lambda: entropy[mask].mean()  # indexing by the mask reads it: done at the end
         if minibatch.placeholder:  # its ratio is 1 by construction: keep only what it measures for real
             metrics = {k: v for k, v in metrics.items() if k.startswith("clip_frac") or k in ("entropy", "kl")}
         update.records.append((metrics, tokens))
-        minibatch.losses.append(out.loss.detach())
-        return out.loss
+        minibatch.losses.append(loss.detach())
+        return loss
 
     def optimizer_step(self, update: UpdateState, minibatch: Minibatch, optimizer, scheduler, step) -> None:
         """Clip and step, or skip a minibatch the hooks refuse (a non-finite one; its metrics dropped) or that ``step``
@@ -405,8 +416,8 @@ class Learner:
         """(N,) bool: rows whose loss can have a gradient.
 
         With ``update.skip_zero_advantage_rows``, an objective whose loss vanishes with Â
-        (``zero_advantage_has_no_gradient``), β = 0 and no critic, a row whose advantage is 0 on every
-        completion token (e.g. a group whose rewards are all equal) adds exactly nothing to the
+        (``zero_advantage_has_no_gradient``), β = 0, no critic and no entropy bonus, a row whose advantage is 0 on
+        every completion token (e.g. a group whose rewards are all equal) adds exactly nothing to the
         gradient, so the update skips its forward and backward. It still counts in the normalisers.
         """
         n = len(rollout)
@@ -415,6 +426,7 @@ class Learner:
             and self.objective.zero_advantage_has_no_gradient
             and self.objective.beta == 0
             and self.value_head is None
+            and self.entropy_bonus is None
         ):
             return torch.ones(n, dtype=torch.bool)
         adv = rollout.advantages.to(rollout.completion_mask.device)
