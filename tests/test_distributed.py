@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import socket
 import subprocess
@@ -567,6 +568,8 @@ def test_fsdp2_ranks_with_nothing_to_sample_generate_with_the_others(tmp_path, c
         "train/sampling_rounds",
         "train/frac_zero_std_groups",
         "train/reward_all_groups",
+        "train/rewards/constant_on_rank0/mean",
+        "train/rewards/constant_on_rank0/std",
     )
     logged = {key: [float(r[key]) for r in rows if r.get(key)] for key in keys}
     assert len(logged["val/reward"]) == 3 and len(logged["train/loss"]) == 2
@@ -576,3 +579,8 @@ def test_fsdp2_ranks_with_nothing_to_sample_generate_with_the_others(tmp_path, c
         # spread (0, 1, 0, 1); a mean of the ranks' means would say 0.5 and 0.25
         assert logged["train/frac_zero_std_groups"] == [0.75, 0.75]
         assert logged["train/reward_all_groups"] == [0.125, 0.125]
+        # the function's mean and std over the same 32 samples (24 zeros, then 0, 1, 0, 1, ...: 4 ones); before, the
+        # mean of the ranks' first-round means (0.25)
+        assert logged["train/rewards/constant_on_rank0/mean"] == [0.125, 0.125]
+        std = math.sqrt((4 * 0.875**2 + 28 * 0.125**2) / 31)
+        assert logged["train/rewards/constant_on_rank0/std"] == pytest.approx([std, std])

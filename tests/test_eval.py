@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_gspo.rl.evaluate import _aggregate_stats, default_ks, pass_at_k
+from lit_gspo.rl.evaluate import default_ks, pass_at_k
 from lit_gspo.tools import eval as eval_cli
 from lit_gspo.tools.eval import load, run, run_config
 from lit_gspo.tools.main import cli_main, main
@@ -30,31 +30,6 @@ def test_pass_at_k_by_hand():
     with pytest.raises(ValueError):
         pass_at_k(4, 1, 5)
     assert default_ks(8) == [1, 2, 4, 8] and default_ks(6) == [1, 2, 4, 6] and default_ks(1) == [1]
-
-
-def test_batch_stats_add_up_over_episodes():
-    stats = [
-        (
-            4,
-            {
-                "reward_failed": 1.0,
-                "turns": 2.0,
-                "success_turn2": 0.5,
-                "reached_turn2": 0.5,
-                "rewards/f/mean": 0.25,
-                "rewards/f/std": 0.1,
-            },
-        ),
-        (2, {"reward_failed": 0.0, "turns": 1.0, "success_turn2": 1.0, "reached_turn2": 1.0}),
-    ]
-    out = _aggregate_stats(stats)
-    assert out["reward_failed"] == 1.0
-    assert out["turns"] == pytest.approx((4 * 2 + 2 * 1) / 6)
-    assert out["success_turn2"] == pytest.approx(
-        (4 * 0.5 * 0.5 + 2 * 1.0 * 1.0) / (4 * 0.5 + 2 * 1.0)
-    )  # of those reaching turn 2
-    assert out["rewards/f/mean"] == 0.25  # only the batches that report it
-    assert "rewards/f/std" not in out  # a mean of the batches' stds is not the std over the episodes
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from lit_gspo.rl.collect import Collector
+from lit_gspo.runtime.sample_stats import WEIGHT, merge_stats, without_weights
 
 #: a multi-turn environment's episode statistics that the table shows (the JSON has every statistic)
 EPISODE_KEYS = ("turns", "success")
@@ -51,24 +52,12 @@ def _failed(batch) -> torch.Tensor:
     return ~batch.completion_mask.any(1).cpu()
 
 
-def _aggregate_stats(stats: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
-    """``Collector.sample``'s stats over batches of (episodes, stats): ``reward_failed`` summed, the rest
-    (``rewards/<function>/mean``, multi-turn ``turns``, ``success``, tool metrics, ...) as means over the episodes,
-    ``success_turn{k}`` over the episodes that reached turn k (``reached_turn{k}``). ``rewards/<function>/std`` is
-    left out: a mean of the batches' standard deviations is not the standard deviation over the episodes."""
-    out = {"reward_failed": sum(s.get("reward_failed", 0.0) for _, s in stats)}
-    for name in sorted({k for _, s in stats for k in s if not k.endswith("/std")} - {"reward_failed"}):
-        pairs = [
-            (
-                w * (s.get(name.replace("success_", "reached_"), 0.0) if name.startswith("success_turn") else 1.0),
-                s[name],
-            )
-            for w, s in stats
-            if name in s and math.isfinite(s[name])
-        ]
-        total = sum(w for w, _ in pairs)
-        out[name] = sum(w * v for w, v in pairs) / total if total > 0 else float("nan")
-    return out
+def _aggregate_stats(stats: list[dict[str, float]]) -> dict[str, float]:
+    """``Collector.sample``'s stats of several batches as those of all their episodes (``runtime/sample_stats.py``):
+    ``reward_failed`` summed, ``rewards/<function>/mean`` over the samples the function scored and its ``/std`` pooled,
+    multi-turn ``turns``, ``success``, tool metrics, ... over the episodes, ``success_turn{k}`` over those that reached
+    turn k."""
+    return without_weights(merge_stats(stats))
 
 
 class GreedyTally:
@@ -76,7 +65,7 @@ class GreedyTally:
     ``lit-gspo eval``'s greedy table both report, so the two agree bit for bit.
 
         reward = Σ R / #prompts      response_length = Σ completion tokens / #prompts
-        <key>  = Σ value·w / Σ w     (w = the batch's prompts; for ``success_turn{k}`` × the share that reached turn k)
+        <key>  = Σ value·w / Σ w     (w = the samples the batch's value is a mean over: its ``WEIGHT`` key)
 
     The sums are fp64 and summed over ranks in one collective (:meth:`reduce`), so the result does not depend on how
     the prompts are split over processes or batches.
@@ -93,9 +82,8 @@ class GreedyTally:
         self.sums[1] += len(rows)
         self.sums[2] += float(batch.completion_mask.sum())
         for j, key in enumerate(self.episode_keys):
-            if key in stats:  # success_turn{k} is a rate over the episodes that reached turn k
-                reached = stats[key.replace("success_", "reached_")] if key.startswith("success_turn") else 1.0
-                weight = len(rows) * reached
+            if key in stats:  # (success_turn{k} is a rate over the episodes that reached turn k: weighted by them)
+                weight = stats[WEIGHT + key]
                 self.sums[3 + 2 * j : 5 + 2 * j] += torch.tensor([stats[key] * weight, weight], dtype=torch.float64)
 
     def reduce(self, all_reduce=None, prefix: str = "val") -> dict[str, float]:
@@ -181,7 +169,7 @@ def _greedy(policy, collector, rows, per_prompt, threshold, batch_size) -> dict:
         for i, (reply, reward, good) in enumerate(zip(replies, r.tolist(), ok.tolist())):
             per_prompt[start + i].update(greedy_completion=reply, greedy_reward=reward, greedy_solved=bool(good))
         solved.append(ok)
-        stats.append((len(chunk), batch_stats))
+        stats.append(batch_stats)
     g = collector.generation
     means = tally.reduce(prefix="greedy")
     return {
@@ -209,7 +197,7 @@ def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold,
             rewards.append(r)
             solved.append(ok)
             lengths.append(batch.completion_mask.sum(1).float().cpu())
-            stats.append((len(chunk) * n, batch_stats))
+            stats.append(batch_stats)
         g = collector.generation
     finally:
         collector.generation = original

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lit_gspo.runtime.sample_stats import merge_stats, without_weights
+
 
 def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -164,43 +166,20 @@ def reduce_weighted_means(records: list[tuple[dict, float]]) -> dict[str, float]
     return out
 
 
-#: a stat ``k`` may come with ``WEIGHT + k``, how many samples its value is a mean over: over ranks its value is then the
-#: mean weighted by it (the weight itself is not logged)
-WEIGHT = "weight/"
-
-
 def reduce_step_stats(stats: dict[str, float], rewards: Tensor | None, lengths: Tensor | None) -> dict[str, float]:
-    """Reduce one RL step's logged stats over ranks (in one process only the ``WEIGHT`` keys dropped).
-
-    ``reward``, ``reward_std`` and ``response_length`` are recomputed over the global rollout (every
-    rank's kept samples); ``reward_failed`` is summed; ``time/*`` and ``sampling_rounds`` take the max;
-    a key with a ``WEIGHT`` key is the weighted mean over the ranks that report it (e.g. ``frac_zero_std_groups``,
-    over every group any rank sampled); every other key is the mean over the ranks that report it (the update's
-    metrics are already global and identical on every rank).
-    """
+    """Reduce one RL step's logged stats over ranks, as the stats of all their samples (``sample_stats.merge_stats``:
+    weighted means, pooled stds, ``reward_failed`` summed, ``time/*`` and ``sampling_rounds`` the max, other keys the
+    mean, the update's metrics already global and identical on every rank); ``reward``, ``reward_std`` and
+    ``response_length`` are recomputed over the global rollout (every rank's kept samples). Without the weights."""
     if world_size() == 1:
-        return {k: v for k, v in stats.items() if not k.startswith(WEIGHT)}
+        return without_weights(stats)
     mine = (
         stats,
         [] if rewards is None else rewards.float().tolist(),
         [] if lengths is None else lengths.float().tolist(),
     )
     parts = gather_objects(mine)
-    out: dict[str, float] = {}
-    keys = {k for s, _, _ in parts for k in s if not k.startswith(WEIGHT)}
-    for key in keys:
-        values = [float(s[key]) for s, _, _ in parts if key in s]
-        finite = [v for v in values if math.isfinite(v)]
-        weighted = [(float(s[key]), float(s[WEIGHT + key])) for s, _, _ in parts if WEIGHT + key in s]
-        if weighted and all(math.isfinite(v) for v, _ in weighted):
-            total = sum(w for _, w in weighted)
-            out[key] = sum(v * w for v, w in weighted) / total if total else float("nan")
-        elif key == "reward_failed":
-            out[key] = sum(values)
-        elif key.startswith("time/") or key == "sampling_rounds":
-            out[key] = max(finite) if finite else float("nan")
-        else:
-            out[key] = sum(finite) / len(finite) if finite else float("nan")
+    out = without_weights(merge_stats([s for s, _, _ in parts]))
     all_rewards = torch.tensor([r for _, rs, _ in parts for r in rs], dtype=torch.float64)
     all_lengths = torch.tensor([n for _, _, ls in parts for n in ls], dtype=torch.float64)
     if all_rewards.numel():

@@ -29,7 +29,8 @@ from lit_gspo.rl.rewards.decoupled import group_decoupled_sum
 from lit_gspo.rl.rollout import RolloutBatch, concat_rollouts
 from lit_gspo.rl.stop_strings import StopStrings
 from lit_gspo.rl.stop_tokens import environment_stop_ids
-from lit_gspo.runtime.collectives import WEIGHT, any_rank
+from lit_gspo.runtime.collectives import any_rank
+from lit_gspo.runtime.sample_stats import WEIGHT, merge_stats, weighted
 from lit_gspo.runtime.user_errors import option
 
 
@@ -271,6 +272,7 @@ class Collector:
         stats.update({name: value for name, value in scores.metrics.items() if name not in stats})  # log_metric
         if self.environment.max_turns > 1:
             stats.update(episode_stats(episodes))
+        weighted(stats, len(episodes), [k for k in stats if k != "reward_failed"])  # means over this call's samples
         return rewards.to(device), token_rewards, stats  # the advantages are computed where the rollout lives
 
     def rollout(
@@ -301,7 +303,7 @@ class Collector:
         Returns the trimmed rollout (None when dynamic sampling kept no group) and the step's stats.
         """
         G = self.generation.num_generations
-        kept, sampled, stats, rounds, zero_std, seen = [], [], {}, 0, 0, 0
+        kept, sampled, round_stats, rounds, zero_std, seen = [], [], [], 0, 0, 0
         pending = rows
         for _ in range(self.max_sampling_rounds if self.dynamic_sampling else 1):
             if not (any_rank(bool(pending)) if synced_gpus else pending):
@@ -310,8 +312,8 @@ class Collector:
                 self.generate_nothing(policy, False, synced_gpus)
                 continue
             rounds += 1
-            batch, _, round_stats = self.sample(policy, pending, synced_gpus=synced_gpus)
-            stats = stats or round_stats
+            batch, _, stats = self.sample(policy, pending, synced_gpus=synced_gpus)
+            round_stats.append(stats)
             sampled.append(batch.rewards)
             rewards = batch.rewards.view(-1, G)
             constant = (rewards == rewards[:, :1]).all(1)  # (groups,)
@@ -326,6 +328,7 @@ class Collector:
         non_empty = [b for b in kept if len(b)]
         rollout = concat_rollouts(non_empty, self.tokenizer.pad_token_id) if non_empty else None
         all_rewards = torch.cat(sampled)  # the groups dynamic sampling dropped too
+        stats = merge_stats(round_stats)  # the samples' stats: of every round's
         stats.update(
             frac_zero_std_groups=zero_std / max(seen, 1),
             sampling_rounds=float(rounds),
@@ -361,11 +364,13 @@ def per_function_stats(per_function: dict[str, Tensor]) -> dict[str, float]:
     """``rewards/<function>/mean`` and ``rewards/<function>/std`` (Bessel-corrected) of each reward function's fp32
     scores over the samples it scored (NaN: a mean of none, a std of fewer than two), as TRL's GRPOTrainer names and
     computes them. No such key is also the folder of another (``reward``, the weighted sum, is a sibling of
-    ``rewards/``), which MLflow's file store and TensorBoard's tag tree need. Under several processes the logged
-    value is the mean of the ranks' values (``lit_gspo.runtime.collectives.reduce_step_stats``)."""
+    ``rewards/``), which MLflow's file store and TensorBoard's tag tree need. Each mean comes with how many samples it
+    is over, so that several rounds' and ranks' merge into the stats of all their samples (``runtime/sample_stats.py``).
+    """
     out = {}
     for name, values in per_function.items():
         scored = values[torch.isfinite(values)]
         out[f"rewards/{name}/mean"] = float(scored.mean()) if len(scored) else float("nan")
         out[f"rewards/{name}/std"] = float(scored.std()) if len(scored) > 1 else float("nan")
+        out[WEIGHT + f"rewards/{name}/mean"] = float(len(scored))
     return out

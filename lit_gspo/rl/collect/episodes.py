@@ -19,6 +19,7 @@ import torch
 
 from lit_gspo.rl.envs import Environment, Turn
 from lit_gspo.rl.rollout import RolloutBatch
+from lit_gspo.runtime.sample_stats import WEIGHT
 
 
 @dataclass
@@ -120,7 +121,7 @@ def assemble(first: RolloutBatch, episodes: list[Episode], pad_id: int) -> Rollo
 
 def episode_stats(episodes: list[Episode]) -> dict[str, float]:
     """Turns per episode, truncations, success per turn index (of the episodes that reached it) and after feedback
-    (of the episodes that reached turn 2), summed metrics."""
+    (of the episodes that reached turn 2), summed metrics; the rates over a subset with its size (``sample_stats``)."""
     n = len(episodes)
     stats = {
         "turns": sum(len(e.replies) for e in episodes) / n,
@@ -130,12 +131,14 @@ def episode_stats(episodes: list[Episode]) -> dict[str, float]:
         known = [e.turns[k].success for e in episodes if len(e.turns) > k and e.turns[k].success is not None]
         if known:
             stats[f"success_turn{k + 1}"] = sum(known) / len(known)
+            stats[WEIGHT + f"success_turn{k + 1}"] = float(len(known))
             stats[f"reached_turn{k + 1}"] = len(known) / n  # the share success_turn{k + 1} is a rate of
     if any(t.success is not None for e in episodes for t in e.turns):
         stats["success"] = sum(any(t.success for t in e.turns) for e in episodes) / n
         after_feedback = [any(t.success for t in e.turns[1:]) for e in episodes if len(e.turns) > 1]
         if after_feedback:  # of the episodes that got feedback, the share solved at a later turn
             stats["success_after_feedback"] = sum(after_feedback) / len(after_feedback)
+            stats[WEIGHT + "success_after_feedback"] = float(len(after_feedback))
     keys = sorted({key for e in episodes for t in e.turns for key in t.metrics})
     for key in keys:
         stats[key] = sum(float(t.metrics.get(key, 0.0)) for e in episodes for t in e.turns) / n
