@@ -46,6 +46,7 @@ SETTINGS = [
     "--model.generation.max_staleness 1",
     "--model.generation.dynamic_sampling true",
     "--model.update.epochs 2 --model.update.num_minibatches 2",
+    "--model.update.entropy_coef 0.01 --model.update.entropy_target 5 --model.update.top_entropy_quantile 0.5",
     "--model.policy.name tiny-qwen3-moe --model.policy.config null",
     "--model.environment lit_gspo.rl.envs.RetryWithFeedback",
     "--model.environment lit_gspo.rl.envs.ToolUse --model.environment.call_format plain --data.train_source arithmetic "
