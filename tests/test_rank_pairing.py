@@ -28,6 +28,7 @@ REWARDS = [0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]  # rank 0
 HALVES = (torch.arange(0, 6), torch.arange(6, 12))
 #: an adaptive entropy bonus whose c grows after each step (H* above any entropy)
 BONUS = {"entropy_coef": 0.2, "entropy_target": 100.0}
+QUANTILE = {"top_entropy_quantile": 0.3, "micro_batch_size": None}
 #: case → (rank 0's rows, rank 1's rows, rank 0's update settings, rank 1's); None: a rank whose sampling kept nothing
 CASES = {
     "skipped rows": (HALVES[0], HALVES[1], {}, {}),  # rank 0: 3 rows with a gradient (1 micro-batch), rank 1: 6 (2)
@@ -35,7 +36,11 @@ CASES = {
     "other budgets": (HALVES[0], HALVES[1], {"micro_batch_size": 1}, {}),  # rank 0: 3 micro-batches, rank 1: 2
     # every row runs (the bonus' gradient); N and H̄ over both ranks; the second epoch applies the adapted c
     "entropy bonus": (HALVES[0], HALVES[1], BONUS, BONUS),
+    # the quantile over both ranks' tokens of the micro-batch (one each: the whole minibatch's rows)
+    "top entropy quantile": (HALVES[0], HALVES[1], QUANTILE, QUANTILE),
 }
+#: rank 0: 3 micro-batches, rank 1: 1 and 2 fillers, which join rank 0's gathers of the entropies
+QUANTILE_FILLERS = ({**QUANTILE, "micro_batch_size": 1}, QUANTILE)
 STRATEGIES = ("ddp", "fsdp2")
 
 
@@ -114,8 +119,9 @@ def rank_main(rank: int, port: int, out: Path) -> None:
     results = {}
     rollout = with_estimator_inputs(sample_rollout(make_learner(update_settings()).policy))
     results["estimators"] = estimator_outputs(rollout.select(HALVES[rank]))
+    cases = {**CASES, "quantile fillers": (*HALVES, *QUANTILE_FILLERS)}
     for strategy in STRATEGIES:
-        for case, (*rows, settings0, settings1) in CASES.items():
+        for case, (*rows, settings0, settings1) in cases.items():
             learner = make_learner(update_settings(**(settings0, settings1)[rank]))
             backward, no_sync, syncs = None, None, []
             if strategy == "ddp":  # as Lightning's manual_backward and block_backward_sync
@@ -196,6 +202,18 @@ def test_two_ranks_with_unequal_passes_learn_what_one_process_learns_from_all_th
         got = ranks[rank][strategy, case]
         for name in expected:
             torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=0, msg=f"rank {rank}: {name}")
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_rank_with_fewer_micro_batches_joins_the_others_entropy_quantiles(ranks, strategy):
+    """top_entropy_quantile with rank 0 in 3 micro-batches and rank 1 in 1: rank 1's fillers gather with rank 0's
+    micro-batches (without them gloo raises, NCCL waits), and both ranks hold the same moved weights."""
+    start = make_learner_weights()
+    weights = [ranks[rank][strategy, "quantile fillers"] for rank in (0, 1)]
+    assert any(not torch.equal(weights[0][k], start[k]) for k in start)
+    for name in start:
+        torch.testing.assert_close(weights[1][name], weights[0][name], atol=1e-6, rtol=0, msg=name)
 
 
 def make_learner_weights() -> dict[str, torch.Tensor]:

@@ -135,7 +135,8 @@ class Update:
     """ρ: only the tokens whose entropy under π_θ is in the top ρ of their micro-batch's tokens carry the policy
     gradient; the others' Â is 0 (the KL term stays on every token). "Beyond the 80/20 rule" (Wang et al., 2025, the
     Qwen team) trains on the top 20 %: 0.2. TRL's ``top_entropy_quantile``; as TRL's, the quantile is taken per
-    forward (micro-batch, on each rank), so this alone depends on the micro-batch split. 1: every token."""
+    forward over every rank's tokens of it (a micro-batch), so this alone depends on the micro-batch split. 1: every
+    token."""
     entropy_coef: float = 0.0
     """c: an entropy bonus, the loss gets −c · H̄ with H̄ π_θ's mean entropy per completion token of the minibatch
     (``rl/learn/entropy_bonus.py``): c > 0 keeps the policy from collapsing to near-deterministic replies. TRL's

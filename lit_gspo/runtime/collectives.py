@@ -84,6 +84,22 @@ def mean_and_std(values: Tensor) -> tuple[Tensor, Tensor]:
     return mean.to(values.dtype), variance.sqrt().to(values.dtype)
 
 
+def gather_cat(values: Tensor) -> Tensor:
+    """Every rank's 1-D ``values`` joined in rank order (collective: all ranks must call it, each with any number of
+    values, none included); ``values`` itself in one process. Two sums over ranks: the counts, then the values padded
+    to the longest (``all_reduce`` carries CPU tensors through the GPU under NCCL)."""
+    if world_size() == 1:
+        return values
+    rank, world = dist.get_rank(), world_size()
+    counts = torch.zeros(world, dtype=torch.int64, device=values.device)
+    counts[rank] = values.numel()
+    counts = all_reduce(counts).tolist()
+    rows = torch.zeros(world, max(counts), dtype=values.dtype, device=values.device)
+    rows[rank, : values.numel()] = values
+    rows = all_reduce(rows)
+    return torch.cat([rows[r, :count] for r, count in enumerate(counts)])
+
+
 def any_rank(flag: bool) -> bool:
     """True on every rank when ``flag`` is True on any (collective: all ranks must call it)."""
     return sum_over_ranks(float(flag)) > 0 if world_size() > 1 else flag

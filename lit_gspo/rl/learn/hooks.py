@@ -3,12 +3,15 @@
 before_update(update)                  the update's rollout and records, before the first epoch
 around_micro(micro)                    a context around one micro-batch's forward and backward
 before_loss(update, step)              a micro-batch's π_θ and π_old are known; its advantages may change
+filler(update)                         a filler pass (``rank_pairing.py``) between its forward and backward: a hook whose
+                                       before_loss is a collective joins the other ranks' here
 after_backward(update, minibatch)      the minibatch's gradient is complete, not yet clipped
 may_step(update, minibatch, loss, grad_norm)   whether the optimiser may step (every hook must agree)
 metrics(update)                        the step's metrics, after the last epoch
 
 MaskTruncated        DAPO's overlong filtering: rows whose last reply the token budget cut train on no token
-HighEntropyTokens    "Beyond the 80/20 rule": only the micro-batch's top-ρ entropy tokens carry the policy gradient
+HighEntropyTokens    "Beyond the 80/20 rule": only the micro-batch's top-ρ entropy tokens (of every rank's) carry the
+                     policy gradient
 MismatchCorrection   the sampler–trainer mismatch layer (``mismatch.py``): corrected rollout, OPSM, measures
 RoutingReplay        MoE: the old pass's experts in the update's forward (and in backward's recomputation)
 RoutingVolatility    MoE: how far the update moved the routing (``Learner.measure_routing``)
@@ -31,6 +34,7 @@ from lit_gspo.rl.learn.diagnostics import RatioStats
 from lit_gspo.rl.learn.mismatch import Mismatch, mismatch_metrics
 from lit_gspo.rl.objectives.base import masked_mean
 from lit_gspo.rl.rollout import RolloutBatch
+from lit_gspo.runtime.collectives import gather_cat
 
 
 @dataclass
@@ -58,6 +62,9 @@ class UpdateHook:
         return nullcontext()
 
     def before_loss(self, update, step: MicroStep) -> None:
+        pass
+
+    def filler(self, update) -> None:
         pass
 
     def after_backward(self, update, minibatch) -> None:
@@ -88,21 +95,28 @@ class MaskTruncated(UpdateHook):
 
 class HighEntropyTokens(UpdateHook):
     """``update.top_entropy_quantile`` ρ < 1: Â_{i,t} ← 0 where H_{i,t} < the (1 − ρ)-quantile of H over the
-    micro-batch's completion tokens (H: π_θ's entropy, detached), as TRL's ``get_high_entropy_mask`` per forward."""
+    micro-batch's completion tokens of every rank (H: π_θ's entropy, detached), as TRL's ``get_high_entropy_mask`` over
+    every process's forward. Collective: every rank gathers at each of its micro-batches, a filler's included (as many
+    on every rank, ``rank_pairing.py``)."""
 
     def __init__(self, quantile: float):
         self.quantile = quantile
 
     def before_loss(self, update, step: MicroStep) -> None:
         mask = step.batch.completion_mask
-        if step.placeholder or step.entropy is None or not bool(mask.any()):
+        counted = not step.placeholder and step.entropy is not None
+        everyone = gather_cat(step.entropy[mask].float() if counted else torch.zeros(0, device=mask.device))
+        if not counted or not bool(mask.any()):
             return
-        threshold = torch.quantile(step.entropy[mask].float(), 1 - self.quantile)
+        threshold = torch.quantile(everyone, 1 - self.quantile)
         keep = (step.entropy >= threshold) & mask
         advantages = step.advantages if step.advantages.dim() == 2 else step.advantages[:, None].expand_as(mask)
         step.advantages = torch.where(keep, advantages, torch.zeros((), dtype=advantages.dtype))
         step.trained = keep
         step.metrics["high_entropy_token_frac"] = masked_mean(keep.float(), mask)
+
+    def filler(self, update) -> None:  # no token here: the gather of the others' micro-batches
+        gather_cat(torch.zeros(0))
 
 
 class Hooks(UpdateHook):
@@ -124,6 +138,10 @@ class Hooks(UpdateHook):
     def before_loss(self, update, step):
         for hook in self.hooks:
             hook.before_loss(update, step)
+
+    def filler(self, update):
+        for hook in self.hooks:
+            hook.filler(update)
 
     def after_backward(self, update, minibatch):
         for hook in self.hooks:

@@ -290,7 +290,7 @@ class Learner:
                         for (micro_rows, micro, micro_extents, filler), last in flag_last(micro_batches):
                             with nullcontext() if last or gradient_sync_blocked is None else gradient_sync_blocked():
                                 if filler:
-                                    self.filler_pass(micro, backward)
+                                    self.filler_pass(micro, backward, between=lambda: self.hooks.filler(update))
                                     continue
                                 micro = micro.trimmed(micro_extents)
                                 tokens = float(micro_extents.completion_tokens.sum())
@@ -645,11 +645,19 @@ class Learner:
         real = (MicroBatch(rows, batch.select(rows), extents[rows] if extents is not None else None) for rows in dealt)
         return with_fillers(real, len(dealt), batch, at_least)
 
-    def filler_pass(self, micro: RolloutBatch, backward: Callable[[Tensor], None] | None = None) -> None:
+    def filler_pass(
+        self,
+        micro: RolloutBatch,
+        backward: Callable[[Tensor], None] | None = None,
+        between: Callable[[], None] | None = None,
+    ) -> None:
         """A pass that only pairs this rank's collectives with the other ranks' (``rank_pairing.py``): a no-grad forward,
-        or with ``backward`` a forward and the backward of 0 × its outputs."""
+        or with ``backward`` a forward and the backward of 0 × its outputs; ``between()`` runs between the two, where a
+        micro-batch's loss would (the hooks' collectives)."""
         with torch.set_grad_enabled(backward is not None):
             fwd = self.completion_logprobs(self.policy, micro, value_head=self.value_head)
+        if between is not None:
+            between()
         if backward is not None:
             backward(filler_loss(fwd.logprobs, fwd.values))
 
