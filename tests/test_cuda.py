@@ -34,7 +34,7 @@ from lit_gspo.rl.advantages import GroupNormalized
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.engines import HFGenerate, LeanSampler, StaticCacheSampler
 from lit_gspo.rl.learn.learner import Learner
-from lit_gspo.rl.lm_head import head_precision
+from lit_gspo.rl.lm_head import chunk_logprobs_and_entropy, head_precision, head_weights
 from lit_gspo.rl.objectives import GSPO
 from lit_gspo.rl.rollout import position_ids_of, token_logprobs
 from lit_gspo.runtime.optim import state_dtypes
@@ -101,6 +101,25 @@ def test_under_bf16_autocast_the_lm_head_and_the_logprobs_stay_fp32(gpu_model, c
     ours = (logprobs - fp32_head.gather(-1, targets).squeeze(-1))[mask].abs().max()
     bf16 = (bf16_head.gather(-1, targets).squeeze(-1) - fp32_head.gather(-1, targets).squeeze(-1))[mask].abs().max()
     assert ours <= 1e-4 and bf16 > 1e-5 and ours < bf16 / 10, (float(ours), float(bf16))
+
+
+def test_the_entropy_bonus_differentiates_the_entropy_through_the_bf16x3_head(gpu_model, cuda_device):
+    """``update.entropy_coef``'s path: under bf16 autocast the head's entropy is the fp32 head's to fp32-class
+    precision and its gradient to the decoder state the fp32 one's to bf16 precision (the backward's GEMM is bf16)."""
+    torch.manual_seed(0)
+    head = gpu_model.get_output_embeddings()
+    hidden = torch.randn(2, 5, head.weight.shape[1], device=cuda_device)
+    targets = torch.randint(0, head.weight.shape[0], (2, 5), device=cuda_device)
+    ours = hidden.clone().requires_grad_()
+    with torch.autocast(cuda_device.type, dtype=torch.bfloat16):
+        _, entropy = chunk_logprobs_and_entropy(ours, targets, head_weights(head), 1.0, True, entropy_grad=True)
+    entropy.sum().backward()
+    plain = hidden.clone().requires_grad_()
+    log_softmax = F.linear(plain, head.weight.float()).log_softmax(-1)
+    plain_entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+    plain_entropy.sum().backward()
+    assert entropy.dtype == torch.float32 and (entropy - plain_entropy).abs().max() <= 1e-4
+    assert (ours.grad - plain.grad).norm() <= 2e-2 * plain.grad.norm()
 
 
 @pytest.mark.parametrize("param_dtype", [None, "bf16"], ids=["autocast", "bf16-casts"])
