@@ -105,7 +105,8 @@ def refused(root: Path, capsys, *extra: str) -> str:
                 *("--trainer.callbacks.monitor", "val/rewards", "--trainer.callbacks.mode", "max"),
             ],
             "error: --trainer.callbacks.monitor val/rewards (trainer.callbacks[0], ModelCheckpoint): never logged by "
-            "this run (did you mean val/reward?); each validation logs val/reward, val/response_length, val/clipped_ratio;",
+            "this run (did you mean val/reward?); each validation logs val/reward, val/response_length, val/clipped_ratio, "
+            "val/rewards/char_accuracy/mean;",
         ),
         (  # a family whose names depend on the data: its prefix must be right
             [*PLATEAU, "--lr_scheduler.monitor", "train/ratios/seq_logratio_std"],

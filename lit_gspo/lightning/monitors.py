@@ -3,8 +3,8 @@
 A ``ReduceLROnPlateau``'s ``monitor`` and a callback's (``ModelCheckpoint``, ``EarlyStopping``) name a metric the fit
 logs. Which ones a run logs is known from its components:
 
-* ``val/*`` (each validation): ``val/reward``, ``val/response_length``, ``val/clipped_ratio``, and a multi-turn
-  environment's episode metrics;
+* ``val/*`` (each validation): ``val/reward``, ``val/response_length``, ``val/clipped_ratio``, each reward function's
+  ``val/rewards/<name>/mean``, and a multi-turn environment's episode metrics;
 * ``train/*`` (each RL step): lit_gspo's own stages log only :data:`TRAIN_NAMES` and :data:`TRAIN_PATTERNS` (a superset:
   some only with some objectives or settings), each reward function's ``rewards/<name>/mean|std`` and the environment's
   ``metric_names``. A component of the user's own may log other names (a reward function that is given ``log_metric``,
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from jsonargparse import Namespace
 
-from lit_gspo.lightning.validation import VALIDATION_NAMES, episode_metric_keys
+from lit_gspo.lightning.validation import VALIDATION_NAMES, validation_metric_keys
 from lit_gspo.runtime.user_errors import SettingsError
 
 #: train/* names (without the prefix) lit_gspo's collector, learner, objectives, hooks and asynchronous rollouts log
@@ -110,7 +110,7 @@ def logged_names(module) -> LoggedNames:
     train += [f"train/rewards/{name}/{s}" for name in rewards.names for s in ("mean", "std")]
     train += [f"train/{n}" for n in environment.metric_names]
     return LoggedNames(
-        val=list(VALIDATION_NAMES) + [f"val/{k}" for k in episode_metric_keys(environment)],
+        val=list(dict.fromkeys([*VALIDATION_NAMES, *(f"val/{k}" for k in validation_metric_keys(collector))])),
         train=list(dict.fromkeys(train)),
         train_patterns=TRAIN_PATTERNS,
         open_by=_own_names_by(module),

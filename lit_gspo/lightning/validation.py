@@ -17,10 +17,12 @@ from lit_gspo.runtime.collectives import all_reduce_sum
 VALIDATION_NAMES = ("val/reward", "val/response_length", "val/clipped_ratio")
 
 
-def validation_metric_keys(environment) -> list[str]:
-    """The keyed means validation reports besides reward and length: the share of replies the budget cut, and a
-    multi-turn environment's episode metrics."""
-    return ["clipped_ratio", *episode_metric_keys(environment)]
+def validation_metric_keys(collector) -> list[str]:
+    """The keyed means validation reports besides reward and length: the share of replies the budget cut, each reward
+    function's mean over the replies it scored (TRL's eval ``rewards/<function>/mean``), and a multi-turn environment's
+    episode metrics."""
+    rewards = [f"rewards/{name}/mean" for name in collector.rewards.names]
+    return ["clipped_ratio", *rewards, *episode_metric_keys(collector.environment)]
 
 
 def episode_metric_keys(environment) -> list[str]:
@@ -39,7 +41,7 @@ class GreedyValidation:
 
     def __init__(self, module):
         self.module = module
-        self.tally = GreedyTally(validation_metric_keys(module.collector.environment))
+        self.tally = GreedyTally(validation_metric_keys(module.collector))
         self.shown = ([], [], [])  # rows, replies, rewards of the completions logged with this validation
         self.shown_scores: dict[str, list[float]] = {}  # each reward function's scores of those
         self.start = time.perf_counter()

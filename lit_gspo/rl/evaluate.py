@@ -71,19 +71,17 @@ class GreedyTally:
     the prompts are split over processes or batches.
     """
 
-    def __init__(self, episode_keys: list[str] | tuple[str, ...] = ()) -> None:
-        self.episode_keys = list(episode_keys)
-        self.sums = torch.zeros(
-            3 + 2 * len(self.episode_keys), dtype=torch.float64
-        )  # Σ R, prompts, tokens, (Σ v·w, Σ w)…
+    def __init__(self, keys: list[str] | tuple[str, ...] = ()) -> None:
+        self.keys = list(keys)  # the stats averaged, e.g. clipped_ratio, rewards/<function>/mean, episode metrics
+        self.sums = torch.zeros(3 + 2 * len(self.keys), dtype=torch.float64)  # Σ R, prompts, tokens, (Σ v·w, Σ w)…
 
     def add(self, rows: list, batch, stats: dict[str, float]) -> None:
         self.sums[0] += float(batch.rewards.sum())
         self.sums[1] += len(rows)
         self.sums[2] += float(batch.completion_mask.sum())
-        for j, key in enumerate(self.episode_keys):
-            if key in stats:  # (success_turn{k} is a rate over the episodes that reached turn k: weighted by them)
-                weight = stats[WEIGHT + key]
+        for j, key in enumerate(self.keys):
+            weight = stats.get(WEIGHT + key, len(rows))  # success_turn{k}: the episodes that reached turn k; a
+            if key in stats and weight > 0:  # reward function's mean: the replies it scored (none: NaN, weight 0)
                 self.sums[3 + 2 * j : 5 + 2 * j] += torch.tensor([stats[key] * weight, weight], dtype=torch.float64)
 
     def reduce(self, all_reduce=None, prefix: str = "val") -> dict[str, float]:
@@ -92,7 +90,7 @@ class GreedyTally:
         sums = all_reduce(self.sums.clone()) if all_reduce is not None else self.sums
         prompts = sums[1].clamp(min=1)
         out = {f"{prefix}/reward": float(sums[0] / prompts), f"{prefix}/response_length": float(sums[2] / prompts)}
-        for j, key in enumerate(self.episode_keys):
+        for j, key in enumerate(self.keys):
             if sums[4 + 2 * j] > 0:
                 out[f"{prefix}/{key}"] = float(sums[3 + 2 * j] / sums[4 + 2 * j])
         return out
