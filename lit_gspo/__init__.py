@@ -43,6 +43,7 @@ _EXPORTS = {
     "TIS": "lit_gspo.rl.learn.mismatch",
     "MIS": "lit_gspo.rl.learn.mismatch",
     "SequenceMIS": "lit_gspo.rl.learn.mismatch",
+    "SequenceTIS": "lit_gspo.rl.learn.mismatch",
     "OPSM": "lit_gspo.rl.learn.mismatch",
     # objectives
     "Objective": "lit_gspo.rl.objectives",

@@ -23,7 +23,7 @@ from transformers import TrainingArguments
 from lit_gspo.rl import advantages, envs, objectives
 from lit_gspo.rl.config import ReferenceSync
 from lit_gspo.rl.engines import HFGenerate, LeanSampler, StaticCacheSampler, VLLMEngine
-from lit_gspo.rl.learn.mismatch import MIS, OPSM, TIS, Mismatch, SequenceMIS
+from lit_gspo.rl.learn.mismatch import MIS, OPSM, TIS, Mismatch, SequenceMIS, SequenceTIS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "from_trl.md"
@@ -57,7 +57,7 @@ CLASSES_UNDER = {
         advantages.GAE,
         advantages.TurnGroupNormalized,
     ],
-    "model.update.mismatch": [Mismatch, TIS, MIS, SequenceMIS, OPSM],
+    "model.update.mismatch": [Mismatch, TIS, SequenceTIS, MIS, SequenceMIS, OPSM],
     "model.engine": [HFGenerate, LeanSampler, StaticCacheSampler, VLLMEngine],
     "model.environment": [envs.Environment, envs.SingleTurn, envs.ToolUse, envs.RetryWithFeedback],
     "model.policy.ref_sync": [ReferenceSync],  # null in the quickstart

@@ -12,13 +12,13 @@ from test_learner import MAX_NEW, G, learn, make_learner, sample_rollout, with_r
 
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.learn.learner import Learner
-from lit_gspo.rl.learn.mismatch import MIS, OPSM, TIS, Mismatch, SequenceMIS, mismatch_metrics
+from lit_gspo.rl.learn.mismatch import MIS, OPSM, TIS, Mismatch, SequenceMIS, SequenceTIS, mismatch_metrics
 from lit_gspo.rl.objectives import CISPO, DAPO, GMPO, GRPO, GSPO, SAPO, GSPOToken
 from lit_gspo.rl.rollout import RolloutBatch
 
 ROOT = Path(__file__).resolve().parents[1]
 REWARDS = [0.0, 1.0, 3.0] * 4  # every group has a signal
-ALL = (TIS, MIS, SequenceMIS, OPSM)
+ALL = (TIS, SequenceTIS, MIS, SequenceMIS, OPSM)
 log = math.log
 
 
@@ -75,6 +75,27 @@ def test_sequence_mis_masks_whole_sequences_by_their_product_or_geometric_ratio(
     assert emptied.tolist() == [False, False, True]
     _, emptied, _ = Mismatch([SequenceMIS(cap=3.0, low=2.2)]).before_update(batch)  # 4 > 3, 2.4 kept, 5 > 3
     assert emptied.tolist() == [True, False, True]
+
+
+def test_tis_with_a_lower_bound_raises_small_ratios_to_it_as_trls_token_truncate():
+    batch = hand_batch([[log(4), log(0.25), log(0.8)]], [[1, 1, 1]], [1.0])
+    out, _, records = Mismatch([TIS(cap=2.0, low=0.5)]).before_update(batch)
+    torch.testing.assert_close(out.advantages, torch.tensor([[2.0, 0.5, 0.8]]))
+    assert records[0][0]["mismatch/truncated_token_frac"] == pytest.approx(2 / 3)  # 4 and 0.25: not their ratio
+
+
+def test_sequence_tis_weighs_each_sequence_by_its_truncated_ratio_as_trls_sequence_truncate():
+    """TRL's vllm_importance_sampling_mode: sequence_truncate: Â_{i,t} ← clamp(ρ_i, clip_min, clip_max) · Â_{i,t}."""
+    delta = [[log(2), log(2), 0.0], [log(2), log(0.6), 0.0], [log(0.1), 0.0, 0.0]]
+    batch = hand_batch(delta, [[1, 1, 0], [1, 1, 0], [1, 0, 0]], [1.0, -1.0, 2.0])  # products 4, 1.2, 0.1
+    out, emptied, records = Mismatch([SequenceTIS(cap=3.0, low=0.2)]).before_update(batch)
+    kept = out.completion_mask
+    assert torch.equal(kept, batch.completion_mask) and not emptied.any()
+    torch.testing.assert_close(out.advantages[kept], torch.tensor([3.0, 3.0, -1.2, -1.2, 0.4]))
+    assert records[0][0]["mismatch/truncated_token_frac"] == pytest.approx(3 / 5)  # sequences 1 and 3's tokens
+    assert records[0][0]["mismatch/masked_token_frac"] == 0
+    geometric, _, _ = Mismatch([SequenceTIS(cap=3.0, ratio="geometric")]).before_update(batch)  # 2, √1.2, 0.1
+    torch.testing.assert_close(geometric.advantages[kept], torch.tensor([2.0, 2.0, -(1.2**0.5), -(1.2**0.5), 0.2]))
 
 
 def test_a_weighted_mis_weights_the_band_by_its_ratio_and_the_rest_by_zero_in_the_normalisers():
@@ -315,6 +336,9 @@ def test_sampler_logprobs_equal_to_the_trainers_give_the_normal_update():
         (lambda: MIS(low=2.0, high=1.0), ["low=2.0", "high=1.0", "low < high"]),
         (lambda: SequenceMIS(cap=-1), ["cap=-1"]),
         (lambda: SequenceMIS(ratio="mean"), ["'mean'", "'product'", "'geometric'"]),
+        (lambda: TIS(cap=2.0, low=3.0), ["TIS", "cap=2.0", "low=3.0", "0 <= low < cap"]),
+        (lambda: SequenceTIS(cap=0), ["SequenceTIS", "cap=0"]),
+        (lambda: SequenceTIS(ratio="mean"), ["SequenceTIS", "'mean'", "'geometric'"]),
         (lambda: OPSM(delta=-0.1), ["delta", "-0.1", ">= 0"]),
         (lambda: Mismatch(old_logprobs="engine"), ["'engine'", "trainer", "sampler"]),
         (lambda: Mismatch([TIS(), OPSM()], old_logprobs="sampler"), ["TIS", "OPSM", "sampler"]),

@@ -3,7 +3,8 @@
     δ_t = log π_old(y_t) − log π_sampler(y_t)     π_old: the trainer's forward before the update;
                                                    π_sampler: the engine's own log-probs (``engine_logprobs``)
     before the update (``model.update.mismatch.corrections``, each on the rollout's own tokens):
-        TIS            Â_t ← min(e^δ_t, C) · Â_t                              C = 2
+        TIS            Â_t ← clamp(e^δ_t, L, C) · Â_t                          C = 2, L none
+        SequenceTIS    Â_{i,t} ← clamp(ρ_i, L, C) · Â_{i,t}                    (TRL's sequence_truncate)
         MIS (IcePop)   token t masked when e^δ_t ∉ [α, β]                     [0.5, 5]
         SequenceMIS    sequence i masked when ρ_i > C, ρ_i = e^(Σ_t δ_t)       C = 3 (or the geometric mean
                        e^(Σ_t δ_t / |y_i|))
@@ -50,6 +51,10 @@ class Correction:
         """(N, T) bool: tokens kept, or None."""
         return None
 
+    def clipped(self, log_ratio: Tensor, mask: Tensor) -> Tensor | None:
+        """(N, T) bool: tokens whose weight is not their ratio (a truncation's), or None."""
+        return None
+
     def keep_in_update(
         self, logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, advantages: Tensor
     ) -> Tensor | None:
@@ -60,20 +65,63 @@ class Correction:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
 
 
-class TIS(Correction):
-    """Truncated importance sampling: Â_t ← min(π_old(y_t)/π_sampler(y_t), C) · Â_t.
+def truncation_bounds(name: str, cap: float, low: float | None) -> tuple[float, float | None]:
+    if not cap > 0 or (low is not None and not 0 <= low < cap):
+        raise ValueError(f"{name} needs cap > 0 and 0 <= low < cap (or low null), got cap={cap}, low={low}")
+    return float(cap), None if low is None else float(low)
 
-    Yao et al., 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"; C = 2
-    is verl's ``rollout_is_threshold`` default.
+
+def sequence_log_ratios(log_ratio: Tensor, mask: Tensor, ratio: str) -> Tensor:
+    """(N,) log ρ_i: Σ_t δ_t (``product``) or Σ_t δ_t / |y_i| (``geometric``)."""
+    seq = masked_sum(log_ratio, mask, dim=1)
+    return seq / mask.sum(1).clamp(min=1) if ratio == "geometric" else seq
+
+
+def check_sequence_ratio(name: str, ratio: str) -> str:
+    if ratio not in ("product", "geometric"):
+        raise ValueError(f"{name} ratio must be 'product' or 'geometric', got {ratio!r}")
+    return ratio
+
+
+class TIS(Correction):
+    """Truncated importance sampling: Â_t ← clamp(ρ_t, low, cap) · Â_t, ρ_t = π_old(y_t)/π_sampler(y_t).
+
+    Yao et al., 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training"; cap 2
+    is verl's ``rollout_is_threshold`` default; ``low`` (none by default): TRL's ``token_truncate`` with its
+    ``vllm_importance_sampling_clip_min``.
     """
 
-    def __init__(self, cap: float = 2.0):
-        if not cap > 0:
-            raise ValueError(f"TIS cap must be > 0 (the largest weight), got {cap}")
-        self.cap = float(cap)
+    def __init__(self, cap: float = 2.0, low: float | None = None):
+        self.cap, self.low = truncation_bounds("TIS", cap, low)
 
     def weights(self, log_ratio: Tensor, mask: Tensor) -> Tensor:
-        return log_ratio.exp().clamp(max=self.cap)  # (N, T)
+        return log_ratio.exp().clamp(min=self.low, max=self.cap)  # (N, T)
+
+    def clipped(self, log_ratio: Tensor, mask: Tensor) -> Tensor:
+        return self.weights(log_ratio, mask) != log_ratio.exp()
+
+
+class SequenceTIS(Correction):
+    """Sequence-level truncated IS: Â_{i,t} ← clamp(ρ_i, low, cap) · Â_{i,t}, one weight per sequence.
+
+    ρ_i = exp(Σ_t δ_t)            ``ratio: product``   (TRL's ``vllm_importance_sampling_mode: sequence_truncate``)
+    ρ_i = exp(Σ_t δ_t / |y_i|)    ``ratio: geometric``
+
+    A sequence-level objective (GSPO) sees one ratio per sequence; this weighs it by one IS weight too.
+    """
+
+    def __init__(self, cap: float = 2.0, low: float | None = None, ratio: str = "product"):
+        self.cap, self.low = truncation_bounds("SequenceTIS", cap, low)
+        self.ratio = check_sequence_ratio("SequenceTIS", ratio)
+
+    def sequence_ratios(self, log_ratio: Tensor, mask: Tensor) -> Tensor:
+        return sequence_log_ratios(log_ratio, mask, self.ratio).exp()[:, None].expand_as(mask)  # (N, T)
+
+    def weights(self, log_ratio: Tensor, mask: Tensor) -> Tensor:
+        return self.sequence_ratios(log_ratio, mask).clamp(min=self.low, max=self.cap)
+
+    def clipped(self, log_ratio: Tensor, mask: Tensor) -> Tensor:
+        return self.weights(log_ratio, mask) != self.sequence_ratios(log_ratio, mask)
 
 
 class MIS(Correction):
@@ -113,17 +161,12 @@ class SequenceMIS(Correction):
     """
 
     def __init__(self, cap: float = 3.0, low: float | None = None, ratio: str = "product", weighted: bool = False):
-        if not cap > 0 or (low is not None and not 0 <= low < cap):
-            raise ValueError(f"SequenceMIS needs cap > 0 and 0 <= low < cap (or low null), got cap={cap}, low={low}")
-        if ratio not in ("product", "geometric"):
-            raise ValueError(f"SequenceMIS ratio must be 'product' or 'geometric', got {ratio!r}")
-        self.cap, self.low, self.ratio = float(cap), None if low is None else float(low), ratio
-        self.weighted = weighted
+        self.cap, self.low = truncation_bounds("SequenceMIS", cap, low)
+        self.ratio, self.weighted = check_sequence_ratio("SequenceMIS", ratio), weighted
 
     def log_ratio_of_sequences(self, log_ratio: Tensor, mask: Tensor) -> Tensor:
         """(N,): log ρ_i."""
-        seq = masked_sum(log_ratio, mask, dim=1)
-        return seq / mask.sum(1).clamp(min=1) if self.ratio == "geometric" else seq
+        return sequence_log_ratios(log_ratio, mask, self.ratio)
 
     def band(self, log_ratio: Tensor, mask: Tensor) -> Tensor:
         seq = self.log_ratio_of_sequences(log_ratio, mask)
@@ -171,7 +214,7 @@ OLD_LOGPROBS = ("trainer", "sampler")
 class Mismatch:
     """``model.update.mismatch``: measure the sampler–trainer mismatch every step and apply ``corrections``.
 
-    corrections: any of ``TIS``, ``MIS``, ``SequenceMIS``, ``OPSM`` (class paths in
+    corrections: any of ``TIS``, ``SequenceTIS``, ``MIS``, ``SequenceMIS``, ``OPSM`` (class paths in
         ``lit_gspo.rl.learn.mismatch``), applied together; empty: measure only.
     old_logprobs: ``trainer`` (the trainer's forward before the update is π_old) or ``sampler`` (the
         engine's log-probs are π_old: no old-policy pass; only OPSM applies).
@@ -186,7 +229,8 @@ class Mismatch:
         for c in self.corrections:
             if not isinstance(c, Correction):
                 raise ValueError(
-                    f"mismatch.corrections takes TIS, MIS, SequenceMIS or OPSM (lit_gspo.rl.learn.mismatch), got {c!r}"
+                    "mismatch.corrections takes TIS, SequenceTIS, MIS, SequenceMIS or OPSM (lit_gspo.rl.learn.mismatch), "
+                    f"got {c!r}"
                 )
         needing = [type(c).__name__ for c in self.corrections if c.needs_trainer_old]
         if self.sampler_is_old and needing:
@@ -228,8 +272,9 @@ class Mismatch:
                 weights = w if weights is None else weights * w
                 if getattr(c, "weighted", False):  # a weighted mask: its 0s are masked tokens
                     zeroed |= w == 0
-                else:  # a truncation (TIS): weights below the ratio
-                    truncated |= w < delta.exp()
+            clipped = c.clipped(delta, mask)  # a truncation's (TIS, SequenceTIS): weights other than the ratio
+            if clipped is not None:
+                truncated |= clipped
             if k is not None:
                 keep &= k
         emptied = mask.any(1) & ~keep.any(1)  # (N,)
