@@ -157,7 +157,7 @@ def test_validation_logs_its_synced_metrics_on_the_modules_device():
     module = SimpleNamespace(
         device=torch.device("meta"),
         rl_step=3,
-        collector=SimpleNamespace(environment=SimpleNamespace(max_turns=1)),
+        collector=SimpleNamespace(environment=SimpleNamespace(max_turns=1), rewards=SimpleNamespace(names=["f"])),
         validation=SimpleNamespace(log_completions_every_n_steps=0, print_completions=False),
         trainer=SimpleNamespace(sanity_checking=False, is_global_zero=True),
         loggers=[],
