@@ -136,10 +136,11 @@ def rank_main(rank: int, port: int, out: Path) -> None:
 
             else:
                 shard_model(learner.policy, init_device_mesh("cpu", (2,)))
-            learn(
+            metrics = learn(
                 learner, rollout_of(learner, rollout, rows[rank]), backward, world_size=2, gradient_sync_blocked=no_sync
             )
             results[strategy, case] = full_weights(learner.policy)
+            results[strategy, case, "metrics"] = metrics
             results[strategy, case, "syncs"] = len(syncs)
     # under FSDP2 the routing measure after the update is a pass too: rank 0 (no rows) runs it with rank 1
     learner = moe_learner()
@@ -178,15 +179,30 @@ def ranks(tmp_path_factory) -> list[dict]:
     return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
 
 
-def one_process(case: str) -> dict[str, torch.Tensor]:
+def one_process(case: str, with_metrics: bool = False):
+    """The weights (and the metrics) of one process learning both ranks' rows."""
     from test_learner import make_learner, sample_rollout
 
     rows0, rows1, settings0, settings1 = CASES[case]
     rollout = sample_rollout(make_learner(update_settings()).policy)
     learner = make_learner(update_settings(**{k: v for k, v in settings0.items() if settings1.get(k) == v}))
     rows = rows1 if rows0 is None else torch.cat([rows0, rows1])
-    learn(learner, rollout_of(learner, rollout, rows))
-    return full_weights(learner.policy)
+    metrics = learn(learner, rollout_of(learner, rollout, rows))
+    return (full_weights(learner.policy), metrics) if with_metrics else full_weights(learner.policy)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_ratio_diagnostics_are_over_every_ranks_sequences(ranks, strategy):
+    """2 epochs: the second's ratios move. ``ratio/*`` (stds, max |.|, correlations, variances by position) of two ranks
+    are one process's over all the rows, not each rank's own (whose mean over ranks, the absmax's included, is not)."""
+    _, expected = one_process("skipped rows", with_metrics=True)
+    ratio_keys = [k for k in expected if k.startswith("ratio/")]
+    assert ratio_keys and any(math.isfinite(expected[k]) and expected[k] != 0 for k in ratio_keys)
+    for rank in (0, 1):
+        got = ranks[rank][strategy, "skipped rows", "metrics"]
+        for key in ratio_keys:
+            assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-7, nan_ok=True), (rank, key)
 
 
 @pytest.mark.distributed

@@ -14,10 +14,10 @@ s_i = exp( Σ_t m_t log r_t / |y_i| ) instead. These diagnostics show the effect
 * ``seq_geo_logratio_std``: std of log s_i = Σ_t log r_t / |y_i| (what GSPO clips);
 * ``token_ratio_var_pos{lo}-{hi}``: the variance of r_t over the tokens at positions lo..hi (0-based).
 
-Buckets split 1..``max_len`` (lengths) and 0..``max_len``−1 (positions) into ``num_buckets``
-contiguous ranges of near-equal width, so the keys are the same at every step of a run (loggers
-that keep a key's last value would otherwise repeat stale numbers). Undefined statistics (an empty
-bucket, fewer than two values, a constant length) are NaN.
+Over every rank's sequences and tokens (gathered), as one process would compute them. Buckets split 1..``max_len``
+(lengths) and 0..``max_len``−1 (positions) into ``num_buckets`` contiguous ranges of near-equal width, so the keys
+are the same at every step of a run (loggers that keep a key's last value would otherwise repeat stale numbers).
+Undefined statistics (an empty bucket, fewer than two values, a constant length) are NaN.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import math
 
 import torch
 from torch import Tensor
+
+from lit_gspo.runtime.collectives import gather_cat
 
 
 def sequence_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -90,18 +92,19 @@ class RatioStats:
         return sum(len(s) for s in self.seq_sums)
 
     def compute(self, max_len: int, num_buckets: int = 3) -> dict[str, float]:
-        """The metrics over everything added (all NaN when nothing was)."""
+        """The metrics over everything added on every rank (all NaN when nothing was; collective: every rank must
+        call it), so that a run on several ranks logs what one process logs."""
         self._on_host()
-        empty = torch.zeros(0, dtype=torch.float64)
-        cat = lambda xs: torch.cat(xs) if xs else empty
-        return ratio_diagnostics(
-            cat(self.seq_sums),
-            cat(self.lengths),
-            cat(self.token_log_ratios),
-            cat(self.positions),
-            max_len=max_len,
-            num_buckets=num_buckets,
+        joined = (
+            torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
+            for parts, dtype in (
+                (self.seq_sums, torch.float64),
+                (self.lengths, torch.float64),
+                (self.token_log_ratios, torch.float64),
+                (self.positions, torch.int64),
+            )
         )
+        return ratio_diagnostics(*(gather_cat(part) for part in joined), max_len=max_len, num_buckets=num_buckets)
 
 
 def ratio_diagnostics(
