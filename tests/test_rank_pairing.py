@@ -147,6 +147,9 @@ def rank_main(rank: int, port: int, out: Path) -> None:
     shard_model(learner.policy, init_device_mesh("cpu", (2,)))
     metrics = learn(learner, rollout_of(learner, rollout, (None, HALVES[1])[rank]), world_size=2)
     results["moe"] = full_weights(learner.policy), metrics
+    learner = moe_learner()  # both ranks with rows: the measures are means over both ranks' tokens
+    shard_model(learner.policy, init_device_mesh("cpu", (2,)))
+    results["moe both"] = learn(learner, rollout_of(learner, rollout, HALVES[rank]), world_size=2)
     torch.save(results, out / f"rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -260,6 +263,29 @@ def test_under_fsdp2_a_rank_without_rows_measures_the_moe_routing_alongside_the_
         metrics["routing_volatility"]
     )
     assert math.isnan(metrics0["routing_volatility"])  # rank 0 had no rows to measure
+
+
+@pytest.mark.distributed
+def test_the_moe_routing_measures_of_two_ranks_reduce_to_one_processs_over_all_rows(ranks):
+    """The step's routing_volatility, rerouted_tokens and abs_logratio_* are means over every rank's tokens (the step log
+    merges the ranks' by their token weights), not the mean of the ranks' means."""
+    from test_learner import sample_rollout
+
+    from lit_gspo.runtime.sample_stats import merge_stats, without_weights
+
+    learner = moe_learner()
+    rollout = sample_rollout(make_learner_weights_policy())
+    expected = without_weights(learn(learner, rollout_of(learner, rollout, torch.cat(HALVES))))
+    merged = without_weights(merge_stats([ranks[0]["moe both"], ranks[1]["moe both"]]))
+    keys = [
+        "routing_volatility",
+        "routing/rerouted_tokens",
+        "routing/abs_logratio_rerouted",
+        "routing/abs_logratio_kept",
+    ]
+    assert all(math.isfinite(expected[k]) for k in keys) and expected["routing/rerouted_tokens"] > 0
+    for key in keys:
+        assert merged[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-7), key
 
 
 @pytest.mark.distributed

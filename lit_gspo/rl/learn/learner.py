@@ -63,6 +63,7 @@ from lit_gspo.rl.rollout import (
     token_logprobs,
 )
 from lit_gspo.runtime.collectives import all_reduce_sum, reduce_weighted_means, sum_over_ranks
+from lit_gspo.runtime.sample_stats import WEIGHT
 from lit_gspo.runtime.sharding import is_sharded, resharded
 from lit_gspo.runtime.token_budget import checkpointed_bytes_per_token, saved_bytes_per_token, token_budget
 
@@ -672,6 +673,9 @@ class Learner:
         * ``routing/abs_logratio_rerouted`` and ``routing/abs_logratio_kept``: mean |log π_θ(y_t) − log π_old(y_t)|
           over the rerouted tokens and over the others (NaN for an empty set, or without old log-probs). The
           GSPO paper's case for Routing Replay is that rerouted tokens' ratios swing; these measure it.
+
+        Each with the tokens it is a mean over (``WEIGHT`` keys), so that over ranks the step logs the mean over
+        every rank's tokens (``runtime/sample_stats.py``).
         """
         parts, routes, order = [], [], []
         with eval_mode(self.policy), self.cast(self.policy):
@@ -684,16 +688,13 @@ class Learner:
                 routes.append(recorder.record)
                 order.append(micro_rows)
         resharded(self.policy)
-        if not order:  # no row on this rank
-            nan = float("nan")
-            return dict.fromkeys(
-                (
-                    "routing_volatility",
-                    "routing/rerouted_tokens",
-                    *(f"routing/abs_logratio_{n}" for n in ("rerouted", "kept")),
-                ),
-                nan,
+        if not order:  # no row on this rank: nothing measured (weight 0)
+            keys = (
+                "routing_volatility",
+                "routing/rerouted_tokens",
+                *(f"routing/abs_logratio_{n}" for n in ("rerouted", "kept")),
             )
+            return {**dict.fromkeys(keys, float("nan")), **{WEIGHT + k: 0.0 for k in keys}}
         inverse = torch.argsort(torch.cat(order))  # a token budget deals rows by length: back in rollout order
         logprobs, record = in_rollout_order(parts, inverse, rollout), RoutingRecord.cat(routes)[inverse]
         mask = rollout.completion_mask.bool()
@@ -708,4 +709,8 @@ class Learner:
             metrics[f"routing/abs_logratio_{name}"] = (
                 float(shift[tokens].mean()) if shift is not None and tokens.any() else float("nan")
             )
+            metrics[WEIGHT + f"routing/abs_logratio_{name}"] = float(tokens.sum()) if shift is not None else 0.0
+        # means over this rank's completion tokens: over ranks, weighted by them (runtime/sample_stats.py)
+        tokens = float(mask.sum())
+        metrics.update({WEIGHT + "routing_volatility": tokens, WEIGHT + "routing/rerouted_tokens": tokens})
         return metrics
