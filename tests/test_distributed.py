@@ -155,6 +155,22 @@ def test_ddp_two_processes_match_one_process_on_the_same_global_batch(tmp_path, 
     assert len(metric(result, "train/loss")) == 2 and any(v != 0 for _, v in metric(result, "train/loss"))
     assert any(v > 0 for _, v in metric(result, "train/clip_frac"))  # the off-policy epoch clips: not trivially equal
     assert_same_run(result, single)
+    assert_every_metric_the_same(result, single)
+
+
+def assert_every_metric_the_same(a: dict, b: dict) -> None:
+    """Every train/* and val/* metric either run logs, the other logs too, with the same values: the reductions over
+    ranks (token-weighted means, sums, the merged sample stats, gathered diagnostics) are one process's."""
+    keys = {k for run in (a, b) for row in run["metrics"] for k in row if k.startswith(("train/", "val/"))}
+    differ = {}
+    for key in sorted(keys):
+        ma, mb = metric(a, key), metric(b, key)
+        close = [s for s, _ in ma] == [s for s, _ in mb] and all(
+            (math.isnan(x) and math.isnan(y)) or abs(x - y) <= 1e-5 + 1e-4 * abs(y) for (_, x), (_, y) in zip(ma, mb)
+        )
+        if not close:
+            differ[key] = (ma, mb)
+    assert not differ, differ
 
 
 @pytest.mark.distributed
@@ -206,6 +222,7 @@ def test_fsdp2_two_processes_match_one_process_and_save_a_loadable_hf_model(tmp_
     result = launch(tmp_path, run_args(tmp_path, *FSDP2, prompts=2, devices=2))
     assert result["world_size"] == 2
     assert_same_run(result, single)
+    assert_every_metric_the_same(result, single)
     # sharded optimiser state: each rank holds about half of AdamW's 8 bytes/parameter
     assert result["state_bytes"] < 0.6 * single["state_bytes"]
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf_model")

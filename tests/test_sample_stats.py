@@ -53,6 +53,11 @@ def test_a_function_that_scored_fewer_than_two_samples_has_no_std_and_none_no_me
     assert math.isnan(none["rewards/f/mean"]) and math.isnan(none["rewards/f/std"])
 
 
+def test_dropped_samples_of_every_rank_add_up():
+    ranks = [{"async/dropped": 8.0, "async/dropped_total": 16.0}, {"async/dropped": 0.0, "async/dropped_total": 8.0}]
+    assert merge_stats(ranks) == {"async/dropped": 8.0, "async/dropped_total": 24.0}
+
+
 def test_counts_add_rates_weigh_by_their_episodes_timings_take_the_longest():
     first = {"reward_failed": 1.0, "turns": 2.0, "success_turn2": 0.5, WEIGHT + "success_turn2": 2.0, "time/x": 3.0}
     second = {"reward_failed": 2.0, "turns": 1.0, "success_turn2": 1.0, WEIGHT + "success_turn2": 2.0, "time/x": 1.0}

@@ -7,14 +7,16 @@ beside a weighted ``…/mean`` (Bessel-corrected) is pooled:
 
     N = Σ n_i,   m = Σ n_i m_i / N,   s² = (Σ (n_i − 1) s_i² + Σ n_i (m_i − m)²) / (N − 1)
 
-the std of the union's values. ``reward_failed`` (a count) is summed, ``time/*`` and ``sampling_rounds`` take the max,
-any other key the mean of the finite values reported.
+the std of the union's values. Counts (:data:`COUNTS`: failed rewards, dropped samples) are summed, ``time/*`` and
+``sampling_rounds`` take the max, any other key the mean of the finite values reported.
 """
 
 from __future__ import annotations
 
 import math
 
+#: stats that count samples: the union's is their sum
+COUNTS = ("reward_failed", "async/dropped", "async/dropped_total")
 #: the prefix of a stat's weight key: ``WEIGHT + k`` holds how many samples the stat ``k`` is a mean over (not logged)
 WEIGHT = "weight/"
 
@@ -46,7 +48,7 @@ def merge_stats(parts: list[dict[str, float]]) -> dict[str, float]:
             out[key], out[WEIGHT + key] = weighted_mean(key, reported)
         elif key.endswith("/std") and all(WEIGHT + key[: -len("std")] + "mean" in part for part in reported):
             out[key] = pooled_std(key, reported)
-        elif key == "reward_failed":
+        elif key in COUNTS:
             out[key] = sum(values)
         elif key.startswith("time/") or key == "sampling_rounds":
             out[key] = max(finite) if finite else math.nan

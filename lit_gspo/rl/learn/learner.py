@@ -407,7 +407,8 @@ class Learner:
         metrics["loss"] = sum(update.losses) / len(update.losses) if update.losses else nan
         metrics["grad_norm"] = sum(update.grad_norms) / len(update.grad_norms) if update.grad_norms else nan
         metrics["nonfinite_steps"] = float(update.nonfinite)  # minibatches whose optimiser step was skipped
-        metrics["rows_with_gradient"] = float(update.active.float().mean())  # share of rows the update ran (this rank)
+        metrics["rows_with_gradient"] = float(update.active.float().mean())  # share of rows the update ran
+        metrics[WEIGHT + "rows_with_gradient"] = float(len(update.active))  # over ranks: of every rank's rows
         metrics["lr"] = optimizer.param_groups[0]["lr"]
         metrics.update(self.hooks.metrics(update))
         return metrics
