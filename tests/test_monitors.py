@@ -48,6 +48,7 @@ SETTINGS = [
     "--model.update.epochs 2 --model.update.num_minibatches 2",
     "--model.update.entropy_coef 0.01 --model.update.entropy_target 5 --model.update.top_entropy_quantile 0.5",
     "--model.policy.name tiny-qwen3-moe --model.policy.config null",
+    "--model.policy.name tiny-qwen3-moe --model.policy.config null --model.update.router_aux_loss_coef 0.01",
     "--model.environment lit_gspo.rl.envs.RetryWithFeedback",
     "--model.environment lit_gspo.rl.envs.ToolUse --model.environment.call_format plain --data.train_source arithmetic "
     "--data.task_kwargs null --model.generation.max_prompt_length 1024 --model.policy.config "

@@ -38,7 +38,7 @@ TRAIN_NAMES = (
     *("clip_frac", "clip_frac_low", "clip_frac_high", "dual_clip_frac", "is_clip_frac", "cov_clip_frac", "cov_mean"),
     *("kl_cov_frac", "divergence_mean", "gate_weight", "ratio_mean", "ratio_min", "ratio_max"),
     *("value_loss", "value_clip_frac", "routing_volatility", "staleness", "high_entropy_token_frac"),
-    *("entropy_coef", "entropy_coef_applied"),
+    *("entropy_coef", "entropy_coef_applied", "router_aux_loss"),
     # multi-turn episodes
     *("turns", "truncated_episodes", "success", "success_after_feedback"),
 )

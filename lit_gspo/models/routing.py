@@ -244,3 +244,19 @@ def rerouted_tokens(before: RoutingRecord, after: RoutingRecord) -> torch.Tensor
     """``(B, T)`` bool: tokens with at least one top-k expert changed in at least one MoE layer."""
     per_layer = changed_slots(before, after)
     return torch.stack(per_layer).gt(0).any(0) if per_layer else torch.zeros(before.shape[:2], dtype=torch.bool)
+
+
+def router_aux_coefficient(coef: float | None, policy: nn.Module) -> float:
+    """The load-balancing loss coefficient an update applies (``update.router_aux_loss_coef``): ``coef``, or with None
+    the model config's ``router_aux_loss_coef`` (0 for a model without router logits). A non-zero ``coef`` for a model
+    whose config has no ``output_router_logits`` (no load-balancing loss to add) is refused, naming the model."""
+    config = getattr(policy, "config", None)
+    routed = config is not None and hasattr(config, "output_router_logits")
+    if coef is None:
+        return float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0) if routed else 0.0
+    if coef and not routed:
+        raise ValueError(
+            f"update.router_aux_loss_coef={coef}: {type(policy).__name__} is not a Mixture-of-Experts model with a "
+            "load-balancing loss (its config has no output_router_logits); set it to 0"
+        )
+    return float(coef)

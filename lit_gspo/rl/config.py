@@ -154,11 +154,17 @@ class Update:
     """the least c under ``entropy_target``."""
     entropy_coef_max: float = 1.0
     """the largest c under ``entropy_target``."""
+    router_aux_loss_coef: float | None = 0.0
+    """an MoE policy's load-balancing loss (the model's own ``load_balancing_loss_func`` over each micro-batch's real
+    tokens) added to the loss times this, each micro-batch's weighted by its share of the minibatch's completion
+    tokens over every rank. TRL's ``router_aux_loss_coef``; None: the model config's own (TRL's default; Qwen3-MoE's
+    is 0.001). 0: none. Logged: ``train/router_aux_loss``. With it, rows run padded (not packed nor aligned) and every
+    row runs forward and backward. Refused for a model without router logits."""
     skip_zero_advantage_rows: bool = True
     """leave out of the forward/backward the rows whose advantage is 0 everywhere when the objective's gradient
-    vanishes there (β = 0, no critic, no entropy bonus). Loss and gradient are unchanged (those rows still count in the
-    normalisers); ``clip_frac`` stays a fraction of every token; entropy, KL and ratio statistics are then over the rows
-    that carry a signal (one row when none does; no ratio statistics then)."""
+    vanishes there (β = 0, no critic, no entropy bonus or router loss). Loss and gradient are unchanged (those rows
+    still count in the normalisers); ``clip_frac`` stays a fraction of every token; entropy, KL and ratio statistics
+    are then over the rows that carry a signal (one row when none does; no ratio statistics then)."""
     share_prompt_forward: bool | Literal["auto"] = "auto"
     """rows of a micro-batch with the same prompt run it once and continue from its KV cache (P + G·T tokens per
     group instead of G·(P + T)); the same log-probs and gradients (``rollout.completion_states_shared_prompts``).
@@ -242,6 +248,11 @@ class Update:
             )
 
         self.check_entropy_control()
+        coef = self.router_aux_loss_coef
+        if coef is not None and not (math.isfinite(coef) and coef >= 0):
+            raise ValueError(
+                f"router_aux_loss_coef must be >= 0 (0: no load-balancing loss) or null (the model config's), got {coef}"
+            )
 
     def check_entropy_control(self) -> None:
         if not math.isfinite(self.entropy_coef):

@@ -252,6 +252,7 @@ class TokenForward:
     logprobs: Tensor  # (N, T)
     entropy: Tensor | None = None  # (N, T)
     values: Tensor | None = None  # (N, T)
+    router_aux_loss: Tensor | None = None  # () an MoE model's load-balancing loss over the rows' tokens, with grad
 
 
 def position_ids_of(attention_mask: Tensor) -> Tensor:
@@ -272,6 +273,7 @@ def token_logprobs(
     min_prompt_saving: float = 0.0,
     pack: bool = False,
     align: bool = False,
+    router_aux_loss: bool = False,
 ) -> TokenForward:
     """log π(y_t | y_<t) of every completion token, gathering chunk by chunk in fp32.
 
@@ -282,8 +284,12 @@ def token_logprobs(
     ``min_prompt_saving`` of the tokens; ``pack``: the rows run as one sequence without padding
     (:func:`completion_states_packed`); ``align``: each row's tokens first, its padding after, and no attention mask
     (:func:`completion_states_aligned`). ``entropy_grad``: the entropy with its gradient (an entropy bonus), implies
-    ``with_entropy``.
+    ``with_entropy``. ``router_aux_loss``: an MoE model's load-balancing loss of the padded forward, over the rows'
+    real tokens (the model's own ``load_balancing_loss_func``; the padded path only: packed and aligned rows hold no
+    padding mask for it).
     """
+    if router_aux_loss and (pack or share_prompts or align):
+        raise ValueError("router_aux_loss runs the padded forward only: not with pack, share_prompts or align")
     with_entropy = with_entropy or entropy_grad
     batch = batch.to(model.get_input_embeddings().weight.device)  # the caller's tensors may be elsewhere (CPU)
     P, T = batch.prompt_length, batch.completion_mask.shape[1]
@@ -292,8 +298,9 @@ def token_logprobs(
         hidden = completion_states_shared_prompts(model, batch, min_prompt_saving)
     if hidden is None and align:
         hidden = completion_states_aligned(model, batch)
+    aux = {} if router_aux_loss else None
     if hidden is None:
-        hidden = _decoder_output_through_root(model, batch.input_ids, batch.attention_mask)
+        hidden = _decoder_output_through_root(model, batch.input_ids, batch.attention_mask, router_aux=aux)
         hidden = hidden[:, P - 1 : P - 1 + T]  # the state that predicts completion token t
     targets = batch.input_ids[:, P : P + T]
     head = model.get_output_embeddings()
@@ -321,6 +328,7 @@ def token_logprobs(
         logprobs=torch.cat(logps, 1) if logps else empty,
         entropy=(torch.cat(ents, 1) if ents else empty) if with_entropy else None,
         values=values,
+        router_aux_loss=None if aux is None else aux["loss"],
     )
 
 
@@ -416,8 +424,10 @@ def _decoder_output_through_root(
     *,
     position_ids: Tensor | None = None,
     cache: Any = None,
+    router_aux: dict | None = None,
 ) -> Tensor:
-    """The decoder's last hidden state, running the *root* module's forward.
+    """The decoder's last hidden state, running the *root* module's forward; with a dict ``router_aux``, the root's
+    MoE load-balancing loss (``output_router_logits``) is put in it under ``loss``.
 
     Going through the root keeps every wrapper's hooks in play (FSDP2, PEFT, Routing Replay). Under
     FSDP2 only the root's forward unshards the root's own parameters (embeddings, final norm, LM head)
@@ -433,14 +443,17 @@ def _decoder_output_through_root(
 
     handle = decoder_of(model).register_forward_hook(keep)
     try:
-        model(
+        output = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids_of(attention_mask) if position_ids is None else position_ids,
             **cache_kwargs(model, cache),
             use_cache=cache is not None,
             logits_to_keep=torch.zeros(0, dtype=torch.long, device=input_ids.device),
+            **({"output_router_logits": True} if router_aux is not None else {}),
         )
     finally:
         handle.remove()
+    if router_aux is not None:
+        router_aux["loss"] = output.aux_loss
     return captured["hidden"]

@@ -32,7 +32,14 @@ from lit_gspo.models.cast_parameters import PARAM_DTYPES, CastParameters
 from lit_gspo.models.lean_activations import LeanActivations
 from lit_gspo.models.lora import reference_mode
 from lit_gspo.models.regional_compile import CompiledLayers
-from lit_gspo.models.routing import RoutingRecord, moe_routers, record_routing, rerouted_tokens, routing_volatility
+from lit_gspo.models.routing import (
+    RoutingRecord,
+    moe_routers,
+    record_routing,
+    rerouted_tokens,
+    router_aux_coefficient,
+    routing_volatility,
+)
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.forward_checks import packing_keeps_rows_apart
 from lit_gspo.rl.learn.entropy_bonus import EntropyBonus
@@ -177,6 +184,7 @@ class Learner:
         self.records_routing = record_routing or routing_replay
         self.gradient_checkpointing, self.mismatch = gradient_checkpointing, mismatch
         self.is_moe = bool(moe_routers(policy))
+        self.router_aux_coef = router_aux_coefficient(update.router_aux_loss_coef, policy)
         self.compiled_layers = CompiledLayers() if update.compile else None
         self.lean_activations = LeanActivations() if update.lean_activations else None
         self.cast_parameters = CastParameters(PARAM_DTYPES[update.param_dtype]) if update.param_dtype else None
@@ -345,11 +353,16 @@ class Learner:
     ) -> Tensor:
         """The loss of one (trimmed) micro-batch, rows ``rows`` of the update's rollout with ``tokens`` completion
         tokens, normalised by its minibatch's global counts; records its metrics (as tensors: read at the end)."""
-        bonus = self.entropy_bonus
+        bonus, router_aux = self.entropy_bonus, self.router_aux_coef > 0
         # every epoch where a hook or the bonus reads it
         with_entropy = minibatch.epoch == 0 or self.cfg.top_entropy_quantile < 1 or bonus is not None
         fwd = self.completion_logprobs(
-            self.policy, micro, with_entropy=with_entropy, entropy_grad=bonus is not None, value_head=self.value_head
+            self.policy,
+            micro,
+            with_entropy=with_entropy,
+            entropy_grad=bonus is not None,
+            value_head=self.value_head,
+            router_aux_loss=router_aux,
         )
         old, old_is_current = self.old_policy.old_logprobs(update, minibatch, rows, micro, fwd.logprobs.detach())
         entropy = None if fwd.entropy is None else fwd.entropy.detach()
@@ -369,6 +382,10 @@ class Learner:
         loss = out.loss
         if bonus is not None:
             loss = loss + bonus.loss(fwd.entropy, mask if step.trained is None else step.trained, minibatch.counts)
+        if router_aux:  # the micro-batch's share of the minibatch's tokens (over every rank) of c · L_aux
+            share = tokens / max(minibatch.counts.tokens, 1.0)
+            loss = loss + fwd.router_aux_loss * (self.router_aux_coef * share)
+            step.metrics["router_aux_loss"] = fwd.router_aux_loss.detach()
         metrics = {k: v.detach() if isinstance(v, Tensor) else v for k, v in {**out.metrics, **step.metrics}.items()}
         if entropy is not None and tokens and minibatch.epoch == 0:  # the first epoch's, as without the hook
             metrics["entropy"] = lambda: entropy[mask].mean()  # indexing by the mask reads it: done at the end
@@ -418,8 +435,8 @@ class Learner:
         """(N,) bool: rows whose loss can have a gradient.
 
         With ``update.skip_zero_advantage_rows``, an objective whose loss vanishes with Â
-        (``zero_advantage_has_no_gradient``), β = 0, no critic and no entropy bonus, a row whose advantage is 0 on
-        every completion token (e.g. a group whose rewards are all equal) adds exactly nothing to the
+        (``zero_advantage_has_no_gradient``), β = 0, no critic, entropy bonus or router loss, a row whose advantage is
+        0 on every completion token (e.g. a group whose rewards are all equal) adds exactly nothing to the
         gradient, so the update skips its forward and backward. It still counts in the normalisers.
         """
         n = len(rollout)
@@ -429,6 +446,7 @@ class Learner:
             and self.objective.beta == 0
             and self.value_head is None
             and self.entropy_bonus is None
+            and not self.router_aux_coef
         ):
             return torch.ones(n, dtype=torch.bool)
         adv = rollout.advantages.to(rollout.completion_mask.device)
@@ -466,10 +484,10 @@ class Learner:
     @property
     def packs(self) -> bool:
         """Whether a micro-batch's rows run as one sequence without padding (``update.pack_sequences``; None: where the
-        attention kernel skips the other rows' blocks). Never with MoE routing records, which hold padded positions,
-        nor with a policy whose packed rows see each other (``forward_checks.packing_keeps_rows_apart``, probed before
+        attention kernel skips the other rows' blocks). Never with MoE routing records, which hold padded positions, nor
+        the router loss, which needs the padding mask, nor with a policy whose packed rows see each other (``forward_checks.packing_keeps_rows_apart``, probed before
         the first packed update: an error with ``pack_sequences: true``, padded rows with None)."""
-        if self.records_routing:
+        if self.records_routing or self.router_aux_coef:
             return False
         wanted = self.cfg.pack_sequences
         if wanted is None:
@@ -501,8 +519,9 @@ class Learner:
         """Whether a micro-batch's rows run with their tokens first and no attention mask (``update.align_rows``;
         ``auto``: on a GPU computing in 16 bits, where sdpa's flash kernel takes grouped key-value heads as they are;
         in fp32 only its math kernel does, which holds every (L, L) score, so fp32 rows stay padded for the efficient
-        kernel). Never with MoE routing records, which hold padded positions."""
-        if self.records_routing:
+        kernel). Never with MoE routing records, which hold padded positions, nor the router loss, which needs the
+        padding mask."""
+        if self.records_routing or self.router_aux_coef:
             return False
         if self.cfg.align_rows == "auto":
             return self.device.type != "cpu" and self.compute_dtype in (torch.float16, torch.bfloat16)
