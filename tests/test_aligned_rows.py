@@ -89,7 +89,7 @@ def test_without_a_mask_sdpa_gets_the_key_value_heads_as_they_are(monkeypatch):
         assert calls == [(2, True, True, True)] * layers
 
 
-def test_auto_aligns_on_a_gpu_in_16_bits_only_and_never_under_routing_records():
+def test_auto_aligns_on_a_gpu_in_16_bits_only_and_never_under_routing_records_or_the_router_loss():
     """In fp32 CUDA's sdpa takes grouped key-value heads only in its math kernel (every (L, L) score held): padded."""
     from types import SimpleNamespace
 
@@ -97,9 +97,12 @@ def test_auto_aligns_on_a_gpu_in_16_bits_only_and_never_under_routing_records():
     from lit_gspo.rl.config import Update
     from lit_gspo.rl.learn.learner import Learner
 
-    def aligns(setting, device, dtype=torch.bfloat16, records_routing=False):
+    def aligns(setting, device, dtype=torch.bfloat16, records_routing=False, router_aux_coef=0.0):
         fake = SimpleNamespace(
-            cfg=Update(align_rows=setting), device=torch.device(device), records_routing=records_routing
+            cfg=Update(align_rows=setting),
+            device=torch.device(device),
+            records_routing=records_routing,
+            router_aux_coef=router_aux_coef,
         )
         fake.compute_dtype = dtype
         return Learner.aligns.fget(fake)
@@ -109,6 +112,7 @@ def test_auto_aligns_on_a_gpu_in_16_bits_only_and_never_under_routing_records():
     )
     assert not aligns("auto", "cpu") and aligns(True, "cpu", torch.float32) and not aligns(False, "meta")
     assert not aligns(True, "meta", records_routing=True)  # MoE routing records hold padded positions
+    assert not aligns(True, "meta", router_aux_coef=0.01)  # the router loss needs the padding mask
     learner = SimpleNamespace(device=torch.device("cpu"), policy=tiny_qwen3(), cast_parameters=None)
     assert Learner.compute_dtype.fget(learner) == torch.float32
     with torch.autocast("cpu", dtype=torch.bfloat16):
