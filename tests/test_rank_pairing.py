@@ -29,6 +29,7 @@ HALVES = (torch.arange(0, 6), torch.arange(6, 12))
 #: an adaptive entropy bonus whose c grows after each step (H* above any entropy)
 BONUS = {"entropy_coef": 0.2, "entropy_target": 100.0}
 QUANTILE = {"top_entropy_quantile": 0.3, "micro_batch_size": None}
+ROUTER_AUX = 0.05
 #: case → (rank 0's rows, rank 1's rows, rank 0's update settings, rank 1's); None: a rank whose sampling kept nothing
 CASES = {
     "skipped rows": (HALVES[0], HALVES[1], {}, {}),  # rank 0: 3 rows with a gradient (1 micro-batch), rank 1: 6 (2)
@@ -44,7 +45,7 @@ QUANTILE_FILLERS = ({**QUANTILE, "micro_batch_size": 1}, QUANTILE)
 STRATEGIES = ("ddp", "fsdp2")
 
 
-def moe_learner():
+def moe_learner(**settings):
     """A tiny MoE policy's learner that records the old pass's experts and measures how the update moved them."""
     from test_learner import MAX_NEW
 
@@ -53,7 +54,7 @@ def moe_learner():
     from lit_gspo.rl.objectives import GSPO
 
     policy, _ = load_policy("tiny-qwen3-moe", seed=0)
-    return Learner(policy, GSPO(), update_settings(), max_len=MAX_NEW, group_size=G, record_routing=True)
+    return Learner(policy, GSPO(), update_settings(**settings), max_len=MAX_NEW, group_size=G, record_routing=True)
 
 
 def update_settings(**overrides):
@@ -150,6 +151,10 @@ def rank_main(rank: int, port: int, out: Path) -> None:
     learner = moe_learner()  # both ranks with rows: the measures are means over both ranks' tokens
     shard_model(learner.policy, init_device_mesh("cpu", (2,)))
     results["moe both"] = learn(learner, rollout_of(learner, rollout, HALVES[rank]), world_size=2)
+    learner = moe_learner(router_aux_loss_coef=ROUTER_AUX)  # each rank's router loss weighted by its global share
+    shard_model(learner.policy, init_device_mesh("cpu", (2,)))
+    learn(learner, rollout_of(learner, rollout, HALVES[rank]), world_size=2)
+    results["moe router loss"] = full_weights(learner.policy)
     torch.save(results, out / f"rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -286,6 +291,25 @@ def test_the_moe_routing_measures_of_two_ranks_reduce_to_one_processs_over_all_r
     assert all(math.isfinite(expected[k]) for k in keys) and expected["routing/rerouted_tokens"] > 0
     for key in keys:
         assert merged[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-7), key
+
+
+@pytest.mark.distributed
+def test_under_fsdp2_the_router_loss_of_two_ranks_is_one_processs(ranks):
+    """update.router_aux_loss_coef: each micro-batch's load-balancing loss weighted by its share of the minibatch's
+    tokens over both ranks; here the ranks' micro-batches are one process's (3 rows each, every row runs)."""
+    from test_learner import sample_rollout
+
+    learner = moe_learner(router_aux_loss_coef=ROUTER_AUX)
+    rollout = sample_rollout(make_learner_weights_policy())
+    learn(learner, rollout_of(learner, rollout, torch.cat(HALVES)))
+    expected = full_weights(learner.policy)
+    without = moe_learner()
+    learn(without, rollout_of(without, rollout, torch.cat(HALVES)))
+    assert any((full_weights(without.policy)[k] - expected[k]).abs().max() > 1e-4 for k in expected)  # it acts
+    for rank in (0, 1):
+        for name in expected:
+            got = ranks[rank]["moe router loss"][name]
+            torch.testing.assert_close(got, expected[name], atol=1e-5, rtol=0, msg=f"rank {rank}: {name}")
 
 
 @pytest.mark.distributed
