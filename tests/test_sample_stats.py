@@ -26,7 +26,7 @@ def scores_with_unscored(n: int, seed: int) -> torch.Tensor:
 def sample_stats(scores: torch.Tensor, failed: int = 0) -> dict[str, float]:
     """A scoring call's stats, as ``Collector.sample`` returns them."""
     stats = {"reward_failed": float(failed), **per_function_stats({"f": scores})}
-    return weighted(stats, len(scores), [k for k in stats if k != "reward_failed"])
+    return weighted(stats, len(scores))
 
 
 @pytest.mark.parametrize("sizes", [(7, 5, 12), (1, 9), (3, 1, 1, 8), (0, 6)], ids=str)

@@ -184,9 +184,10 @@ def reduce_weighted_means(records: list[tuple[dict, float]]) -> dict[str, float]
 
 def reduce_step_stats(stats: dict[str, float], rewards: Tensor | None, lengths: Tensor | None) -> dict[str, float]:
     """Reduce one RL step's logged stats over ranks, as the stats of all their samples (``sample_stats.merge_stats``:
-    weighted means, pooled stds, counts (``reward_failed``, ``async/dropped``) summed, ``time/*`` and ``sampling_rounds`` the max, other keys the
-    mean, the update's metrics already global and identical on every rank); ``reward``, ``reward_std`` and
-    ``response_length`` are recomputed over the global rollout (every rank's kept samples). Without the weights."""
+    weighted means, pooled stds, counts (``reward_failed``, ``async/dropped``) summed, ``time/*`` and
+    ``sampling_rounds`` the max, other keys the mean, the update's metrics already global and identical on every
+    rank); ``reward``, ``reward_std`` and ``response_length`` are recomputed over the global rollout (every rank's kept
+    samples). Without the weights."""
     if world_size() == 1:
         return without_weights(stats)
     mine = (

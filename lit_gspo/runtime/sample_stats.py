@@ -22,11 +22,11 @@ WEIGHT = "weight/"
 
 
 def weighted(stats: dict[str, float], weight: float, keys=None) -> dict[str, float]:
-    """``stats`` with ``weight`` as the weight of each of ``keys`` (None: all) that has none yet and is no pooled std,
-    in place."""
+    """``stats`` with ``weight`` as the weight of each of ``keys`` (None: all) that has none yet and is a mean (no
+    count, no pooled std), in place."""
     for key in list(stats) if keys is None else keys:
         pooled = key.endswith("/std") and WEIGHT + key[: -len("std")] + "mean" in stats
-        if not key.startswith(WEIGHT) and WEIGHT + key not in stats and not pooled:
+        if not key.startswith(WEIGHT) and WEIGHT + key not in stats and not pooled and key not in COUNTS:
             stats[WEIGHT + key] = float(weight)
     return stats
 

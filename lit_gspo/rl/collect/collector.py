@@ -30,7 +30,7 @@ from lit_gspo.rl.rollout import RolloutBatch, concat_rollouts
 from lit_gspo.rl.stop_strings import StopStrings
 from lit_gspo.rl.stop_tokens import environment_stop_ids
 from lit_gspo.runtime.collectives import any_rank
-from lit_gspo.runtime.sample_stats import COUNTS, WEIGHT, merge_stats, weighted
+from lit_gspo.runtime.sample_stats import WEIGHT, merge_stats, weighted
 from lit_gspo.runtime.user_errors import option
 
 
@@ -272,7 +272,7 @@ class Collector:
         stats.update({name: value for name, value in scores.metrics.items() if name not in stats})  # log_metric
         if self.environment.max_turns > 1:
             stats.update(episode_stats(episodes))
-        weighted(stats, len(episodes), [k for k in stats if k not in COUNTS])  # means over this call's samples
+        weighted(stats, len(episodes))  # means over this call's samples
         return rewards.to(device), token_rewards, stats  # the advantages are computed where the rollout lives
 
     def rollout(

@@ -485,8 +485,9 @@ class Learner:
     def packs(self) -> bool:
         """Whether a micro-batch's rows run as one sequence without padding (``update.pack_sequences``; None: where the
         attention kernel skips the other rows' blocks). Never with MoE routing records, which hold padded positions, nor
-        the router loss, which needs the padding mask, nor with a policy whose packed rows see each other (``forward_checks.packing_keeps_rows_apart``, probed before
-        the first packed update: an error with ``pack_sequences: true``, padded rows with None)."""
+        the router loss, which needs the padding mask, nor with a policy whose packed rows see each other
+        (``forward_checks.packing_keeps_rows_apart``, probed before the first packed update: an error with
+        ``pack_sequences: true``, padded rows with None)."""
         if self.records_routing or self.router_aux_coef:
             return False
         wanted = self.cfg.pack_sequences

@@ -164,12 +164,8 @@ class SequenceMIS(Correction):
         self.cap, self.low = truncation_bounds("SequenceMIS", cap, low)
         self.ratio, self.weighted = check_sequence_ratio("SequenceMIS", ratio), weighted
 
-    def log_ratio_of_sequences(self, log_ratio: Tensor, mask: Tensor) -> Tensor:
-        """(N,): log ρ_i."""
-        return sequence_log_ratios(log_ratio, mask, self.ratio)
-
     def band(self, log_ratio: Tensor, mask: Tensor) -> Tensor:
-        seq = self.log_ratio_of_sequences(log_ratio, mask)
+        seq = sequence_log_ratios(log_ratio, mask, self.ratio)
         keep = seq <= math.log(self.cap)
         if self.low is not None:
             keep &= seq >= (math.log(self.low) if self.low > 0 else -math.inf)
@@ -181,7 +177,7 @@ class SequenceMIS(Correction):
     def weights(self, log_ratio: Tensor, mask: Tensor) -> Tensor | None:
         if not self.weighted:
             return None
-        rho = self.log_ratio_of_sequences(log_ratio, mask).exp()[:, None].expand_as(mask)
+        rho = sequence_log_ratios(log_ratio, mask, self.ratio).exp()[:, None].expand_as(mask)
         return rho * self.band(log_ratio, mask)
 
 
