@@ -151,7 +151,7 @@ def test_validation_logs_its_synced_metrics_on_the_modules_device():
     the module's device (``meta`` here, as the GPU's stand-in)."""
     from types import SimpleNamespace
 
-    from lit_gspo.lightning.validation import GreedyValidation
+    from lit_gspo.lightning.validation import ValidationPass
 
     logged = []
     module = SimpleNamespace(
@@ -163,7 +163,7 @@ def test_validation_logs_its_synced_metrics_on_the_modules_device():
         loggers=[],
         log_dict=lambda values, **kwargs: logged.append((values, kwargs)),
     )
-    validation = GreedyValidation(module)
+    validation = ValidationPass(module)
     validation.tally.sums[:3] = torch.tensor([2.0, 4.0, 12.0], dtype=torch.float64)
     validation.log("val")
     synced = [value for values, kwargs in logged if kwargs.get("sync_dist") for value in values.values()]

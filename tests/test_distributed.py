@@ -556,14 +556,22 @@ def test_ddp_ranks_with_unequal_rows_to_learn_from_finish_in_step(tmp_path, case
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case", ["a validation batch smaller than the world", "dynamic sampling refills on rank 0"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "a validation batch smaller than the world",
+        "a sampled validation batch smaller than the world",
+        "dynamic sampling refills on rank 0",
+    ],
+)
 def test_fsdp2_ranks_with_nothing_to_sample_generate_with_the_others(tmp_path, case):
     """Under FSDP2 every forward gathers the parameters from all ranks, so sampling is a collective too
     (``synced_gpus``). Before, a rank with no rows of a validation batch (3 held-out prompts in batches of 2 over 2
     ranks) skipped it, and a rank whose dynamic sampling was done skipped the other's refill rounds: the other rank
     waited in its first forward for good. Now such a rank generates one unused token alongside."""
-    if case.startswith("a validation"):
+    if "validation" in case:
         extra = ["--data.num_val", "3", "--data.val_batch_size", "2"]
+        extra += ["--model.validation.num_generations", "2"] if "sampled" in case else []
     else:  # rank 0: every group flat, refilled up to 3 rounds; rank 1 keeps its groups at once
         extra = ["--model.generation.dynamic_sampling", "true", "--model.generation.max_sampling_rounds", "3"]
         extra += ["--model.rewards", "[{class_path: fault_helpers.ConstantOnRank0}]"]
@@ -590,7 +598,7 @@ def test_fsdp2_ranks_with_nothing_to_sample_generate_with_the_others(tmp_path, c
     )
     logged = {key: [float(r[key]) for r in rows if r.get(key)] for key in keys}
     assert len(logged["val/reward"]) == 3 and len(logged["train/loss"]) == 2
-    if not case.startswith("a validation"):
+    if "validation" not in case:
         assert logged["train/sampling_rounds"] == [3.0, 3.0]  # rank 0's (the max over ranks)
         # over every group sampled: rank 0's 3 rounds × 2 groups all flat (rewards 0), rank 1's 2 groups with a
         # spread (0, 1, 0, 1); a mean of the ranks' means would say 0.5 and 0.25

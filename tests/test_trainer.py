@@ -339,12 +339,15 @@ def test_lora_trains_adapters_only_and_saves_a_merged_hf_model_and_the_adapter_a
     torch.testing.assert_close(with_adapter(ids).logits, reloaded(ids).logits, atol=1e-5, rtol=1e-5)
 
 
-def test_how_often_one_validates_does_not_change_the_training_run(tmp_path):
-    """Validation runs on a fork of the RNG: the sampled rollouts, hence the weights, are the same."""
+@pytest.mark.parametrize("samples", ["0", "2"], ids=["greedy", "sampled"])
+def test_how_often_one_validates_does_not_change_the_training_run(tmp_path, samples):
+    """Validation runs on a fork of the RNG: the sampled rollouts, hence the weights, are the same (also when the
+    validation samples, from its own stream)."""
     weights, rewards = [], []
     for every in ("1", "0"):
         root = tmp_path / f"val_every_{every}"
-        cli = cli_main(tiny_args(root, "--model.validation.every_n_steps", every, "--seed_everything", "3"), run=False)
+        args = tiny_args(root, "--model.validation.every_n_steps", every, "--model.validation.num_generations", samples)
+        cli = cli_main([*args, "--seed_everything", "3"], run=False)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
         weights.append({k: v.clone() for k, v in cli.model.policy.state_dict().items()})
         rewards.append(column(read_metrics(root), "train/reward"))

@@ -67,6 +67,19 @@ def test_one_generation_per_prompt_is_fine_without_groups():
             r"validation.log_completions_every_n_steps and "
             r"validation.num_logged_completions must be >= 0, got None and -1",
         ),
+        (
+            lambda: Validation(num_generations=-1),
+            r"validation.num_generations must be >= 0 \(0: greedy, n: n samples per prompt\), got -1",
+        ),
+        (
+            lambda: Validation(temperature=0.7),
+            r"validation.temperature=0.7 samples nothing: validation decodes greedily unless "
+            r"validation.num_generations >= 1",
+        ),
+        (
+            lambda: Validation(num_generations=4, temperature=0.0),
+            r"validation.temperature must be > 0 or null, got 0.0",
+        ),
         (lambda: Generation(max_skipped_steps=0), r"max_skipped_steps must be >= 1, got 0"),
         (lambda: Generation(max_sampling_rounds=0), r"max_sampling_rounds must be >= 1, got 0"),
         (lambda: Generation(dump_every_n_steps=-2), r"dump_every_n_steps must be >= 0 \(0: never\), got -2"),

@@ -165,7 +165,7 @@ class FitRollouts:
             stats.update(staleness_tagged(stats, int(stats["staleness"])))
 
     def pause(self) -> None:
-        if self.pipeline is not None:  # greedy validation on the trainer's policy; no rollout meanwhile
+        if self.pipeline is not None:  # validation on the trainer's policy; no rollout meanwhile
             self.pipeline.worker.pause()
 
     def resume(self) -> None:

@@ -1,7 +1,7 @@
 """Sample completions as a text table (step, prompt, completion, reward, answer) in the configured loggers.
 
-``RLModule`` calls :func:`log_completions` from its validation with the greedy completions of the first
-held-out prompts, so a run shows what the model writes, not only its reward:
+``RLModule`` calls :func:`log_completions` from its validation with the first completions of the held-out prompts
+(greedy, or each prompt's n samples), so a run shows what the model writes, not only its reward:
 
     CSVLogger          <log_dir>/completions.csv, one row per completion, appended at every logged step
     TensorBoardLogger  add_text("val/completions", a Markdown table, step)
@@ -76,9 +76,11 @@ def terminal_table(
     rewards: list[float],
     per_function: dict[str, list[float]],
     width: int = 48,
+    samples_per_prompt: int = 0,
 ) -> str:
     """The completions as a text table for the terminal: prompt, completion, reward, then each function's score
-    (``-`` where it failed or gave None); prompts and completions cut to ``width`` characters."""
+    (``-`` where it failed or gave None); prompts and completions cut to ``width`` characters. ``samples_per_prompt``:
+    0 for greedy completions (one per prompt), else n sampled per prompt."""
     header = ["prompt", "completion", "reward", *per_function]
     body = [
         [
@@ -94,7 +96,12 @@ def terminal_table(
         "  ".join(cell.ljust(w) if c < 2 else cell.rjust(w) for c, (cell, w) in enumerate(zip(line, widths)))
         for line in [header, *body]
     ]
-    title = f"step {step}: {split} completions, greedy, the first {len(body)} held-out prompts"
+    which = (
+        f"{samples_per_prompt} sampled per prompt, the first {len(body)}"
+        if samples_per_prompt
+        else f"greedy, the first {len(body)} held-out prompts"
+    )
+    title = f"step {step}: {split} completions, {which}"
     return "\n".join([title, *lines])
 
 

@@ -35,10 +35,10 @@ from lit_gspo.lightning.quiet import silence_lightning_noise
 from lit_gspo.lightning.rl_step_optimizer import RLStepOptimizer
 from lit_gspo.lightning.run_state import load_run_state, save_run_state
 from lit_gspo.lightning.schedule import ScheduleCadence, after_epoch, after_rl_step, learner_schedule
-from lit_gspo.lightning.seed import resolve_seed, seed_ranks_apart, stream_seed
+from lit_gspo.lightning.seed import VALIDATION_STREAM, resolve_seed, seed_ranks_apart, stream_seed
 from lit_gspo.lightning.step_log import StepLog
 from lit_gspo.lightning.strategy import check_strategy
-from lit_gspo.lightning.validation import GreedyValidation
+from lit_gspo.lightning.validation import ValidationPass
 from lit_gspo.lightning.warm_start import supervised_warm_start
 from lit_gspo.models.cast_parameters import PARAM_DTYPES
 from lit_gspo.rl.advantages import AdvantageEstimator, get_advantage
@@ -79,7 +79,7 @@ class RLModule(LightningModule):
             ``ReduceLROnPlateau`` with its ``monitor`` when that is logged).
         generation: the rollouts: G completions per prompt, their length and distribution, dynamic sampling, staleness.
         update: how each rollout batch updates the policy: K epochs × M minibatches, micro-batches, clipping, π_old.
-        validation: greedy completions of the held-out prompts, scored (``val/reward``), and their logging.
+        validation: greedy or sampled completions of the held-out prompts, scored (``val/reward``), and their logging.
 
     The settings groups are ``lit_gspo/rl/config.py``'s, each a YAML section (``--model.validation.every_n_steps 25``;
     each setting's doc is in ``--help``). The run's seed is ``seed_everything``'s.
@@ -306,15 +306,18 @@ class RLModule(LightningModule):
     # ------------------------------------------------------------------ validation (Lightning's loop)
     def on_validation_start(self) -> None:
         """Weights to the engine, a fresh tally; the RNG state is kept aside so that how often one validates does not
-        change the training run (greedy sampling, environments and samplers may draw)."""
+        change the training run (greedy sampling, environments and samplers may draw). A sampled validation draws from
+        its own seeded stream (``VALIDATION_STREAM``)."""
         if self.trainer.state.fn != "fit":
             check_data(self)
         self._rng_before_validation = local_rng_state()
+        if self.validation.num_generations:
+            torch.manual_seed(stream_seed(self.seed, rank=self.global_rank, stream=VALIDATION_STREAM))
         if self.async_rollouts:
             self.async_rollouts.pause()
         self.collector.trainer_state = reward_trainer_state(self.trainer, self)
         self.collector.engine.sync_weights(self.policy)
-        self._val = GreedyValidation(self)
+        self._val = ValidationPass(self)
 
     def validation_step(self, rows: list[dict], batch_idx: int) -> None:
         self._val.step(rows)

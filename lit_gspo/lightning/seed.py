@@ -9,6 +9,9 @@ from lit_gspo.runtime.rng import seed_default_streams
 
 #: the stream number of a rank's default random streams (:func:`seed_ranks_apart`); the run's generators are ≥ 0
 DEFAULT_STREAMS = -1
+#: the stream a rank's sampled validation draws from: the same at every validation, so that two validations differ by
+#: the policy, not by the draws (common random numbers), and whatever training drew before
+VALIDATION_STREAM = -2
 
 
 def resolve_seed(seed: int | None) -> int:

@@ -1,5 +1,5 @@
-"""One validation (or test) of an RLModule: greedy completions of the held-out prompts, scored, reduced over the
-ranks and logged as ``<split>/reward``, ``<split>/response_length``, ``<split>/clipped_ratio`` and the multi-turn
+"""One validation (or test) of an RLModule: a greedy completion of each held-out prompt, or n sampled ones
+(``validation.num_generations``), scored, reduced over the ranks and logged as ``<split>/reward``, ``<split>/response_length``, ``<split>/clipped_ratio`` and the multi-turn
 metrics, with some of the completions shown (``completions.csv``, the loggers' tables, the terminal)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_gspo.lightning.completions_log import due, log_completions, terminal_table
-from lit_gspo.rl.evaluate import GreedyTally
+from lit_gspo.rl.evaluate import RewardTally, sampling
 from lit_gspo.runtime.collectives import all_reduce_sum
 
 #: what a validation logs for every environment: the tally's own sums, then its keyed means
@@ -36,18 +36,18 @@ def episode_metric_keys(environment) -> list[str]:
     )
 
 
-class GreedyValidation:
+class ValidationPass:
     """The tally of one pass over the held-out batches, and the completions it shows."""
 
     def __init__(self, module):
         self.module = module
-        self.tally = GreedyTally(validation_metric_keys(module.collector))
+        self.tally = RewardTally(validation_metric_keys(module.collector))
         self.shown = ([], [], [])  # rows, replies, rewards of the completions logged with this validation
         self.shown_scores: dict[str, list[float]] = {}  # each reward function's scores of those
         self.start = time.perf_counter()
 
     def step(self, rows: list[dict]) -> None:
-        """Greedy completions of this rank's share of the held-out batch, scored."""
+        """Completions of this rank's share of the held-out batch, scored: one greedy, or n sampled per prompt."""
         module = self.module
         rows = rows[module.global_rank :: module.trainer.world_size]
         # Lightning validates under inference mode; FSDP2 on one device makes its unsharded parameters at their first
@@ -58,15 +58,25 @@ class GreedyValidation:
                 if module.synced_gpus():
                     module.collector.generate_nothing(module.policy, True, True)
                 return
-            batch, replies, stats = module.collector.sample(
-                module.policy, rows, greedy=True, synced_gpus=module.synced_gpus()
-            )
-        self.tally.add(rows, batch, stats)
+            batch, replies, stats = self.sample(rows)
+        self.tally.add(batch, stats)
+        samples = [row for row in rows for _ in range(len(replies) // len(rows))]
         room = max(module.validation.num_logged_completions - len(self.shown[0]), 0)
-        for part, new in zip(self.shown, (rows, replies, batch.rewards.tolist())):
+        for part, new in zip(self.shown, (samples, replies, batch.rewards.tolist())):
             part.extend(new[:room])
         for name, scores in module.collector.last_per_function.items():
             self.shown_scores.setdefault(name, []).extend(scores[:room])
+
+    def sample(self, rows: list[dict]):
+        """``Collector.sample`` of ``rows`` as ``validation`` says: greedily, or n completions each at its temperature,
+        both within ``generation.val_max_new_tokens``."""
+        module = self.module
+        n, generation = module.validation.num_generations, module.collector.generation
+        if not n:
+            return module.collector.sample(module.policy, rows, greedy=True, synced_gpus=module.synced_gpus())
+        budget = generation.val_max_new_tokens or generation.max_new_tokens
+        with sampling(module.collector, n, module.validation.temperature, budget):
+            return module.collector.sample(module.policy, rows, synced_gpus=module.synced_gpus())
 
     def log(self, split: str) -> dict | None:
         """The metrics over every held-out prompt of every rank, through ``module.log`` (callbacks and loggers see
@@ -97,7 +107,13 @@ class GreedyValidation:
             if module.validation.print_completions and self.shown[0]:
                 bar = trainer.progress_bar_callback  # prints above its bars, not into them
                 (bar.print if bar is not None else print)(
-                    terminal_table(module.rl_step, split, *self.shown, self.shown_scores)
+                    terminal_table(
+                        module.rl_step,
+                        split,
+                        *self.shown,
+                        self.shown_scores,
+                        samples_per_prompt=module.validation.num_generations,
+                    )
                 )
         rank_zero_info(f"step {module.rl_step}: {split}/reward = {metrics[f'{split}/reward']:.4f} ({seconds:.1f} s)")
         return None if trainer.sanity_checking else metrics

@@ -23,12 +23,12 @@ class Generation:
     max_new_tokens: int = 16
     """new-token limit of each sampled completion."""
     val_max_new_tokens: int | None = None
-    """new-token limit of the greedy validation; None resolves to ``max_new_tokens`` (set it to score with a longer
+    """new-token limit of validation's completions; None resolves to ``max_new_tokens`` (set it to score with a longer
     budget than the rollouts are sampled with)."""
     max_prompt_length: int = 256
     """the longest prompt in tokens; a longer one is an error naming the prompt."""
     temperature: float = 1.0
-    """sampling temperature (> 0; validation decodes greedily)."""
+    """sampling temperature (> 0; validation decodes greedily unless ``validation.num_generations`` is set)."""
     top_p: float = 1.0
     """nucleus sampling: sample among the most probable tokens whose probabilities sum to top_p (1: no cut)."""
     top_k: int = 0
@@ -79,7 +79,7 @@ class Generation:
             )
         if self.temperature <= 0:
             raise ValueError(
-                f"temperature must be > 0 (greedy decoding is used for validation), got {self.temperature}"
+                f"temperature must be > 0 (validation decodes greedily by default), got {self.temperature}"
             )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p} (1: no nucleus cut; 0 would sample nothing)")
@@ -322,7 +322,7 @@ class LoRA:
 
 @dataclass
 class Validation:
-    """Greedy completions of the held-out prompts, scored: ``val/reward`` and what the loggers show."""
+    """Completions of the held-out prompts, greedy or sampled, scored: ``val/reward`` and what the loggers show."""
 
     every_n_steps: int | None = None
     """validate every n RL steps and after the last one (``Trainer(val_check_interval=n,
@@ -330,16 +330,34 @@ class Validation:
     first update. 0: only before and after training. None: ``lit-gspo fit`` resolves it to
     ``trainer.val_check_interval`` when that is given, else 10; from Python, the Trainer's schedule as it is."""
     log_completions_every_n_steps: int | None = None
-    """log the greedy completions of the first ``num_logged_completions`` held-out prompts (prompt, completion,
-    reward) through the configured loggers with the validations at steps that are multiples of n (None: every
+    """log the first ``num_logged_completions`` completions of the held-out prompts (prompt, completion, reward)
+    through the configured loggers with the validations at steps that are multiples of n (None: every
     validation; 0: never)."""
     num_logged_completions: int = 8
-    """how many held-out prompts' completions are logged (and printed)."""
+    """how many completions are logged (and printed): the first held-out prompts' greedy ones, or with
+    ``num_generations`` n their n samples each."""
     print_completions: bool = False
     """also print the logged completions on the terminal, as TRL's ``log_completions`` does: prompt, completion,
     reward and each reward function's score."""
+    num_generations: int = 0
+    """0: one greedy completion per held-out prompt. n >= 1: n completions sampled per prompt (TRL's
+    ``num_generations_eval``) at ``temperature`` and the generation's top-p and top-k; ``val/reward`` is then their mean
+    (mean@n). Every validation draws from one seeded stream, so two validations differ by the policy, not the draws."""
+    temperature: float | None = None
+    """the sampling temperature of a sampled validation (``num_generations`` >= 1); None: ``generation.temperature``."""
 
     def __post_init__(self):
+        if self.num_generations < 0:
+            raise ValueError(
+                f"validation.num_generations must be >= 0 (0: greedy, n: n samples per prompt), got {self.num_generations}"
+            )
+        if self.temperature is not None and not self.num_generations:
+            raise ValueError(
+                f"validation.temperature={self.temperature} samples nothing: validation decodes greedily unless "
+                "validation.num_generations >= 1"
+            )
+        if self.temperature is not None and self.temperature <= 0:
+            raise ValueError(f"validation.temperature must be > 0 or null, got {self.temperature}")
         if self.every_n_steps is not None and self.every_n_steps < 0:
             raise ValueError(
                 f"validation.every_n_steps must be >= 0 (0: only before and after training), got {self.every_n_steps}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -60,12 +61,13 @@ def _aggregate_stats(stats: list[dict[str, float]]) -> dict[str, float]:
     return without_weights(merge_stats(stats))
 
 
-class GreedyTally:
-    """Sums over greedily completed, scored batches: what ``val/reward`` (Lightning's validation loop) and
-    ``lit-gspo eval``'s greedy table both report, so the two agree bit for bit.
+class RewardTally:
+    """Sums over completed, scored batches: what ``val/reward`` (Lightning's validation loop) and ``lit-gspo eval``'s
+    greedy table both report, so the two agree bit for bit.
 
-        reward = Σ R / #prompts      response_length = Σ completion tokens / #prompts
+        reward = Σ R / #samples      response_length = Σ completion tokens / #samples
         <key>  = Σ value·w / Σ w     (w = the samples the batch's value is a mean over: its ``WEIGHT`` key)
+    A greedy batch has one sample per prompt, a sampled one n (``validation.num_generations``: reward is mean@n).
 
     The sums are fp64 and summed over ranks in one collective (:meth:`reduce`), so the result does not depend on how
     the prompts are split over processes or batches.
@@ -73,23 +75,24 @@ class GreedyTally:
 
     def __init__(self, keys: list[str] | tuple[str, ...] = ()) -> None:
         self.keys = list(keys)  # the stats averaged, e.g. clipped_ratio, rewards/<function>/mean, episode metrics
-        self.sums = torch.zeros(3 + 2 * len(self.keys), dtype=torch.float64)  # Σ R, prompts, tokens, (Σ v·w, Σ w)…
+        self.sums = torch.zeros(3 + 2 * len(self.keys), dtype=torch.float64)  # Σ R, samples, tokens, (Σ v·w, Σ w)…
 
-    def add(self, rows: list, batch, stats: dict[str, float]) -> None:
+    def add(self, batch, stats: dict[str, float]) -> None:
+        samples = batch.rewards.numel()
         self.sums[0] += float(batch.rewards.sum())
-        self.sums[1] += len(rows)
+        self.sums[1] += samples
         self.sums[2] += float(batch.completion_mask.sum())
         for j, key in enumerate(self.keys):
-            weight = stats.get(WEIGHT + key, len(rows))  # success_turn{k}: the episodes that reached turn k; a
+            weight = stats.get(WEIGHT + key, samples)  # success_turn{k}: the episodes that reached turn k; a
             if key in stats and weight > 0:  # reward function's mean: the replies it scored (none: NaN, weight 0)
                 self.sums[3 + 2 * j : 5 + 2 * j] += torch.tensor([stats[key] * weight, weight], dtype=torch.float64)
 
     def reduce(self, all_reduce=None, prefix: str = "val") -> dict[str, float]:
-        """The means over every prompt seen (``all_reduce``: sums a tensor over ranks, e.g.
+        """The means over every sample seen (``all_reduce``: sums a tensor over ranks, e.g.
         ``lit_gspo.runtime.collectives.all_reduce_sum``), keyed ``<prefix>/reward``, ``<prefix>/response_length``, ``<prefix>/<key>``."""
         sums = all_reduce(self.sums.clone()) if all_reduce is not None else self.sums
-        prompts = sums[1].clamp(min=1)
-        out = {f"{prefix}/reward": float(sums[0] / prompts), f"{prefix}/response_length": float(sums[2] / prompts)}
+        samples = sums[1].clamp(min=1)
+        out = {f"{prefix}/reward": float(sums[0] / samples), f"{prefix}/response_length": float(sums[2] / samples)}
         for j, key in enumerate(self.keys):
             if sums[4 + 2 * j] > 0:
                 out[f"{prefix}/{key}"] = float(sums[3 + 2 * j] / sums[4 + 2 * j])
@@ -158,10 +161,10 @@ def evaluate(
 
 
 def _greedy(policy, collector, rows, per_prompt, threshold, batch_size) -> dict:
-    tally, solved, stats = GreedyTally(), [], []
+    tally, solved, stats = RewardTally(), [], []
     for start, chunk in zip(range(0, len(rows), batch_size), _batches(rows, batch_size)):
         batch, replies, batch_stats = collector.sample(policy, chunk, greedy=True)
-        tally.add(chunk, batch, batch_stats)
+        tally.add(batch, batch_stats)
         r = batch.rewards.float().cpu()  # (B,)
         ok = (r >= threshold) & ~_failed(batch)
         for i, (reply, reward, good) in enumerate(zip(replies, r.tolist(), ok.tolist())):
@@ -179,12 +182,26 @@ def _greedy(policy, collector, rows, per_prompt, threshold, batch_size) -> dict:
     }
 
 
-def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold, batch_size) -> dict:
+@contextmanager
+def sampling(collector: Collector, n: int, temperature: float | None = None, max_new_tokens: int | None = None):
+    """``collector.sample`` draws n completions per prompt at ``temperature`` (None: the collector's), at most
+    ``max_new_tokens`` new tokens each (None: the collector's), while in this context; its other settings (top-p,
+    top-k, stop strings) are the collector's."""
     original = collector.generation
     collector.generation = dataclasses.replace(
-        original, num_generations=n, temperature=original.temperature if temperature is None else temperature
+        original,
+        num_generations=n,
+        temperature=original.temperature if temperature is None else temperature,
+        max_new_tokens=original.max_new_tokens if max_new_tokens is None else max_new_tokens,
     )
     try:
+        yield collector.generation
+    finally:
+        collector.generation = original
+
+
+def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold, batch_size) -> dict:
+    with sampling(collector, n, temperature) as g:
         rewards, solved, lengths, stats = [], [], [], []
         for start, chunk in zip(range(0, len(rows), batch_size), _batches(rows, batch_size)):
             batch, _, batch_stats = collector.sample(policy, chunk)
@@ -196,9 +213,6 @@ def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold,
             solved.append(ok)
             lengths.append(batch.completion_mask.sum(1).float().cpu())
             stats.append(batch_stats)
-        g = collector.generation
-    finally:
-        collector.generation = original
     counts = torch.cat(solved).sum(1).tolist()  # c_i per prompt
     out = {
         "samples": n,
