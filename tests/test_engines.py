@@ -5,7 +5,7 @@ import torch
 
 from lit_gspo.models import load_policy
 from lit_gspo.rl.engines import HFGenerate, LeanSampler, RolloutEngine, StaticCacheSampler
-from lit_gspo.rl.rollout import token_logprobs
+from lit_gspo.rl.rollout import position_ids_of, token_logprobs
 
 PAD, EOS = 0, 1  # conftest.py's tiny model
 PROMPTS = [[5, 6, 7, 8, 9], [3, 4], [10, 11, 12]]
@@ -43,7 +43,14 @@ def test_engine_logprobs_are_the_trainers_when_both_see_the_same_distribution(mo
 
 
 @pytest.mark.parametrize(
-    "sampling", [{"top_k": 3}, {"top_p": 0.8, "temperature": 1.3}, {"greedy": True}], ids=["top-k", "top-p", "greedy"]
+    "sampling",
+    [
+        {"top_k": 3},
+        {"top_p": 0.8, "temperature": 1.3},
+        {"min_p": 0.2, "top_p": 0.9, "temperature": 1.3},
+        {"greedy": True},
+    ],
+    ids=["top-k", "top-p", "min-p after top-p", "greedy"],
 )
 @pytest.mark.parametrize("make", SAMPLERS.values(), ids=list(SAMPLERS))
 def test_asking_for_the_logprobs_changes_nothing_sampled(model, make, sampling):
@@ -63,6 +70,24 @@ def test_with_top_k_the_sampler_renormalises_so_its_logprobs_exceed_the_trainers
         trainer = token_logprobs(model, batch).logprobs
     gap = (batch.engine_logprobs - trainer)[mask]
     assert (gap > 1e-4).all()  # the 3 kept tokens' mass is < 1 under the full softmax
+
+
+@pytest.mark.parametrize("make", [HFGenerate, LeanSampler, StaticCacheSampler], ids=["hf", "lean", "static-cache"])
+def test_with_min_p_the_logprobs_are_of_the_tokens_at_least_min_p_times_the_most_probable(model, make):
+    """Hand-computed from the trainer's logits at temperature 0.3: the log-softmax over the tokens whose probability is
+    ≥ 0.5 × the most probable one's; every sampled token is one of them."""
+    batch = sample(make(), model, temperature=0.3, min_p=0.5, return_logprobs=True)
+    P, mask = batch.prompt_length, batch.completion_mask
+    with torch.no_grad():
+        positions = position_ids_of(batch.attention_mask)
+        out = model(batch.input_ids, attention_mask=batch.attention_mask, position_ids=positions)
+        logits = out.logits[:, P - 1 : -1].float() / 0.3
+    probs = logits.softmax(-1)
+    kept = probs >= 0.5 * probs.amax(-1, keepdim=True)
+    expected = logits.masked_fill(~kept, -torch.inf).log_softmax(-1).gather(-1, batch.input_ids[:, P:, None])[..., 0]
+    assert torch.isfinite(expected[mask]).all()  # every sampled token is one min-p kept
+    assert (kept.sum(-1)[mask] < probs.shape[-1]).any()  # and min-p cut some
+    torch.testing.assert_close(batch.engine_logprobs[mask], expected[mask], atol=2e-5, rtol=0)
 
 
 @pytest.mark.parametrize("make", [HFGenerate, LeanSampler, StaticCacheSampler], ids=["hf", "lean", "static-cache"])
@@ -127,7 +152,6 @@ def test_greedy_generation_picks_the_argmax_of_our_logprobs(model):
     # greedy tokens have the maximal log-prob at every valid step: logp(y_t) == max_v logp(v)
     P = rollout.prompt_length
     ids, attn = rollout.input_ids, rollout.attention_mask
-    from lit_gspo.rl.rollout import position_ids_of
 
     logits = model(ids, attention_mask=attn, position_ids=position_ids_of(attn)).logits.float().log_softmax(-1)
     best = logits[:, P - 1 : -1].max(-1).values

@@ -185,6 +185,27 @@ def test_filter_logits_top_k_top_p():
     assert torch.isinf(filter_logits(logits, top_p=0.85)).tolist() == [[False, False, False, True]]  # 0.8 < 0.85
     assert torch.isinf(filter_logits(logits, top_p=0.9)).tolist() == [[False, False, False, True]]
     assert torch.allclose(filter_logits(logits, temperature=2.0), logits / 2)
+    # min-p: probability >= min_p × the most probable one's (0.5): 0.2 → 0.1 drops 0.05; 0.5 → 0.25 keeps two
+    assert torch.isinf(filter_logits(logits, min_p=0.2)).tolist() == [[False, False, False, True]]
+    assert torch.isinf(filter_logits(logits, min_p=0.5)).tolist() == [[False, False, True, True]]
+    # after top-p 0.7 (0.5, 0.3 left, renormalised 0.625, 0.375): the threshold is relative, so 0.7 drops 0.3 still
+    assert torch.isinf(filter_logits(logits, top_p=0.7, min_p=0.7)).tolist() == [[False, True, True, True]]
+
+
+def test_filter_logits_is_transformers_warpers_bit_for_bit():
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    logits = torch.randn(16, 50, generator=torch.Generator().manual_seed(0)) * 3
+    warpers = [TemperatureLogitsWarper(0.7), TopKLogitsWarper(20), TopPLogitsWarper(0.9), MinPLogitsWarper(0.05)]
+    expected = logits
+    for warper in warpers:
+        expected = warper(None, expected)
+    assert torch.equal(filter_logits(logits, temperature=0.7, top_k=20, top_p=0.9, min_p=0.05), expected)
 
 
 def test_rollout_backends_agree_on_greedy(model):

@@ -1,5 +1,6 @@
 """Sampled validation (``validation.num_generations``, TRL's ``num_generations_eval``): n completions per held-out
-prompt at the validation's temperature; ``val/reward`` is their mean (mean@n), drawn from a seeded stream of its own."""
+prompt at the validation's temperature; ``val/reward`` is their mean (mean@n), drawn from a seeded stream of its own.
+The generation's cuts (top-p, top-k, min-p) apply to it as to the rollouts."""
 
 import csv
 
@@ -61,3 +62,13 @@ def test_the_logged_completions_of_a_sampled_validation_are_each_prompts_samples
     assert first[0]["prompt"] == first[1]["prompt"] != first[2]["prompt"] == first[3]["prompt"]
     rows = read_metrics(tmp_path)
     assert [float(r["step"]) for r in rows if r.get("val/reward")] == [0.0, 1.0]
+
+
+def test_generation_min_p_reaches_the_engine_in_training_and_in_a_sampled_validation(tmp_path):
+    args = tiny_args(tmp_path, "--model.generation.min_p", "0.25", "--model.validation.num_generations", "2")
+    cli = cli_main([*args, "--trainer.max_steps", "1", "--model.validation.every_n_steps", "0"], run=False)
+    engine, seen = cli.model.collector.engine, []
+    sample = engine.sample
+    engine.sample = lambda *a, **kw: seen.append((kw["num_generations"], kw["greedy"], kw["min_p"])) or sample(*a, **kw)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert (4, False, 0.25) in seen and (2, False, 0.25) in seen  # a rollout's G = 4, validation's n = 2

@@ -15,6 +15,8 @@ from lit_gspo.rl.objectives import PPO
         ({"top_p": 0.0}, r"top_p must be in \(0, 1\], got 0.0"),
         ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
         ({"top_k": -1}, r"top_k must be >= 0 \(0: no top-k\), got -1"),
+        ({"min_p": -0.1}, r"min_p must be in \[0, 1\] \(0: no min-p cut\), got -0.1"),
+        ({"min_p": 1.5}, r"min_p must be in \[0, 1\] \(0: no min-p cut\), got 1.5"),
         ({"max_prompt_length": 0}, r"max_prompt_length must be >= 1, got 0"),
     ],
 )

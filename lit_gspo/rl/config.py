@@ -33,6 +33,9 @@ class Generation:
     """nucleus sampling: sample among the most probable tokens whose probabilities sum to top_p (1: no cut)."""
     top_k: int = 0
     """sample among the k most probable tokens only (0: no top-k)."""
+    min_p: float = 0.0
+    """sample among the tokens at least ``min_p`` times as probable as the most probable one (0: no cut); applied after
+    temperature, top-k and top-p, as transformers' warpers (vLLM applies it before top-k and top-p)."""
 
     stop: list[str] | None = None
     """strings a reply also ends at, besides the stop tokens: it ends with the token that completes the first it
@@ -85,6 +88,8 @@ class Generation:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p} (1: no nucleus cut; 0 would sample nothing)")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0: no top-k), got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0: no min-p cut), got {self.min_p}")
         if self.stop is not None:
             check_stop_strings(self.stop)
         if self.max_prompt_length < 1:

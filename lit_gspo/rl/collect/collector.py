@@ -149,6 +149,7 @@ class Collector:
             temperature=g.temperature,
             top_p=g.top_p,
             top_k=g.top_k,
+            min_p=g.min_p,
             greedy=greedy,
             synced_gpus=synced_gpus,
             return_logprobs=self.engine_logprobs and not greedy,

@@ -47,8 +47,11 @@ def _(x: Tensor) -> Tensor:
     return torch.empty_like(x)
 
 
-def filter_logits(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """Temperature, then top-k, then top-p (nucleus) on fp32 logits (B, V), as HF's warpers do."""
+def filter_logits(
+    logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
+) -> Tensor:
+    """Temperature, then top-k, then top-p (nucleus), then min-p on fp32 logits (B, V), as HF's warpers do (min-p
+    keeps the tokens of probability ≥ min_p · the most probable one's)."""
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -61,6 +64,9 @@ def filter_logits(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_
         remove = cum <= 1 - top_p
         remove[..., -1:] = False  # keep at least one token
         logits = logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+    if min_p > 0.0:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), float("-inf"))
     return logits
 
 
@@ -191,6 +197,7 @@ def fast_generate(
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int = 0,
+    min_p: float = 0.0,
     generator: torch.Generator | None = None,
     return_logprobs: bool = False,
     stop: StopStrings | None = None,
@@ -198,7 +205,7 @@ def fast_generate(
     """Sample ``num_generations`` completions for each (left-padded) prompt row.
 
     Returns (N·G, P + T) token ids; with ``return_logprobs`` also (N·G, T) fp32 log-probs of the sampled
-    tokens under the distribution they were drawn from (after temperature, top-k, top-p).
+    tokens under the distribution they were drawn from (after temperature, top-k, top-p, min-p).
     ``input_ids``/``attention_mask`` hold each prompt once (N rows). T ≤ ``max_new_tokens`` is the
     longest completion (generation stops once every row has emitted an EOS or written a ``stop`` string).
     """
@@ -241,7 +248,7 @@ def fast_generate(
     used = 0
     for step in range(max_new_tokens):
         if do_sample:
-            logits = filter_logits(logits, temperature, top_k, top_p)
+            logits = filter_logits(logits, temperature, top_k, top_p, min_p)
             nxt = sample_tokens(logits.softmax(-1), generator)
         else:
             nxt = logits.argmax(-1)

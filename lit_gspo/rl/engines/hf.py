@@ -69,7 +69,7 @@ NO_WARPERS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
 
 
 class InProcessor(LogitsProcessor):
-    """Temperature, top-k and top-p applied in a logits processor (:func:`filter_logits`, bit for bit transformers'
+    """Temperature, top-k, top-p and min-p applied in a logits processor (:func:`filter_logits`, bit for bit transformers'
     warpers, which transformers adds after the processors it is given), and with a ``generator`` the draw too: the
     inverse CDF (:func:`sample_tokens`, as the lean sampler draws), returned as scores whose argmax is the drawn token
     so that greedy decoding emits it. Keeps each drawn token's log-prob under the filtered distribution: one step's

@@ -105,12 +105,12 @@ def next_tokens(
     logits: Tensor, finished: Tensor, eos: Tensor, pad_id: int, uniform: Tensor | None, sampling: dict
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Each row's next token from its fp32 ``logits`` (R, V): drawn by inverting the CDF at ``uniform`` (R,) after
-    temperature (``sampling["temperature"]``: a tensor, so that another value reuses the compiled step), top-k and
-    top-p, or the argmax where ``sampling`` is empty; ``pad_id`` where the row has finished. Returns the tokens, their
+    temperature (``sampling["temperature"]``: a tensor, so that another value reuses the compiled step), top-k, top-p
+    and min-p, or the argmax where ``sampling`` is empty; ``pad_id`` where the row has finished. Returns the tokens, their
     log-probs under the distribution drawn from (0 where finished) and which rows have finished after them."""
     if sampling:
-        top_k, top_p = sampling.get("top_k", 0), sampling.get("top_p", 1.0)
-        logits = filter_logits(logits / sampling["temperature"], top_k=top_k, top_p=top_p)
+        top_k, top_p, min_p = sampling.get("top_k", 0), sampling.get("top_p", 1.0), sampling.get("min_p", 0.0)
+        logits = filter_logits(logits / sampling["temperature"], top_k=top_k, top_p=top_p, min_p=min_p)
         chosen = sample_tokens(logits.softmax(-1), uniform=uniform)
     else:
         chosen = logits.argmax(-1)

@@ -6,7 +6,7 @@
              then the prefix cache reset; only when a parameter changed since the last push
     sample   one request per prompt with ``n = G``; its seed drawn from torch's RNG, so a seeded run
              samples the same completions again; log-probs of the sampled tokens after temperature,
-             top-k and top-p (``logprobs_mode="processed_logprobs"``), as the other engines give them
+             min-p, top-k and top-p (``logprobs_mode="processed_logprobs"``), as the other engines give them
 
 Under DDP or FSDP2 every rank builds its own engine on the trainer's process group (vLLM's
 ``external_launcher``, tensor parallel 1: each rank samples its own prompts), decides collectively whether to push,
@@ -298,6 +298,7 @@ def _sampling_args(sampling: dict) -> dict:
         "temperature": float(sampling["temperature"]),
         "top_p": float(sampling["top_p"]),
         "top_k": int(sampling["top_k"]),
+        "min_p": float(sampling.get("min_p", 0.0)),
     }
 
 
