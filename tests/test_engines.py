@@ -48,9 +48,10 @@ def test_engine_logprobs_are_the_trainers_when_both_see_the_same_distribution(mo
         {"top_k": 3},
         {"top_p": 0.8, "temperature": 1.3},
         {"min_p": 0.2, "top_p": 0.9, "temperature": 1.3},
+        {"repetition_penalty": 1.5, "top_k": 5},
         {"greedy": True},
     ],
-    ids=["top-k", "top-p", "min-p after top-p", "greedy"],
+    ids=["top-k", "top-p", "min-p after top-p", "repetition penalty", "greedy"],
 )
 @pytest.mark.parametrize("make", SAMPLERS.values(), ids=list(SAMPLERS))
 def test_asking_for_the_logprobs_changes_nothing_sampled(model, make, sampling):
@@ -88,6 +89,37 @@ def test_with_min_p_the_logprobs_are_of_the_tokens_at_least_min_p_times_the_most
     assert torch.isfinite(expected[mask]).all()  # every sampled token is one min-p kept
     assert (kept.sum(-1)[mask] < probs.shape[-1]).any()  # and min-p cut some
     torch.testing.assert_close(batch.engine_logprobs[mask], expected[mask], atol=2e-5, rtol=0)
+
+
+def penalised_logprobs(model, batch, penalty: float, temperature: float) -> torch.Tensor:
+    """(rows, T) by hand: the log-softmax of each step's logits after dividing (z > 0) or multiplying (z ≤ 0) the
+    logit of every token the row held before it (its prompt, not the left padding, and its reply so far) by p."""
+    P = batch.prompt_length
+    with torch.no_grad():
+        positions = position_ids_of(batch.attention_mask)
+        logits = model(batch.input_ids, attention_mask=batch.attention_mask, position_ids=positions).logits.float()
+    expected = torch.zeros(batch.completion_mask.shape)
+    for row in range(len(batch)):
+        prompt = zip(batch.input_ids[row, :P].tolist(), batch.attention_mask[row, :P].tolist())
+        held = {token for token, real in prompt if real}
+        for step in range(batch.completion_mask.shape[1]):
+            z = logits[row, P - 1 + step].clone()
+            for token in held:
+                z[token] = z[token] / penalty if z[token] > 0 else z[token] * penalty
+            token = int(batch.input_ids[row, P + step])
+            expected[row, step] = (z / temperature).log_softmax(-1)[token]
+            held.add(token)
+    return expected
+
+
+@pytest.mark.parametrize("make", [HFGenerate, LeanSampler, StaticCacheSampler], ids=["hf", "lean", "static-cache"])
+def test_with_a_repetition_penalty_the_logprobs_are_of_the_penalised_distribution(model, make):
+    batch = sample(make(), model, temperature=0.7, repetition_penalty=1.8, return_logprobs=True)
+    mask = batch.completion_mask
+    expected = penalised_logprobs(model, batch, 1.8, 0.7)
+    torch.testing.assert_close(batch.engine_logprobs[mask], expected[mask], atol=2e-5, rtol=0)
+    plain = penalised_logprobs(model, batch, 1.0, 0.7)
+    assert (expected - plain)[mask].abs().max() > 0.1  # the penalty moved them
 
 
 @pytest.mark.parametrize("make", [HFGenerate, LeanSampler, StaticCacheSampler], ids=["hf", "lean", "static-cache"])

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from lit_gspo.rl.engines import HFGenerate, LeanSampler
-from lit_gspo.rl.engines.fast_generate import attention_implementation, fast_generate, filter_logits, sample_tokens
+from lit_gspo.rl.engines.fast_generate import (
+    attention_implementation,
+    fast_generate,
+    filter_logits,
+    penalize_repeats,
+    sample_tokens,
+    tokens_seen,
+)
 from lit_gspo.rl.rollout import left_pad
 
 PAD, EOS = 0, 1  # as in conftest.py's tiny model
@@ -190,6 +197,20 @@ def test_filter_logits_top_k_top_p():
     assert torch.isinf(filter_logits(logits, min_p=0.5)).tolist() == [[False, False, True, True]]
     # after top-p 0.7 (0.5, 0.3 left, renormalised 0.625, 0.375): the threshold is relative, so 0.7 drops 0.3 still
     assert torch.isinf(filter_logits(logits, top_p=0.7, min_p=0.7)).tolist() == [[False, True, True, True]]
+
+
+def test_the_repetition_penalty_is_transformers_bit_for_bit_and_skips_left_padding():
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    logits = torch.randn(4, 30, generator=torch.Generator().manual_seed(0)) * 3
+    ids = torch.randint(3, 30, (4, 9), generator=torch.Generator().manual_seed(1))
+    everything = torch.ones_like(ids, dtype=torch.bool)
+    expected = RepetitionPenaltyLogitsProcessor(1.3)(ids, logits)
+    assert torch.equal(penalize_repeats(logits, tokens_seen(ids, everything, 30), 1.3), expected)
+    # by hand: z > 0 divided by p, z <= 0 multiplied; a token seen only in the padding is not penalised
+    ids, valid = torch.tensor([[0, 0, 4, 5]]), torch.tensor([[False, False, True, True]])
+    z = torch.tensor([[2.0, -1.0, 0.5, 0.5, 3.0, -2.0]])
+    assert penalize_repeats(z, tokens_seen(ids, valid, 6), 2.0).tolist() == [[2.0, -1.0, 0.5, 0.5, 1.5, -4.0]]
 
 
 def test_filter_logits_is_transformers_warpers_bit_for_bit():

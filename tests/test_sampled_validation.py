@@ -64,11 +64,17 @@ def test_the_logged_completions_of_a_sampled_validation_are_each_prompts_samples
     assert [float(r["step"]) for r in rows if r.get("val/reward")] == [0.0, 1.0]
 
 
-def test_generation_min_p_reaches_the_engine_in_training_and_in_a_sampled_validation(tmp_path):
-    args = tiny_args(tmp_path, "--model.generation.min_p", "0.25", "--model.validation.num_generations", "2")
-    cli = cli_main([*args, "--trainer.max_steps", "1", "--model.validation.every_n_steps", "0"], run=False)
+def test_min_p_and_the_repetition_penalty_reach_the_engine_in_training_and_in_a_sampled_validation(tmp_path):
+    args = tiny_args(tmp_path, "--model.generation.min_p", "0.25", "--model.generation.repetition_penalty", "1.2")
+    args += ["--model.validation.num_generations", "2", "--model.validation.every_n_steps", "0"]
+    cli = cli_main([*args, "--trainer.max_steps", "1"], run=False)
     engine, seen = cli.model.collector.engine, []
     sample = engine.sample
-    engine.sample = lambda *a, **kw: seen.append((kw["num_generations"], kw["greedy"], kw["min_p"])) or sample(*a, **kw)
+
+    def recorded(*args, **kwargs):
+        seen.append((kwargs["num_generations"], kwargs["greedy"], kwargs["min_p"], kwargs["repetition_penalty"]))
+        return sample(*args, **kwargs)
+
+    engine.sample = recorded
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    assert (4, False, 0.25) in seen and (2, False, 0.25) in seen  # a rollout's G = 4, validation's n = 2
+    assert (4, False, 0.25, 1.2) in seen and (2, False, 0.25, 1.2) in seen  # a rollout's G = 4, validation's n = 2

@@ -282,6 +282,9 @@ def test_the_compiled_step_compiles_once_per_bucket_across_rl_steps(model):
     assert engine.caches_built == 1
 
 
+PENALISED = dict(temperature=0.7, min_p=0.05, repetition_penalty=1.3)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16 autocast, precast weights"])
 def test_the_decoding_step_compiles_as_one_graph(any_model, autocast):
@@ -291,10 +294,12 @@ def test_the_decoding_step_compiles_as_one_graph(any_model, autocast):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         compiled = sample(engine, any_model, greedy=True)
         drawn = sample(engine, any_model, temperature=0.7, top_k=5, top_p=0.9)  # the sampling step: one graph too
+        penalised = sample(engine, any_model, **PENALISED)  # and with min-p and the penalty's tokens-seen buffer
     if not autocast:  # (a graph break raised above) and the one graph decodes the eager step's tokens
         assert torch.equal(compiled.input_ids, sample(StaticCacheSampler(), any_model, greedy=True).input_ids)
         eager = sample(StaticCacheSampler(), any_model, temperature=0.7, top_k=5, top_p=0.9)
         assert torch.equal(drawn.input_ids, eager.input_ids)
+        assert torch.equal(penalised.input_ids, sample(StaticCacheSampler(), any_model, **PENALISED).input_ids)
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from lit_gspo.rl.objectives import PPO
         ({"top_k": -1}, r"top_k must be >= 0 \(0: no top-k\), got -1"),
         ({"min_p": -0.1}, r"min_p must be in \[0, 1\] \(0: no min-p cut\), got -0.1"),
         ({"min_p": 1.5}, r"min_p must be in \[0, 1\] \(0: no min-p cut\), got 1.5"),
+        ({"repetition_penalty": 0.0}, r"repetition_penalty must be > 0 \(1: none\), got 0.0"),
         ({"max_prompt_length": 0}, r"max_prompt_length must be >= 1, got 0"),
     ],
 )

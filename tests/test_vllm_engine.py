@@ -138,6 +138,16 @@ def test_with_min_p_the_logprobs_are_of_the_tokens_at_least_min_p_times_the_most
     torch.testing.assert_close(batch.engine_logprobs[mask], expected[mask], atol=ATOL, rtol=0)
 
 
+def test_with_a_repetition_penalty_the_logprobs_are_of_the_penalised_distribution(engine, model):
+    """vLLM penalises the prompt's and the reply's tokens before temperature, as the in-process engines do."""
+    from test_engines import penalised_logprobs
+
+    batch = sample(engine, model, temperature=0.7, repetition_penalty=1.8, return_logprobs=True)
+    mask = batch.completion_mask
+    expected = penalised_logprobs(model, batch, 1.8, 0.7)
+    torch.testing.assert_close(batch.engine_logprobs[mask], expected[mask], atol=ATOL, rtol=0)
+
+
 def test_a_seeded_torch_rng_samples_the_same_completions_and_another_seed_others(engine, model):
     first, again, other = (sample(engine, model, seed=s, temperature=1.0) for s in (0, 0, 1))
     assert torch.equal(first.input_ids, again.input_ids)

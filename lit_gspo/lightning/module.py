@@ -254,7 +254,8 @@ class RLModule(LightningModule):
             g = self.generation
             rank_zero_info(
                 f"the model's generation_config sets {ignored}; no engine applies them: replies are sampled with "
-                f"model.generation's temperature={g.temperature}, top_p={g.top_p}, top_k={g.top_k}, min_p={g.min_p} only"
+                f"model.generation's temperature={g.temperature}, top_p={g.top_p}, top_k={g.top_k}, min_p={g.min_p}, "
+                f"repetition_penalty={g.repetition_penalty} only"
             )
         self.device_defaults.apply(self)
 

@@ -36,6 +36,10 @@ class Generation:
     min_p: float = 0.0
     """sample among the tokens at least ``min_p`` times as probable as the most probable one (0: no cut); applied after
     temperature, top-k and top-p, as transformers' warpers (vLLM applies it before top-k and top-p)."""
+    repetition_penalty: float = 1.0
+    """p: while sampling, a token the context already holds (the prompt, not its padding, and the reply so far) has its
+    logit z divided by p where z > 0, multiplied by p where not, before temperature (transformers' and vLLM's; 1: none;
+    > 1 discourages repeats). Greedy validation decodes without it."""
 
     stop: list[str] | None = None
     """strings a reply also ends at, besides the stop tokens: it ends with the token that completes the first it
@@ -88,6 +92,8 @@ class Generation:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p} (1: no nucleus cut; 0 would sample nothing)")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0: no top-k), got {self.top_k}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1: none), got {self.repetition_penalty}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1] (0: no min-p cut), got {self.min_p}")
         if self.stop is not None:

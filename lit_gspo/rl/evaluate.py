@@ -120,7 +120,8 @@ def evaluate(
         greedy: score one greedy completion per prompt (``collector.generation.val_max_new_tokens`` or
             ``max_new_tokens`` new tokens, as validation).
         samples: n completions per prompt for mean@n and pass@k (0: none), at ``temperature`` (None: the
-            collector's) with the collector's ``max_new_tokens``, ``top_p``, ``top_k``, ``min_p``.
+            collector's) with the collector's ``max_new_tokens``, ``top_p``, ``top_k``, ``min_p``,
+            ``repetition_penalty``.
         ks: the k of pass@k (each ≤ n; None: 1, 2, 4, ..., n).
         threshold: a sample is solved when its reward is ≥ this.
         greedy_batch_size, sample_batch_size: prompts per ``Collector.sample`` call.
@@ -186,7 +187,7 @@ def _greedy(policy, collector, rows, per_prompt, threshold, batch_size) -> dict:
 def sampling(collector: Collector, n: int, temperature: float | None = None, max_new_tokens: int | None = None):
     """``collector.sample`` draws n completions per prompt at ``temperature`` (None: the collector's), at most
     ``max_new_tokens`` new tokens each (None: the collector's), while in this context; its other settings (top-p,
-    top-k, min-p, stop strings) are the collector's."""
+    top-k, min-p, repetition penalty, stop strings) are the collector's."""
     original = collector.generation
     collector.generation = dataclasses.replace(
         original,
@@ -221,6 +222,7 @@ def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold,
         "top_p": g.top_p,
         "top_k": g.top_k,
         "min_p": g.min_p,
+        "repetition_penalty": g.repetition_penalty,
         f"mean@{n}": float(torch.cat(rewards).mean()),
     }
     for k in ks:

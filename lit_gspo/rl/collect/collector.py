@@ -150,6 +150,7 @@ class Collector:
             top_p=g.top_p,
             top_k=g.top_k,
             min_p=g.min_p,
+            repetition_penalty=g.repetition_penalty,
             greedy=greedy,
             synced_gpus=synced_gpus,
             return_logprobs=self.engine_logprobs and not greedy,

@@ -122,7 +122,8 @@ class RolloutEngine:
         Returns (sequences, logprobs): sequences (N·G, P + T) group-major, the prompt then the completion
         (anything after a stop id is ignored); logprobs (N·G, T) fp32, the sampler's log-probability of each
         sampled token under the distribution it sampled from, or None (not asked for, or not available).
-        ``sampling`` holds ``temperature``, ``top_p``, ``top_k`` (and ``min_p`` when > 0) — empty for greedy decoding. ``eos_id``: the ids a
+        ``sampling`` holds ``temperature``, ``top_p``, ``top_k`` (and ``min_p`` when > 0, ``repetition_penalty`` when
+        not 1) — empty for greedy decoding. ``eos_id``: the ids a
         reply ends at, an int or a list (the collector passes its ``stop_ids``, lit_gspo.rl.stop_tokens).
         """
         raise NotImplementedError
@@ -141,6 +142,7 @@ class RolloutEngine:
         top_p: float = 1.0,
         top_k: int = 0,
         min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
         greedy: bool = False,
         synced_gpus: bool = False,
         return_logprobs: bool = False,
@@ -161,6 +163,8 @@ class RolloutEngine:
             sampling = {} if greedy else dict(temperature=temperature, top_p=top_p, top_k=top_k)
             if sampling and min_p > 0.0:
                 sampling["min_p"] = min_p
+            if sampling and repetition_penalty != 1.0:
+                sampling["repetition_penalty"] = repetition_penalty
             generate = self.generate
             if synced_gpus and not self.samples_sharded:
                 from lit_gspo.rl.engines.hf import generate_with_hf

@@ -70,6 +70,22 @@ def filter_logits(
     return logits
 
 
+#: the sampling settings :func:`filter_logits` takes (``sampling`` also holds ``repetition_penalty``, applied before)
+WARPERS = ("temperature", "top_k", "top_p", "min_p")
+
+
+def tokens_seen(ids: Tensor, valid: Tensor, vocab: int) -> Tensor:
+    """(rows, vocab) bool: the tokens each row of ``ids`` (rows, L) holds where ``valid`` (left padding is not)."""
+    counts = torch.zeros(ids.shape[0], vocab, dtype=torch.int32, device=ids.device)
+    return counts.scatter_add_(1, ids, valid.int()) > 0
+
+
+def penalize_repeats(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """The repetition penalty (Keskar et al. 2019; transformers' and vLLM's) on raw logits (B, V), before
+    temperature: a token the row has ``seen`` gets z / p where z > 0, z · p where z ≤ 0; the others keep z."""
+    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+
+
 def sample_tokens(probs: Tensor, generator: torch.Generator | None = None, uniform: Tensor | None = None) -> Tensor:
     """One token per row of ``probs`` (B, V): the first index whose cumulative probability exceeds u·total.
 
@@ -198,6 +214,7 @@ def fast_generate(
     top_p: float = 1.0,
     top_k: int = 0,
     min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
     generator: torch.Generator | None = None,
     return_logprobs: bool = False,
     stop: StopStrings | None = None,
@@ -205,7 +222,8 @@ def fast_generate(
     """Sample ``num_generations`` completions for each (left-padded) prompt row.
 
     Returns (N·G, P + T) token ids; with ``return_logprobs`` also (N·G, T) fp32 log-probs of the sampled
-    tokens under the distribution they were drawn from (after temperature, top-k, top-p, min-p).
+    tokens under the distribution they were drawn from (after the repetition penalty, temperature, top-k, top-p,
+    min-p).
     ``input_ids``/``attention_mask`` hold each prompt once (N rows). T ≤ ``max_new_tokens`` is the
     longest completion (generation stops once every row has emitted an EOS or written a ``stop`` string).
     """
@@ -239,6 +257,10 @@ def fast_generate(
         attention_mask = attention_mask.repeat_interleave(G, 0)
         positions = positions.repeat_interleave(G, 0)
     rows = n * G
+    seen = None  # (R, V): the tokens each row's prompt and reply hold, for the repetition penalty
+    if do_sample and repetition_penalty != 1.0:
+        prompts = input_ids.repeat_interleave(G, 0) if G > 1 else input_ids
+        seen = tokens_seen(prompts, attention_mask.bool(), logits.shape[-1])
     next_pos = positions[:, -1:] + 1  # (R, 1)
     attn = attention_mask.long()
     tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -248,11 +270,15 @@ def fast_generate(
     used = 0
     for step in range(max_new_tokens):
         if do_sample:
+            if seen is not None:
+                logits = penalize_repeats(logits, seen, repetition_penalty)
             logits = filter_logits(logits, temperature, top_k, top_p, min_p)
             nxt = sample_tokens(logits.softmax(-1), generator)
         else:
             nxt = logits.argmax(-1)
         nxt = nxt.masked_fill(finished, pad_id)
+        if seen is not None:
+            seen.scatter_(1, nxt[:, None], True)
         tokens[active, step] = nxt
         if logprobs is not None:
             logp = logits.log_softmax(-1).gather(-1, nxt[:, None]).squeeze(1)
@@ -269,6 +295,7 @@ def fast_generate(
             keep = running.nonzero().squeeze(1)
             cache.batch_select_indices(keep)
             active, nxt, attn, next_pos, finished = active[keep], nxt[keep], attn[keep], next_pos[keep], finished[keep]
+            seen = seen[keep] if seen is not None else None
         attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], 1)
         out = model(
             input_ids=nxt[:, None],

@@ -8,7 +8,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria,
 
 from lit_gspo.rl.engines.base import RolloutEngine
 from lit_gspo.rl.engines.checkpoint_settings import empty_generation_config
-from lit_gspo.rl.engines.fast_generate import filter_logits, sample_tokens
+from lit_gspo.rl.engines.fast_generate import WARPERS, filter_logits, penalize_repeats, sample_tokens, tokens_seen
 from lit_gspo.rl.stop_strings import StopStrings
 
 
@@ -42,8 +42,11 @@ def generate_with_hf(
     sampling draws from torch's default stream only); a row stops at a ``stop`` string too. The log-probs are kept a
     step at a time (:class:`InProcessor`), never as transformers' ``output_scores``."""
     draws = generator is not None and bool(sampling)
-    if draws or return_logprobs:  # the warpers in the processor, none of transformers' (1.0 and 0 add none)
-        processor = InProcessor(sampling, generator if draws else None)
+    # the warpers in the processor, none of transformers' (1.0 and 0 add none); so the penalty too, whose transformers
+    # processor would count the prompts' left padding as tokens seen
+    if draws or return_logprobs or "repetition_penalty" in sampling:
+        prompt_mask = attention_mask.repeat_interleave(num_generations, 0).bool()
+        processor = InProcessor(sampling, generator if draws else None, prompt_mask)
         sampler_args = {"do_sample": bool(sampling) and not draws, **NO_WARPERS}
     else:
         processor, sampler_args = None, {"do_sample": bool(sampling), **sampling}
@@ -69,7 +72,8 @@ NO_WARPERS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
 
 
 class InProcessor(LogitsProcessor):
-    """Temperature, top-k, top-p and min-p applied in a logits processor (:func:`filter_logits`, bit for bit transformers'
+    """The repetition penalty (over the prompt's tokens, not its padding, and the reply's), then temperature, top-k,
+    top-p and min-p applied in a logits processor (:func:`filter_logits`, bit for bit transformers'
     warpers, which transformers adds after the processors it is given), and with a ``generator`` the draw too: the
     inverse CDF (:func:`sample_tokens`, as the lean sampler draws), returned as scores whose argmax is the drawn token
     so that greedy decoding emits it. Keeps each drawn token's log-prob under the filtered distribution: one step's
@@ -77,13 +81,19 @@ class InProcessor(LogitsProcessor):
     it — not ``output_scores``' stack of every step (rows × T × vocabulary in fp32: 10 GB for 64 rows × 256 tokens of
     a 152k vocabulary)."""
 
-    def __init__(self, sampling: dict, generator: torch.Generator | None = None):
+    def __init__(self, sampling: dict, generator: torch.Generator | None = None, prompt_mask: Tensor | None = None):
         self.sampling, self.generator, self.previous = sampling, generator, None
+        self.prompt_mask = prompt_mask  # (rows, P): the prompts' tokens that are not left padding
         self.logprobs: list[Tensor] = []  # (rows,) per decoding step
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         self._keep(input_ids[:, -1])
-        logits = filter_logits(scores, **self.sampling)
+        if "repetition_penalty" in self.sampling:
+            mask = self.prompt_mask
+            valid = torch.cat([mask, mask.new_ones(mask.shape[0], input_ids.shape[1] - mask.shape[1])], 1)
+            seen = tokens_seen(input_ids, valid, scores.shape[-1])
+            scores = penalize_repeats(scores.float(), seen, self.sampling["repetition_penalty"])
+        logits = filter_logits(scores, **{key: self.sampling[key] for key in WARPERS if key in self.sampling})
         self.previous = logits.log_softmax(-1)
         if self.generator is None:
             return logits  # transformers draws from them

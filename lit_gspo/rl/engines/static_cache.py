@@ -49,7 +49,9 @@ from lit_gspo.rl.engines.fast_generate import (
     attention_implementation,
     fast_generate,
     filter_logits,
+    penalize_repeats,
     sample_tokens,
+    tokens_seen,
 )
 from lit_gspo.rl.engines.precast import PrecastLinears
 from lit_gspo.runtime.sharding import is_sharded
@@ -102,19 +104,31 @@ def decode_logits(
 
 
 def next_tokens(
-    logits: Tensor, finished: Tensor, eos: Tensor, pad_id: int, uniform: Tensor | None, sampling: dict
+    logits: Tensor,
+    finished: Tensor,
+    eos: Tensor,
+    pad_id: int,
+    uniform: Tensor | None,
+    sampling: dict,
+    seen: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Each row's next token from its fp32 ``logits`` (R, V): drawn by inverting the CDF at ``uniform`` (R,) after
     temperature (``sampling["temperature"]``: a tensor, so that another value reuses the compiled step), top-k, top-p
-    and min-p, or the argmax where ``sampling`` is empty; ``pad_id`` where the row has finished. Returns the tokens, their
-    log-probs under the distribution drawn from (0 where finished) and which rows have finished after them."""
+    and min-p, or the argmax where ``sampling`` is empty; ``pad_id`` where the row has finished. ``seen`` (R, V): the
+    tokens each row holds, penalised first by ``sampling["repetition_penalty"]``; the chosen ones are added to it.
+    Returns the tokens, their log-probs under the distribution drawn from (0 where finished) and which rows have
+    finished after them."""
     if sampling:
+        if seen is not None:
+            logits = penalize_repeats(logits, seen, sampling["repetition_penalty"])
         top_k, top_p, min_p = sampling.get("top_k", 0), sampling.get("top_p", 1.0), sampling.get("min_p", 0.0)
         logits = filter_logits(logits / sampling["temperature"], top_k=top_k, top_p=top_p, min_p=min_p)
         chosen = sample_tokens(logits.softmax(-1), uniform=uniform)
     else:
         chosen = logits.argmax(-1)
     chosen = chosen.masked_fill(finished, pad_id)
+    if seen is not None:
+        seen.scatter_(1, chosen[:, None], True)
     logprobs = logits.log_softmax(-1).gather(-1, chosen[:, None]).squeeze(1).masked_fill(finished, 0.0)
     return chosen, logprobs, finished | torch.isin(chosen, eos)
 
@@ -127,7 +141,8 @@ def decode_next(
     replays once per token: nothing of a token's work is left to run op by op from Python. Returns the tokens and
     their log-probs (the graph's outputs, valid until the next step). ``slots``: see :func:`decode_logits`."""
     logits = decode_logits(model, cache, state.tokens, state.positions, state.mask, slots)
-    chosen, logprobs, finished = next_tokens(logits, state.finished, eos, pad_id, state.uniform, sampling)
+    seen = state.seen if "repetition_penalty" in sampling else None
+    chosen, logprobs, finished = next_tokens(logits, state.finished, eos, pad_id, state.uniform, sampling, seen)
     state.tokens.copy_(chosen[:, None])
     state.positions.add_(1)
     state.finished.copy_(finished)
@@ -145,7 +160,8 @@ def decode_next_greedy(
 class DecodeState:
     """What the decoding step reads and advances in place, at addresses fixed per row bucket (a CUDA graph replays
     them): each row's last token, next position, mask over the cache slots and whether it has finished, the uniform
-    draw its next token inverts and the sampling temperature. Rows past the batch's own are finished from the start."""
+    draw its next token inverts and the sampling temperature (and, under a repetition penalty, the tokens each row
+    holds: :meth:`seen_buffer`). Rows past the batch's own are finished from the start."""
 
     def __init__(self, rows: int, cache_len: int, device: torch.device):  # cache_len: the slots a step may read
         self.tokens = torch.zeros(rows, 1, dtype=torch.long, device=device)
@@ -158,6 +174,14 @@ class DecodeState:
         for tensor in vars(self).values():  # unguarded: a new state is a new CUDA graph recording, not a recompile
             torch._dynamo.mark_static_address(tensor, guard=False)
         self.slot_views: dict[int, Tensor] = {}
+        self.seen: Tensor | None = None
+
+    def seen_buffer(self, vocab: int) -> Tensor:
+        """The (rows, vocab) bool of the tokens each row holds, at its fixed address (made at the first call)."""
+        if self.seen is None or self.seen.shape[1] != vocab:
+            self.seen = torch.zeros(self.finished.shape[0], vocab, dtype=torch.bool, device=self.finished.device)
+            torch._dynamo.mark_static_address(self.seen, guard=False)
+        return self.seen
 
     def slots(self, written: int) -> Tensor:
         """The first S slot indices, S ≥ ``written`` rounded up to one of at most :data:`SLOT_BUCKETS` lengths (each
@@ -453,8 +477,20 @@ class StaticCacheSampler(RolloutEngine):
         eos = torch.tensor(eos_id if isinstance(eos_id, list) else [eos_id], dtype=torch.long, device=device)
         tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((rows, max_new_tokens), device=device) if return_logprobs else None
+        seen = None
+        if "repetition_penalty" in sampling:  # the prompts' tokens (not their left padding); the replies' added
+            seen = state.seen_buffer(logits.shape[-1])
+            seen.zero_()
+            prompts, valid = input_ids.repeat_interleave(G, 0), attention_mask.bool().repeat_interleave(G, 0)
+            seen[:rows] = tokens_seen(prompts, valid, seen.shape[1])
         chosen, chosen_logprobs, finished = next_tokens(
-            logits, state.finished[:rows], eos, pad_id, uniforms[0, :rows] if sampling else None, sampling
+            logits,
+            state.finished[:rows],
+            eos,
+            pad_id,
+            uniforms[0, :rows] if sampling else None,
+            sampling,
+            seen[:rows] if seen is not None else None,
         )  # the first token from the prefill's logits, then one decoding step per token
         state.tokens.fill_(pad_id)
         state.tokens[:rows, 0] = chosen

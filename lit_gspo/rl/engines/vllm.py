@@ -299,6 +299,7 @@ def _sampling_args(sampling: dict) -> dict:
         "top_p": float(sampling["top_p"]),
         "top_k": int(sampling["top_k"]),
         "min_p": float(sampling.get("min_p", 0.0)),
+        "repetition_penalty": float(sampling.get("repetition_penalty", 1.0)),
     }
 
 
