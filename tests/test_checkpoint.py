@@ -110,13 +110,15 @@ ADAPTIVE_ENTROPY = ("--model.update.entropy_coef", "0.01", "--model.update.entro
         ("bitsandbytes.optim.AdamW8bit", ()),
         ("torch.optim.AdamW", BF16_PARAMS),
         ("torch.optim.AdamW", ADAPTIVE_ENTROPY),
+        ("torch.optim.AdamW", ("--model.validation.num_generations", "2")),
     ],
-    ids=["AdamW", "AdamW8bit", "AdamW-bf16-params", "AdamW-adaptive-entropy-bonus"],
+    ids=["AdamW", "AdamW8bit", "AdamW-bf16-params", "AdamW-adaptive-entropy-bonus", "AdamW-sampled-validation"],
 )
 def test_n_steps_then_resume_n_steps_is_exactly_the_2n_step_run(tmp_path, optimizer, extra):
     """24 rows, 4 per step: the resume lands mid-epoch, so data position, RNG, optimiser and schedule all matter. With
     the update on bf16 casts (``update.param_dtype``) the checkpoint holds the fp32 master weights; with an adaptive
-    entropy bonus it holds the coefficient and the last entropy measured."""
+    entropy bonus it holds the coefficient and the last entropy measured. A sampled validation draws alike after the
+    resume (its own stream)."""
     opt = ["--model.optimizer", optimizer, *extra]
     straight = fit(tmp_path / "straight", 3, *opt)  # 3 RL steps = 6 optimiser steps
     fit(tmp_path / "split", 2, *opt)  # 2 RL steps, last.ckpt after the second
