@@ -153,7 +153,7 @@ def test_the_option_check_can_fail(cli_keys):
     assert accepted("--model.objective.clip_high", cli_keys)
     assert accepted("--model.engine.init_args.kv_cache_gb", cli_keys)
     assert accepted("--model.generation.num_generations", cli_keys)
-    assert not accepted("--model.generation.min_p", cli_keys)
+    assert not accepted("--model.generation.typical_p", cli_keys)
     assert not accepted("--model.engine.init_args.gpu_memory_utilization", cli_keys)
     assert not accepted("--trainer.no_such_flag", cli_keys)
     assert named_options("`--model.objective GSPO --model.objective.clip_high=4e-4`") == [
