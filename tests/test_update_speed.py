@@ -31,7 +31,12 @@ def test_the_variants_of_one_update_compute_the_same_gradient_within_bf16s_round
     assert rows["padded"]["gradient_off"] == 0.0
     assert rows["plain activations"]["gradient_off"] == 0.0  # lean norms and activations: the same bits
     for r in rows.values():
-        assert len(r["times"]) == 2 and r["median_s"] > 0 and 0 < r["mfu"] < 1
+        assert len(r["times"]) == 2 and r["median_s"] > 0 and r["mfu"] > 0
+    # one learn's FLOPs for every variant (the same tokens, counted once): MFU × seconds is the same. Not MFU < 1: it is
+    # against this machine's bf16 matmul, which a CPU without bf16 instructions (AMD Zen 3) emulates, slower than the
+    # learn's fp32 parts run (MFU 1.99 seen there, 2026-12-07)
+    work = [r["mfu"] * r["median_s"] for r in rows.values()]
+    assert max(work) == pytest.approx(min(work), rel=1e-9)
     summary = device_check.update_speed_brief(measured)
     assert summary.startswith("eager ") and "bf16 casts " in summary and "gradient off" in summary
 
