@@ -1,6 +1,7 @@
 """One validation (or test) of an RLModule: a greedy completion of each held-out prompt, or n sampled ones
-(``validation.num_generations``), scored, reduced over the ranks and logged as ``<split>/reward``, ``<split>/response_length``, ``<split>/clipped_ratio`` and the multi-turn
-metrics, with some of the completions shown (``completions.csv``, the loggers' tables, the terminal)."""
+(``validation.num_generations``), scored, reduced over the ranks and logged as ``<split>/reward``,
+``<split>/response_length``, ``<split>/clipped_ratio`` and the multi-turn metrics, with some of the completions shown
+(``completions.csv``, the loggers' tables, the terminal)."""
 
 from __future__ import annotations
 

@@ -352,8 +352,8 @@ class Validation:
     reward and each reward function's score."""
     num_generations: int = 0
     """0: one greedy completion per held-out prompt. n >= 1: n completions sampled per prompt (TRL's
-    ``num_generations_eval``) at ``temperature`` and the generation's top-p and top-k; ``val/reward`` is then their mean
-    (mean@n). Every validation draws from one seeded stream, so two validations differ by the policy, not the draws."""
+    ``num_generations_eval``) at ``temperature`` and the generation's other sampling settings (top-p, top-k, min-p, the
+    repetition penalty); ``val/reward`` is then their mean (mean@n). Every validation draws from one seeded stream, so two validations differ by the policy, not the draws."""
     temperature: float | None = None
     """the sampling temperature of a sampled validation (``num_generations`` >= 1); None: ``generation.temperature``."""
 

@@ -67,6 +67,7 @@ class RewardTally:
 
         reward = Σ R / #samples      response_length = Σ completion tokens / #samples
         <key>  = Σ value·w / Σ w     (w = the samples the batch's value is a mean over: its ``WEIGHT`` key)
+
     A greedy batch has one sample per prompt, a sampled one n (``validation.num_generations``: reward is mean@n).
 
     The sums are fp64 and summed over ranks in one collective (:meth:`reduce`), so the result does not depend on how

@@ -123,8 +123,8 @@ class RolloutEngine:
         (anything after a stop id is ignored); logprobs (N·G, T) fp32, the sampler's log-probability of each
         sampled token under the distribution it sampled from, or None (not asked for, or not available).
         ``sampling`` holds ``temperature``, ``top_p``, ``top_k`` (and ``min_p`` when > 0, ``repetition_penalty`` when
-        not 1) — empty for greedy decoding. ``eos_id``: the ids a
-        reply ends at, an int or a list (the collector passes its ``stop_ids``, lit_gspo.rl.stop_tokens).
+        not 1) — empty for greedy decoding. ``eos_id``: the ids a reply ends at, an int or a list (the collector passes
+        its ``stop_ids``, lit_gspo.rl.stop_tokens).
         """
         raise NotImplementedError
 

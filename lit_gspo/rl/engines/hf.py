@@ -73,8 +73,8 @@ NO_WARPERS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
 
 class InProcessor(LogitsProcessor):
     """The repetition penalty (over the prompt's tokens, not its padding, and the reply's), then temperature, top-k,
-    top-p and min-p applied in a logits processor (:func:`filter_logits`, bit for bit transformers'
-    warpers, which transformers adds after the processors it is given), and with a ``generator`` the draw too: the
+    top-p and min-p applied in a logits processor (:func:`filter_logits`, bit for bit transformers' warpers, which
+    transformers adds after the processors it is given), and with a ``generator`` the draw too: the
     inverse CDF (:func:`sample_tokens`, as the lean sampler draws), returned as scores whose argmax is the drawn token
     so that greedy decoding emits it. Keeps each drawn token's log-prob under the filtered distribution: one step's
     (rows, vocabulary) log-softmax at a time, read at the next call, whose ``input_ids`` end with the token drawn from
