@@ -73,21 +73,28 @@ def test_with_top_k_the_sampler_renormalises_so_its_logprobs_exceed_the_trainers
     assert (gap > 1e-4).all()  # the 3 kept tokens' mass is < 1 under the full softmax
 
 
-@pytest.mark.parametrize("make", [HFGenerate, LeanSampler, StaticCacheSampler], ids=["hf", "lean", "static-cache"])
-def test_with_min_p_the_logprobs_are_of_the_tokens_at_least_min_p_times_the_most_probable(model, make):
-    """Hand-computed from the trainer's logits at temperature 0.3: the log-softmax over the tokens whose probability is
-    ≥ 0.5 × the most probable one's; every sampled token is one of them."""
-    batch = sample(make(), model, temperature=0.3, min_p=0.5, return_logprobs=True)
-    P, mask = batch.prompt_length, batch.completion_mask
+def min_p_logprobs(model, batch, min_p: float, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, T) by hand: the log-softmax of each step's logits / T over the tokens whose probability is ≥ min_p × the
+    most probable one's; and how many tokens each step kept."""
+    P = batch.prompt_length
     with torch.no_grad():
         positions = position_ids_of(batch.attention_mask)
         out = model(batch.input_ids, attention_mask=batch.attention_mask, position_ids=positions)
-        logits = out.logits[:, P - 1 : -1].float() / 0.3
+        logits = out.logits[:, P - 1 : -1].float() / temperature
     probs = logits.softmax(-1)
-    kept = probs >= 0.5 * probs.amax(-1, keepdim=True)
+    kept = probs >= min_p * probs.amax(-1, keepdim=True)
     expected = logits.masked_fill(~kept, -torch.inf).log_softmax(-1).gather(-1, batch.input_ids[:, P:, None])[..., 0]
-    assert torch.isfinite(expected[mask]).all()  # every sampled token is one min-p kept
-    assert (kept.sum(-1)[mask] < probs.shape[-1]).any()  # and min-p cut some
+    return expected, kept.sum(-1)
+
+
+@pytest.mark.parametrize("make", [HFGenerate, LeanSampler, StaticCacheSampler], ids=["hf", "lean", "static-cache"])
+def test_with_min_p_the_logprobs_are_of_the_tokens_at_least_min_p_times_the_most_probable(model, make):
+    """Every sampled token is one min-p kept, with the log-prob of the cut distribution (temperature 0.3, min-p 0.5)."""
+    batch = sample(make(), model, temperature=0.3, min_p=0.5, return_logprobs=True)
+    mask = batch.completion_mask
+    expected, kept = min_p_logprobs(model, batch, 0.5, 0.3)
+    assert torch.isfinite(expected[mask]).all()
+    assert (kept[mask] < model.config.vocab_size).any()  # min-p cut some
     torch.testing.assert_close(batch.engine_logprobs[mask], expected[mask], atol=2e-5, rtol=0)
 
 

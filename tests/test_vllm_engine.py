@@ -123,17 +123,13 @@ def test_with_top_k_and_top_p_the_logprobs_are_of_the_truncated_renormalised_dis
 
 
 def test_with_min_p_the_logprobs_are_of_the_tokens_at_least_min_p_times_the_most_probable(engine, model):
-    """Hand-computed from the trainer's logits at temperature 0.3: the log-softmax over the tokens whose probability is
-    ≥ 0.5 × the most probable one's (vLLM cuts min-p before top-k and top-p, transformers after: alone, the same)."""
+    """As the in-process engines' (tests/test_engines.py); vLLM cuts min-p before top-k and top-p, transformers after:
+    alone, the same."""
+    from test_engines import min_p_logprobs
+
     batch = sample(engine, model, temperature=0.3, min_p=0.5, return_logprobs=True)
-    P, mask = batch.prompt_length, batch.completion_mask
-    with torch.no_grad():
-        positions = position_ids_of(batch.attention_mask)
-        out = model(batch.input_ids, attention_mask=batch.attention_mask, position_ids=positions)
-        logits = out.logits[:, P - 1 : -1].float() / 0.3
-    probs = logits.softmax(-1)
-    kept = probs >= 0.5 * probs.amax(-1, keepdim=True)
-    expected = logits.masked_fill(~kept, -torch.inf).log_softmax(-1).gather(-1, batch.input_ids[:, P:, None])[..., 0]
+    mask = batch.completion_mask
+    expected, _ = min_p_logprobs(model, batch, 0.5, 0.3)
     assert torch.isfinite(expected[mask]).all()  # every sampled token is one min-p kept
     torch.testing.assert_close(batch.engine_logprobs[mask], expected[mask], atol=ATOL, rtol=0)
 
