@@ -84,15 +84,17 @@ class InProcessor(LogitsProcessor):
     def __init__(self, sampling: dict, generator: torch.Generator | None = None, prompt_mask: Tensor | None = None):
         self.sampling, self.generator, self.previous = sampling, generator, None
         self.prompt_mask = prompt_mask  # (rows, P): the prompts' tokens that are not left padding
+        self.seen: Tensor | None = None  # (rows, vocabulary): the tokens each row holds, for the repetition penalty
         self.logprobs: list[Tensor] = []  # (rows,) per decoding step
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         self._keep(input_ids[:, -1])
         if "repetition_penalty" in self.sampling:
-            mask = self.prompt_mask
-            valid = torch.cat([mask, mask.new_ones(mask.shape[0], input_ids.shape[1] - mask.shape[1])], 1)
-            seen = tokens_seen(input_ids, valid, scores.shape[-1])
-            scores = penalize_repeats(scores.float(), seen, self.sampling["repetition_penalty"])
+            if self.seen is None:  # the first step: input_ids are the prompts
+                self.seen = tokens_seen(input_ids, self.prompt_mask, scores.shape[-1])
+            else:  # each later step: the token drawn at the one before
+                self.seen.scatter_(1, input_ids[:, -1:], True)
+            scores = penalize_repeats(scores.float(), self.seen, self.sampling["repetition_penalty"])
         logits = filter_logits(scores, **{key: self.sampling[key] for key in WARPERS if key in self.sampling})
         self.previous = logits.log_softmax(-1)
         if self.generator is None:
