@@ -6,11 +6,12 @@ import csv
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from lit_gspo.rl.evaluate import default_ks, pass_at_k
+from lit_gspo.rl.evaluate import PassAtK, default_ks, pass_at_k
 from lit_gspo.tools import eval as eval_cli
 from lit_gspo.tools.eval import load, run, run_config
 from lit_gspo.tools.main import cli_main, main
@@ -72,6 +73,25 @@ def run_dir(tmp_path_factory):
 def last_val_reward(root: Path) -> float:
     with open(next(root.glob("**/metrics.csv"))) as f:
         return [float(r["val/reward"]) for r in csv.DictReader(f) if r.get("val/reward")][-1]
+
+
+def test_pass_at_k_tally_by_hand_over_batches_and_ranks():
+    """Two prompts of n = 4 samples, c = 1 and c = 3 solved (one solved-looking sample's reward failed: its completion
+    is masked whole); pass@2 = ((1 − C(3,2)/C(4,2)) + 1) / 2 = 0.75. Summed over a second tally (another rank or batch),
+    the mean is over all prompts."""
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.9, 1.0, 1.0, 1.0, 2.0])  # group-major: prompt 0's 4, then prompt 1's
+    mask = torch.ones(8, 3, dtype=torch.bool)
+    mask[7] = False  # prompt 1's last sample: reward failed
+    tally = PassAtK(4, [1, 2, 4], threshold=0.95)
+    solved = tally.add(SimpleNamespace(rewards=rewards, completion_mask=mask))
+    assert solved.tolist() == [[True, False, False, False], [True, True, True, False]]
+    assert tally.reduce(prefix="val") == pytest.approx({"val/pass@1": 0.5, "val/pass@2": 0.75, "val/pass@4": 1.0})
+    other = PassAtK(4, [1, 2, 4], threshold=0.95)
+    other.add(SimpleNamespace(rewards=torch.zeros(4), completion_mask=torch.ones(4, 3, dtype=torch.bool)))
+    summed = tally.reduce(lambda sums: sums + other.sums, prefix="")
+    assert summed == pytest.approx({"pass@1": 1 / 3, "pass@2": 0.5, "pass@4": 2 / 3})  # 3 prompts, the third unsolved
+    with pytest.raises(ValueError, match=r"every k of pass@k must be in \[1, n=4\], got \[5\]"):
+        PassAtK(4, [5], threshold=1.0)
 
 
 def test_eval_of_the_saved_model_prints_greedy_and_pass_at_k_and_writes_checked_json(run_dir, capsys):

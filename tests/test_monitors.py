@@ -4,6 +4,7 @@ is refused before the fit starts, in one line naming the option; a name a step l
 
 from __future__ import annotations
 
+import copy
 import csv
 import glob
 import shlex
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lit_gspo.lightning.cli import cli_main
-from lit_gspo.lightning.monitors import logged_names
+from lit_gspo.lightning.cli import check_plateau, cli_main
+from lit_gspo.lightning.monitors import check_monitors, logged_names
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ["--config", str(ROOT / "configs/quickstart.yaml"), "--model.policy.warm_start.steps", "0"]
@@ -54,6 +55,7 @@ SETTINGS = [
     "--data.task_kwargs null --model.generation.max_prompt_length 1024 --model.policy.config "
     "'{hidden_size: 64, num_hidden_layers: 2, intermediate_size: 128, max_position_embeddings: 1024}'",
     "--model.rewards+=lit_gspo.rl.rewards.OverlongPenalty --model.rewards.max_len 4 --model.rewards.cache_len 2",
+    "--model.validation.num_generations 2",
 ]
 
 
@@ -74,6 +76,21 @@ def test_every_name_the_quickstart_logs_is_accepted(tmp_path):
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_every_name_a_built_in_component_logs_is_accepted(setting, tmp_path):
     check_logged_names_are_accepted(tmp_path, *shlex.split(setting))
+
+
+def test_every_val_name_a_run_logs_passes_the_start_check_of_a_plateau_monitor(tmp_path):
+    """The check of a ReduceLROnPlateau's monitor made on the parsed config, before the module is built, let only
+    val/reward, val/response_length and val/clipped_ratio through: a monitor on a reward function's mean, which every
+    validation logs, stopped the run at start."""
+    extra = ["--model.validation.num_generations", "2", *PLATEAU, "--lr_scheduler.monitor", "val/reward"]
+    cli = cli_main([*TINY, "--trainer.default_root_dir", str(tmp_path), *extra], run=False)
+    names = logged_names(cli.model)
+    assert {"val/rewards/char_accuracy/mean", "val/pass@1", "val/pass@2"} <= set(names.val)
+    for name in names.val:
+        config = copy.deepcopy(cli.config.model)
+        config.lr_scheduler.init_args.monitor = name
+        check_plateau(config)
+        check_monitors(names, [(f"--model.lr_scheduler.monitor {name}", name)])
 
 
 def refused(root: Path, capsys, *extra: str) -> str:

@@ -1,9 +1,12 @@
 """Sampled validation (``validation.num_generations``, TRL's ``num_generations_eval``): n completions per held-out
-prompt at the validation's temperature; ``val/reward`` is their mean (mean@n), drawn from a seeded stream of its own.
+prompt at the validation's temperature; ``val/reward`` is their mean (mean@n), drawn from a seeded stream of its own,
+and ``val/pass@k`` the share of prompts with a solved completion among k.
 The generation's cuts (top-p, top-k, min-p) apply to it as to the rollouts."""
 
 import csv
+import math
 
+import pytest
 import torch
 from test_trainer import read_metrics, tiny_args
 
@@ -31,6 +34,9 @@ def replay(model, datamodule, n: int, temperature: float) -> tuple[torch.Tensor,
 def test_val_reward_is_the_mean_of_n_samples_per_prompt_drawn_from_the_validations_own_stream(tmp_path):
     n, temperature = 3, 3.0
     args = ["--model.validation.num_generations", str(n), "--model.validation.temperature", str(temperature)]
+    args += ["--model.validation.pass_at_k", "[1,3]", "--model.validation.pass_threshold", "0.5"]
+    # the untrained policy's replies have no right characters: a reward for any digit gives some prompts solved samples
+    args += ["--model.rewards+=lit_gspo.rl.rewards.FormatReward", "--model.rewards.pattern", ".*[0-9].*"]
     cli = cli_main(tiny_args(tmp_path, *args, "--seed_everything", "5", "--data.val_batch_size", "3"), run=False)
     model, datamodule = cli.model, cli.datamodule
     first = cli.trainer.validate(model, datamodule=datamodule, verbose=False)[0]
@@ -45,6 +51,13 @@ def test_val_reward_is_the_mean_of_n_samples_per_prompt_drawn_from_the_validatio
     assert first["val/reward"] == float(rewards.sum() / rewards.numel())  # over samples: a mean over prompts is n×
     assert first["val/response_length"] == float(lengths.sum() / lengths.numel())
     assert any(len(set(group)) > 1 for group in replies)  # sampled, not n copies of one greedy reply
+    # pass@k by hand from the same samples: per prompt, c of its n solved (reward >= the threshold)
+    counts = (rewards.view(8, n) >= 0.5).sum(1).tolist()
+    assert 0 < sum(counts) < 8 * n and len(set(counts)) > 1  # the case tells pass@1 from pass@3 and from a constant
+    for k in (1, 3):
+        hand = sum(1 - math.comb(n - c, k) / math.comb(n, k) for c in counts) / 8
+        assert first[f"val/pass@{k}"] == pytest.approx(hand, abs=1e-12)
+    assert "val/pass@2" not in first  # only the k asked for
 
 
 def test_the_logged_completions_of_a_sampled_validation_are_each_prompts_samples(tmp_path, capsys):
@@ -62,6 +75,8 @@ def test_the_logged_completions_of_a_sampled_validation_are_each_prompts_samples
     assert first[0]["prompt"] == first[1]["prompt"] != first[2]["prompt"] == first[3]["prompt"]
     rows = read_metrics(tmp_path)
     assert [float(r["step"]) for r in rows if r.get("val/reward")] == [0.0, 1.0]
+    assert [float(r["step"]) for r in rows if r.get("val/pass@2")] == [0.0, 1.0]  # by default k = 1, 2, 4, ..., n
+    assert {k for k in rows[0] if "pass@" in k} == {"val/pass@1", "val/pass@2"}
 
 
 def test_min_p_and_the_repetition_penalty_reach_the_engine_in_training_and_in_a_sampled_validation(tmp_path):

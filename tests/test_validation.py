@@ -83,6 +83,23 @@ def test_one_generation_per_prompt_is_fine_without_groups():
             lambda: Validation(num_generations=4, temperature=0.0),
             r"validation.temperature must be > 0 or null, got 0.0",
         ),
+        (
+            lambda: Validation(pass_at_k=[1]),
+            r"validation.pass_at_k=\[1\] counts sampled completions, but validation decodes greedily unless "
+            r"validation.num_generations >= 1",
+        ),
+        (
+            lambda: Validation(pass_threshold=0.5),
+            r"validation.pass_threshold=0.5 counts sampled completions",
+        ),
+        (
+            lambda: Validation(num_generations=4, pass_at_k=[1, 8]),
+            r"validation.pass_at_k must hold k in \[1, validation.num_generations=4\], got \[1, 8\]",
+        ),
+        (
+            lambda: Validation(num_generations=4, pass_at_k=[0]),
+            r"validation.pass_at_k must hold k in \[1, validation.num_generations=4\], got \[0\]",
+        ),
         (lambda: Generation(max_skipped_steps=0), r"max_skipped_steps must be >= 1, got 0"),
         (lambda: Generation(max_sampling_rounds=0), r"max_sampling_rounds must be >= 1, got 0"),
         (lambda: Generation(dump_every_n_steps=-2), r"dump_every_n_steps must be >= 0 \(0: never\), got -2"),

@@ -25,7 +25,6 @@ from lit_gspo.lightning.int_before_float import int_before_float, int_or_float_p
 from lit_gspo.lightning.module import RLModule
 from lit_gspo.lightning.monitors import check_monitors, config_monitors, logged_names
 from lit_gspo.lightning.schedule import ScheduleCadence
-from lit_gspo.lightning.validation import VALIDATION_NAMES
 
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
 from lit_gspo.rl import advantages, engines, envs  # noqa: F401
@@ -620,8 +619,8 @@ def map_top_level_optimisation(cfg) -> None:
 def check_plateau(model) -> None:
     """``model.update.scheduler_interval``/``scheduler_frequency`` other than the defaults without a schedule or with a
     ReduceLROnPlateau are refused (``lit_gspo.lightning.schedule``). A ReduceLROnPlateau: torch's (no monitor) or a
-    monitor that is neither ``val/*`` nor ``train/*`` is refused in one line at start (``lit_gspo.lightning.plateau``
-    checks the ``val/*`` names when the module is set up)."""
+    monitor that is neither ``val/*`` nor ``train/*`` is refused in one line at start; the name itself once the module
+    is built (``before_fit``, ``lit_gspo.lightning.monitors``)."""
     import torch
 
     from lit_gspo.lightning.plateau import check_plateau_monitor
@@ -635,12 +634,9 @@ def check_plateau(model) -> None:
     cadence = ScheduleCadence(interval or "step", 1 if frequency is None else frequency)
     cadence.check(cls or scheduler)  # at start, not when the fit configures its optimiser
     if isinstance(cls, type) and issubclass(cls, torch.optim.lr_scheduler.ReduceLROnPlateau):
-        # a single-turn run validates reward and length; a multi-turn environment's names are checked at set-up
-        single_turn = model.get("environment") is None
-        check_plateau_monitor(
-            (scheduler.get("init_args") or Namespace()).get("monitor"),
-            list(VALIDATION_NAMES) if single_turn else None,
-        )
+        # here only its presence and its split: which val/* names the run logs (each reward function's mean, pass@k, a
+        # multi-turn environment's metrics) is known once the module is built (``before_fit``'s ``check_monitors``)
+        check_plateau_monitor((scheduler.get("init_args") or Namespace()).get("monitor"), None)
 
 
 def check_optimisation(module) -> None:

@@ -4,7 +4,7 @@ A ``ReduceLROnPlateau``'s ``monitor`` and a callback's (``ModelCheckpoint``, ``E
 logs. Which ones a run logs is known from its components:
 
 * ``val/*`` (each validation): ``val/reward``, ``val/response_length``, ``val/clipped_ratio``, each reward function's
-  ``val/rewards/<name>/mean``, and a multi-turn environment's episode metrics;
+  ``val/rewards/<name>/mean``, a multi-turn environment's episode metrics and, with a sampled validation, ``val/pass@<k>``;
 * ``train/*`` (each RL step): lit_gspo's own stages log only :data:`TRAIN_NAMES` and :data:`TRAIN_PATTERNS` (a superset:
   some only with some objectives or settings), each reward function's ``rewards/<name>/mean|std`` and the environment's
   ``metric_names``. A component of the user's own may log other names (a reward function that is given ``log_metric``,
@@ -110,7 +110,15 @@ def logged_names(module) -> LoggedNames:
     train += [f"train/rewards/{name}/{s}" for name in rewards.names for s in ("mean", "std")]
     train += [f"train/{n}" for n in environment.metric_names]
     return LoggedNames(
-        val=list(dict.fromkeys([*VALIDATION_NAMES, *(f"val/{k}" for k in validation_metric_keys(collector))])),
+        val=list(
+            dict.fromkeys(
+                [
+                    *VALIDATION_NAMES,
+                    *(f"val/{key}" for key in validation_metric_keys(collector)),
+                    *(f"val/pass@{k}" for k in module.validation.pass_ks()),
+                ]
+            )
+        ),
         train=list(dict.fromkeys(train)),
         train_patterns=TRAIN_PATTERNS,
         open_by=_own_names_by(module),

@@ -1,7 +1,7 @@
 """One validation (or test) of an RLModule: a greedy completion of each held-out prompt, or n sampled ones
 (``validation.num_generations``), scored, reduced over the ranks and logged as ``<split>/reward``,
-``<split>/response_length``, ``<split>/clipped_ratio`` and the multi-turn metrics, with some of the completions shown
-(``completions.csv``, the loggers' tables, the terminal)."""
+``<split>/response_length``, ``<split>/clipped_ratio``, the multi-turn metrics and, sampled, ``<split>/pass@<k>``, with
+some of the completions shown (``completions.csv``, the loggers' tables, the terminal)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_gspo.lightning.completions_log import due, log_completions, terminal_table
-from lit_gspo.rl.evaluate import RewardTally, sampling
+from lit_gspo.rl.evaluate import PassAtK, RewardTally, sampling
 from lit_gspo.runtime.collectives import all_reduce_sum
 
 #: what a validation logs for every environment: the tally's own sums, then its keyed means
@@ -43,6 +43,12 @@ class ValidationPass:
     def __init__(self, module):
         self.module = module
         self.tally = RewardTally(validation_metric_keys(module.collector))
+        validation = module.validation
+        self.passes = (
+            PassAtK(validation.num_generations, validation.pass_ks(), validation.pass_threshold)
+            if validation.num_generations
+            else None
+        )
         self.shown = ([], [], [])  # rows, replies, rewards of the completions logged with this validation
         self.shown_scores: dict[str, list[float]] = {}  # each reward function's scores of those
         self.start = time.perf_counter()
@@ -61,6 +67,8 @@ class ValidationPass:
                 return
             batch, replies, stats = self.sample(rows)
         self.tally.add(batch, stats)
+        if self.passes is not None:
+            self.passes.add(batch)
         samples = [row for row in rows for _ in range(len(replies) // len(rows))]
         room = max(module.validation.num_logged_completions - len(self.shown[0]), 0)
         for part, new in zip(self.shown, (samples, replies, batch.rewards.tolist())):
@@ -85,6 +93,8 @@ class ValidationPass:
         the step-0 validation (:func:`is_step_zero`), which goes to the loggers directly; None then."""
         module, trainer = self.module, self.module.trainer
         metrics = self.tally.reduce(all_reduce_sum, prefix=split)
+        if self.passes is not None:
+            metrics.update(self.passes.reduce(all_reduce_sum, prefix=split))
         if trainer.sanity_checking and not is_step_zero(trainer, module):
             return None
         seconds = time.perf_counter() - self.start

@@ -356,6 +356,20 @@ class Validation:
     repetition penalty); ``val/reward`` is then their mean (mean@n). Every validation draws from one seeded stream, so two validations differ by the policy, not the draws."""
     temperature: float | None = None
     """the sampling temperature of a sampled validation (``num_generations`` >= 1); None: ``generation.temperature``."""
+    pass_at_k: list[int] | None = None
+    """the k of ``val/pass@k`` in a sampled validation: the share of held-out prompts with a solved completion among k
+    of their n (the unbiased estimator of Chen et al. 2021; pass@1 is the share of samples solved). Each k in
+    [1, ``num_generations``]; None: 1, 2, 4, ... up to n; []: none."""
+    pass_threshold: float = 1.0
+    """a sampled completion is solved, for pass@k, when its reward is >= this (and its reward did not fail)."""
+
+    def pass_ks(self) -> list[int]:
+        """The k of the pass@k a validation logs (none when it is greedy)."""
+        from lit_gspo.rl.evaluate import default_ks
+
+        if not self.num_generations:
+            return []
+        return default_ks(self.num_generations) if self.pass_at_k is None else sorted(set(self.pass_at_k))
 
     def __post_init__(self):
         if self.num_generations < 0:
@@ -369,6 +383,17 @@ class Validation:
             )
         if self.temperature is not None and self.temperature <= 0:
             raise ValueError(f"validation.temperature must be > 0 or null, got {self.temperature}")
+        if (self.pass_at_k or self.pass_threshold != 1.0) and not self.num_generations:
+            given = f"pass_at_k={self.pass_at_k}" if self.pass_at_k else f"pass_threshold={self.pass_threshold}"
+            raise ValueError(
+                f"validation.{given} counts sampled completions, but validation decodes greedily unless "
+                "validation.num_generations >= 1"
+            )
+        if any(not 1 <= k <= self.num_generations for k in self.pass_at_k or ()):
+            raise ValueError(
+                f"validation.pass_at_k must hold k in [1, validation.num_generations={self.num_generations}], "
+                f"got {self.pass_at_k}"
+            )
         if self.every_n_steps is not None and self.every_n_steps < 0:
             raise ValueError(
                 f"validation.every_n_steps must be >= 0 (0: only before and after training), got {self.every_n_steps}"

@@ -100,6 +100,37 @@ class RewardTally:
         return out
 
 
+class PassAtK:
+    """pass@k of n sampled completions per prompt, summed over prompts (and over ranks: :meth:`reduce`), so the result
+    does not depend on how the prompts are split over processes or batches.
+
+        c_i = #{samples of prompt i with R ≥ threshold, reward not failed}      pass@k = Σ_i pass_at_k(n, c_i, k) / #prompts
+    """
+
+    def __init__(self, n: int, ks: list[int], threshold: float) -> None:
+        if any(not 1 <= k <= n for k in ks):
+            raise ValueError(f"every k of pass@k must be in [1, n={n}], got {ks}")
+        self.n, self.ks, self.threshold = n, list(ks), threshold
+        self.sums = torch.zeros(len(self.ks) + 1, dtype=torch.float64)  # Σ_i pass@k per k, then #prompts
+
+    def add(self, batch) -> torch.Tensor:
+        """Counts a batch of n samples per prompt (group-major rows, as ``Collector.sample`` gives them); returns which
+        samples are solved, (prompts, n)."""
+        flat = batch.rewards.float().cpu()
+        solved = ((flat >= self.threshold) & ~_failed(batch)).view(-1, self.n)
+        for c in solved.sum(1).tolist():
+            self.sums[:-1] += torch.tensor([pass_at_k(self.n, c, k) for k in self.ks], dtype=torch.float64)
+        self.sums[-1] += solved.shape[0]
+        return solved
+
+    def reduce(self, all_reduce=None, prefix: str = "val") -> dict[str, float]:
+        """``<prefix>/pass@<k>`` for each k (``pass@<k>`` without a prefix; ``all_reduce``: sums a tensor over ranks;
+        None: this process's prompts)."""
+        sums = all_reduce(self.sums.clone()) if all_reduce is not None else self.sums
+        prompts, start = sums[-1].clamp(min=1), f"{prefix}/" if prefix else ""
+        return {f"{start}pass@{k}": float(sums[j] / prompts) for j, k in enumerate(self.ks)}
+
+
 @torch.no_grad()
 def evaluate(
     policy: nn.Module,
@@ -203,19 +234,18 @@ def sampling(collector: Collector, n: int, temperature: float | None = None, max
 
 
 def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold, batch_size) -> dict:
+    passes = PassAtK(n, ks, threshold)
     with sampling(collector, n, temperature) as g:
-        rewards, solved, lengths, stats = [], [], [], []
+        rewards, lengths, stats = [], [], []
         for start, chunk in zip(range(0, len(rows), batch_size), _batches(rows, batch_size)):
             batch, _, batch_stats = collector.sample(policy, chunk)
-            flat = batch.rewards.float().cpu()  # (B·n,) group-major: n samples per prompt
-            r, ok = flat.view(len(chunk), n), ((flat >= threshold) & ~_failed(batch)).view(len(chunk), n)
+            r = batch.rewards.float().cpu().view(len(chunk), n)  # group-major: n samples per prompt
+            solved = passes.add(batch)
             for i in range(len(chunk)):
-                per_prompt[start + i].update(sample_rewards=r[i].tolist(), samples_solved=int(ok[i].sum()))
+                per_prompt[start + i].update(sample_rewards=r[i].tolist(), samples_solved=int(solved[i].sum()))
             rewards.append(r)
-            solved.append(ok)
             lengths.append(batch.completion_mask.sum(1).float().cpu())
             stats.append(batch_stats)
-    counts = torch.cat(solved).sum(1).tolist()  # c_i per prompt
     out = {
         "samples": n,
         "temperature": g.temperature,
@@ -226,8 +256,7 @@ def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold,
         "repetition_penalty": g.repetition_penalty,
         f"mean@{n}": float(torch.cat(rewards).mean()),
     }
-    for k in ks:
-        out[f"pass@{k}"] = sum(pass_at_k(n, int(c), k) for c in counts) / len(counts)
+    out.update(passes.reduce(prefix=""))
     out["response_length"] = float(torch.cat(lengths).mean())
     out.update(_aggregate_stats(stats))
     return out
