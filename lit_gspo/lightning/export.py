@@ -105,6 +105,7 @@ def save_rollout(module, rollout) -> None:
         "advantage": type(module.advantage).__name__,
         "model": str(module.settings.name),
         "model_config": module.settings.config,
+        "trust_remote_code": module.settings.trust_remote_code,
         "lora": module.settings.lora is not None,
         "seed": module.seed,
         "optimizer": type(opt).__name__,
@@ -145,7 +146,9 @@ def load_trained_policy(module, path) -> None:
         raise ValueError(
             f"{path}: a LoRA run's hf_model holds the merged weights; validate it without --model.policy.lora"
         )
-    trained = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=torch.float32)
+    trained = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=torch.float32, trust_remote_code=module.settings.trust_remote_code
+    )
     module.policy.load_state_dict(trained.state_dict())
     module.warm_started = True
     rank_zero_info(f"loaded the policy from {path}")

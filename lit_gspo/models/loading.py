@@ -78,6 +78,7 @@ def load_policy(
     config_overrides: dict | None = None,
     dtype: str = "float32",
     seed: int = 0,
+    trust_remote_code: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load (or build) a causal-LM policy and its tokenizer.
 
@@ -88,6 +89,8 @@ def load_policy(
             pretrained models: passed to ``from_pretrained`` which updates the loaded config).
         dtype: parameter dtype, e.g. ``"float32"`` or ``"bfloat16"``.
         seed: seed of the random init of built-ins (the caller's RNG state is left untouched).
+        trust_remote_code: run the Python a pretrained model's own directory or repo holds for its architecture or
+            tokenizer (``auto_map`` in its config). False: such a model is refused at once, never prompted for.
 
     Returns:
         ``(model, tokenizer)``: the model in eval mode (Lightning switches it to train mode in ``fit``),
@@ -108,7 +111,7 @@ def load_policy(
             )
     else:
         source, gguf = _resolve_source(name, gguf_file)
-        model, tokenizer = _load_pretrained(source, gguf, overrides, torch_dtype)
+        model, tokenizer = _load_pretrained(source, gguf, overrides, torch_dtype, trust_remote_code)
 
     _ensure_pad_token(model, tokenizer)
     tokenizer.padding_side = "left"
@@ -153,9 +156,10 @@ def _resolve_source(name: str, gguf_file: str | None) -> tuple[str, str | None]:
 
 
 def _load_pretrained(
-    source: str, gguf_file: str | None, overrides: dict, dtype: torch.dtype
+    source: str, gguf_file: str | None, overrides: dict, dtype: torch.dtype, trust_remote_code: bool
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    kwargs: dict[str, Any] = {}
+    # always a bool: left None, transformers asks on the terminal whether to run a model's own code
+    kwargs: dict[str, Any] = {"trust_remote_code": bool(trust_remote_code)}
     if gguf_file is not None:
         require_installed(GGUF_PACKAGES, "loading GGUF checkpoints")
         kwargs["gguf_file"] = gguf_file
@@ -167,6 +171,13 @@ def _load_pretrained(
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs, **overrides)
+    except ValueError as err:
+        if trust_remote_code or "trust_remote_code" not in str(err):
+            raise
+        raise ValueError(
+            f"cannot load policy {source!r}: its config maps it to Python of its own (auto_map), which runs only with "
+            "--model.policy.trust_remote_code true (TRL's trust_remote_code; only for a source you trust)"
+        ) from None
     except OSError as err:
         if unreachable:
             raise ValueError(f"cannot load policy {source!r}: {unreachable}; and {offline_hint(repr(source))}") from err

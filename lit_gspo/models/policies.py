@@ -39,11 +39,14 @@ def build_policies(
     gradient_checkpointing: bool = False,
     reference: bool = True,
     critic: bool = False,
+    trust_remote_code: bool = False,
 ) -> Policies:
     """Load ``model`` (``lit_gspo.models.loading.load_policy``), add LoRA adapters (``lora``: a ``LoRA`` config) and
     gradient checkpointing, copy the frozen reference when asked, and the critic's head (in this order: the head's
     initial weights come from the global RNG after the policy's)."""
-    policy, tokenizer = load_policy(model, gguf_file=gguf_file, config_overrides=model_config, seed=seed)
+    policy, tokenizer = load_policy(
+        model, gguf_file=gguf_file, config_overrides=model_config, seed=seed, trust_remote_code=trust_remote_code
+    )
     if lora is not None:
         policy = apply_lora(
             policy, r=lora.r, alpha=lora.alpha, dropout=lora.dropout, target_modules=tuple(lora.target_modules)

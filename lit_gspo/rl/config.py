@@ -447,6 +447,10 @@ class Policy:
     """overrides of the model's config (layers, hidden size, ...)."""
     gguf_file: str | None = None
     """the ``.gguf`` file inside ``name`` when it is a directory or hub id holding several."""
+    trust_remote_code: bool = False
+    """load a model whose directory or hub repo brings its own Python for its architecture or tokenizer (``auto_map``
+    in its config.json; TRL's ``trust_remote_code``): that code runs in every process, so only for a source you trust.
+    false: such a model is refused at start."""
     lora: LoRA | None = None
     """train low-rank adapters only (None: the full model; ``--model.policy.lora.help LoRA`` lists its settings)."""
     gradient_checkpointing: bool = False

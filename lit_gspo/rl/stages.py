@@ -60,6 +60,7 @@ def build_stages(
         gradient_checkpointing=policy.gradient_checkpointing,
         reference=objective.beta > 0 or policy.kl_to_ref,
         critic=objective.needs_critic,
+        trust_remote_code=policy.trust_remote_code,
     )
     if policy.check_forward:  # the reference too: a copy made before the check, its logit map is the policy's
         for model in (models.policy, models.reference):

@@ -167,6 +167,7 @@ def load_model(model: str | None, rollout_file: Path, meta: dict):
     from lit_gspo.models import load_policy
     from lit_gspo.rl.forward_checks import check_policy_forward
 
+    trust = bool(meta.get("trust_remote_code"))  # the run's policy.trust_remote_code
     if model is None:
         found = policy_dir(rollout_file)
         if not found.is_dir():
@@ -182,11 +183,13 @@ def load_model(model: str | None, rollout_file: Path, meta: dict):
             raise ValueError(
                 "a LoRA run's .ckpt holds adapters: pass the rollout's step_K_policy/ or hf_model/ (merged)"
             )
-        policy, _ = load_policy(meta["model"], config_overrides=meta.get("model_config"), seed=meta.get("seed", 0))
+        policy, _ = load_policy(
+            meta["model"], config_overrides=meta.get("model_config"), seed=meta.get("seed", 0), trust_remote_code=trust
+        )
         load_checkpoint_policy(policy, model)
     else:
         overrides = meta.get("model_config") if model == meta.get("model") else None
-        policy, _ = load_policy(model, config_overrides=overrides, seed=meta.get("seed", 0))
+        policy, _ = load_policy(model, config_overrides=overrides, seed=meta.get("seed", 0), trust_remote_code=trust)
     check_policy_forward(policy)  # as the run did: the logit map its forward applies kept on it
     return policy, model
 

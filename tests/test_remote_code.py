@@ -1,0 +1,84 @@
+"""A model that brings its own Python (``auto_map`` in its config.json, TRL's ``trust_remote_code``): refused at start
+without ``--model.policy.trust_remote_code true``, never prompted for; with it, its own class trains, and the run's
+export and ``lit-gspo eval`` load it again with the same trust."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_trainer import tiny_args
+
+from lit_gspo.models.loading import load_policy
+from lit_gspo.tools import eval as eval_cli
+from lit_gspo.tools.main import cli_main, main
+
+CONFIG_CODE = (
+    "from transformers import LlamaConfig\n\n\nclass TinyRemoteConfig(LlamaConfig):\n    model_type = 'tiny-remote'\n"
+)
+MODEL_CODE = (
+    "from transformers import LlamaForCausalLM\n\nfrom .configuration_tinyremote import TinyRemoteConfig\n\n\n"
+    "class TinyRemoteForCausalLM(LlamaForCausalLM):\n    config_class = TinyRemoteConfig\n"
+)
+
+
+@pytest.fixture(scope="module")
+def remote_model(tmp_path_factory) -> Path:
+    """The quickstart's tiny Llama saved as an architecture transformers does not ship: its config and model classes
+    are the directory's own Python files."""
+    root = tmp_path_factory.mktemp("remote") / "tiny-remote"
+    model, tokenizer = load_policy("tiny-llama", config_overrides={"hidden_size": 64, "num_hidden_layers": 2})
+    model.save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    (root / "configuration_tinyremote.py").write_text(CONFIG_CODE)
+    (root / "modeling_tinyremote.py").write_text(MODEL_CODE)
+    config = json.loads((root / "config.json").read_text())
+    config.update(
+        model_type="tiny-remote",
+        architectures=["TinyRemoteForCausalLM"],
+        auto_map={
+            "AutoConfig": "configuration_tinyremote.TinyRemoteConfig",
+            "AutoModelForCausalLM": "modeling_tinyremote.TinyRemoteForCausalLM",
+        },
+    )
+    (root / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def remote_args(tmp_path, model: Path, *extra: str) -> list[str]:
+    return tiny_args(tmp_path, "--model.policy.name", str(model), "--model.policy.config", "null", *extra)
+
+
+def test_a_model_with_its_own_code_is_refused_in_one_line_without_trust(remote_model, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True, raising=False)  # transformers would ask on a terminal
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", *remote_args(tmp_path, remote_model)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert not any("Traceback" in line for line in err)
+    assert err[-1] == (
+        f"error: cannot load policy {str(remote_model)!r}: its config maps it to Python of its own (auto_map), which "
+        "runs only with --model.policy.trust_remote_code true (TRL's trust_remote_code; only for a source you trust)"
+    )
+
+
+def test_with_trust_its_own_class_trains_and_its_export_loads_with_its_code(remote_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    cli = cli_main(remote_args(tmp_path, remote_model, "--model.policy.trust_remote_code", "true"), run=False)
+    assert type(cli.model.policy).__name__ == "TinyRemoteForCausalLM"
+    assert type(cli.model.policy).__module__.startswith("transformers_modules.")  # the directory's own code
+    before = {k: v.clone() for k, v in cli.model.policy.state_dict().items()}
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    trained = cli.model.policy.state_dict()
+    assert any(not torch.equal(before[k], trained[k]) for k in before)
+
+    export = next(tmp_path.glob("**/hf_model"))
+    assert {"configuration_tinyremote.py", "modeling_tinyremote.py"} <= {p.name for p in export.iterdir()}
+    loaded = AutoModelForCausalLM.from_pretrained(export, trust_remote_code=True)
+    assert type(loaded).__name__ == "TinyRemoteForCausalLM"
+    assert all(torch.equal(loaded.state_dict()[k], v.cpu()) for k, v in trained.items())
+
+    # lit-gspo eval reads the run's settings, trust included, and loads the export with its own code
+    result = eval_cli.main(["--ckpt", str(export), "--samples", "0", "--output", str(tmp_path / "eval.json")])
+    assert json.loads((tmp_path / "eval.json").read_text())["greedy"]["reward"] == result["greedy"]["reward"]
