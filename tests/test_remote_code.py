@@ -1,6 +1,6 @@
 """A model that brings its own Python (``auto_map`` in its config.json, TRL's ``trust_remote_code``): refused at start
 without ``--model.policy.trust_remote_code true``, never prompted for; with it, its own class trains, and the run's
-export and ``lit-gspo eval`` load it again with the same trust."""
+export and ``lit-gspo eval`` load it again with the same trust (a reward model's: tests/test_reward_model.py)."""
 
 import json
 from pathlib import Path
@@ -16,32 +16,55 @@ from lit_gspo.tools.main import cli_main, main
 CONFIG_CODE = (
     "from transformers import LlamaConfig\n\n\nclass TinyRemoteConfig(LlamaConfig):\n    model_type = 'tiny-remote'\n"
 )
-MODEL_CODE = (
-    "from transformers import LlamaForCausalLM\n\nfrom .configuration_tinyremote import TinyRemoteConfig\n\n\n"
-    "class TinyRemoteForCausalLM(LlamaForCausalLM):\n    config_class = TinyRemoteConfig\n"
-)
+MODEL_CODE = """from torch import nn
+from transformers import LlamaForCausalLM, LlamaForSequenceClassification, LlamaModel, LlamaPreTrainedModel
+
+from .configuration_tinyremote import TinyRemoteConfig
 
 
-@pytest.fixture(scope="module")
-def remote_model(tmp_path_factory) -> Path:
-    """The quickstart's tiny Llama saved as an architecture transformers does not ship: its config and model classes
-    are the directory's own Python files."""
-    root = tmp_path_factory.mktemp("remote") / "tiny-remote"
-    model, tokenizer = load_policy("tiny-llama", config_overrides={"hidden_size": 64, "num_hidden_layers": 2})
-    model.save_pretrained(root)
-    tokenizer.save_pretrained(root)
+class TinyRemoteForCausalLM(LlamaForCausalLM):
+    config_class = TinyRemoteConfig
+
+
+class TinyRemoteForSequenceClassification(LlamaForSequenceClassification):
+    config_class = TinyRemoteConfig
+
+    def __init__(self, config):  # its base built here: transformers' AutoModel does not know this config
+        LlamaPreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.model = LlamaModel(config)
+        self.score = nn.Linear(config.hidden_size, self.num_labels, bias=False)
+        self.post_init()
+"""
+
+
+def with_own_code(root: Path, base: str, auto_class: str) -> str:
+    """The Llama model saved in ``root`` rewritten as an architecture transformers does not ship: its config and model
+    classes (subclasses of LlamaConfig and of ``base``) are the directory's own Python files. Returns its class name."""
+    head = base.removeprefix("Llama")
     (root / "configuration_tinyremote.py").write_text(CONFIG_CODE)
     (root / "modeling_tinyremote.py").write_text(MODEL_CODE)
     config = json.loads((root / "config.json").read_text())
     config.update(
         model_type="tiny-remote",
-        architectures=["TinyRemoteForCausalLM"],
+        architectures=[f"TinyRemote{head}"],
         auto_map={
             "AutoConfig": "configuration_tinyremote.TinyRemoteConfig",
-            "AutoModelForCausalLM": "modeling_tinyremote.TinyRemoteForCausalLM",
+            auto_class: f"modeling_tinyremote.TinyRemote{head}",
         },
     )
     (root / "config.json").write_text(json.dumps(config))
+    return f"TinyRemote{head}"
+
+
+@pytest.fixture(scope="module")
+def remote_model(tmp_path_factory) -> Path:
+    """The quickstart's tiny Llama as a model with its own code."""
+    root = tmp_path_factory.mktemp("remote") / "tiny-remote"
+    model, tokenizer = load_policy("tiny-llama", config_overrides={"hidden_size": 64, "num_hidden_layers": 2})
+    model.save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    with_own_code(root, "LlamaForCausalLM", "AutoModelForCausalLM")
     return root
 
 

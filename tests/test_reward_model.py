@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+from test_remote_code import with_own_code
 from tokenizers.processors import TemplateProcessing
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
@@ -215,3 +216,22 @@ def one_by_one_model(model, prompts, completions):
         return [
             float(model.eval()(**tok(p + c, return_tensors="pt")).logits[0, 0]) for p, c in zip(prompts, completions)
         ]
+
+
+def test_a_reward_model_with_its_own_code_loads_only_when_trusted_and_then_scores_as_its_base_class(
+    reward_dir, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True, raising=False)  # transformers would ask on a terminal
+    remote = tmp_path / "rm"
+    shutil.copytree(reward_dir, remote)
+    name = with_own_code(remote, "LlamaForSequenceClassification", "AutoModelForSequenceClassification")
+    with pytest.raises(ValueError) as refused:
+        RewardModel(str(remote), device="cpu")(PROMPTS, COMPLETIONS)
+    assert str(refused.value) == (
+        f"RewardModel {str(remote)!r}: its config maps it to Python of its own (auto_map), which runs only with "
+        "RewardModel(trust_remote_code=True) (TRL's trust_remote_code; only for a source you trust)"
+    )
+    trusted = RewardModel(str(remote), device="cpu", trust_remote_code=True)
+    scores = trusted(PROMPTS, COMPLETIONS)
+    assert type(trusted._model).__name__ == name
+    assert scores == pytest.approx(RewardModel(reward_dir, device="cpu")(PROMPTS, COMPLETIONS), abs=1e-6)

@@ -32,6 +32,7 @@ from lit_gspo.runtime.hub import hub_offline, hub_unreachable, offline_hint
 
 from .builders import build_from_config, tiny_llama_config, tiny_qwen3_moe_config
 from .gguf_utils import GGUF_ALIASES, GGUF_PACKAGES, drop_quantizer, gguf_tokenizer, packaged_gguf_path
+from .remote_code import code_trusted_by
 from .tokenizer import char_tokenizer
 
 log = logging.getLogger(__name__)
@@ -169,15 +170,11 @@ def _load_pretrained(
         if unreachable:
             kwargs["local_files_only"] = True
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs, **overrides)
-    except ValueError as err:
-        if trust_remote_code or "trust_remote_code" not in str(err):
-            raise
-        raise ValueError(
-            f"cannot load policy {source!r}: its config maps it to Python of its own (auto_map), which runs only with "
-            "--model.policy.trust_remote_code true (TRL's trust_remote_code; only for a source you trust)"
-        ) from None
+        with code_trusted_by(
+            "--model.policy.trust_remote_code true", f"cannot load policy {source!r}", trust_remote_code
+        ):
+            tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs, **overrides)
     except OSError as err:
         if unreachable:
             raise ValueError(f"cannot load policy {source!r}: {unreachable}; and {offline_hint(repr(source))}") from err

@@ -7,6 +7,7 @@ import warnings
 import torch
 from torch import nn
 
+from lit_gspo.models.remote_code import code_trusted_by
 from lit_gspo.rl.rewards.calling import completion_text
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -42,6 +43,8 @@ class RewardModel:
         pair: tokenize the prompt and the completion as a text pair (text prompts only).
         weight: the weight ``RewardSet`` gives this function.
         tokenizer: the model's tokenizer; None: loaded from ``model`` (a given model's ``name_or_path``).
+        trust_remote_code: load a model (and tokenizer) whose config maps it to Python of its own (``auto_map``);
+            only for a source you trust. False: such a model is refused when it loads.
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class RewardModel:
         weight: float = 1.0,
         pair: bool = False,
         tokenizer=None,
+        trust_remote_code: bool = False,
     ) -> None:
         if dtype not in DTYPES:
             raise ValueError(f"RewardModel dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -75,17 +79,22 @@ class RewardModel:
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype, self.max_length, self.weight, self.pair = dtype, max_length, weight, pair
         self._model, self._tokenizer = None, tokenizer
+        self.trust_remote_code = bool(trust_remote_code)
 
     def _load(self) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        if self._tokenizer is None:
-            self._tokenizer = AutoTokenizer.from_pretrained(self.model_name)
-        if self.given is not None:
-            model = self.given
-        else:
-            model = AutoModelForSequenceClassification.from_pretrained(self.model_name, dtype=DTYPES[self.dtype])
-            model = model.to(self.device)
+        trust = {"trust_remote_code": self.trust_remote_code}  # never None: transformers would ask on the terminal
+        with code_trusted_by("RewardModel(trust_remote_code=True)", f"RewardModel {self.model_name!r}", **trust):
+            if self._tokenizer is None:
+                self._tokenizer = AutoTokenizer.from_pretrained(self.model_name, **trust)
+            if self.given is not None:
+                model = self.given
+            else:
+                model = AutoModelForSequenceClassification.from_pretrained(
+                    self.model_name, dtype=DTYPES[self.dtype], **trust
+                )
+                model = model.to(self.device)
         if self.label >= model.config.num_labels:
             raise ValueError(
                 f"RewardModel label {self.label} is out of range: {self.model_name} has "
