@@ -158,7 +158,7 @@ def test_validation_logs_its_synced_metrics_on_the_modules_device():
         device=torch.device("meta"),
         rl_step=3,
         collector=SimpleNamespace(environment=SimpleNamespace(max_turns=1), rewards=SimpleNamespace(names=["f"])),
-        validation=SimpleNamespace(log_completions_every_n_steps=0, print_completions=False),
+        validation=SimpleNamespace(log_completions_every_n_steps=0, print_completions=False, num_generations=0),
         trainer=SimpleNamespace(sanity_checking=False, is_global_zero=True),
         loggers=[],
         log_dict=lambda values, **kwargs: logged.append((values, kwargs)),

@@ -113,6 +113,10 @@ def refused(root: Path, capsys, *extra: str) -> str:
             "error: --model.lr_scheduler.monitor train/rewrd: never logged by this run (did you mean train/reward?)",
         ),
         (
+            [*PLATEAU, "--lr_scheduler.monitor", "val/rewrd"],
+            "error: --model.lr_scheduler.monitor val/rewrd: never logged by this run (did you mean val/reward?)",
+        ),
+        (
             ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "train/los"],
             "error: --trainer.callbacks.monitor train/los (trainer.callbacks[0], EarlyStopping): never logged by this "
             "run (did you mean train/loss?)",
@@ -131,7 +135,7 @@ def refused(root: Path, capsys, *extra: str) -> str:
             "error: --model.lr_scheduler.monitor train/ratios/seq_logratio_std: never logged by this run",
         ),
     ],
-    ids=["plateau train/*", "EarlyStopping train/*", "ModelCheckpoint val/*", "a family"],
+    ids=["plateau train/*", "plateau val/*", "EarlyStopping train/*", "ModelCheckpoint val/*", "a family"],
 )
 def test_a_monitor_never_logged_is_refused_before_the_fit_in_one_line(extra, start, tmp_path, capsys):
     line = refused(tmp_path, capsys, *extra)
