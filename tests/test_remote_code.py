@@ -105,3 +105,13 @@ def test_with_trust_its_own_class_trains_and_its_export_loads_with_its_code(remo
     # lit-gspo eval reads the run's settings, trust included, and loads the export with its own code
     result = eval_cli.main(["--ckpt", str(export), "--samples", "0", "--output", str(tmp_path / "eval.json")])
     assert json.loads((tmp_path / "eval.json").read_text())["greedy"]["reward"] == result["greedy"]["reward"]
+
+
+def test_vllm_is_refused_a_model_type_that_exists_only_in_the_models_own_code(remote_model):
+    """vLLM builds the policy from its config.json alone, without the code that defines the type."""
+    from lit_gspo.rl.engines.vllm import check_vllm_knows_config
+
+    policy, _ = load_policy(str(remote_model), trust_remote_code=True)
+    with pytest.raises(ValueError, match=r"model type 'tiny-remote' exists only in the model's own code \(auto_map\)"):
+        check_vllm_knows_config(policy.config)
+    check_vllm_knows_config(load_policy("tiny-llama")[0].config)  # a type transformers ships

@@ -195,8 +195,9 @@ class VLLMEngine(RolloutEngine):
     # ------------------------------------------------------------------ the engine itself
     def _build(self, policy: nn.Module) -> None:
         """``vllm.LLM`` from ``policy``'s config (a temporary directory; dummy weights, pushed right after)."""
-        vllm = _import_vllm()
         config = _base_config(policy)
+        check_vllm_knows_config(config)
+        vllm = _import_vllm()
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         device = next(policy.parameters()).device
         if device.type == "cpu" and head_dim not in CPU_HEAD_SIZES:
@@ -301,6 +302,19 @@ def _sampling_args(sampling: dict) -> dict:
         "min_p": float(sampling.get("min_p", 0.0)),
         "repetition_penalty": float(sampling.get("repetition_penalty", 1.0)),
     }
+
+
+def check_vllm_knows_config(config) -> None:
+    """vLLM reads the policy's config.json alone (its weights are pushed from the trainer): a model type transformers
+    knows only through the model's own code (``auto_map``, ``policy.trust_remote_code``) cannot be read there."""
+    from transformers import CONFIG_MAPPING
+
+    if config.model_type not in CONFIG_MAPPING:
+        raise ValueError(
+            f"VLLMEngine builds the policy in vLLM from its config alone, and model type {config.model_type!r} exists "
+            "only in the model's own code (auto_map): sample with StaticCacheSampler, LeanSampler or HFGenerate "
+            "(--model.engine)"
+        )
 
 
 def _base_config(policy: nn.Module):
