@@ -150,3 +150,35 @@ def test_arms_are_compared_paired_by_seed_with_standard_errors():
     assert lines[-2] == "| B | 3 | +0.000 ± 0.144 | 1 / 1 / 1 |"
     assert lines[-1] == "| C | 1 | +0.125 ± nan | 1 / 0 / 0 |"
     assert paired_by_seed(rows, ["A"]) == []
+
+
+METRICS = """step,train/reward,train/loss,val/reward,val/pass@2,val/rewards/f/mean
+0,,,0.1,0.2,0.1
+1,0.2,0.5,,,
+2,0.3,0.4,0.3,0.7,0.3
+3,0.4,0.3,,,
+4,0.5,0.2,0.6,0.9,0.6
+"""
+
+
+@pytest.mark.parametrize(
+    "metric, steps", [("val/reward", 4), ("val/pass@2", 2), ("val/rewards/f/mean", 4), ("train/reward", 4)]
+)
+def test_steps_to_target_follows_any_logged_metric(metric, steps, tmp_path):
+    """A target metric other than val/reward and the plotted train/* curves was read as never reaching the target."""
+    from lit_gspo.tools.ablate_report import summarise_run
+
+    (tmp_path / "status.json").write_text(json.dumps({"status": "ok"}))
+    (tmp_path / "metrics.csv").write_text(METRICS)
+    row, _ = summarise_run(tmp_path, arm="a", seed=0, target=0.5, target_metric=metric)
+    assert row["steps_to_target"] == steps and row["target_logged"]
+    row, _ = summarise_run(tmp_path, arm="a", seed=0, target=0.5, target_metric="val/pass@4")
+    assert row["steps_to_target"] is None and row["target_logged"] is False  # not measured, which the report says
+
+
+def test_a_target_metric_no_run_logs_is_refused_at_load(tmp_path):
+    config = yaml.safe_load(TOY.read_text())
+    path = tmp_path / "ab.yaml"
+    path.write_text(yaml.safe_dump({**config, "base": str(ROOT / config["base"]), "target_metric": "reward"}))
+    with pytest.raises(ValueError, match=r"target_metric 'reward' is never logged: name a val/\* metric"):
+        load_ablation(path)

@@ -15,7 +15,7 @@ The ablation file::
     output_dir: runs/ablate/gspo_vs_grpo  # one fit per arm × seed under <output_dir>/<arm>/seed<S>/
     report_dir: docs/ablations/gspo_vs_grpo   # summary.csv, curves.csv, report.md, *.png (default: output_dir)
     target_reward: 0.5                    # steps_to_target: first step where ``target_metric`` ≥ this
-    target_metric: val/reward
+    target_metric: val/reward            # any val/* or train/* metric the runs log (val/pass@4, train/reward, ...)
     collapse_fraction: 0.5                # collapsed: final val/reward < fraction · best, or a non-finite loss
 
 Runs are sequential, in this process (no import cost per run; a failing run is recorded with its error
@@ -116,6 +116,12 @@ def load_ablation(path: str | Path) -> Ablation:
     if isinstance(base, str) and not Path(base).exists():
         raise FileNotFoundError(f"{path}: base config {base!r} not found (paths are relative to the working directory)")
     output_dir = Path(raw.get("output_dir") or f"runs/ablate/{name}")
+    target_metric = str(raw.get("target_metric", "val/reward"))
+    if not target_metric.startswith(("val/", "train/")):
+        raise ValueError(
+            f"{path}: target_metric {target_metric!r} is never logged: name a val/* metric (each validation: "
+            "val/reward, val/rewards/<function>/mean, val/pass@<k>, ...) or a train/* one (each RL step)"
+        )
     return Ablation(
         name=name,
         base=base,
@@ -126,7 +132,7 @@ def load_ablation(path: str | Path) -> Ablation:
         overrides=dict(raw.get("overrides") or {}),
         seed_keys=tuple(raw.get("seed_keys") or SEED_KEYS),
         target_reward=float(raw.get("target_reward", 0.5)),
-        target_metric=str(raw.get("target_metric", "val/reward")),
+        target_metric=target_metric,
         collapse_fraction=float(raw.get("collapse_fraction", 0.5)),
         description=str(raw.get("description") or ""),
         source=path,

@@ -123,12 +123,14 @@ def _float(x) -> float | None:
 
 
 def read_curves(path: Path) -> dict[str, list[tuple[int, float]]]:
-    """metric → [(step, value)] for ``val/reward`` and ``train/<CURVE_METRICS>`` (NaN kept)."""
+    """metric → [(step, value)] for every ``val/*`` and ``train/*`` metric of a run's metrics.csv (NaN kept)."""
     curves: dict[str, list[tuple[int, float]]] = {}
     with open(path) as f:
-        for row in csv.DictReader(f):
+        reader = csv.DictReader(f)
+        keys = [k for k in reader.fieldnames or [] if k.startswith(("val/", "train/"))]
+        for row in reader:
             step = int(float(row["step"]))
-            for key in ["val/reward", "train/loss"] + [f"train/{m}" for m in CURVE_METRICS]:
+            for key in keys:
                 v = _float(row.get(key))
                 if v is not None:
                     curves.setdefault(key, []).append((step, v))
@@ -172,6 +174,7 @@ def summarise_run(
     row["best_val_reward"] = max(_finite(val)) if _finite(val) else None
     hits = [s for s, v in curves.get(target_metric, []) if math.isfinite(v) and v >= target]
     row["steps_to_target"] = min(hits) if hits else None
+    row["target_logged"] = target_metric in curves  # else steps_to_target is not "never" but not measurable
     row["final_train_reward"] = _mean(train_reward[-5:])
     for column, metric in MEAN_COLUMNS.items():
         row[column] = _mean([v for _, v in curves.get(f"train/{metric}", [])])
@@ -392,6 +395,14 @@ def write_report(ab, rows: list[dict], curves: dict, arms: list[str]) -> None:
             "`token_ratio_var_posA-B` = variance of r_t at positions A..B.",
             "",
             *_arm_table(rows, arms, ratio_keys, lambda row, key: (row.get("ratio_means") or {}).get(key)),
+        ]
+    unlogged = [r for r in rows if r.get("status") == "ok" and r.get("target_logged") is False]
+    if unlogged:
+        runs = ", ".join(f"{r['arm']} seed {r['seed']}" for r in unlogged)
+        lines += [
+            "",
+            f"**`{ab.target_metric}` is not in the metrics of {runs}**: their steps_to_target is not measured (each "
+            "validation logs `val/*` names, each RL step `train/*` names; the run's metrics.csv lists them).",
         ]
     failed = [r for r in rows if r.get("status") != "ok"]
     if failed:
