@@ -27,10 +27,13 @@ def check_plateau_monitor(monitor: str | None, val_metrics: list[str] | None) ->
             "--model.lr_scheduler.mode max"
         )
     if not (monitor.startswith("train/") or (monitor in val_metrics if val_metrics else monitor.startswith("val/"))):
-        names = ", ".join(val_metrics or VALIDATION_NAMES)
+        names = (
+            f"one of {', '.join(val_metrics)} (after each validation)"
+            if val_metrics
+            else f"a val/* metric (after each validation: {', '.join(VALIDATION_NAMES)}, ...)"
+        )
         raise SettingsError(
-            f"--model.lr_scheduler.monitor {monitor}: never logged; monitor one of {names} (after each "
-            "validation) or a train/* metric (each RL step)"
+            f"--model.lr_scheduler.monitor {monitor}: never logged; monitor {names} or a train/* metric (each RL step)"
         )
     return monitor
 
