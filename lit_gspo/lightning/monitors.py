@@ -4,7 +4,7 @@ A ``ReduceLROnPlateau``'s ``monitor`` and a callback's (``ModelCheckpoint``, ``E
 logs. Which ones a run logs is known from its components:
 
 * ``val/*`` (each validation): ``val/reward``, ``val/response_length``, ``val/clipped_ratio``, each reward function's
-  ``val/rewards/<name>/mean``, a multi-turn environment's episode metrics and, with a sampled validation, ``val/pass@<k>``;
+  ``val/rewards/<name>/mean``, a multi-turn environment's episode metrics and, sampled, ``val/pass@<k>``;
 * ``train/*`` (each RL step): lit_gspo's own stages log only :data:`TRAIN_NAMES` and :data:`TRAIN_PATTERNS` (a superset:
   some only with some objectives or settings), each reward function's ``rewards/<name>/mean|std`` and the environment's
   ``metric_names``. A component of the user's own may log other names (a reward function that is given ``log_metric``,

@@ -12,9 +12,9 @@ from contextlib import contextmanager
 
 @contextmanager
 def code_trusted_by(option: str, what: str, trust_remote_code: bool):
-    """Around ``from_pretrained(..., trust_remote_code=trust_remote_code)`` of ``what``: transformers' refusal of untrusted code
-    becomes ``ValueError("<what>: its config maps it to Python of its own (auto_map), which runs only with <option>
-    ...")``."""
+    """Around ``from_pretrained(..., trust_remote_code=trust_remote_code)`` of ``what``: transformers' refusal of
+    untrusted code becomes ``ValueError("<what>: its config maps it to Python of its own (auto_map), which runs only
+    with <option> ...")``."""
     try:
         yield
     except ValueError as err:

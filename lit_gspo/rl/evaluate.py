@@ -104,7 +104,8 @@ class PassAtK:
     """pass@k of n sampled completions per prompt, summed over prompts (and over ranks: :meth:`reduce`), so the result
     does not depend on how the prompts are split over processes or batches.
 
-        c_i = #{samples of prompt i with R ≥ threshold, reward not failed}      pass@k = Σ_i pass_at_k(n, c_i, k) / #prompts
+        c_i = #{samples of prompt i with R ≥ threshold, reward not failed}
+        pass@k = Σ_i pass_at_k(n, c_i, k) / #prompts
     """
 
     def __init__(self, n: int, ks: list[int], threshold: float) -> None:

@@ -84,15 +84,15 @@ class RewardModel:
     def _load(self) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        trust = {"trust_remote_code": self.trust_remote_code}  # never None: transformers would ask on the terminal
-        with code_trusted_by("RewardModel(trust_remote_code=True)", f"RewardModel {self.model_name!r}", **trust):
+        trust = self.trust_remote_code  # a bool, never None: transformers would ask on the terminal
+        with code_trusted_by("RewardModel(trust_remote_code=True)", f"RewardModel {self.model_name!r}", trust):
             if self._tokenizer is None:
-                self._tokenizer = AutoTokenizer.from_pretrained(self.model_name, **trust)
+                self._tokenizer = AutoTokenizer.from_pretrained(self.model_name, trust_remote_code=trust)
             if self.given is not None:
                 model = self.given
             else:
                 model = AutoModelForSequenceClassification.from_pretrained(
-                    self.model_name, dtype=DTYPES[self.dtype], **trust
+                    self.model_name, dtype=DTYPES[self.dtype], trust_remote_code=trust
                 )
                 model = model.to(self.device)
         if self.label >= model.config.num_labels:
