@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from lit_gspo.models.utils import enable_gradient_checkpointing
 from lit_gspo.rl.config import Update
 from lit_gspo.rl.learn.learner import Learner
 from lit_gspo.rl.objectives import GSPO
@@ -71,7 +72,7 @@ def test_the_measured_cost_of_a_token_predicts_what_a_micro_batch_keeps(align, p
 def test_under_gradient_checkpointing_a_token_costs_each_blocks_input_and_one_blocks_activations(param_dtype):
     """A block's input is the residual stream: fp32 under autocast on fp32 parameters, bf16 on the casts."""
     policy = qwen3_06b_layers(2)
-    policy.gradient_checkpointing_enable()
+    enable_gradient_checkpointing(policy)
     plain = Learner(qwen3_06b_layers(2), GSPO(), Update(param_dtype=param_dtype))
     learner = Learner(policy, GSPO(), Update(param_dtype=param_dtype), gradient_checkpointing=True)
     with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
