@@ -2,7 +2,9 @@
 
 The table must have one row per field ``trl.GRPOConfig`` adds to ``transformers.TrainingArguments``, in TRL's order
 (a TRL upgrade that adds a field fails here until the table says what it maps to), and every lit_gspo option it names
-(``--model.*``, ``--trainer.*``, ``--data.*``) must be one the CLI accepts.
+(``--model.*``, ``--trainer.*``, ``--data.*``, the top-level ones) must be one the CLI accepts. Its second table, the
+TrainingArguments a GRPO run sets most, likewise. The tables the CLI's errors quote (``lit_gspo/lightning/trl_names.py``)
+must say what the doc says, row by row.
 """
 
 import dataclasses
@@ -20,48 +22,17 @@ trl = pytest.importorskip("trl")
 
 from transformers import TrainingArguments
 
-from lit_gspo.rl import advantages, envs, objectives
-from lit_gspo.rl.config import ReferenceSync
-from lit_gspo.rl.engines import HFGenerate, LeanSampler, StaticCacheSampler, VLLMEngine
-from lit_gspo.rl.learn.mismatch import MIS, OPSM, TIS, Mismatch, SequenceMIS, SequenceTIS
+from lit_gspo.lightning.trl_names import ALWAYS_ON, GRPO_CONFIG, NOT_SUPPORTED, TRAINING_ARGUMENTS
+from lit_gspo.lightning.unknown_option import class_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "from_trl.md"
+TRAINING_ARGUMENTS_HEADING = "## TrainingArguments"
 ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|(.*)\|\s*$")
-OPTION = re.compile(r"--(?:model|trainer|data)\.[A-Za-z0-9_.]*[A-Za-z0-9_]")
-
-#: where an option may name a setting of a class the quickstart config does not instantiate (its ``init_args``):
-#: the classes whose ``__init__`` parameters count as settings there
-CLASSES_UNDER = {
-    "model.objective": [
-        objectives.GRPO,
-        objectives.DAPO,
-        objectives.DrGRPO,
-        objectives.GSPO,
-        objectives.GSPOToken,
-        objectives.LUSPO,
-        objectives.CISPO,
-        objectives.SAPO,
-        objectives.VESPO,
-        objectives.GMPO,
-        objectives.PPO,
-        objectives.ClipCov,
-        objectives.KLCov,
-        objectives.DPPO,
-    ],
-    "model.advantage": [
-        advantages.GroupNormalized,
-        advantages.GroupMean,
-        advantages.BatchNormalized,
-        advantages.RLOO,
-        advantages.GAE,
-        advantages.TurnGroupNormalized,
-    ],
-    "model.update.mismatch": [Mismatch, TIS, SequenceTIS, MIS, SequenceMIS, OPSM],
-    "model.engine": [HFGenerate, LeanSampler, StaticCacheSampler, VLLMEngine],
-    "model.environment": [envs.Environment, envs.SingleTurn, envs.ToolUse, envs.RetryWithFeedback],
-    "model.policy.ref_sync": [ReferenceSync],  # null in the quickstart
-}
+OPTION = re.compile(
+    r"--(?:model|trainer|data)\.[A-Za-z0-9_.]*[A-Za-z0-9_]|--(?:seed_everything|checkpoint_every_n_steps|ckpt_path|"
+    r"push_to_hub|hub_private)\b"
+)
 
 
 def own_fields() -> list[str]:
@@ -97,8 +68,17 @@ def flat_keys(node, prefix: str = "") -> set[str]:
 
 @pytest.fixture(scope="module")
 def doc_rows() -> list[tuple[str, str]]:
-    rows = table_rows(DOC.read_text())
+    """The GRPOConfig table's rows."""
+    rows = table_rows(DOC.read_text().partition(TRAINING_ARGUMENTS_HEADING)[0])
     assert rows, f"{DOC} has no table rows of the form | `field` | ... |"
+    return rows
+
+
+@pytest.fixture(scope="module")
+def training_argument_rows() -> list[tuple[str, str]]:
+    """The TrainingArguments table's rows."""
+    rows = table_rows(DOC.read_text().partition(TRAINING_ARGUMENTS_HEADING)[2])
+    assert rows, f"{DOC} has no table under {TRAINING_ARGUMENTS_HEADING!r}"
     return rows
 
 
@@ -119,7 +99,7 @@ def accepted(option: str, keys: set[str]) -> bool:
     if key in keys:
         return True
     parent, _, name = key.rpartition(".")
-    classes = CLASSES_UNDER.get(parent, [])
+    classes = class_settings().get(parent, [])
     return any(name in inspect.signature(cls.__init__).parameters for cls in classes)
 
 
@@ -142,8 +122,8 @@ def test_every_row_maps_or_says_not_supported(doc_rows):
     assert not empty, f"docs/from_trl.md rows with an empty lit_gspo cell: {empty}"
 
 
-def test_every_option_the_table_names_exists(doc_rows, cli_keys):
-    named = {option: field for field, cell in doc_rows for option in named_options(cell)}
+def test_every_option_the_tables_name_exists(doc_rows, training_argument_rows, cli_keys):
+    named = {option: field for field, cell in [*doc_rows, *training_argument_rows] for option in named_options(cell)}
     assert named, "docs/from_trl.md names no --model./--trainer./--data. options"
     unknown = sorted(f"{option} (row {field})" for option, field in named.items() if not accepted(option, cli_keys))
     assert not unknown, f"docs/from_trl.md names options lit-gspo does not have: {unknown}"
@@ -160,3 +140,46 @@ def test_the_option_check_can_fail(cli_keys):
         "--model.objective",
         "--model.objective.clip_high",
     ]
+
+
+def leading(cell: str) -> str:
+    """What a cell says first: its first backticked span (an option, with a value if it has one), or its opening
+    words (``**not supported**``, ``always on``)."""
+    cell = cell.strip()
+    return cell.split("`")[1] if cell.startswith("`") else cell.replace("**", "")
+
+
+def says_the_same(pointer: str, cell: str) -> bool:
+    """Whether the CLI's pointer (``--model.objective.beta``, ``not supported``, ...) is what the doc's cell says."""
+    if pointer == NOT_SUPPORTED:
+        return leading(cell).startswith(NOT_SUPPORTED)
+    if pointer == ALWAYS_ON:
+        return leading(cell).startswith(("always on", "always, in effect"))
+    return pointer in named_options(cell) or any(pointer in span for span in re.findall(r"`([^`]+)`", cell))
+
+
+def test_the_clis_grpo_config_table_is_the_docs_row_by_row(doc_rows):
+    assert list(GRPO_CONFIG) == [name for name, _ in doc_rows]
+    differ = [f"{name}: {GRPO_CONFIG[name]!r}" for name, cell in doc_rows if not says_the_same(GRPO_CONFIG[name], cell)]
+    assert not differ, f"lit_gspo/lightning/trl_names.py says otherwise than docs/from_trl.md for {differ}"
+
+
+def test_the_training_arguments_table_is_the_clis_and_transformers_fields(training_argument_rows):
+    fields = [f.name for f in dataclasses.fields(TrainingArguments)]
+    assert list(TRAINING_ARGUMENTS) == [name for name, _ in training_argument_rows]
+    assert not [name for name in TRAINING_ARGUMENTS if name not in fields], "not a TrainingArguments field"
+    differ = [name for name, cell in training_argument_rows if not says_the_same(TRAINING_ARGUMENTS[name], cell)]
+    assert not differ, f"lit_gspo/lightning/trl_names.py says otherwise than docs/from_trl.md for {differ}"
+    # the doc's first option is the pointer's (the hint names the option the row leads with)
+    led = [name for name, cell in training_argument_rows if TRAINING_ARGUMENTS[name].startswith("--")]
+    assert all(
+        leading(cell).startswith(TRAINING_ARGUMENTS[name]) for name, cell in training_argument_rows if name in led
+    )
+
+
+def test_the_row_check_can_fail():
+    assert says_the_same("--model.objective.beta", "`--model.objective.beta` (every objective)")
+    assert not says_the_same("--model.objective.beta", "`--model.objective.clip_low`")
+    assert says_the_same(NOT_SUPPORTED, "**not supported**: no vLLM server mode")
+    assert not says_the_same(NOT_SUPPORTED, "`--model.engine VLLMEngine`")
+    assert not says_the_same(ALWAYS_ON, "**not supported**: no")

@@ -25,6 +25,8 @@ from lit_gspo.lightning.int_before_float import int_before_float, int_or_float_p
 from lit_gspo.lightning.module import RLModule
 from lit_gspo.lightning.monitors import check_monitors, config_monitors, logged_names
 from lit_gspo.lightning.schedule import ScheduleCadence
+from lit_gspo.lightning.trl_names import trl_hint
+from lit_gspo.lightning.unknown_option import class_fields, unknown_option_hint
 
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
 from lit_gspo.rl import advantages, engines, envs  # noqa: F401
@@ -60,13 +62,6 @@ def objective_hint(message: str) -> str:
     )
 
 
-def _fields(cls: type) -> list[str]:
-    if dataclasses.is_dataclass(cls):
-        return [f.name for f in dataclasses.fields(cls) if f.init]
-    params = inspect.signature(cls.__init__).parameters.values()
-    return [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-
-
 def nested_key_hint(message: str) -> str:
     """What to add to a parser error about a misspelled nested key (``--model.generation.num_generation``): the
     fields of that group (jsonargparse names the bad key and the group's class, not the keys it accepts)."""
@@ -80,23 +75,16 @@ def nested_key_hint(message: str) -> str:
             continue
         try:
             cls = import_path(path)
-            fields = _fields(cls)
+            fields = class_fields(cls)
         except (ImportError, AttributeError, TypeError, ValueError):
             continue
         close = difflib.get_close_matches(bad.group(1), fields, n=1)
-        return f"\n  Valid fields of {key.group(1)}: {', '.join(fields)}" + (
-            f" (did you mean {key.group(1)}.{close[0]}?)" if close else ""
+        return (
+            f"\n  Valid fields of {key.group(1)}: {', '.join(fields)}"
+            + (f" (did you mean {key.group(1)}.{close[0]}?)" if close else "")
+            + trl_hint(bad.group(1))
         )
     return ""
-
-
-def unknown_option_hint(message: str, options: list[str]) -> str:
-    """Close matches for ``unrecognized arguments: --data.prompts_per_stp``."""
-    found = re.search(r"unrecognized arguments: (--[\w.]+)", message)
-    if not found:
-        return ""
-    close = difflib.get_close_matches(found.group(1), options, n=3)
-    return f"\n  Did you mean: {', '.join(close)}?" if close else ""
 
 
 def one_line_value_error(message: str) -> str:
@@ -173,19 +161,22 @@ def nested_value_error(message: str) -> str | None:
 def _unknown_parameter(option: str, name: str, class_path: str) -> str | None:
     try:
         cls = import_path(class_path)
-        fields = _fields(cls)
+        fields = class_fields(cls)
     except (ImportError, AttributeError, TypeError, ValueError):
         return None
     close = difflib.get_close_matches(name, fields, n=1)
-    return f"--{option}.{name}: not a parameter of {cls.__name__}; its parameters: {', '.join(fields) or 'none'}" + (
-        f" (did you mean --{option}.{close[0]}?)" if close else ""
+    return (
+        f"--{option}.{name}: not a parameter of {cls.__name__}; its parameters: {', '.join(fields) or 'none'}"
+        + (f" (did you mean --{option}.{close[0]}?)" if close else "")
+        + trl_hint(name)
     )
 
 
 class RLArgumentParser(LightningArgumentParser):
     """Parser errors about the objective list the objectives that exist, about a misspelled nested key the valid
-    fields, about a class path of a missing optional package the extra to install, about an unknown option the
-    close ones; keeps its subcommands action."""
+    fields, about a class path of a missing optional package the extra to install, about an unknown option or YAML
+    key where a setting of that name is (``unknown_option.py``: TRL's name, the same name elsewhere, close spellings);
+    keeps its subcommands action."""
 
     subcommands_action = None
 
@@ -217,15 +208,23 @@ class RLArgumentParser(LightningArgumentParser):
             objective_hint(message)
             + nested_key_hint(message)
             + extras.hint_for(message)
-            + unknown_option_hint(
-                message, [o for o in getattr(self, "_option_string_actions", {}) if o.startswith("--")]
-            )
+            + unknown_option_hint(message, self.option_names())
         )
         if not hint:  # a hint reads the whole message; without one, the message as one line
             message = one_line_value_error(message)
         if self.exit_on_error and not user_errors.debug_requested():
             user_errors.parser_error(message + hint)  # one error, not the usage dump (lit_gspo/runtime/user_errors.py)
         return super().error(message + hint, ex)
+
+    def option_names(self) -> list[str]:
+        """The ``--`` options this parser and its subcommands take (argparse keeps them in ``_option_string_actions``
+        only); a YAML key a subcommand does not know is reported by the top parser."""
+        own = [option for option in getattr(self, "_option_string_actions", {}) if option.startswith("--")]
+        subcommands = self.subcommands_action.choices.values() if self.subcommands_action is not None else []
+        nested = [
+            option for parser in subcommands if isinstance(parser, RLArgumentParser) for option in parser.option_names()
+        ]
+        return list(dict.fromkeys([*own, *nested]))
 
     def add_subcommands(self, *args, **kwargs):
         self.subcommands_action = super().add_subcommands(*args, **kwargs)
