@@ -1,5 +1,7 @@
 """Rollout engines: the sampler's own log-probs, and that asking for them changes nothing sampled."""
 
+import re
+
 import pytest
 import torch
 
@@ -225,6 +227,18 @@ def test_bad_vllm_engine_settings_are_refused_naming_the_value(kwargs, message):
 
     with pytest.raises(ValueError, match=message):
         VLLMEngine(**kwargs)
+
+
+def test_llm_kwargs_that_the_vllm_engine_sets_itself_are_refused_naming_its_own_argument():
+    """Each would be a TypeError at the first rollout (a keyword given twice), after the warm start; vLLM ignores
+    gpu_memory_utilization beside the KV cache's bytes. Checked before vLLM is looked for."""
+    from lit_gspo.rl.engines import VLLMEngine
+    from lit_gspo.rl.engines.vllm import OWN_LLM_ARGUMENTS
+
+    for key, own in OWN_LLM_ARGUMENTS.items():
+        way = f"--model.engine.init_args.{own}" if own else "set by the engine"
+        with pytest.raises(ValueError, match=rf"llm_kwargs \['{key}'\]: .*\({key}: {re.escape(way)}\)"):
+            VLLMEngine(llm_kwargs={"block_size": 16, key: 1})
 
 
 @pytest.mark.parametrize("engine", ["LeanSampler", "StaticCacheSampler"])

@@ -3,7 +3,7 @@
 The table must have one row per field ``trl.GRPOConfig`` adds to ``transformers.TrainingArguments``, in TRL's order
 (a TRL upgrade that adds a field fails here until the table says what it maps to), and every lit_gspo option it names
 (``--model.*``, ``--trainer.*``, ``--data.*``, the top-level ones) must be one the CLI accepts. Its second table, the
-TrainingArguments a GRPO run sets most, likewise. The tables the CLI's errors quote (``lit_gspo/lightning/trl_names.py``)
+TrainingArguments a GRPO run sets most, likewise. The tables the CLI's errors quote (``lit_gspo/lightning/foreign_names.py``)
 must say what the doc says, row by row.
 """
 
@@ -20,14 +20,19 @@ import yaml
 
 trl = pytest.importorskip("trl")
 
-from transformers import TrainingArguments
+from transformers import GenerationConfig, TrainingArguments
 
-from lit_gspo.lightning.trl_names import ALWAYS_ON, GRPO_CONFIG, NOT_SUPPORTED, TRAINING_ARGUMENTS
+from lit_gspo.lightning.foreign_names import (
+    ALWAYS_ON,
+    GENERATION_CONFIG,
+    NOT_SUPPORTED,
+    TABLES,
+    TRAINING_ARGUMENTS,
+)
 from lit_gspo.lightning.unknown_option import class_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "from_trl.md"
-TRAINING_ARGUMENTS_HEADING = "## TrainingArguments"
 ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|(.*)\|\s*$")
 OPTION = re.compile(
     r"--(?:model|trainer|data)\.[A-Za-z0-9_.]*[A-Za-z0-9_]|--(?:seed_everything|checkpoint_every_n_steps|ckpt_path|"
@@ -66,20 +71,24 @@ def flat_keys(node, prefix: str = "") -> set[str]:
     return keys
 
 
+def sections(text: str) -> dict[str, list[tuple[str, str]]]:
+    """The table rows under each ``## heading`` of the doc."""
+    parts = re.split(r"^## (.+)$", text, flags=re.M)
+    return {heading.strip(): table_rows(body) for heading, body in zip(parts[1::2], parts[2::2])}
+
+
 @pytest.fixture(scope="module")
-def doc_rows() -> list[tuple[str, str]]:
+def doc_sections() -> dict[str, list[tuple[str, str]]]:
+    found = sections(DOC.read_text())
+    assert list(found) == list(TABLES), f"{DOC}'s sections are not the tables of foreign_names.py, in order"
+    assert all(found.values()), f"{DOC} has a section without rows of the form | `field` | ... |"
+    return found
+
+
+@pytest.fixture(scope="module")
+def doc_rows(doc_sections) -> list[tuple[str, str]]:
     """The GRPOConfig table's rows."""
-    rows = table_rows(DOC.read_text().partition(TRAINING_ARGUMENTS_HEADING)[0])
-    assert rows, f"{DOC} has no table rows of the form | `field` | ... |"
-    return rows
-
-
-@pytest.fixture(scope="module")
-def training_argument_rows() -> list[tuple[str, str]]:
-    """The TrainingArguments table's rows."""
-    rows = table_rows(DOC.read_text().partition(TRAINING_ARGUMENTS_HEADING)[2])
-    assert rows, f"{DOC} has no table under {TRAINING_ARGUMENTS_HEADING!r}"
-    return rows
+    return doc_sections["TRL's GRPOConfig"]
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +131,9 @@ def test_every_row_maps_or_says_not_supported(doc_rows):
     assert not empty, f"docs/from_trl.md rows with an empty lit_gspo cell: {empty}"
 
 
-def test_every_option_the_tables_name_exists(doc_rows, training_argument_rows, cli_keys):
-    named = {option: field for field, cell in [*doc_rows, *training_argument_rows] for option in named_options(cell)}
+def test_every_option_the_tables_name_exists(doc_sections, cli_keys):
+    rows = [row for section in doc_sections.values() for row in section]
+    named = {option: field for field, cell in rows for option in named_options(cell)}
     assert named, "docs/from_trl.md names no --model./--trainer./--data. options"
     unknown = sorted(f"{option} (row {field})" for option, field in named.items() if not accepted(option, cli_keys))
     assert not unknown, f"docs/from_trl.md names options lit-gspo does not have: {unknown}"
@@ -158,23 +168,27 @@ def says_the_same(pointer: str, cell: str) -> bool:
     return pointer in named_options(cell) or any(pointer in span for span in re.findall(r"`([^`]+)`", cell))
 
 
-def test_the_clis_grpo_config_table_is_the_docs_row_by_row(doc_rows):
-    assert list(GRPO_CONFIG) == [name for name, _ in doc_rows]
-    differ = [f"{name}: {GRPO_CONFIG[name]!r}" for name, cell in doc_rows if not says_the_same(GRPO_CONFIG[name], cell)]
-    assert not differ, f"lit_gspo/lightning/trl_names.py says otherwise than docs/from_trl.md for {differ}"
+def test_the_clis_tables_are_the_docs_row_by_row(doc_sections):
+    for whose, table in TABLES.items():
+        rows = doc_sections[whose]
+        assert list(table) == [name for name, _ in rows], f"docs/from_trl.md's {whose} rows are not foreign_names.py's"
+        differ = [f"{name}: {table[name]!r}" for name, cell in rows if not says_the_same(table[name], cell)]
+        assert not differ, f"foreign_names.py says otherwise than docs/from_trl.md's {whose} for {differ}"
+        # outside GRPOConfig's table (TRL's own wording), the row leads with the option the error names
+        if whose != "TRL's GRPOConfig":
+            led = [
+                name
+                for name, cell in rows
+                if table[name].startswith("--") and not leading(cell).startswith(table[name])
+            ]
+            assert not led, f"docs/from_trl.md's {whose} rows {led} do not lead with the option the error names"
 
 
-def test_the_training_arguments_table_is_the_clis_and_transformers_fields(training_argument_rows):
-    fields = [f.name for f in dataclasses.fields(TrainingArguments)]
-    assert list(TRAINING_ARGUMENTS) == [name for name, _ in training_argument_rows]
-    assert not [name for name in TRAINING_ARGUMENTS if name not in fields], "not a TrainingArguments field"
-    differ = [name for name, cell in training_argument_rows if not says_the_same(TRAINING_ARGUMENTS[name], cell)]
-    assert not differ, f"lit_gspo/lightning/trl_names.py says otherwise than docs/from_trl.md for {differ}"
-    # the doc's first option is the pointer's (the hint names the option the row leads with)
-    led = [name for name, cell in training_argument_rows if TRAINING_ARGUMENTS[name].startswith("--")]
-    assert all(
-        leading(cell).startswith(TRAINING_ARGUMENTS[name]) for name, cell in training_argument_rows if name in led
-    )
+def test_the_names_are_the_libraries_fields():
+    training_arguments = {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert [name for name in TRAINING_ARGUMENTS if name not in training_arguments] == []
+    generation_config = GenerationConfig().to_dict()
+    assert [name for name in GENERATION_CONFIG if name not in generation_config] == []
 
 
 def test_the_row_check_can_fail():

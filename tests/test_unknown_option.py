@@ -1,20 +1,28 @@
 """An option or a YAML key the parser does not know: the error says where a setting of that name is.
 
-TRL's name (every field of GRPOConfig and of TrainingArguments), the same name in another group (a setting typed one
+TRL's name (every field of GRPOConfig and of TrainingArguments), vLLM's and transformers' (the engine's and the
+sampling's), the same name in another group (a setting typed one
 level too high, a class's parameter without its setting), else the close spellings. Enumerated: every TRL field and
 every lit_gspo option, at every level a user may type it, in each form the parser's error takes (the command line,
 a YAML group, a top-level YAML key); the real parser's errors of each form are checked first."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from test_trainer_flags import QUICKSTART, fit_parser
-from transformers import TrainingArguments
 
-from lit_gspo.lightning.trl_names import ALWAYS_ON, GRPO_CONFIG, NOT_SUPPORTED, TRAINING_ARGUMENTS, trl_option
-from lit_gspo.lightning.unknown_option import every_option, leaf, unknown_key, unknown_option_hint
+from lit_gspo.lightning.cli import _unknown_parameter
+from lit_gspo.lightning.foreign_names import (
+    ALWAYS_ON,
+    NOT_SUPPORTED,
+    TABLES,
+    VLLM_LLM,
+    foreign_option,
+    generation_config,
+    training_arguments,
+)
+from lit_gspo.lightning.unknown_option import class_fields, every_option, leaf, unknown_key, unknown_option_hint
+from lit_gspo.runtime.imports import import_path
 from lit_gspo.tools.main import main
 
 
@@ -34,7 +42,7 @@ def yaml_file(tmp_path, text: str) -> str:
 
 
 # ------------------------------------------------------------------------ the real parser, each form of its error
-def test_a_trl_option_on_the_command_line_names_lit_gspos(capsys):
+def test_a_foreign_option_on_the_command_line_names_lit_gspos(capsys):
     assert errors(capsys, "--model.beta", "0.1") == [
         "error: unrecognized arguments: --model.beta 0.1",
         "  TRL's GRPOConfig beta is --model.objective.beta here (docs/from_trl.md says how they differ)",
@@ -68,6 +76,24 @@ def test_a_trl_parameter_of_the_objective_names_lit_gspos(capsys, tmp_path):
 def test_a_setting_one_level_too_high_names_every_option_of_that_name(capsys):
     assert errors(capsys, "--model.lr", "1e-5")[1:] == [
         "  --model.policy.warm_start.lr and --model.optimizer.lr have that name"
+    ]
+
+
+def test_vllms_argument_as_the_engines_names_lit_gspos(capsys):
+    (line, hint) = errors(
+        capsys, "--model.engine", "VLLMEngine", "--model.engine.init_args.gpu_memory_utilization", "0.5"
+    )
+    assert line.startswith("error: --model.engine.gpu_memory_utilization: not a parameter of VLLMEngine; its param")
+    assert hint == (
+        "  vLLM's LLM gpu_memory_utilization is --model.engine.init_args.kv_cache_gb here "
+        "(docs/from_trl.md says how they differ)"
+    )
+
+
+def test_a_generation_setting_of_transformers_is_named_as_one(capsys):
+    assert errors(capsys, "--model.generation.output_scores", "true")[1:] == [
+        "  output_scores is one of transformers' GenerationConfig settings, which lit_gspo does not read: the engines "
+        "sample with --model.generation.temperature, top_p, top_k, min_p, repetition_penalty and stop"
     ]
 
 
@@ -105,27 +131,46 @@ def test_the_forms_are_read_as_the_key():
 PLACES = ["", "model.", "model.update.", "model.generation.", "trainer.", "data."]
 
 
-@pytest.mark.parametrize("table", ["GRPOConfig", "TrainingArguments"])
-def test_every_trl_field_typed_anywhere_says_where_it_is(table, parser_options):
-    names = list(GRPO_CONFIG) if table == "GRPOConfig" else [f.name for f in dataclasses.fields(TrainingArguments)]
+def says_where(name: str, hint: str) -> bool:
+    """Whether ``hint`` says where another library's setting ``name`` is here (or that nothing reads it)."""
+    whose, where = next(((whose, table[name]) for whose, table in TABLES.items() if name in table), (None, None))
+    if whose is None:
+        library = "TrainingArguments" if name in training_arguments() else "GenerationConfig settings"
+        return f"{name} is one of transformers' {library}, which lit_gspo does not read" in hint
+    if foreign_option(name) is not None or where == NOT_SUPPORTED:
+        return f"{whose} {name} is {where} here" in hint
+    assert where == ALWAYS_ON
+    return f"{whose} {name}: {where} here" in hint
+
+
+def foreign_names() -> list[str]:
+    return sorted({*(name for table in TABLES.values() for name in table), *training_arguments(), *generation_config()})
+
+
+def test_every_foreign_name_typed_anywhere_says_where_it_is(parser_options):
     unhelped = []
-    for name in names:
+    for name in foreign_names():
         for place in PLACES:
             if f"--{place}{name}" in parser_options:  # a lit_gspo option of the same name, in the same place
                 continue
             for message in forms(place + name):
                 hint = unknown_option_hint(message, parser_options)
-                pointer = trl_option(name)
-                where = GRPO_CONFIG.get(name) or TRAINING_ARGUMENTS.get(name)
-                if pointer is not None:
-                    helped = f"{name} is {where} here" in hint
-                elif where in (NOT_SUPPORTED, ALWAYS_ON):
-                    helped = f"{name} is {where} here" in hint or f"{name}: {where} here" in hint
-                else:  # a TrainingArguments field without a row: named as one
-                    helped = f"{name} is one of transformers' TrainingArguments" in hint
-                if not helped:
+                if not says_where(name, hint):
                     unhelped.append(f"{message!r} → {hint!r}")
-    assert not unhelped, f"{len(unhelped)} errors do not say where TRL's setting is, e.g. {unhelped[:5]}"
+    assert not unhelped, f"{len(unhelped)} errors do not say where the setting is, e.g. {unhelped[:5]}"
+
+
+@pytest.mark.parametrize(
+    "setting, class_path",
+    [("model.engine", "lit_gspo.rl.engines.VLLMEngine"), ("model.objective", "lit_gspo.rl.objectives.GSPO")],
+)
+def test_every_foreign_name_as_a_classs_parameter_says_where_it_is(setting, class_path):
+    """``--model.engine.init_args.gpu_memory_utilization``: jsonargparse's error names the class, not the option."""
+    own = class_fields(import_path(class_path))
+    names = [name for name in foreign_names() if name not in own]
+    unhelped = [name for name in names if not says_where(name, _unknown_parameter(setting, name, class_path) or "")]
+    assert not unhelped, f"not a parameter of {class_path}, without saying where: {unhelped[:5]}"
+    assert set(VLLM_LLM) <= set(names)
 
 
 def test_every_option_typed_one_level_too_high_or_at_the_top_is_named(parser_options):

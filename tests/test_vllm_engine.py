@@ -4,11 +4,13 @@ Runs where vLLM imports (``.ci/run`` builds a second environment for ``pytest -m
 tiny model has head size 32 (vLLM's CPU attention starts there). One engine per test module: a build takes ~6 s.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-pytest.importorskip("vllm", reason="needs vLLM: pip install 'lit-gspo[vllm]' (its own environment, see .ci/run)")
+vllm = pytest.importorskip("vllm", reason="needs vLLM: pip install 'lit-gspo[vllm]' (its own environment, see .ci/run)")
 
 from lit_gspo.models.hf_weights import hf_weights  # noqa: E402
 from lit_gspo.rl.engines import HFGenerate, VLLMEngine  # noqa: E402
@@ -318,3 +320,21 @@ def test_a_head_size_vllms_cpu_attention_lacks_is_refused_naming_it():
         VLLMEngine().sample(
             LlamaForCausalLM(config), [[3, 4]], num_generations=1, max_new_tokens=2, pad_id=PAD, eos_id=EOS, greedy=True
         )
+
+
+def test_the_llm_arguments_the_engine_sets_itself_are_vllms():
+    """``OWN_LLM_ARGUMENTS`` (refused in llm_kwargs) names arguments this vLLM has."""
+    from lit_gspo.rl.engines.vllm import OWN_LLM_ARGUMENTS
+
+    fields = {f.name for f in dataclasses.fields(vllm.EngineArgs)}
+    assert [key for key in OWN_LLM_ARGUMENTS if key not in fields] == []
+
+
+def test_the_names_the_cli_knows_as_vllms_are_this_vllms():
+    """``foreign_names.py``'s vLLM tables (the errors about an option that is vLLM's name) name vLLM's fields."""
+    from lit_gspo.lightning.foreign_names import VLLM_LLM, VLLM_SAMPLING
+
+    engine_args = {f.name for f in dataclasses.fields(vllm.EngineArgs)}
+    sampling = set(vllm.SamplingParams.__struct_fields__)
+    assert [name for name in VLLM_LLM if name not in engine_args] == []
+    assert [name for name in VLLM_SAMPLING if name not in sampling] == []

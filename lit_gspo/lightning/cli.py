@@ -21,11 +21,11 @@ from lit_gspo.lightning import class_switch, run_dir, trainer_flags
 from lit_gspo.lightning.checks import validation_schedule
 from lit_gspo.lightning.component_errors import NamingInstantiator, component_error
 from lit_gspo.lightning.datamodule import PromptDataModule
+from lit_gspo.lightning.foreign_names import foreign_hint
 from lit_gspo.lightning.int_before_float import int_before_float, int_or_float_parameters, parameter_doc
 from lit_gspo.lightning.module import RLModule
 from lit_gspo.lightning.monitors import check_monitors, config_monitors, logged_names
 from lit_gspo.lightning.schedule import ScheduleCadence
-from lit_gspo.lightning.trl_names import trl_hint
 from lit_gspo.lightning.unknown_option import class_fields, unknown_option_hint
 
 # importing registers every built-in stage, so class names resolve: `--model.objective GSPO`, `--model.engine LeanSampler`
@@ -82,7 +82,7 @@ def nested_key_hint(message: str) -> str:
         return (
             f"\n  Valid fields of {key.group(1)}: {', '.join(fields)}"
             + (f" (did you mean {key.group(1)}.{close[0]}?)" if close else "")
-            + trl_hint(bad.group(1))
+            + foreign_hint(bad.group(1))
         )
     return ""
 
@@ -168,7 +168,7 @@ def _unknown_parameter(option: str, name: str, class_path: str) -> str | None:
     return (
         f"--{option}.{name}: not a parameter of {cls.__name__}; its parameters: {', '.join(fields) or 'none'}"
         + (f" (did you mean --{option}.{close[0]}?)" if close else "")
-        + trl_hint(name)
+        + foreign_hint(name)
     )
 
 

@@ -5,7 +5,7 @@
     error: Subcommand 'fit' does not accept option 'model.update.num_iterations'
       TRL's GRPOConfig num_iterations is --model.update.epochs here (docs/from_trl.md says how they differ)
 
-TRL's name for the setting (``trl_names.py``) and the options with the same last name (a setting typed in the
+TRL's name for the setting (``foreign_names.py``) and the options with the same last name (a setting typed in the
 wrong group, a class's parameter one level too high); where neither, the close spellings. The command line says
 ``unrecognized arguments: --a.b``, a YAML ``Group 'a' does not accept option 'b'`` (``Subcommand 'fit' ...`` for a
 top-level key): both are read.
@@ -20,7 +20,7 @@ import re
 
 import torch
 
-from lit_gspo.lightning.trl_names import trl_hint, trl_option
+from lit_gspo.lightning.foreign_names import foreign_hint, foreign_option
 from lit_gspo.rl.advantages import ADVANTAGES
 from lit_gspo.rl.config import ReferenceSync
 from lit_gspo.rl.engines import HFGenerate, LeanSampler, StaticCacheSampler, VLLMEngine
@@ -94,8 +94,10 @@ def unknown_option_hint(message: str, parser_options: list[str]) -> str:
     if key is None:
         return ""
     options = every_option(parser_options)
-    same = [option for option in options if leaf(option) == leaf(key) and option not in (trl_option(key), f"--{key}")]
-    hint = trl_hint(key)
+    same = [
+        option for option in options if leaf(option) == leaf(key) and option not in (foreign_option(key), f"--{key}")
+    ]
+    hint = foreign_hint(key)
     if same:
         hint += f"\n  {' and '.join(same)} {'has' if len(same) == 1 else 'have'} that name{' too' if hint else ''}"
     if not hint:

@@ -45,6 +45,21 @@ from lit_gspo.runtime.sharding import is_sharded
 #: a weak reference to the engine whose vLLM is built in this process (vLLM's parallel state is global: one at a time)
 _LIVE: list[weakref.ref] = []
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: the ``vllm.LLM`` arguments the engine sets itself → its own argument that sets them (None: from the policy, or
+#: fixed by what the engine needs: dummy weights pushed in place, token ids in and out, the sampler's log-probs)
+OWN_LLM_ARGUMENTS = {
+    "model": None,
+    "tokenizer": None,
+    "load_format": None,
+    "skip_tokenizer_init": None,
+    "generation_config": None,
+    "logprobs_mode": None,
+    "dtype": "dtype",
+    "max_model_len": "max_model_len",
+    "enforce_eager": "enforce_eager",
+    "kv_cache_memory_bytes": "kv_cache_gb",
+    "gpu_memory_utilization": "kv_cache_gb",  # vLLM ignores it beside kv_cache_memory_bytes
+}
 #: head sizes vLLM's CPU attention kernel supports (vllm/v1/attention/backends/cpu_attn.py, 0.32.0)
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
@@ -83,6 +98,7 @@ class VLLMEngine(RolloutEngine):
             raise ValueError(f"VLLMEngine kv_cache_gb must be > 0, got {kv_cache_gb}")
         if num_threads is not None and num_threads < 1:
             raise ValueError(f"VLLMEngine num_threads must be >= 1 or null, got {num_threads}")
+        _check_not_own(llm_kwargs or {})
         require_installed(("vllm",), "VLLMEngine")
         self.dtype, self.max_model_len, self.kv_cache_gb = dtype, max_model_len, kv_cache_gb
         self.num_threads, self.enforce_eager, self.llm_kwargs = num_threads, enforce_eager, dict(llm_kwargs or {})
@@ -374,6 +390,24 @@ def _kept_process_state() -> Iterator[None]:
         random.setstate(rng[2])
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
+
+
+def _check_not_own(llm_kwargs: dict) -> None:
+    """``llm_kwargs`` must not hold what the engine passes to ``vllm.LLM`` itself: at the first rollout, after the
+    warm start, that would be a ``TypeError`` (a keyword given twice), or, for ``gpu_memory_utilization``, ignored."""
+    own = [key for key in llm_kwargs if key in OWN_LLM_ARGUMENTS]
+    if not own:
+        return
+    ways = [
+        f"{key}: --model.engine.init_args.{OWN_LLM_ARGUMENTS[key]}"
+        if OWN_LLM_ARGUMENTS[key]
+        else f"{key}: set by the engine"
+        for key in own
+    ]
+    raise ValueError(
+        f"VLLMEngine llm_kwargs {own}: the engine sets these for vllm.LLM itself ({'; '.join(ways)}); "
+        "the model is built from the policy (--model.policy.name) and its weights pushed from it"
+    )
 
 
 def _check_one_engine_per_rank(llm_kwargs: dict) -> None:

@@ -1,11 +1,14 @@
-"""TRL's names for lit_gspo's settings, for the error about an option or a YAML key that is TRL's, not lit_gspo's.
+"""TRL's, transformers' and vLLM's names for lit_gspo's settings, for the error about an option or a YAML key that is
+one of theirs.
 
-A GRPOTrainer user types ``--model.beta 0.1`` or writes ``num_iterations: 2`` in a YAML; the parser knows neither.
-:func:`trl_hint` says where the setting is here, in one line: every field ``trl.GRPOConfig`` adds to
-``transformers.TrainingArguments`` (:data:`GRPO_CONFIG`, the first column of docs/from_trl.md, which says the rest)
-and the TrainingArguments a GRPO run sets most (:data:`TRAINING_ARGUMENTS`); any other TrainingArguments field
-is pointed at Lightning's Trainer. ``tests/test_from_trl.py`` checks both tables against the installed TRL and
-transformers, against docs/from_trl.md and against the options the CLI accepts.
+A GRPOTrainer user types ``--model.beta 0.1`` or writes ``num_iterations: 2`` in a YAML; a vLLM user
+``--model.engine.init_args.gpu_memory_utilization 0.5`` or ``--model.generation.max_tokens 64``; the parser knows
+none of them. :func:`foreign_hint` says where the setting is here, in one line: every field ``trl.GRPOConfig`` adds to
+``transformers.TrainingArguments`` (:data:`GRPO_CONFIG`, the first column of docs/from_trl.md, which says the rest),
+the TrainingArguments a GRPO run sets most, vLLM's engine and sampling arguments and transformers' generation
+settings (:data:`TABLES`); any other field of TrainingArguments or GenerationConfig is named as one.
+``tests/test_from_trl.py`` checks the tables against docs/from_trl.md, the installed libraries and the options the
+CLI accepts; ``tests/test_unknown_option.py`` tries every name.
 """
 
 from __future__ import annotations
@@ -135,32 +138,83 @@ TRAINING_ARGUMENTS: dict[str, str] = {
 }
 
 
-def trl_hint(key: str) -> str:
+#: vllm.LLM's arguments (vLLM's EngineArgs) typed as VLLMEngine's: lit_gspo's option, or the pass-through
+VLLM_LLM: dict[str, str] = {
+    "gpu_memory_utilization": "--model.engine.init_args.kv_cache_gb",
+    "enable_sleep_mode": NOT_SUPPORTED,
+    "tensor_parallel_size": "--model.engine.init_args.llm_kwargs",
+    "max_num_seqs": "--model.engine.init_args.llm_kwargs",
+    "max_num_batched_tokens": "--model.engine.init_args.llm_kwargs",
+    "enable_chunked_prefill": "--model.engine.init_args.llm_kwargs",
+    "enable_prefix_caching": "--model.engine.init_args.llm_kwargs",
+    "block_size": "--model.engine.init_args.llm_kwargs",
+    "kv_cache_dtype": "--model.engine.init_args.llm_kwargs",
+    "quantization": "--model.engine.init_args.llm_kwargs",
+    "cpu_offload_gb": "--model.engine.init_args.llm_kwargs",
+    "compilation_config": "--model.engine.init_args.llm_kwargs",
+    "model_impl": "--model.engine.init_args.llm_kwargs",
+}
+
+#: vllm.SamplingParams' names for the sampling settings
+VLLM_SAMPLING: dict[str, str] = {
+    "n": "--model.generation.num_generations",
+    "max_tokens": "--model.generation.max_new_tokens",
+    "min_tokens": NOT_SUPPORTED,
+    "presence_penalty": NOT_SUPPORTED,
+    "frequency_penalty": NOT_SUPPORTED,
+    "ignore_eos": NOT_SUPPORTED,
+}
+
+#: transformers' GenerationConfig names for the sampling settings
+GENERATION_CONFIG: dict[str, str] = {
+    "num_return_sequences": "--model.generation.num_generations",
+    "do_sample": "--model.validation.num_generations",
+    "stop_strings": "--model.generation.stop",
+    "min_new_tokens": NOT_SUPPORTED,
+    "typical_p": NOT_SUPPORTED,
+    "num_beams": NOT_SUPPORTED,
+    "no_repeat_ngram_size": NOT_SUPPORTED,
+}
+
+#: whose names, in the order a name is looked up (the first table that has it answers)
+TABLES: dict[str, dict[str, str]] = {
+    "TRL's GRPOConfig": GRPO_CONFIG,
+    "TRL's TrainingArguments": TRAINING_ARGUMENTS,
+    "vLLM's LLM": VLLM_LLM,
+    "vLLM's SamplingParams": VLLM_SAMPLING,
+    "transformers' GenerationConfig": GENERATION_CONFIG,
+}
+
+
+def foreign_hint(key: str) -> str:
     """A line to add to the error about the unknown option or YAML key ``key`` (``model.beta``, ``--beta``) when its
-    last name is TRL's (GRPOConfig or TrainingArguments); "" otherwise."""
+    last name is TRL's, transformers' or vLLM's; "" otherwise."""
     name = key.lstrip("-").rpartition(".")[2]
-    if name in GRPO_CONFIG:
-        where, what = GRPO_CONFIG[name], "GRPOConfig"
-    elif name in TRAINING_ARGUMENTS:
-        where, what = TRAINING_ARGUMENTS[name], "TrainingArguments"
-    elif name in training_arguments():
-        return (
-            f"\n  {name} is one of transformers' TrainingArguments, which lit_gspo does not read: a run's settings "
-            "are Lightning's Trainer's (--trainer.*) and lit_gspo's (--model.*, --data.*); docs/from_trl.md"
-        )
-    else:
+    whose, where = next(((whose, table[name]) for whose, table in TABLES.items() if name in table), (None, None))
+    if whose is None:
+        if name in training_arguments():
+            return (
+                f"\n  {name} is one of transformers' TrainingArguments, which lit_gspo does not read: a run's settings "
+                "are Lightning's Trainer's (--trainer.*) and lit_gspo's (--model.*, --data.*); docs/from_trl.md"
+            )
+        if name in generation_config():
+            return (
+                f"\n  {name} is one of transformers' GenerationConfig settings, which lit_gspo does not read: the "
+                "engines sample with --model.generation.temperature, top_p, top_k, min_p, repetition_penalty and stop"
+            )
         return ""
     if where == NOT_SUPPORTED:
-        return f"\n  TRL's {what} {name} is {NOT_SUPPORTED} here (docs/from_trl.md says why)"
+        return f"\n  {whose} {name} is {NOT_SUPPORTED} here (docs/from_trl.md says why)"
     if where == ALWAYS_ON:
-        return f"\n  TRL's {what} {name}: {ALWAYS_ON} here (docs/from_trl.md)"
-    return f"\n  TRL's {what} {name} is {where} here (docs/from_trl.md says how they differ)"
+        return f"\n  {whose} {name}: {ALWAYS_ON} here (docs/from_trl.md)"
+    return f"\n  {whose} {name} is {where} here (docs/from_trl.md says how they differ)"
 
 
-def trl_option(key: str) -> str | None:
-    """The lit_gspo option TRL's name ``key`` (its last name) maps to (``--model.objective.beta``), None if none."""
+def foreign_option(key: str) -> str | None:
+    """The lit_gspo option another library's name ``key`` (its last name) maps to (``--model.objective.beta``),
+    None if none."""
     name = key.lstrip("-").rpartition(".")[2]
-    where = GRPO_CONFIG.get(name) or TRAINING_ARGUMENTS.get(name) or ""
+    where = next((table[name] for table in TABLES.values() if name in table), "")
     return where.split()[0] if where.startswith("--") else None
 
 
@@ -172,3 +226,11 @@ def training_arguments() -> frozenset[str]:
     except ImportError:
         return frozenset()
     return frozenset(field.name for field in dataclasses.fields(TrainingArguments))
+
+
+@functools.cache
+def generation_config() -> frozenset[str]:
+    """The settings of the installed ``transformers.GenerationConfig`` (its public attributes by default)."""
+    from transformers import GenerationConfig
+
+    return frozenset(name for name in GenerationConfig().to_dict() if not name.startswith("_"))
