@@ -52,10 +52,23 @@ def test_answers_are_correct():
     assert row["prompt"].startswith("What is ") and sft_examples([row]) == [(row["prompt"], row["answer"])]
 
 
+@pytest.mark.parametrize(
+    "task_kwargs, setting",
+    [({"seed": 3}, "seed: --data.seed"), ({"n": 5}, "n: --data.num_train and --data.num_val"), ({"digit": 1}, None)],
+)
+@pytest.mark.parametrize("val_source", [None, "arithmetic"])
+def test_a_tasks_options_are_checked_when_the_data_module_is_built(task_kwargs, setting, val_source):
+    """Not at the first batch, after the model and its warm start; the loader's own arguments (``seed``, ``n``) were a
+    TypeError there ("got multiple values for keyword argument 'seed'"), with its traceback."""
+    with pytest.raises(ValueError, match=r"synthetic task 'arithmetic' got unknown options") as error:
+        PromptDataModule(train_source="arithmetic", val_source=val_source, task_kwargs={"digits": 1, **task_kwargs})
+    assert (setting in str(error.value)) if setting else "set by other settings" not in str(error.value)
+
+
 def test_task_errors_name_values():
     with pytest.raises(ValueError, match=r"unknown synthetic task 'nope'.*'arithmetic'"):
         make_task("nope", 3)
-    with pytest.raises(TypeError, match=r"unknown options \['digit'\].*'digits'"):
+    with pytest.raises(ValueError, match=r"unknown options \['digit'\].*'digits'"):
         make_task("arithmetic", 3, digit=2)
     with pytest.raises(ValueError, match="only 155 distinct prompts.*--data.num_train 300"):
         task_splits("arithmetic", 300, 10, digits=1)

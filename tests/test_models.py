@@ -67,6 +67,27 @@ def test_config_overrides_and_dtype():
         load_policy("tiny-llama", dtype="float8")
 
 
+@pytest.mark.parametrize("source", ["built-in", "pretrained"])
+def test_loading_arguments_in_the_config_overrides_are_refused_naming_their_setting(source, tmp_path):
+    """TRL's ``model_init_kwargs: {torch_dtype: bfloat16}`` habit: a pretrained model's load failed on a keyword given
+    twice (``dtype``, ``trust_remote_code``), a built-in model ignored them all (its parameters stayed fp32)."""
+    from lit_gspo.models.loading import LOADING_ARGUMENTS
+
+    name = "tiny-llama"
+    if source == "pretrained":
+        model, tok = load_policy(name)
+        model.save_pretrained(tmp_path)
+        tok.save_pretrained(tmp_path)
+        name = str(tmp_path)
+    setting = {"dtype": "--trainer.precision", "torch_dtype": "--trainer.precision"}
+    for key in LOADING_ARGUMENTS:
+        with pytest.raises(ValueError, match=rf"--model.policy.config \['{key}'\]: .*{setting.get(key, key)}"):
+            load_policy(name, config_overrides={"num_hidden_layers": 1, key: "bfloat16"})
+    if source == "pretrained":  # a loading argument lit_gspo sets too, where the hub is unreachable: given once
+        model, _ = load_policy(name, config_overrides={"local_files_only": True})
+        assert next(model.parameters()).dtype == torch.float32
+
+
 def test_pad_token_fallback(tmp_path, caplog):
     tok = char_tokenizer()
     tok.pad_token = None

@@ -201,6 +201,31 @@ def _count_setting(split: str) -> str:
     return "data.num_val" if SPLITS.get(split) == "validation" else "data.num_train"
 
 
+#: the loader's own arguments, which the data module sets from these settings
+LOADER_SETTINGS = {
+    "n": "--data.num_train and --data.num_val",
+    "seed": "--data.seed",
+    "split": "--data.train_split and --data.val_split",
+    "source": "--data.train_source",
+    "prompt_column": "--data.prompt_column",
+    "answer_column": "--data.answer_column",
+}
+
+
+def check_task_options(name: str, kwargs: dict) -> None:
+    """A ValueError naming the options in ``kwargs`` (``--data.task_kwargs``) that task ``name`` does not take, what
+    it takes, and the setting for those that are the loader's own (``seed``: ``--data.seed``)."""
+    task = get_task(name)
+    unknown = sorted(set(kwargs) - set(task.options()))
+    if not unknown:
+        return
+    settings = [f"{key}: {LOADER_SETTINGS[key]}" for key in unknown if key in LOADER_SETTINGS]
+    raise ValueError(
+        f"synthetic task {name!r} got unknown options {unknown} ({option('data.task_kwargs', kwargs)}); "
+        f"it accepts {task.options()}" + (f" (set by other settings: {'; '.join(settings)})" if settings else "")
+    )
+
+
 def make_split(name: str, split: str, n: int, seed: int = 0, **kwargs) -> list[dict]:
     """Draw ``n`` distinct prompts of task ``name`` from ``split`` (``"train"`` or ``"validation"``/``"val"``/``"test"``).
 
@@ -210,12 +235,7 @@ def make_split(name: str, split: str, n: int, seed: int = 0, **kwargs) -> list[d
     task = get_task(name)
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r} for synthetic task {name!r}; use one of {sorted(SPLITS)}")
-    unknown = set(kwargs) - set(task.options())
-    if unknown:
-        raise TypeError(
-            f"synthetic task {name!r} got unknown options {sorted(unknown)} ({option('data.task_kwargs', kwargs)}); "
-            f"it accepts {task.options()}"
-        )
+    check_task_options(name, kwargs)
     if n < 0:
         raise ValueError(f"{option(_count_setting(split), n)}: must be >= 0")
     held_out = SPLITS[split] == "validation"

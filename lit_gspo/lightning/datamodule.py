@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lit_gspo.data.prompts import SPLIT_ALIASES, directory_splits, load_prompt_rows, subset_indices
-from lit_gspo.data.synthetic import TASKS
+from lit_gspo.data.synthetic import TASKS, check_task_options
 from lit_gspo.lightning.seed import resolve_seed
 from lit_gspo.runtime.user_errors import option
 
@@ -210,6 +210,8 @@ class PromptDataModule(LightningDataModule):
                 raise ValueError(
                     f"{option('data.' + name, n)}: must be >= 0, or null (every row of a file; a task's default size)"
                 )
+        for source in {train_source, val_source} & set(TASKS):  # at start, not at the first batch after the model
+            check_task_options(source, task_kwargs or {})
         self.save_hyperparameters()
         self.train_source, self.val_source = train_source, val_source
         self.prompt_column, self.answer_column = prompt_column, answer_column

@@ -99,6 +99,7 @@ def load_policy(
     """
     torch_dtype = parse_dtype(dtype)
     overrides = dict(config_overrides or {})
+    check_no_loading_arguments(overrides)
     name = str(name_or_path)
 
     if name in BUILTIN_MODELS and gguf_file is None:
@@ -117,6 +118,30 @@ def load_policy(
     _ensure_pad_token(model, tokenizer)
     tokenizer.padding_side = "left"
     return model.eval(), tokenizer
+
+
+_PRECISION = (
+    "the policy's parameters load in fp32 (the master weights); compute in bf16 with --trainer.precision bf16-mixed, "
+    "and the update on bf16 casts with --model.update.param_dtype bf16"
+)
+#: ``from_pretrained``'s own arguments that other settings give: in config_overrides (TRL's ``model_init_kwargs``
+#: habit) a second value for the same keyword, or, on a built-in model, ignored
+LOADING_ARGUMENTS = {
+    "dtype": _PRECISION,
+    "torch_dtype": _PRECISION,
+    "trust_remote_code": "use --model.policy.trust_remote_code",
+    "gguf_file": "use --model.policy.gguf_file",
+}
+
+
+def check_no_loading_arguments(overrides: dict) -> None:
+    """A ValueError naming the settings for the loading arguments in ``overrides`` (``--model.policy.config``)."""
+    given = [key for key in overrides if key in LOADING_ARGUMENTS]
+    if given:
+        raise ValueError(
+            f"--model.policy.config {given}: not config settings, and not taken from here: "
+            + "; ".join(f"{key}: {LOADING_ARGUMENTS[key]}" for key in given)
+        )
 
 
 def _unknown(name: str, why: str) -> ValueError:
@@ -169,6 +194,8 @@ def _load_pretrained(
         unreachable = hub_unreachable()
         if unreachable:
             kwargs["local_files_only"] = True
+    if overrides.pop("local_files_only", False):  # a loading argument too: for the tokenizer as well, and given once
+        kwargs["local_files_only"] = True
     try:
         with code_trusted_by(
             "--model.policy.trust_remote_code true", f"cannot load policy {source!r}", trust_remote_code
