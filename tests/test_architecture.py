@@ -139,7 +139,7 @@ def test_a_subcommand_imports_only_what_it_needs():
 #: private hooks of Lightning classes we subclass, and swapping an object's class (a Lightning strategy's, before)
 PRIVATE_LIGHTNING = re.compile(
     r"trainer\._[a-z]|\._logger_connector|_instantiate_trainer|_check_log_dir_exists|epoch_loop\.|batch_progress|"
-    r"launcher\.procs|\bself\._trainer\b|\._fs\b|_get_next_version|_(?:tensor|data)_parallel_size\b|"
+    r"launcher\.procs|\bself\._trainer\b|\._fs\b|_get_next_version|(?<!\w)_(?:tensor|data)_parallel_size\b|"
     r"_save_distributed_checkpoint|\._device_mesh|\bcli\._[a-z]|__class__\s*=(?!=)"
 )
 #: exemptions, as (file name, line of code); none left (``optim.shard_aware`` builds its subclass instead)

@@ -82,7 +82,7 @@ def nested_key_hint(message: str) -> str:
         return (
             f"\n  Valid fields of {key.group(1)}: {', '.join(fields)}"
             + (f" (did you mean {key.group(1)}.{close[0]}?)" if close else "")
-            + foreign_hint(bad.group(1))
+            + (f"\n  {foreign_hint(bad.group(1))}" if foreign_hint(bad.group(1)) else "")
         )
     return ""
 
@@ -168,7 +168,7 @@ def _unknown_parameter(option: str, name: str, class_path: str) -> str | None:
     return (
         f"--{option}.{name}: not a parameter of {cls.__name__}; its parameters: {', '.join(fields) or 'none'}"
         + (f" (did you mean --{option}.{close[0]}?)" if close else "")
-        + foreign_hint(name)
+        + (f"; {foreign_hint(name)}" if foreign_hint(name) else "")  # one line, as every error about a value
     )
 
 

@@ -187,27 +187,27 @@ TABLES: dict[str, dict[str, str]] = {
 
 
 def foreign_hint(key: str) -> str:
-    """A line to add to the error about the unknown option or YAML key ``key`` (``model.beta``, ``--beta``) when its
-    last name is TRL's, transformers' or vLLM's; "" otherwise."""
+    """What to add to the error about the unknown option or YAML key ``key`` (``model.beta``, ``--beta``) when its
+    last name is TRL's, transformers' or vLLM's: where the setting is here, one sentence; "" otherwise."""
     name = key.lstrip("-").rpartition(".")[2]
     whose, where = next(((whose, table[name]) for whose, table in TABLES.items() if name in table), (None, None))
     if whose is None:
         if name in training_arguments():
             return (
-                f"\n  {name} is one of transformers' TrainingArguments, which lit_gspo does not read: a run's settings "
+                f"{name} is one of transformers' TrainingArguments, which lit_gspo does not read: a run's settings "
                 "are Lightning's Trainer's (--trainer.*) and lit_gspo's (--model.*, --data.*); docs/from_trl.md"
             )
         if name in generation_config():
             return (
-                f"\n  {name} is one of transformers' GenerationConfig settings, which lit_gspo does not read: the "
+                f"{name} is one of transformers' GenerationConfig settings, which lit_gspo does not read: the "
                 "engines sample with --model.generation.temperature, top_p, top_k, min_p, repetition_penalty and stop"
             )
         return ""
     if where == NOT_SUPPORTED:
-        return f"\n  {whose} {name} is {NOT_SUPPORTED} here (docs/from_trl.md says why)"
+        return f"{whose} {name} is {NOT_SUPPORTED} here (docs/from_trl.md says why)"
     if where == ALWAYS_ON:
-        return f"\n  {whose} {name}: {ALWAYS_ON} here (docs/from_trl.md)"
-    return f"\n  {whose} {name} is {where} here (docs/from_trl.md says how they differ)"
+        return f"{whose} {name}: {ALWAYS_ON} here (docs/from_trl.md)"
+    return f"{whose} {name} is {where} here (docs/from_trl.md says how they differ)"
 
 
 def foreign_option(key: str) -> str | None:

@@ -97,7 +97,7 @@ def unknown_option_hint(message: str, parser_options: list[str]) -> str:
     same = [
         option for option in options if leaf(option) == leaf(key) and option not in (foreign_option(key), f"--{key}")
     ]
-    hint = foreign_hint(key)
+    hint = f"\n  {foreign_hint(key)}" if foreign_hint(key) else ""
     if same:
         hint += f"\n  {' and '.join(same)} {'has' if len(same) == 1 else 'have'} that name{' too' if hint else ''}"
     if not hint:
