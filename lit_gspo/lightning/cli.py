@@ -82,7 +82,7 @@ def nested_key_hint(message: str) -> str:
         return (
             f"\n  Valid fields of {key.group(1)}: {', '.join(fields)}"
             + (f" (did you mean {key.group(1)}.{close[0]}?)" if close else "")
-            + (f"\n  {foreign_hint(bad.group(1))}" if foreign_hint(bad.group(1)) else "")
+            + (f"\n  {foreign}" if (foreign := foreign_hint(bad.group(1))) else "")
         )
     return ""
 
@@ -168,14 +168,14 @@ def _unknown_parameter(option: str, name: str, class_path: str) -> str | None:
     return (
         f"--{option}.{name}: not a parameter of {cls.__name__}; its parameters: {', '.join(fields) or 'none'}"
         + (f" (did you mean --{option}.{close[0]}?)" if close else "")
-        + (f"; {foreign_hint(name)}" if foreign_hint(name) else "")  # one line, as every error about a value
+        + (f"; {foreign}" if (foreign := foreign_hint(name)) else "")  # one line, as every error about a value
     )
 
 
 class RLArgumentParser(LightningArgumentParser):
     """Parser errors about the objective list the objectives that exist, about a misspelled nested key the valid
     fields, about a class path of a missing optional package the extra to install, about an unknown option or YAML
-    key where a setting of that name is (``unknown_option.py``: TRL's name, the same name elsewhere, close spellings);
+    key where a setting of that name is (``unknown_option.py``: another library's name, the same name elsewhere, close spellings);
     keeps its subcommands action."""
 
     subcommands_action = None

@@ -186,11 +186,18 @@ TABLES: dict[str, dict[str, str]] = {
 }
 
 
+def looked_up(key: str) -> tuple[str, str | None, str | None]:
+    """``key``'s last name (``beta`` of ``--model.beta``), the first table's that has it (``TRL's GRPOConfig``) and what
+    it says (``--model.objective.beta``); None, None where no table has it."""
+    name = key.lstrip("-").rpartition(".")[2]
+    whose, where = next(((whose, table[name]) for whose, table in TABLES.items() if name in table), (None, None))
+    return name, whose, where
+
+
 def foreign_hint(key: str) -> str:
     """What to add to the error about the unknown option or YAML key ``key`` (``model.beta``, ``--beta``) when its
     last name is TRL's, transformers' or vLLM's: where the setting is here, one sentence; "" otherwise."""
-    name = key.lstrip("-").rpartition(".")[2]
-    whose, where = next(((whose, table[name]) for whose, table in TABLES.items() if name in table), (None, None))
+    name, whose, where = looked_up(key)
     if whose is None:
         if name in training_arguments():
             return (
@@ -213,8 +220,7 @@ def foreign_hint(key: str) -> str:
 def foreign_option(key: str) -> str | None:
     """The lit_gspo option another library's name ``key`` (its last name) maps to (``--model.objective.beta``),
     None if none."""
-    name = key.lstrip("-").rpartition(".")[2]
-    where = next((table[name] for table in TABLES.values() if name in table), "")
+    where = looked_up(key)[2] or ""
     return where.split()[0] if where.startswith("--") else None
 
 

@@ -5,7 +5,7 @@
     error: Subcommand 'fit' does not accept option 'model.update.num_iterations'
       TRL's GRPOConfig num_iterations is --model.update.epochs here (docs/from_trl.md says how they differ)
 
-TRL's name for the setting (``foreign_names.py``) and the options with the same last name (a setting typed in the
+TRL's, vLLM's or transformers' name for the setting (``foreign_names.py``) and the options with the same last name (a setting typed in the
 wrong group, a class's parameter one level too high); where neither, the close spellings. The command line says
 ``unrecognized arguments: --a.b``, a YAML ``Group 'a' does not accept option 'b'`` (``Subcommand 'fit' ...`` for a
 top-level key): both are read.
@@ -88,8 +88,9 @@ def leaf(option: str) -> str:
 
 
 def unknown_option_hint(message: str, parser_options: list[str]) -> str:
-    """Lines to add to an error about an unknown option or YAML key (``parser_options``: the parser's own): TRL's
-    name, the other options of the same name, or the close spellings; "" for another error."""
+    """Lines to add to an error about an unknown option or YAML key (``parser_options``: the parser's own): where
+    TRL, vLLM or transformers have that name, the other options of the same name, or the close spellings; "" for
+    another error."""
     key = unknown_key(message)
     if key is None:
         return ""
@@ -97,7 +98,7 @@ def unknown_option_hint(message: str, parser_options: list[str]) -> str:
     same = [
         option for option in options if leaf(option) == leaf(key) and option not in (foreign_option(key), f"--{key}")
     ]
-    hint = f"\n  {foreign_hint(key)}" if foreign_hint(key) else ""
+    hint = f"\n  {foreign}" if (foreign := foreign_hint(key)) else ""
     if same:
         hint += f"\n  {' and '.join(same)} {'has' if len(same) == 1 else 'have'} that name{' too' if hint else ''}"
     if not hint:
