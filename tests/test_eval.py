@@ -169,3 +169,53 @@ def test_a_users_jsonl_with_the_runs_rewards(run_dir, tmp_path):
         sum(p["greedy_reward"] >= 0.5 for p in result["per_prompt"]) / 3
     )
     assert json.loads(out.read_text())["greedy"] == result["greedy"]
+
+
+def test_eval_of_a_checkpoint_reproduces_the_sampled_validation_its_run_logged(tmp_path):
+    """A run that validates sampled (n = 3 at T = 1.2, pass@1 and pass@3 at threshold 0.3, batches of 4 prompts, a
+    validation budget of its own): ``eval`` of its last checkpoint, with no sampling option, draws the same samples
+    (the validation's seeded stream, batches and budget) and reports its last ``val/reward`` as mean@3 and its
+    ``val/pass@k``, the same numbers."""
+    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path / "run")]
+    args += [
+        "--trainer.max_steps",
+        "2",
+        "--model.policy.warm_start.steps",
+        "20",
+        "--model.validation.every_n_steps",
+        "0",
+    ]
+    args += [
+        "--data.num_train",
+        "64",
+        "--data.num_val",
+        "6",
+        "--data.prompts_per_step",
+        "4",
+        "--data.val_batch_size",
+        "4",
+    ]
+    args += ["--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "3"]
+    args += ["--model.generation.val_max_new_tokens", "4", "--model.validation.num_generations", "3"]
+    args += ["--model.validation.temperature", "1.2", "--model.validation.pass_at_k", "[1,3]"]
+    args += ["--model.validation.pass_threshold", "0.3", "--trainer.enable_progress_bar", "false"]
+    cli = cli_main(args, run=False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    with open(next((tmp_path / "run").glob("**/metrics.csv"))) as f:
+        logged = [r for r in csv.DictReader(f) if r.get("val/reward")][-1]
+    assert float(logged["step"]) == 2
+
+    ckpt = next((tmp_path / "run").glob("**/checkpoints/last.ckpt"))
+    result = eval_cli.main(["--ckpt", str(ckpt), "--output", str(tmp_path / "eval.json")])
+    sampled = result["sampled"]
+    settings = (sampled["samples"], sampled["temperature"], sampled["max_new_tokens"], result["threshold"])
+    assert settings == (3, 1.2, 4, 0.3)  # the validation's n, temperature, budget and threshold
+    assert sorted(k for k in sampled if k.startswith("pass@")) == ["pass@1", "pass@3"]
+    assert 0 < sampled["pass@1"] < sampled["pass@3"]  # the case tells the draws apart
+    assert sampled["mean@3"] == float(logged["val/reward"])
+    assert sampled["response_length"] == float(logged["val/response_length"])
+    for k in (1, 3):
+        assert sampled[f"pass@{k}"] == pytest.approx(float(logged[f"val/pass@{k}"]), abs=1e-12)
+    # an option still overrides the run's: other draws, other numbers
+    other = eval_cli.main(["--ckpt", str(ckpt), "--samples", "3", "--temperature", "0.7", "--greedy", "false"])
+    assert other["sampled"]["temperature"] == 0.7 and other["sampled"]["mean@3"] != sampled["mean@3"]

@@ -153,8 +153,8 @@ def evaluate(
         greedy: score one greedy completion per prompt (``collector.generation.val_max_new_tokens`` or
             ``max_new_tokens`` new tokens, as validation).
         samples: n completions per prompt for mean@n and pass@k (0: none), at ``temperature`` (None: the
-            collector's) with the collector's ``max_new_tokens``, ``top_p``, ``top_k``, ``min_p``,
-            ``repetition_penalty``.
+            collector's), within ``val_max_new_tokens`` (or ``max_new_tokens``), as a sampled validation, with the
+            collector's ``top_p``, ``top_k``, ``min_p`` and ``repetition_penalty``.
         ks: the k of pass@k (each ≤ n; None: 1, 2, 4, ..., n).
         threshold: a sample is solved when its reward is ≥ this.
         greedy_batch_size, sample_batch_size: prompts per ``Collector.sample`` call.
@@ -235,18 +235,21 @@ def sampling(collector: Collector, n: int, temperature: float | None = None, max
 
 
 def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold, batch_size) -> dict:
-    passes = PassAtK(n, ks, threshold)
-    with sampling(collector, n, temperature) as g:
-        rewards, lengths, stats = [], [], []
+    """mean@n, pass@k and the mean length of n samples per prompt, within the validation's budget
+    (``val_max_new_tokens``), tallied as a sampled validation tallies ``val/reward`` and ``val/pass@k``."""
+    passes, tally = PassAtK(n, ks, threshold), RewardTally()
+    g = collector.generation
+    with sampling(collector, n, temperature, g.val_max_new_tokens or g.max_new_tokens) as g:
+        stats = []
         for start, chunk in zip(range(0, len(rows), batch_size), _batches(rows, batch_size)):
             batch, _, batch_stats = collector.sample(policy, chunk)
             r = batch.rewards.float().cpu().view(len(chunk), n)  # group-major: n samples per prompt
             solved = passes.add(batch)
+            tally.add(batch, batch_stats)
             for i in range(len(chunk)):
                 per_prompt[start + i].update(sample_rewards=r[i].tolist(), samples_solved=int(solved[i].sum()))
-            rewards.append(r)
-            lengths.append(batch.completion_mask.sum(1).float().cpu())
             stats.append(batch_stats)
+    means = tally.reduce(prefix="sampled")
     out = {
         "samples": n,
         "temperature": g.temperature,
@@ -255,10 +258,10 @@ def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold,
         "top_k": g.top_k,
         "min_p": g.min_p,
         "repetition_penalty": g.repetition_penalty,
-        f"mean@{n}": float(torch.cat(rewards).mean()),
+        f"mean@{n}": means["sampled/reward"],
     }
     out.update(passes.reduce(prefix=""))
-    out["response_length"] = float(torch.cat(lengths).mean())
+    out["response_length"] = means["sampled/response_length"]
     out.update(_aggregate_stats(stats))
     return out
 

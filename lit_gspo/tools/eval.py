@@ -16,9 +16,12 @@ says which; a ``--config`` that changes the run's seed, rewards or data is refus
 The prompts are the data module's held-out rows (``--split validation``, as ``val/reward``; ``--split train``
 for the training rows); ``--data.val_source FILE`` scores every row of a file. Sampling and scoring are the
 trainer's: ``model.environment``, ``model.engine``, ``model.rewards`` and ``model.generation`` (greedy
-completions get ``val_max_new_tokens``), under ``trainer.precision`` (``*-mixed``: autocast; ``*-true``: the
-weights cast). Prints a table and writes JSON (``--output``; default ``<checkpoint>.eval.json`` next to a
-local checkpoint, else ``<model name>.eval.json`` in the working directory).
+and sampled completions get ``val_max_new_tokens``), under ``trainer.precision`` (``*-mixed``: autocast; ``*-true``:
+the weights cast). The samples follow the run's sampled validation (``model.validation.num_generations`` and its
+temperature, k, threshold, batch and seeded stream) unless options say otherwise, so a checkpoint's mean@n and pass@k
+are the ``val/reward`` and ``val/pass@k`` its run logged at that step (a run on one process). Prints a table and
+writes JSON (``--output``; default ``<checkpoint>.eval.json`` next to a local checkpoint, else ``<model name>.eval.json``
+in the working directory).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from jsonargparse import ArgumentParser
 from lit_gspo.lightning import run_dir
 from lit_gspo.lightning.cli import RLCLI, TRAINER_DEFAULTS
 from lit_gspo.lightning.quiet import CLI_ARGS_WARNING
+from lit_gspo.lightning.seed import VALIDATION_STREAM, stream_seed
 from lit_gspo.models.loading import load_checkpoint_policy
 from lit_gspo.rl.evaluate import evaluate, format_table
 from lit_gspo.runtime import user_errors
@@ -74,19 +78,26 @@ class EvalCLI(RLCLI):
             "--samples",
             type=int | None,
             default=None,
-            help="n completions per prompt for mean@n and pass@k (null: model.generation.num_generations; 0: none)",
+            help="n completions per prompt for mean@n and pass@k (null: model.validation.num_generations, as the run's "
+            "sampled validation, else model.generation.num_generations; 0: none)",
         )
         parser.add_argument(
-            "--k", type=list[int] | None, default=None, help="the k of pass@k, e.g. [1,8] (null: 1, 2, 4, ... up to n)"
+            "--k",
+            type=list[int] | None,
+            default=None,
+            help="the k of pass@k, e.g. [1,8] (null: model.validation.pass_at_k for its n, else 1, 2, 4, ... up to n)",
         )
         parser.add_argument(
             "--temperature",
             type=float | None,
             default=None,
-            help="sampling temperature (null: model.generation.temperature)",
+            help="sampling temperature (null: model.validation.temperature, else model.generation.temperature)",
         )
         parser.add_argument(
-            "--threshold", type=float, default=1.0, help="a completion is solved when its reward is >= this"
+            "--threshold",
+            type=float | None,
+            default=None,
+            help="a completion is solved when its reward is >= this (null: model.validation.pass_threshold, 1.0)",
         )
         parser.add_argument(
             "--greedy_batch_size",
@@ -98,7 +109,8 @@ class EvalCLI(RLCLI):
             "--sample_batch_size",
             type=int | None,
             default=None,
-            help="prompts per sampled generate call, n completions each (null: data.prompts_per_step)",
+            help="prompts per sampled generate call, n completions each (null: data.val_batch_size when the run "
+            "validates sampled, as its validation does; else data.prompts_per_step)",
         )
         parser.add_argument(
             "--output", type=str | None, default=None, help="the JSON file (null: next to the checkpoint)"
@@ -301,6 +313,30 @@ def default_output(cfg) -> Path:
     return Path(re.sub(r"[^\w.-]+", "_", str(source)) + ".eval.json")
 
 
+def sampled_settings(cfg, module, dm) -> dict:
+    """``evaluate``'s sampling arguments: each one given as an option, else the run's sampled validation's
+    (``model.validation``: n, temperature, pass@k's k and threshold, ``data.val_batch_size`` prompts a call), and its
+    seeded stream, so that the evaluation of a checkpoint reproduces the ``val/reward`` (mean@n) and ``val/pass@k`` its
+    single-process run logged at that step. A run that validates greedily: n = ``generation.num_generations`` at the
+    generation's temperature, ``data.prompts_per_step`` prompts a call."""
+    validation = module.validation
+    samples = (
+        cfg.samples
+        if cfg.samples is not None
+        else validation.num_generations or module.collector.generation.num_generations
+    )
+    as_validation = validation.num_generations and samples == validation.num_generations
+    return {
+        "samples": samples,
+        "ks": cfg.k if cfg.k is not None else validation.pass_ks() if as_validation else None,
+        "temperature": cfg.temperature if cfg.temperature is not None else validation.temperature,
+        "threshold": cfg.threshold if cfg.threshold is not None else validation.pass_threshold,
+        "sample_batch_size": cfg.sample_batch_size
+        or (dm.val_batch_size if validation.num_generations else dm.prompts_per_step),
+        "seed": stream_seed(module.seed, rank=0, stream=VALIDATION_STREAM),
+    }
+
+
 def run(cli: EvalCLI) -> dict:
     """Evaluate as configured; print the table and examples, write the JSON; returns what was written."""
     cfg, module, dm = cli.config, cli.model, cli.datamodule
@@ -310,8 +346,7 @@ def run(cli: EvalCLI) -> dict:
     if not rows:
         raise ValueError(f"the {cfg.split} split of {dm.train_source!r} has no rows to evaluate")
     module.collector.rewards.check(list(rows[0]))  # a reward no column can feed fails now, naming its parameters
-    generation = module.collector.generation
-    samples = generation.num_generations if cfg.samples is None else cfg.samples
+    sampled = sampled_settings(cfg, module, dm)
     policy = module.policy
     device = next(policy.parameters()).device
     user_errors.mark_started()  # settings, data and rewards checked: an error from here on is reported with its traceback
@@ -322,13 +357,8 @@ def run(cli: EvalCLI) -> dict:
             module.collector,
             rows,
             greedy=cfg.greedy,
-            samples=samples,
-            ks=cfg.k,
-            temperature=cfg.temperature,
-            threshold=cfg.threshold,
             greedy_batch_size=cfg.greedy_batch_size or dm.val_batch_size,
-            sample_batch_size=cfg.sample_batch_size or dm.prompts_per_step,
-            seed=module.seed,
+            **sampled,
         )
     seconds = time.perf_counter() - start
     source = cfg.get("ckpt") or cfg.get("model.policy.name")
@@ -343,6 +373,7 @@ def run(cli: EvalCLI) -> dict:
         "precision": str(cfg.get("trainer.precision")),
         "device": str(device),
         "seed": module.seed,
+        "sample_seed": sampled["seed"],
         "seconds": seconds,
     }
     result = {**header, **result}
