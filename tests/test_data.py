@@ -65,6 +65,51 @@ def test_a_tasks_options_are_checked_when_the_data_module_is_built(task_kwargs, 
     assert (setting in str(error.value)) if setting else "set by other settings" not in str(error.value)
 
 
+def test_validation_draws_a_tasks_prompts_with_options_of_its_own():
+    """``val_task_kwargs``: validation on longer strings than training's (length generalisation), or on another
+    task's options; without it, validation takes training's options, its rows as they were."""
+    three, five = {"min_length": 3, "max_length": 3}, {"min_length": 5, "max_length": 5}
+    same = PromptDataModule("reversal", task_kwargs=three, num_train=16, num_val=8, prompts_per_step=4, seed=1)
+    longer = PromptDataModule(
+        "reversal", task_kwargs=three, val_task_kwargs=five, num_train=16, num_val=8, prompts_per_step=4, seed=1
+    )
+    same.setup(), longer.setup()
+    assert longer.train_rows == same.train_rows == task_splits("reversal", 16, 8, seed=1, **three)[0]
+    assert same.val_rows == task_splits("reversal", 16, 8, seed=1, **three)[1]
+    assert longer.val_rows == task_splits("reversal", 16, 8, seed=1, **five)[1]
+    assert {len(r["answer"]) for r in longer.train_rows} == {3} and {len(r["answer"]) for r in longer.val_rows} == {5}
+    # another task for validation, with options that training's task does not take
+    mixed = PromptDataModule(
+        "arithmetic", val_source="reversal", task_kwargs={"digits": 1}, val_task_kwargs=three, num_train=16, num_val=4
+    )
+    mixed.setup()
+    assert all(r["prompt"].startswith("rev ") and len(r["answer"]) == 3 for r in mixed.val_rows)
+    assert all(len(r["expression"].split()[0]) == 1 for r in mixed.train_rows)
+
+
+def test_the_errors_of_validations_task_options_name_the_setting_they_came_from(tmp_path):
+    with pytest.raises(ValueError, match=r"task 'reversal' got unknown options \['digits'\] \(--data.val_task_kwargs"):
+        PromptDataModule("reversal", val_task_kwargs={"digits": 2})
+    with pytest.raises(ValueError, match=r"task 'reversal' got unknown options \['digits'\] \(--data.task_kwargs") as e:
+        PromptDataModule("arithmetic", val_source="reversal", task_kwargs={"digits": 1})  # training's, inherited
+    assert str(e.value).endswith("validation's task 'reversal' takes options of its own as --data.val_task_kwargs")
+    small = {"min_length": 1, "max_length": 1}  # 10 strings, 2 or so held out
+    with pytest.raises(ValueError, match=r"\(--data.val_task_kwargs \{min_length: 1, max_length: 1\}\) has only 10 "):
+        PromptDataModule("reversal", val_task_kwargs=small, num_train=8, num_val=12).setup()
+    with pytest.raises(ValueError, match=r"\(--data.task_kwargs \{min_length: 1, max_length: 1\}\) has only 10 "):
+        PromptDataModule("reversal", task_kwargs=small, val_task_kwargs={}, num_train=20, num_val=5).setup()
+    with pytest.raises(ValueError, match=r"--data.val_task_kwargs \{alphabet: ''\}: the alphabet must be non-empty"):
+        PromptDataModule("reversal", val_task_kwargs={"alphabet": ""}, num_train=8, num_val=5).setup()
+    val_file = tmp_path / "val.jsonl"
+    val_file.write_text(json.dumps({"prompt": "rev 12=", "answer": "21"}) + "\n")
+    with pytest.raises(
+        ValueError,
+        match=r"--data.val_task_kwargs \{min_length: 2\}: options of a built-in task .*"
+        r"validation's prompts come from '.*val.jsonl'",
+    ):
+        PromptDataModule("reversal", val_source=str(val_file), val_task_kwargs={"min_length": 2})
+
+
 def test_task_errors_name_values():
     with pytest.raises(ValueError, match=r"unknown synthetic task 'nope'.*'arithmetic'"):
         make_task("nope", 3)

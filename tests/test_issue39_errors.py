@@ -103,8 +103,13 @@ def test_data_module_errors_name_options_with_values(tmp_path):
         PromptDataModule("reversal", val_fraction=1.5)
     with pytest.raises(
         ValueError,
-        match=r"task 'reversal' \(--data.task_kwargs \{min_length: 3, max_length: 2\}\) has only 0 .*"
-        r"cannot draw --data.num_train 8",
+        match=r"task 'reversal' \(--data.task_kwargs \{min_length: 1, max_length: 1\}\) has only 10 .*"
+        r"cannot draw --data.num_train 20",
+    ):
+        PromptDataModule("reversal", task_kwargs={"min_length": 1, "max_length": 1}, num_train=20, num_val=2).setup()
+    # options that no prompt satisfies are named as such, not as a task of 0 prompts
+    with pytest.raises(
+        ValueError, match=r"^--data.task_kwargs \{min_length: 3, max_length: 2\}: need 1 <= min_length <= max_length$"
     ):
         PromptDataModule("reversal", task_kwargs={"min_length": 3, "max_length": 2}, num_train=8, num_val=2).setup()
 

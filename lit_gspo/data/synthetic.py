@@ -30,7 +30,9 @@ import hashlib
 import inspect
 import random
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from lit_gspo.runtime.user_errors import option
@@ -38,11 +40,25 @@ from lit_gspo.runtime.user_errors import option
 HOLDOUT_FRACTION = 0.2
 SPLITS = {"train": "train", "validation": "validation", "val": "validation", "test": "validation"}
 
+#: the setting a task's options come from, as its errors name it: ``data.task_kwargs``, or ``data.val_task_kwargs``
+#: while the data module makes the validation rows with options of their own (:func:`options_from`)
+OPTIONS_SETTING: ContextVar[str] = ContextVar("OPTIONS_SETTING", default="data.task_kwargs")
+
+
+@contextmanager
+def options_from(setting: str) -> Iterator[None]:
+    """A task's errors in this context name ``setting`` as where its options were given."""
+    token = OPTIONS_SETTING.set(setting)
+    try:
+        yield
+    finally:
+        OPTIONS_SETTING.reset(token)
+
 
 def _check_alphabet(alphabet: str) -> None:
     if not alphabet or len(set(alphabet)) != len(alphabet):
         raise ValueError(
-            f"{option('data.task_kwargs', {'alphabet': alphabet})}: the alphabet must be non-empty "
+            f"{option(OPTIONS_SETTING.get(), {'alphabet': alphabet})}: the alphabet must be non-empty "
             "with distinct characters"
         )
 
@@ -50,7 +66,7 @@ def _check_alphabet(alphabet: str) -> None:
 def _check_lengths(min_length: int, max_length: int) -> None:
     if not 1 <= min_length <= max_length:
         raise ValueError(
-            f"{option('data.task_kwargs', {'min_length': min_length, 'max_length': max_length})}: "
+            f"{option(OPTIONS_SETTING.get(), {'min_length': min_length, 'max_length': max_length})}: "
             "need 1 <= min_length <= max_length"
         )
 
@@ -61,7 +77,7 @@ def arithmetic(
     """One ``a op b`` problem with operands of up to ``digits`` digits; the answer is the exact result."""
     if digits < 1 or not ops or set(ops) - set("+-*"):
         raise ValueError(
-            f"{option('data.task_kwargs', {'digits': digits, 'ops': ops})}: arithmetic needs digits >= 1 "
+            f"{option(OPTIONS_SETTING.get(), {'digits': digits, 'ops': ops})}: arithmetic needs digits >= 1 "
             "and ops drawn from '+-*'"
         )
     a, b, op = rng.randrange(10**digits), rng.randrange(10**digits), rng.choice(ops)
@@ -193,7 +209,7 @@ def is_held_out(prompt: str) -> bool:
 
 
 def _options(kwargs: dict) -> str:
-    return f" ({option('data.task_kwargs', kwargs)})" if kwargs else ""
+    return f" ({option(OPTIONS_SETTING.get(), kwargs)})" if kwargs else ""
 
 
 def _count_setting(split: str) -> str:
@@ -212,17 +228,17 @@ LOADER_SETTINGS = {
 }
 
 
-def check_task_options(name: str, kwargs: dict) -> None:
-    """A ValueError naming the options in ``kwargs`` (``--data.task_kwargs``) that task ``name`` does not take, what
-    it takes, and the setting for those that are the loader's own (``seed``: ``--data.seed``)."""
+def check_task_options(name: str, kwargs: dict, hint: str = "") -> None:
+    """A ValueError naming the options in ``kwargs`` (``--data.task_kwargs`` or ``OPTIONS_SETTING``) that task ``name`` does not take, what
+    it takes, and the setting for those that are the loader's own (``seed``: ``--data.seed``); ``hint`` ends it."""
     task = get_task(name)
     unknown = sorted(set(kwargs) - set(task.options()))
     if not unknown:
         return
     settings = [f"{key}: {LOADER_SETTINGS[key]}" for key in unknown if key in LOADER_SETTINGS]
     raise ValueError(
-        f"synthetic task {name!r} got unknown options {unknown} ({option('data.task_kwargs', kwargs)}); "
-        f"it accepts {task.options()}" + (f" (set by other settings: {'; '.join(settings)})" if settings else "")
+        f"synthetic task {name!r} got unknown options {unknown} ({option(OPTIONS_SETTING.get(), kwargs)}); "
+        f"it accepts {task.options()}" + (f" (set by other settings: {'; '.join(settings)})" if settings else "") + hint
     )
 
 
@@ -240,12 +256,14 @@ def make_split(name: str, split: str, n: int, seed: int = 0, **kwargs) -> list[d
         raise ValueError(f"{option(_count_setting(split), n)}: must be >= 0")
     held_out = SPLITS[split] == "validation"
     space = task.size(**kwargs)
+    if space == 0:  # options no prompt satisfies (an empty alphabet, min_length > max_length): a draw names them
+        task.sample(random.Random(0), **kwargs)
     share = HOLDOUT_FRACTION if held_out else 1 - HOLDOUT_FRACTION
     if n > space:
         raise ValueError(
             f"task {name!r}{_options(kwargs)} has only {space} distinct prompts (~{int(space * share)} in its "
             f"{SPLITS[split]} split); cannot draw {option(_count_setting(split), n)}. Ask for fewer or widen "
-            f"the task ({option('data.task_kwargs')}, e.g. more digits/length)."
+            f"the task ({option(OPTIONS_SETTING.get())}, e.g. more digits/length)."
         )
     rng = random.Random(f"{name}:{SPLITS[split]}:{seed}")
     rows, seen = [], set()
@@ -256,7 +274,7 @@ def make_split(name: str, split: str, n: int, seed: int = 0, **kwargs) -> list[d
             raise ValueError(
                 f"task {name!r}{_options(kwargs)}: found only {len(rows)} distinct {SPLITS[split]} prompts for "
                 f"the {option(_count_setting(split), n)} asked for (the task has {space} prompts, ~{int(space * share)} in "
-                f"this split). Ask for fewer or widen the task ({option('data.task_kwargs')})."
+                f"this split). Ask for fewer or widen the task ({option(OPTIONS_SETTING.get())})."
             )
         row = task.sample(rng, **kwargs)
         if row["prompt"] not in seen and is_held_out(row["prompt"]) == held_out:

@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lit_gspo.data.prompts import SPLIT_ALIASES, directory_splits, load_prompt_rows, subset_indices
-from lit_gspo.data.synthetic import TASKS, check_task_options
+from lit_gspo.data.synthetic import TASKS, check_task_options, options_from
 from lit_gspo.lightning.seed import resolve_seed
 from lit_gspo.runtime.user_errors import option
 
@@ -169,6 +169,9 @@ class PromptDataModule(LightningDataModule):
             ``val_source`` (None: all its rows); held out of the training file when ``val_source`` is
             None: ``min(num_val, ceil(val_fraction · rows))`` with num_val None counting as 64.
         task_kwargs: options of a built-in task, e.g. ``{"digits": 1, "ops": "+"}``.
+        val_task_kwargs: options of the built-in task that validation's prompts come from, when they differ from
+            training's: e.g. longer strings than ``reversal`` trains on, to measure length generalisation (None:
+            ``task_kwargs``). Held-out prompts stay out of training whatever the options.
         prompts_per_step: prompts per rollout batch on each process (an incomplete last batch is dropped).
         val_batch_size: prompts per validation batch.
         seed: seeds task generation, subset choice and the shuffle (None: the run's ``seed_everything``).
@@ -187,6 +190,7 @@ class PromptDataModule(LightningDataModule):
         num_train: int | None = None,
         num_val: int | None = None,
         task_kwargs: dict | None = None,
+        val_task_kwargs: dict | None = None,
         prompts_per_step: int = 8,
         val_batch_size: int = 64,
         seed: int | None = None,
@@ -210,13 +214,35 @@ class PromptDataModule(LightningDataModule):
                 raise ValueError(
                     f"{option('data.' + name, n)}: must be >= 0, or null (every row of a file; a task's default size)"
                 )
-        for source in {train_source, val_source} & set(TASKS):  # at start, not at the first batch after the model
-            check_task_options(source, task_kwargs or {})
+        val_task = train_source if val_source is None else val_source
+        if val_task_kwargs is not None and val_task not in TASKS:
+            raise ValueError(
+                f"{option('data.val_task_kwargs', val_task_kwargs)}: options of a built-in task {sorted(TASKS)}, but "
+                f"validation's prompts come from {val_task!r} ({option('data.val_source')}); leave it null"
+            )
+        self.task_kwargs = dict(task_kwargs or {})
+        self.val_task_kwargs = self.task_kwargs if val_task_kwargs is None else dict(val_task_kwargs)
+        #: where validation's task options were given, as its errors name it
+        self.val_options_setting = "data.task_kwargs" if val_task_kwargs is None else "data.val_task_kwargs"
+        inherited = val_task_kwargs is None and val_task != train_source  # training's options, another task's
+        for source, setting, kwargs, hint in (
+            (train_source, "data.task_kwargs", self.task_kwargs, ""),
+            (
+                val_task,
+                self.val_options_setting,
+                self.val_task_kwargs,
+                f"; validation's task {val_task!r} takes options of its own as {option('data.val_task_kwargs')}"
+                if inherited
+                else "",
+            ),
+        ):
+            if source in TASKS:  # at start, not at the first batch after the model
+                with options_from(setting):
+                    check_task_options(source, kwargs, hint)
         self.save_hyperparameters()
         self.train_source, self.val_source = train_source, val_source
         self.prompt_column, self.answer_column = prompt_column, answer_column
         self.num_train, self.num_val = num_train, num_val
-        self.task_kwargs = dict(task_kwargs or {})
         self.prompts_per_step, self.val_batch_size = prompts_per_step, val_batch_size
         self.seed, self.train_split, self.val_split, self.val_fraction = (
             resolve_seed(seed),
@@ -234,9 +260,15 @@ class PromptDataModule(LightningDataModule):
         n = getattr(self, limit)
         if source in TASKS:
             n = (TASK_NUM_TRAIN if limit == "num_train" else TASK_NUM_VAL) if n is None else n
-            rows = load_prompt_rows(
-                source, split, self.prompt_column, self.answer_column, n=n, seed=self.seed, **self.task_kwargs
+            kwargs, setting = (
+                (self.task_kwargs, "data.task_kwargs")
+                if limit == "num_train"
+                else (self.val_task_kwargs, self.val_options_setting)
             )
+            with options_from(setting):
+                rows = load_prompt_rows(
+                    source, split, self.prompt_column, self.answer_column, n=n, seed=self.seed, **kwargs
+                )
             return (
                 rows,
                 f"{len(rows)} rows from task {source!r} ({split} split)",
