@@ -33,38 +33,22 @@ def test_pass_at_k_by_hand():
     assert default_ks(8) == [1, 2, 4, 8] and default_ks(6) == [1, 2, 4, 6] and default_ks(1) == [1]
 
 
+def tiny_run(root: Path, *extra: str) -> list[str]:
+    """A seconds-long quickstart fit's arguments: 2 RL steps after a short warm start (so greedy rewards are not all
+    0), validated before and after, 6 held-out prompts; ``extra`` overrides."""
+    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(root)]
+    args += ["--trainer.max_steps", "2", "--model.policy.warm_start.steps", "20"]
+    args += ["--model.validation.every_n_steps", "0"]
+    args += ["--data.num_train", "64", "--data.num_val", "6", "--data.prompts_per_step", "4"]
+    args += ["--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "4"]
+    return [*args, "--trainer.enable_progress_bar", "false", *extra]
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """A seconds-long quickstart fit with a short warm start (so greedy rewards are not all 0) and a checkpoint."""
+    """The tiny fit, with a checkpoint at every step."""
     root = tmp_path_factory.mktemp("run")
-    args = [
-        "--config",
-        str(ROOT / "configs/quickstart.yaml"),
-        "--trainer.default_root_dir",
-        str(root),
-        "--trainer.max_steps",
-        "2",
-        "--model.policy.warm_start.steps",
-        "20",
-        "--model.validation.every_n_steps",
-        "0",
-        "--data.num_train",
-        "64",
-        "--data.num_val",
-        "6",
-        "--data.prompts_per_step",
-        "4",
-        "--model.generation.num_generations",
-        "4",
-        "--model.generation.max_new_tokens",
-        "4",
-        "--trainer.enable_checkpointing",
-        "true",
-        "--checkpoint_every_n_steps",
-        "1",
-        "--trainer.enable_progress_bar",
-        "false",
-    ]
+    args = tiny_run(root, "--trainer.enable_checkpointing", "true", "--checkpoint_every_n_steps", "1")
     cli = cli_main(args, run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return root
@@ -176,29 +160,10 @@ def test_eval_of_a_checkpoint_reproduces_the_sampled_validation_its_run_logged(t
     validation budget of its own): ``eval`` of its last checkpoint, with no sampling option, draws the same samples
     (the validation's seeded stream, batches and budget) and reports its last ``val/reward`` as mean@3 and its
     ``val/pass@k``, the same numbers."""
-    args = ["--config", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path / "run")]
-    args += [
-        "--trainer.max_steps",
-        "2",
-        "--model.policy.warm_start.steps",
-        "20",
-        "--model.validation.every_n_steps",
-        "0",
-    ]
-    args += [
-        "--data.num_train",
-        "64",
-        "--data.num_val",
-        "6",
-        "--data.prompts_per_step",
-        "4",
-        "--data.val_batch_size",
-        "4",
-    ]
-    args += ["--model.generation.num_generations", "4", "--model.generation.max_new_tokens", "3"]
+    args = tiny_run(tmp_path / "run", "--data.val_batch_size", "4", "--model.generation.max_new_tokens", "3")
     args += ["--model.generation.val_max_new_tokens", "4", "--model.validation.num_generations", "3"]
     args += ["--model.validation.temperature", "1.2", "--model.validation.pass_at_k", "[1,3]"]
-    args += ["--model.validation.pass_threshold", "0.3", "--trainer.enable_progress_bar", "false"]
+    args += ["--model.validation.pass_threshold", "0.3"]
     cli = cli_main(args, run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     with open(next((tmp_path / "run").glob("**/metrics.csv"))) as f:
