@@ -51,8 +51,54 @@ def read_data_file(path: Path) -> Table:
     records = _read_csv(path) if builder == "csv" else _read_json(path)
     if not records:
         raise ValueError(f"{path} holds no rows: give a file with at least one row")
+    return _records_table(records)
+
+
+def _records_table(records: list[dict]) -> Table:
+    """Row dicts and their columns in first-seen order; a row without some column gets None there."""
     columns = list(dict.fromkeys(k for r in records for k in r))
     return [{c: r.get(c) for c in columns} for r in records], columns
+
+
+def in_memory_table(data, name: str, split: str, split_setting: str = "data.train_split") -> Table:
+    """Rows given from Python, as TRL's ``train_dataset``/``eval_dataset`` take them: a ``datasets.Dataset``, a
+    ``DatasetDict`` (its ``split``, set by ``split_setting``), a list of row dicts or a pandas ``DataFrame``. ``name`` is
+    theirs in messages."""
+    if is_dataset_dict(data):
+        if split not in data:
+            raise ValueError(
+                f"{name} has the splits {sorted(data)}, not {option(split_setting, split)}: name one of them there"
+            )
+        data = data[split]
+    if _is_dataset(data):
+        return data, list(data.column_names)
+    if hasattr(data, "to_dict") and hasattr(data, "columns"):  # a pandas DataFrame: a missing cell is None
+        data = data.astype(object).where(data.notna(), None).to_dict("records")
+    if isinstance(data, (list, tuple)):
+        not_rows = [i for i, row in enumerate(data) if not isinstance(row, dict)]
+        if not not_rows:
+            return _records_table(list(data))
+        what = f"a list whose item {not_rows[0]} is a {type(data[not_rows[0]]).__name__}"
+    elif isinstance(data, str):
+        what = f"the text {data!r} (a task, file or Hub dataset by name is PromptDataModule(train_source=...))"
+    else:
+        kind = type(data)
+        what = f"a {kind.__qualname__ if kind.__module__ == 'builtins' else f'{kind.__module__}.{kind.__qualname__}'}"
+        if hasattr(data, "__iter__") and not hasattr(data, "__len__"):
+            what += " (a stream: its rows must be counted and shuffled, so load them whole, without streaming=True)"
+    raise TypeError(
+        f"{name} must be a datasets.Dataset or DatasetDict, a list of row dicts or a pandas DataFrame, got {what}"
+    )
+
+
+def is_dataset_dict(data) -> bool:
+    """A ``datasets.DatasetDict``: named splits, each a ``datasets.Dataset``."""
+    return isinstance(data, dict) and bool(data) and all(_is_dataset(v) for v in data.values())
+
+
+def _is_dataset(data) -> bool:
+    """A ``datasets.Dataset`` (map-style: sized, with columns and ``select``), read without importing ``datasets``."""
+    return hasattr(data, "column_names") and hasattr(data, "select") and hasattr(data, "__len__")
 
 
 def _read_csv(path: Path) -> list[dict]:
@@ -259,6 +305,7 @@ def load_prompt_rows(
     answer_column: str | None = "answer",
     n: int | None = None,
     seed: int = 0,
+    table: Table | None = None,
     **task_kwargs,
 ) -> list[dict]:
     """Load prompt rows as dicts: every column under its own name, plus ``"prompt"`` and ``"answer"`` (unless
@@ -278,6 +325,7 @@ def load_prompt_rows(
         n: at most this many rows (a seeded random subset in file order); None for all. For a
             built-in task exactly ``n`` distinct prompts are generated.
         seed: the seed for generating task rows or choosing the subset.
+        table: rows already in memory (:func:`in_memory_table`), in place of loading ``source``, which names them.
         **task_kwargs: options of the built-in task (e.g. ``digits=2``); rejected for files.
 
     Raises:
@@ -294,7 +342,7 @@ def load_prompt_rows(
         raise TypeError(
             f"options {sorted(task_kwargs)} only apply to built-in tasks {sorted(TASKS)}, not to {source!r}"
         )
-    table, columns = _load_dataset(source, split)
+    table, columns = _load_dataset(source, split) if table is None else table
     if len(table) == 0:
         raise ValueError(
             f"{source!r} holds no rows{'' if Path(source).is_file() else f' in split {split!r}'}: give data with at least one row"

@@ -10,6 +10,7 @@ instead of replacing it with its own (which would lose the state).
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 from pathlib import Path
@@ -20,7 +21,14 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from lit_gspo.data.prompts import SPLIT_ALIASES, directory_splits, load_prompt_rows, subset_indices
+from lit_gspo.data.prompts import (
+    SPLIT_ALIASES,
+    directory_splits,
+    in_memory_table,
+    is_dataset_dict,
+    load_prompt_rows,
+    subset_indices,
+)
 from lit_gspo.data.synthetic import TASKS, check_task_options, options_from
 from lit_gspo.lightning.seed import resolve_seed
 from lit_gspo.runtime.user_errors import option
@@ -31,6 +39,8 @@ TASK_NUM_TRAIN, TASK_NUM_VAL = 1000, 64
 HELD_OUT_MAX = 64
 #: (the file, task or dataset split; each kept row's index in it)
 Origin = tuple[str, list[int]]
+#: the names rows given from Python go by (``PromptDataModule.from_datasets``), TRL's
+TRAIN_DATASET, EVAL_DATASET = "train_dataset", "eval_dataset"
 
 
 class RowDataset(Dataset):
@@ -146,11 +156,6 @@ def _count(kept: list, rows: list, limit: str) -> str:
     return f"{len(kept)} rows" if len(kept) == len(rows) else f"{len(kept)} of {len(rows)} rows ({limit})"
 
 
-def _name(source: str, split: str) -> str:
-    """A file as given; a directory or Hub dataset with its split."""
-    return source if Path(source).is_file() else f"{source} [{split}]"
-
-
 class PromptDataModule(LightningDataModule):
     """Prompt rows for RL: ``train_dataloader`` yields lists of ``prompts_per_step`` row dicts.
 
@@ -199,6 +204,13 @@ class PromptDataModule(LightningDataModule):
         val_fraction: float = 0.1,
     ) -> None:
         super().__init__()
+        for name, source in (("train_source", train_source), ("val_source", val_source)):
+            if source is not None and not isinstance(source, str):
+                raise TypeError(
+                    f"{name} names where the rows are (a built-in task, a file, a directory or a Hub dataset), got a "
+                    f"{type(source).__name__}: rows in memory (a datasets.Dataset, a list of dicts, a DataFrame) are "
+                    "PromptDataModule.from_datasets(train_dataset=..., eval_dataset=..., ...)"
+                )
         if prompts_per_step < 1 or val_batch_size < 1:
             bad = "prompts_per_step" if prompts_per_step < 1 else "val_batch_size"
             raise ValueError(
@@ -253,6 +265,32 @@ class PromptDataModule(LightningDataModule):
         self.train_rows: list[dict] | None = None
         self.val_rows: list[dict] | None = None
         self._origin: dict[str, Origin] = {}
+        self.in_memory: dict[str, tuple] = {}  # name → rows given from Python (``from_datasets``)
+
+    @classmethod
+    def from_datasets(cls, train_dataset, eval_dataset=None, **settings) -> PromptDataModule:
+        """Rows held in memory, as TRL's ``GRPOTrainer(train_dataset=..., eval_dataset=...)`` takes them: a
+        ``datasets.Dataset``, a ``DatasetDict`` (its ``train_split`` / ``val_split``), a list of row dicts or a pandas
+        DataFrame, each checked here. Without ``eval_dataset``, validation holds out rows of ``train_dataset`` as it does
+        of a file (``val_fraction``). ``settings`` are the constructor's other arguments. Messages and checkpoints name
+        the rows ``train_dataset`` and ``eval_dataset``; a checkpoint keeps their names, not the rows."""
+        for name in ("train_source", "val_source", "task_kwargs", "val_task_kwargs"):
+            if name in settings:
+                raise TypeError(f"from_datasets takes rows as train_dataset and eval_dataset, not {name}")
+        defaults = {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items()}
+        train_split, val_split = (settings.get(name, defaults[name]) for name in ("train_split", "val_split"))
+        val_source, val_name = (None, None) if eval_dataset is None else (EVAL_DATASET, EVAL_DATASET)
+        if eval_dataset is None and is_dataset_dict(train_dataset):  # its own validation split, as a directory's
+            wanted = SPLIT_ALIASES.get(val_split, val_split)
+            own = next((s for s in (wanted, "validation", "test") if s in train_dataset and s != train_split), None)
+            if own is not None:
+                eval_dataset, val_source, val_name = train_dataset, f"{TRAIN_DATASET} [{own}]", TRAIN_DATASET
+                val_split = own
+        module = cls(train_source=TRAIN_DATASET, val_source=val_source, **settings)
+        module.in_memory[TRAIN_DATASET] = in_memory_table(train_dataset, TRAIN_DATASET, train_split)
+        if val_source is not None:
+            module.in_memory[val_source] = in_memory_table(eval_dataset, val_name, val_split, "data.val_split")
+        return module
 
     def _load(self, source: str, split: str, limit: str) -> tuple[list[dict], str, Origin]:
         """The rows for ``limit`` (``"num_train"``/``"num_val"``), their description for the log line, and where each
@@ -274,20 +312,28 @@ class PromptDataModule(LightningDataModule):
                 f"{len(rows)} rows from task {source!r} ({split} split)",
                 (f"task {source!r} ({split} split)", list(range(len(rows)))),
             )
-        rows = load_prompt_rows(source, split, self.prompt_column, self.answer_column, seed=self.seed)
+        rows = load_prompt_rows(
+            source, split, self.prompt_column, self.answer_column, seed=self.seed, table=self.in_memory.get(source)
+        )
         indices = subset_indices(len(rows), n, self.seed)
         kept = [rows[i] for i in indices]
         return (
             kept,
-            _count(kept, rows, option(f"data.{limit}", n)) + f" from {_name(source, split)}",
-            (_name(source, split), indices),
+            _count(kept, rows, option(f"data.{limit}", n)) + f" from {self._name(source, split)}",
+            (self._name(source, split), indices),
         )
+
+    def _name(self, source: str, split: str) -> str:
+        """A file or rows given from Python as named; a directory or Hub dataset with its split."""
+        return source if source in self.in_memory or Path(source).is_file() else f"{source} [{split}]"
 
     def _directory_val_split(self) -> str | None:
         """The split of a ``train_source`` directory that serves as validation when ``val_source`` is None: ``val_split``
         when the directory has it, else its ``validation`` or ``test`` split; None for files, tasks, Hub datasets and a
         directory with one split (rows are then held out of training)."""
-        if self.val_source is not None or self.train_source in TASKS or not Path(self.train_source).is_dir():
+        if self.val_source is not None or self.train_source in TASKS or self.train_source in self.in_memory:
+            return None
+        if not Path(self.train_source).is_dir():
             return None
         splits = directory_splits(Path(self.train_source))
         wanted = SPLIT_ALIASES.get(self.val_split, self.val_split)
@@ -314,7 +360,12 @@ class PromptDataModule(LightningDataModule):
                 )
         else:
             rows = load_prompt_rows(
-                self.train_source, self.train_split, self.prompt_column, self.answer_column, seed=self.seed
+                self.train_source,
+                self.train_split,
+                self.prompt_column,
+                self.answer_column,
+                seed=self.seed,
+                table=self.in_memory.get(self.train_source),
             )
             order = list(range(len(rows)))
             random.Random(self.seed).shuffle(order)
@@ -322,7 +373,7 @@ class PromptDataModule(LightningDataModule):
             n_val = min(cap, max(1, math.ceil(self.val_fraction * len(rows))))
             if len(rows) - n_val < self.prompts_per_step:
                 raise ValueError(
-                    f"{_name(self.train_source, self.train_split)} has {len(rows)} rows; {n_val} are held out for validation "
+                    f"{self._name(self.train_source, self.train_split)} has {len(rows)} rows; {n_val} are held out for validation "
                     f"({option('data.val_fraction', self.val_fraction)}, at most {cap}), which leaves {len(rows) - n_val} "
                     f"for training, fewer than {option('data.prompts_per_step', self.prompts_per_step)}. Give more rows, "
                     f"a smaller {option('data.prompts_per_step')} or {option('data.val_fraction')}, or the validation "
@@ -331,11 +382,11 @@ class PromptDataModule(LightningDataModule):
             val = [rows[i] for i in sorted(order[:n_val])]
             rest = [rows[i] for i in sorted(order[n_val:])]
             train = rest[: self.num_train]
-            name = _name(self.train_source, self.train_split)
+            name = self._name(self.train_source, self.train_split)
             train_origin, val_origin = (name, sorted(order[n_val:])[: len(train)]), (name, sorted(order[:n_val]))
             train_text = (
                 _count(train, rest, option("data.num_train", self.num_train))
-                + f" from {_name(self.train_source, self.train_split)}"
+                + f" from {self._name(self.train_source, self.train_split)}"
             )
             val_text = (
                 f"{len(val)} rows held out of it ({option('data.val_fraction', self.val_fraction)}, at most {cap})"

@@ -12,6 +12,7 @@ Built by ``rl/stages.py``; a fit's hooks here, each stage's Lightning side in it
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -29,6 +30,7 @@ from lit_gspo.lightning.checks import check_data, check_param_dtype, check_stage
 from lit_gspo.lightning.device_defaults import DeviceDefaults
 from lit_gspo.lightning.fp16 import GradScalerStep
 from lit_gspo.lightning.monitors import check_monitors, logged_names, object_monitors
+from lit_gspo.lightning.plain_settings import from_plain, is_plain, plain
 from lit_gspo.lightning.plateau import plateau_monitor, step_plateau
 from lit_gspo.lightning.progress import SkippedSteps, is_last_rl_step, reward_trainer_state
 from lit_gspo.lightning.quiet import silence_lightning_noise
@@ -102,9 +104,21 @@ class RLModule(LightningModule):
     ):
         super().__init__()
         silence_lightning_noise()  # before Trainer.fit checks its configuration (lightning/quiet.py says what and why)
+        policy, generation, update, validation = (
+            from_plain(cls, value, f"model.{name}")  # as load_from_checkpoint gives a Python-built module's settings
+            for cls, value, name in (
+                (Policy, policy, "policy"),
+                (Generation, generation, "generation"),
+                (Update, update, "update"),
+                (Validation, validation, "validation"),
+            )
+        )
         self.save_hyperparameters(
             ignore=["objective", "advantage", "optimizer", "lr_scheduler", "rewards", "environment", "engine"]
         )
+        if not is_plain(dict(self.hparams)):  # built in Python: saved as the CLI saves its config (plain_settings.py)
+            with contextlib.suppress(TypeError):  # a subclass's argument that no config describes stays as it is
+                self.save_hyperparameters(plain(dict(self.hparams)))
         self.automatic_optimization = False
         # copies: the defaults above are one instance for every module (several fits run in one process: ablate)
         self.settings, self.generation = replace(policy), replace(generation)

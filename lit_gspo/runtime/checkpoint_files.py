@@ -123,8 +123,10 @@ def describe_load_error(path: Path, err: BaseException) -> str | None:
         if "GLOBAL" in reason or "global" in reason:
             return (
                 f"checkpoint {path} holds Python objects that are not loaded ({reason}): only tensors and plain "
-                "data are read from checkpoints, so that loading one cannot run code. It was not written by "
-                "lit_gspo or comes from an untrusted source"
+                "data are read from checkpoints, so that loading one cannot run code. lit_gspo writes its settings as "
+                "plain data: these objects come from another program, or are init arguments of an RLModule subclass "
+                "that plain data cannot describe (an object is described by its init arguments, each kept as an "
+                "attribute of the same name)"
             )
         return f"checkpoint {path} is corrupt: its content is not a readable checkpoint ({reason})"
     return None
