@@ -87,6 +87,8 @@ def test_its_checkpoint_holds_plain_data_and_load_from_checkpoint_rebuilds_its_s
         {"class_path": "lit_gspo.rl.learn.mismatch.TIS", "init_args": {"cap": 3.0, "low": None}}
     ]
     assert checkpoint["datamodule_hyper_parameters"]["train_source"] == "train_dataset"  # a name, not the rows
+    with pytest.raises(ValueError, match=r"^'train_dataset' names rows a run got from Python .*\.from_datasets\(rows"):
+        PromptDataModule.load_from_checkpoint(ckpt).setup()  # not a Hub dataset of that name
     loaded = RLModule.load_from_checkpoint(ckpt)  # Lightning's habit, with its default weights_only
     assert loaded.settings == straight.settings and loaded.generation == straight.generation
     assert loaded.validation == straight.validation

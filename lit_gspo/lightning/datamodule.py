@@ -343,6 +343,13 @@ class PromptDataModule(LightningDataModule):
         """Load (or generate) the train and validation rows once and say how many there are (rank 0)."""
         if self.train_rows is not None:
             return
+        for source in (self.train_source, self.val_source):
+            given = source is not None and source.split(" [")[0] in (TRAIN_DATASET, EVAL_DATASET)
+            if given and source not in self.in_memory and not Path(source).exists():
+                raise ValueError(
+                    f"{source!r} names rows a run got from Python (PromptDataModule.from_datasets), which its checkpoint "
+                    "does not keep: build the data module with them again, PromptDataModule.from_datasets(rows, ...)"
+                )
         own_split = self._directory_val_split()
         if self.val_source is not None or self.train_source in TASKS or own_split is not None:
             train, train_text, train_origin = self._load(self.train_source, self.train_split, "num_train")
