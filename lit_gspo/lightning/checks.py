@@ -71,3 +71,35 @@ def check_data(module) -> None:
             lambda r: module.collector.encode(module.policy, r),
             lambda i: dm.describe_row(split, i) if hasattr(dm, "describe_row") else f"{split} row {i}",
         )
+
+
+#: how rows in memory or on disk reach an RLModule
+DATA_MODULE_HINT = "datamodule=PromptDataModule(...) (rows in memory: PromptDataModule.from_datasets(rows, ...))"
+
+
+def check_prompt_source(module) -> None:
+    """A fit draws its prompt rows from a data module's ``train_rows`` (the warm start's demonstrations, dynamic
+    sampling's refills, the data checks): a fit given loaders alone (``trainer.fit(model, train_dataloaders=...)``)
+    is refused at start, naming what to give instead."""
+    datamodule = module.trainer.datamodule
+    if hasattr(datamodule, "train_rows"):
+        return
+    given = "loaders and no data module" if datamodule is None else f"a {type(datamodule).__name__}"
+    raise TypeError(f"RLModule reads its prompts from a PromptDataModule, got {given}: {DATA_MODULE_HINT}")
+
+
+def check_rows_batch(rows) -> None:
+    """A batch of prompts is a list of row dicts, as ``PromptDataModule``'s loaders give it; a DataLoader's default
+    collate (a dict of columns) or a tokenised batch is refused in one line."""
+    if isinstance(rows, list) and all(isinstance(row, dict) for row in rows):
+        return
+    if isinstance(rows, dict):
+        got = f"a dict of columns {sorted(rows)[:6]} (a DataLoader's default collate: collate_fn=lambda rows: rows keeps rows)"
+    elif isinstance(rows, (list, tuple)):
+        bad = next(row for row in rows if not isinstance(row, dict))
+        got = f"a {type(rows).__name__} holding a {type(bad).__name__}"
+    else:
+        got = f"a {type(rows).__name__}"
+    raise TypeError(
+        f"a batch of prompts is a list of row dicts (PromptDataModule's loaders), got {got}: {DATA_MODULE_HINT}"
+    )

@@ -26,7 +26,14 @@ from lightning.pytorch.utilities import rank_zero_info
 from lit_gspo.lightning import export
 from lit_gspo.lightning.async_rollouts import FitRollouts, StopAsyncRollouts, async_mismatch, check_async
 from lit_gspo.lightning.callbacks import run_callbacks
-from lit_gspo.lightning.checks import check_data, check_param_dtype, check_stages_fit, check_validation_schedule
+from lit_gspo.lightning.checks import (
+    check_data,
+    check_param_dtype,
+    check_prompt_source,
+    check_rows_batch,
+    check_stages_fit,
+    check_validation_schedule,
+)
 from lit_gspo.lightning.device_defaults import DeviceDefaults
 from lit_gspo.lightning.fp16 import GradScalerStep
 from lit_gspo.lightning.monitors import check_monitors, logged_names, object_monitors
@@ -160,6 +167,7 @@ class RLModule(LightningModule):
 
     # ------------------------------------------------------------------ one RL step
     def training_step(self, rows: list[dict], batch_idx: int) -> None:
+        check_rows_batch(rows)
         trainer_state = reward_trainer_state(self.trainer, self)
         with torch.profiler.record_function("lit_gspo.rollout"):  # named regions for torch.profiler
             if self.async_rollouts:
@@ -248,6 +256,8 @@ class RLModule(LightningModule):
 
     def setup(self, stage: str) -> None:
         trainer = self.trainer
+        if stage == "fit":
+            check_prompt_source(self)
         if stage == "fit" and self.validation.every_n_steps is not None and not trainer.fast_dev_run:
             check_validation_schedule(trainer, self.validation.every_n_steps)
         if stage == "fit" and self.async_rollouts:
@@ -335,6 +345,7 @@ class RLModule(LightningModule):
         self._val = ValidationPass(self)
 
     def validation_step(self, rows: list[dict], batch_idx: int) -> None:
+        check_rows_batch(rows)
         self._val.step(rows)
 
     def on_validation_epoch_end(self, split: str = "val") -> None:

@@ -2,7 +2,8 @@
 (``PromptDataModule.from_datasets``, TRL's ``train_dataset``/``eval_dataset``), a plain ``lightning.Trainer`` and
 ``ModelCheckpoint``. Its checkpoints hold plain data (the settings as the CLI's config writes them), so Lightning's own
 ``trainer.fit(ckpt_path=...)`` resumes it bit for bit and ``RLModule.load_from_checkpoint`` rebuilds its settings, both
-with ``torch.load``'s safe default (``weights_only=True``)."""
+with ``torch.load``'s safe default (``weights_only=True``). Loaders given without a data module, or batches that are not
+rows (a DataLoader's default collate), are refused in one line."""
 
 import dataclasses
 import json
@@ -16,6 +17,7 @@ import yaml
 from datasets import Dataset, DatasetDict
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader
 
 from lit_gspo import GSPO, CharAccuracy, Generation, LoRA, Policy, PromptDataModule, RLModule, Update, WarmStart
 from lit_gspo.lightning.plain_settings import from_plain, is_plain, plain
@@ -189,3 +191,39 @@ def test_a_subclass_argument_is_written_as_plain_data_when_it_can_be_and_kept_as
     assert described.hparams["generation"]["num_generations"] == 3
     opaque = Tagged(tag=Opaque(3))  # built as before; its checkpoints need the object's class to load
     assert isinstance(opaque.hparams["tag"], Opaque)
+
+
+def trainer(root, **flags) -> L.Trainer:
+    return L.Trainer(
+        accelerator="cpu", devices=1, default_root_dir=root, logger=False, enable_progress_bar=False, **flags
+    )
+
+
+def test_a_fit_given_loaders_without_a_data_module_is_refused_at_start(tmp_path):
+    """Lightning's ``trainer.fit(model, train_dataloaders=..., val_dataloaders=...)``: the warm start and dynamic
+    sampling draw from the data module's rows (was an AttributeError on None, with its traceback)."""
+    data = PromptDataModule.from_datasets(ROWS, prompts_per_step=4)
+    data.setup()
+    model = module()
+    with pytest.raises(
+        TypeError, match=r"^RLModule reads its prompts from a PromptDataModule, got loaders and no data"
+    ):
+        trainer(tmp_path, max_steps=1).fit(model, data.train_dataloader(), data.val_dataloader())
+    assert model.rl_step == 0 and not model.warm_started
+
+
+def test_a_loader_of_rows_validates_as_the_data_module_does_and_one_of_columns_is_refused(tmp_path):
+    model, rows = module(), ROWS[:8]
+    with_module = trainer(tmp_path).validate(
+        model, datamodule=PromptDataModule.from_datasets(ROWS, eval_dataset=rows, val_batch_size=4), verbose=False
+    )
+    with_loader = trainer(tmp_path).validate(
+        model, dataloaders=DataLoader(rows, batch_size=4, collate_fn=lambda batch: batch), verbose=False
+    )
+    for metrics in (with_module[0], with_loader[0]):
+        del metrics["time/val_s"]
+    assert with_loader == with_module
+    with pytest.raises(
+        TypeError, match=r"^a batch of prompts is a list of row dicts .* got a dict of columns \['answer', 'prompt'\]"
+    ):
+        trainer(tmp_path).validate(model, dataloaders=DataLoader(rows, batch_size=4), verbose=False)  # default collate
