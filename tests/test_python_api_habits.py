@@ -7,6 +7,7 @@ rows (a DataLoader's default collate), are refused in one line."""
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import lightning as L
@@ -227,3 +228,18 @@ def test_a_loader_of_rows_validates_as_the_data_module_does_and_one_of_columns_i
         TypeError, match=r"^a batch of prompts is a list of row dicts .* got a dict of columns \['answer', 'prompt'\]"
     ):
         trainer(tmp_path).validate(model, dataloaders=DataLoader(rows, batch_size=4), verbose=False)  # default collate
+
+
+@pytest.mark.parametrize(
+    "reward, hint",
+    [
+        (
+            "OpenAssistant/reward-model-deberta-v3-large-v2",
+            "is RewardModel('OpenAssistant/reward-model-deberta-v3-large-v2')",
+        ),
+        ("my_rewards.exact", "a function by its import path is the function itself"),
+    ],
+)
+def test_a_reward_given_as_text_as_trls_reward_funcs_takes_it_says_what_it_is_here(reward, hint):
+    with pytest.raises(TypeError, match=rf"^reward function '{reward}' is not callable; .*{re.escape(hint)}"):
+        RLModule(rewards=[reward])

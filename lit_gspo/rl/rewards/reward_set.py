@@ -11,6 +11,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -169,7 +170,7 @@ class RewardSet:
             if not callable(fn):
                 raise TypeError(
                     f"reward function {fn!r} is not callable; expected (prompts, completions, **columns) "
-                    "or TRL's (completions, **kwargs) -> list[float]"
+                    "or TRL's (completions, **kwargs) -> list[float]" + _text_hint(fn)
                 )
         if weights is None:
             weights = [float(getattr(fn, "weight", 1.0)) for fn in functions]
@@ -429,3 +430,14 @@ def _first_call_error(problems: list, n: int, unscored_everywhere: bool) -> Rewa
     )
     error.__cause__ = next((r.error for _, kind, _, r in problems if kind == "raised"), None)
     return error
+
+
+def _text_hint(fn) -> str:
+    """What a reward given as text (TRL's ``reward_funcs`` takes a model's id) is written as here."""
+    if not isinstance(fn, str):
+        return ""
+    if "/" in fn or Path(fn).is_dir():
+        return (
+            f"; a reward model by its hub id or directory (TRL's reward_funcs takes it as text) is RewardModel({fn!r})"
+        )
+    return "; a function by its import path is the function itself (from module import function)"
