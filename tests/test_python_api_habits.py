@@ -152,6 +152,9 @@ def test_a_dataset_dicts_own_test_split_validates_as_a_directorys_does():
     data.setup()
     assert data.val_rows == ROWS[:5] and len(data.train_rows) == len(ROWS)  # nothing held out of training
     assert data.describe_row("val", 2) == "train_dataset [test] row 2"
+    given = PromptDataModule.from_datasets(ROWS, eval_dataset=DatasetDict(test=Dataset.from_list(ROWS[3:9])))
+    given.setup()
+    assert given.val_rows == ROWS[3:9] and given.describe_row("val", 0) == "eval_dataset row 0"
 
 
 def test_rows_that_are_not_rows_are_refused_when_the_data_module_is_built():

@@ -270,8 +270,8 @@ class PromptDataModule(LightningDataModule):
     @classmethod
     def from_datasets(cls, train_dataset, eval_dataset=None, **settings) -> PromptDataModule:
         """Rows held in memory, as TRL's ``GRPOTrainer(train_dataset=..., eval_dataset=...)`` takes them: a
-        ``datasets.Dataset``, a ``DatasetDict`` (its ``train_split`` / ``val_split``), a list of row dicts or a pandas
-        DataFrame, each checked here. Without ``eval_dataset``, validation holds out rows of ``train_dataset`` as it does
+        ``datasets.Dataset``, a ``DatasetDict`` (its ``train_split``; its ``val_split``, else ``validation`` or ``test``),
+        a list of row dicts or a pandas DataFrame, each checked here. Without ``eval_dataset``, validation holds out rows of ``train_dataset`` as it does
         of a file (``val_fraction``). ``settings`` are the constructor's other arguments. Messages and checkpoints name
         the rows ``train_dataset`` and ``eval_dataset``; a checkpoint keeps their names, not the rows."""
         for name in ("train_source", "val_source", "task_kwargs", "val_task_kwargs"):
@@ -280,12 +280,14 @@ class PromptDataModule(LightningDataModule):
         defaults = {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items()}
         train_split, val_split = (settings.get(name, defaults[name]) for name in ("train_split", "val_split"))
         val_source, val_name = (None, None) if eval_dataset is None else (EVAL_DATASET, EVAL_DATASET)
+        wanted = SPLIT_ALIASES.get(val_split, val_split)
         if eval_dataset is None and is_dataset_dict(train_dataset):  # its own validation split, as a directory's
-            wanted = SPLIT_ALIASES.get(val_split, val_split)
             own = next((s for s in (wanted, "validation", "test") if s in train_dataset and s != train_split), None)
             if own is not None:
                 eval_dataset, val_source, val_name = train_dataset, f"{TRAIN_DATASET} [{own}]", TRAIN_DATASET
                 val_split = own
+        elif is_dataset_dict(eval_dataset):  # its validation split, else its test split
+            val_split = next((s for s in (wanted, "validation", "test") if s in eval_dataset), val_split)
         module = cls(train_source=TRAIN_DATASET, val_source=val_source, **settings)
         module.in_memory[TRAIN_DATASET] = in_memory_table(train_dataset, TRAIN_DATASET, train_split)
         if val_source is not None:
