@@ -246,3 +246,36 @@ def test_a_loader_of_rows_validates_as_the_data_module_does_and_one_of_columns_i
 def test_a_reward_given_as_text_as_trls_reward_funcs_takes_it_says_what_it_is_here(reward, hint):
     with pytest.raises(TypeError, match=rf"^reward function '{reward}' is not callable; .*{re.escape(hint)}"):
         RLModule(rewards=[reward])
+
+
+def test_trls_peft_config_a_peft_lora_config_is_the_policys_lora():
+    """TRL's ``GRPOTrainer(peft_config=LoraConfig(...))``: the same config given as ``Policy(lora=...)`` trains the same
+    adapters; its settings lit_gspo does not apply are refused by name, not dropped (was: an AttributeError 'alpha')."""
+    from peft import LoraConfig
+
+    from lit_gspo.models.lora import is_lora
+
+    config = LoraConfig(
+        r=4, lora_alpha=8, lora_dropout=0.05, target_modules=["v_proj", "q_proj"], task_type="CAUSAL_LM"
+    )
+    policy = Policy(
+        "tiny-llama", config={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64}, lora=config
+    )
+    assert policy.lora == LoRA(r=4, alpha=8, dropout=0.05, target_modules=["q_proj", "v_proj"])
+    model = RLModule(policy=policy)
+    assert is_lora(model.policy)
+    trainable = {name.split(".")[-3] for name, p in model.policy.named_parameters() if p.requires_grad}
+    assert trainable == {"lora_A", "lora_B"}
+    adapted = {name.split(".")[-4] for name, p in model.policy.named_parameters() if "lora_A" in name}
+    assert adapted == {"q_proj", "v_proj"}
+    assert Policy(lora=LoraConfig(target_modules="all-linear")).lora.target_modules == ["all-linear"]
+    for off in ({"use_dora": True}, {"use_rslora": True}, {"bias": "all"}, {"modules_to_save": ["lm_head"]}):
+        name, value = next(iter(off.items()))
+        with pytest.raises(ValueError, match=rf"^policy.lora: the LoraConfig sets {name}={re.escape(repr(value))}, "):
+            Policy(lora=LoraConfig(target_modules="all-linear", **off))
+    with pytest.raises(ValueError, match=r"sets task_type='SEQ_CLS', which lit_gspo does not apply"):
+        Policy(lora=LoraConfig(target_modules="all-linear", task_type="SEQ_CLS"))
+    with pytest.raises(ValueError, match=r"leaves target_modules to peft's choice .* name them"):
+        Policy(lora=LoraConfig(r=8))
+    with pytest.raises(TypeError, match=r"^policy.lora takes LoRA\(r=, alpha=, dropout=, target_modules=\) or a peft"):
+        Policy(lora={"r": 8})

@@ -4,6 +4,7 @@ Each field's doc is the string literal right after it (an attribute docstring): 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -330,6 +331,43 @@ class LoRA:
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     """module-name suffixes that get adapters (or ``all-linear``)."""
 
+    @classmethod
+    def from_peft(cls, config) -> LoRA:
+        """TRL's ``peft_config``, a peft ``LoraConfig``, as these settings: ``r``, ``lora_alpha``, ``lora_dropout`` and
+        ``target_modules``. Any other of its fields set off peft's default (DoRA, rsLoRA, biases, modules to save, ...)
+        is refused, naming it, not dropped: lit_gspo applies plain LoRA."""
+        if not hasattr(config, "lora_alpha"):
+            raise TypeError(
+                f"policy.lora takes LoRA(r=, alpha=, dropout=, target_modules=) or a peft LoraConfig, got a "
+                f"{type(config).__name__}"
+            )
+        read = {"r", "lora_alpha", "lora_dropout", "target_modules"}
+        kept = {"task_type", "peft_type", "peft_version", "base_model_name_or_path", "revision", "inference_mode"}
+        default = type(config)()
+        off = [
+            f"{f.name}={getattr(config, f.name)!r}"
+            for f in dataclasses.fields(config)
+            if f.name not in read | kept and getattr(config, f.name) != getattr(default, f.name)
+        ]
+        if off or config.task_type not in (None, "CAUSAL_LM"):
+            given = ", ".join(off or [f"task_type={config.task_type!r}"])
+            raise ValueError(
+                f"policy.lora: the LoraConfig sets {given}, which lit_gspo does not apply (it trains plain LoRA on a "
+                "causal LM: r, lora_alpha, lora_dropout and target_modules); leave it at peft's default"
+            )
+        if config.target_modules is None:
+            raise ValueError(
+                "policy.lora: the LoraConfig leaves target_modules to peft's choice for the architecture; name them, "
+                "e.g. target_modules='all-linear' or ['q_proj', 'v_proj']"
+            )
+        targets = config.target_modules
+        return cls(
+            r=config.r,
+            alpha=config.lora_alpha,
+            dropout=config.lora_dropout,
+            target_modules=[targets] if isinstance(targets, str) else sorted(targets),
+        )
+
 
 @dataclass
 class Validation:
@@ -468,6 +506,10 @@ class Policy:
     """at load, check on a few tokens that the update computes the log-probs the model samples (causal, left padding
     honoured, the model's logit map in lit_gspo's head: ``rl/forward_checks.py``) and refuse the model otherwise.
     false: skip it, for a model it refuses wrongly (a Mixture-of-Experts router on a near-tie, say)."""
+
+    def __post_init__(self):
+        if self.lora is not None and not isinstance(self.lora, LoRA):  # TRL's peft_config: a peft LoraConfig
+            self.lora = LoRA.from_peft(self.lora)
 
 
 # last: the mismatch module's package (rl/learn) imports this one's Update
