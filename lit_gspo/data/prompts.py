@@ -25,6 +25,14 @@ SPLIT_ALIASES = {
     "training": "train",
 }
 
+
+def held_out_split(splits, val_split: str, train_split: str | None = None) -> str | None:
+    """Which of ``splits`` (a directory's, a ``DatasetDict``'s) validates: ``val_split`` (or the name ``datasets``
+    files it under), else ``validation``, else ``test``; never ``train_split``. None when it has none of them."""
+    wanted = SPLIT_ALIASES.get(val_split, val_split)
+    return next((s for s in (wanted, "validation", "test") if s in splits and s != train_split), None)
+
+
 #: what ``_load_dataset`` returns: rows as written (JSON, CSV) or a ``datasets.Dataset`` (Parquet, Hub), and the columns
 Table = tuple[object, list[str]]
 

@@ -22,8 +22,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lit_gspo.data.prompts import (
-    SPLIT_ALIASES,
     directory_splits,
+    held_out_split,
     in_memory_table,
     is_dataset_dict,
     load_prompt_rows,
@@ -270,24 +270,24 @@ class PromptDataModule(LightningDataModule):
     @classmethod
     def from_datasets(cls, train_dataset, eval_dataset=None, **settings) -> PromptDataModule:
         """Rows held in memory, as TRL's ``GRPOTrainer(train_dataset=..., eval_dataset=...)`` takes them: a
-        ``datasets.Dataset``, a ``DatasetDict`` (its ``train_split``; its ``val_split``, else ``validation`` or ``test``),
-        a list of row dicts or a pandas DataFrame, each checked here. Without ``eval_dataset``, validation holds out rows of ``train_dataset`` as it does
-        of a file (``val_fraction``). ``settings`` are the constructor's other arguments. Messages and checkpoints name
-        the rows ``train_dataset`` and ``eval_dataset``; a checkpoint keeps their names, not the rows."""
+        ``datasets.Dataset``, a ``DatasetDict`` (its ``train_split``; its ``val_split``, else ``validation`` or
+        ``test``), a list of row dicts or a pandas DataFrame, each checked here. Without ``eval_dataset``, validation
+        takes a ``DatasetDict``'s own split as a directory's, or holds out rows of ``train_dataset`` as of a file
+        (``val_fraction``). ``settings`` are the constructor's other arguments. Messages and checkpoints name the rows
+        ``train_dataset`` and ``eval_dataset``; a checkpoint keeps their names, not the rows."""
         for name in ("train_source", "val_source", "task_kwargs", "val_task_kwargs"):
             if name in settings:
                 raise TypeError(f"from_datasets takes rows as train_dataset and eval_dataset, not {name}")
         defaults = {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items()}
         train_split, val_split = (settings.get(name, defaults[name]) for name in ("train_split", "val_split"))
         val_source, val_name = (None, None) if eval_dataset is None else (EVAL_DATASET, EVAL_DATASET)
-        wanted = SPLIT_ALIASES.get(val_split, val_split)
         if eval_dataset is None and is_dataset_dict(train_dataset):  # its own validation split, as a directory's
-            own = next((s for s in (wanted, "validation", "test") if s in train_dataset and s != train_split), None)
+            own = held_out_split(train_dataset, val_split, train_split)
             if own is not None:
                 eval_dataset, val_source, val_name = train_dataset, f"{TRAIN_DATASET} [{own}]", TRAIN_DATASET
                 val_split = own
-        elif is_dataset_dict(eval_dataset):  # its validation split, else its test split
-            val_split = next((s for s in (wanted, "validation", "test") if s in eval_dataset), val_split)
+        elif is_dataset_dict(eval_dataset):
+            val_split = held_out_split(eval_dataset, val_split) or val_split
         module = cls(train_source=TRAIN_DATASET, val_source=val_source, **settings)
         module.in_memory[TRAIN_DATASET] = in_memory_table(train_dataset, TRAIN_DATASET, train_split)
         if val_source is not None:
@@ -337,9 +337,7 @@ class PromptDataModule(LightningDataModule):
             return None
         if not Path(self.train_source).is_dir():
             return None
-        splits = directory_splits(Path(self.train_source))
-        wanted = SPLIT_ALIASES.get(self.val_split, self.val_split)
-        return next((s for s in (wanted, "validation", "test") if s in splits and s != self.train_split), None)
+        return held_out_split(directory_splits(Path(self.train_source)), self.val_split, self.train_split)
 
     def setup(self, stage: str | None = None) -> None:
         """Load (or generate) the train and validation rows once and say how many there are (rank 0)."""
