@@ -70,8 +70,8 @@ def _records_table(records: list[dict]) -> Table:
 
 def in_memory_table(data, name: str, split: str, split_setting: str = "data.train_split") -> Table:
     """Rows given from Python, as TRL's ``train_dataset``/``eval_dataset`` take them: a ``datasets.Dataset``, a
-    ``DatasetDict`` (its ``split``, set by ``split_setting``), a list of row dicts or a pandas ``DataFrame``. ``name`` is
-    theirs in messages."""
+    ``DatasetDict`` (its ``split``, set by ``split_setting``), a list of row dicts or a pandas ``DataFrame``.
+    ``name`` is theirs in messages."""
     if is_dataset_dict(data):
         if split not in data:
             raise ValueError(

@@ -229,7 +229,8 @@ LOADER_SETTINGS = {
 
 
 def check_task_options(name: str, kwargs: dict, hint: str = "") -> None:
-    """A ValueError naming the options in ``kwargs`` (``--data.task_kwargs`` or ``OPTIONS_SETTING``) that task ``name`` does not take, what
+    """A ValueError naming the options in ``kwargs`` (``OPTIONS_SETTING``: ``--data.task_kwargs``, or
+    ``--data.val_task_kwargs``) that task ``name`` does not take, what
     it takes, and the setting for those that are the loader's own (``seed``: ``--data.seed``); ``hint`` ends it."""
     task = get_task(name)
     unknown = sorted(set(kwargs) - set(task.options()))

@@ -94,7 +94,10 @@ def check_rows_batch(rows) -> None:
     if isinstance(rows, list) and all(isinstance(row, dict) for row in rows):
         return
     if isinstance(rows, dict):
-        got = f"a dict of columns {sorted(rows)[:6]} (a DataLoader's default collate: collate_fn=lambda rows: rows keeps rows)"
+        got = (
+            f"a dict of columns {sorted(rows)[:6]} (a DataLoader's default collate: "
+            "collate_fn=lambda rows: rows keeps rows)"
+        )
     elif isinstance(rows, (list, tuple)):
         bad = next(row for row in rows if not isinstance(row, dict))
         got = f"a {type(rows).__name__} holding a {type(bad).__name__}"

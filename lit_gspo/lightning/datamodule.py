@@ -347,8 +347,9 @@ class PromptDataModule(LightningDataModule):
             given = source is not None and source.split(" [")[0] in (TRAIN_DATASET, EVAL_DATASET)
             if given and source not in self.in_memory and not Path(source).exists():
                 raise ValueError(
-                    f"{source!r} names rows a run got from Python (PromptDataModule.from_datasets), which its checkpoint "
-                    "does not keep: build the data module with them again, PromptDataModule.from_datasets(rows, ...)"
+                    f"{source!r} names rows a run got from Python (PromptDataModule.from_datasets), which its "
+                    "checkpoint does not keep: build the data module with them again, "
+                    "PromptDataModule.from_datasets(rows, ...)"
                 )
         own_split = self._directory_val_split()
         if self.val_source is not None or self.train_source in TASKS or own_split is not None:
@@ -380,7 +381,8 @@ class PromptDataModule(LightningDataModule):
             n_val = min(cap, max(1, math.ceil(self.val_fraction * len(rows))))
             if len(rows) - n_val < self.prompts_per_step:
                 raise ValueError(
-                    f"{self._name(self.train_source, self.train_split)} has {len(rows)} rows; {n_val} are held out for validation "
+                    f"{self._name(self.train_source, self.train_split)} has {len(rows)} rows; {n_val} are held out "
+                    "for validation "
                     f"({option('data.val_fraction', self.val_fraction)}, at most {cap}), which leaves {len(rows) - n_val} "
                     f"for training, fewer than {option('data.prompts_per_step', self.prompts_per_step)}. Give more rows, "
                     f"a smaller {option('data.prompts_per_step')} or {option('data.val_fraction')}, or the validation "

@@ -20,8 +20,8 @@ and sampled completions get ``val_max_new_tokens``), under ``trainer.precision``
 the weights cast). The samples follow the run's sampled validation (``model.validation.num_generations`` and its
 temperature, k, threshold, batch and seeded stream) unless options say otherwise, so a checkpoint's mean@n and pass@k
 are the ``val/reward`` and ``val/pass@k`` its run logged at that step (a run on one process). Prints a table and
-writes JSON (``--output``; default ``<checkpoint>.eval.json`` next to a local checkpoint, else ``<model name>.eval.json``
-in the working directory).
+writes JSON (``--output``; default ``<checkpoint>.eval.json`` next to a local checkpoint, else
+``<model name>.eval.json`` in the working directory).
 """
 
 from __future__ import annotations
