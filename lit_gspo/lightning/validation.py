@@ -83,8 +83,7 @@ class ValidationPass:
         n, generation = module.validation.num_generations, module.collector.generation
         if not n:
             return module.collector.sample(module.policy, rows, greedy=True, synced_gpus=module.synced_gpus())
-        budget = generation.val_max_new_tokens or generation.max_new_tokens
-        with sampling(module.collector, n, module.validation.temperature, budget):
+        with sampling(module.collector, n, module.validation.temperature, generation.validation_budget):
             return module.collector.sample(module.policy, rows, synced_gpus=module.synced_gpus())
 
     def log(self, split: str) -> dict | None:

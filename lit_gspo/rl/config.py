@@ -78,6 +78,11 @@ class Generation:
     """with each dumped rollout, the policy that sampled it (``rollouts/step_K_policy/``, Hugging Face format), so that
     ``compare`` replays it from the very weights."""
 
+    @property
+    def validation_budget(self) -> int:
+        """The new tokens a validation's (and ``lit-gspo eval``'s) completion may have."""
+        return self.val_max_new_tokens or self.max_new_tokens
+
     def __post_init__(self):
         if self.val_max_new_tokens is not None and self.val_max_new_tokens < 1:
             raise ValueError(f"val_max_new_tokens must be >= 1 or null, got {self.val_max_new_tokens}")

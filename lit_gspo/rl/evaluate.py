@@ -211,7 +211,7 @@ def _greedy(policy, collector, rows, per_prompt, threshold, batch_size) -> dict:
         "reward": means["greedy/reward"],
         "accuracy": float(torch.cat(solved).float().mean()),
         "response_length": means["greedy/response_length"],
-        "max_new_tokens": g.val_max_new_tokens or g.max_new_tokens,
+        "max_new_tokens": g.validation_budget,
         **_aggregate_stats(stats),
     }
 
@@ -238,8 +238,7 @@ def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold,
     """mean@n, pass@k and the mean length of n samples per prompt, within the validation's budget
     (``val_max_new_tokens``), tallied as a sampled validation tallies ``val/reward`` and ``val/pass@k``."""
     passes, tally = PassAtK(n, ks, threshold), RewardTally()
-    g = collector.generation
-    with sampling(collector, n, temperature, g.val_max_new_tokens or g.max_new_tokens) as g:
+    with sampling(collector, n, temperature, collector.generation.validation_budget) as g:
         stats = []
         for start, chunk in zip(range(0, len(rows), batch_size), _batches(rows, batch_size)):
             batch, _, batch_stats = collector.sample(policy, chunk)

@@ -99,7 +99,7 @@ class Collector:
         """
         g, env = self.generation, self.environment
         group = 1 if greedy else g.num_generations
-        max_new_tokens = (g.val_max_new_tokens or g.max_new_tokens) if greedy else g.max_new_tokens
+        max_new_tokens = g.validation_budget if greedy else g.max_new_tokens
         prompt_ids = self.encode(policy, rows)
         batch = self._generate(policy, prompt_ids, group, max_new_tokens, greedy, synced_gpus)
         pad_id = self.tokenizer.pad_token_id
