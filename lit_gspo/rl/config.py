@@ -346,19 +346,20 @@ class LoRA:
                 f"policy.lora takes LoRA(r=, alpha=, dropout=, target_modules=) or a peft LoraConfig, got a "
                 f"{type(config).__name__}"
             )
-        read = {"r", "lora_alpha", "lora_dropout", "target_modules"}
-        kept = {"task_type", "peft_type", "peft_version", "base_model_name_or_path", "revision", "inference_mode"}
+        read = {"r", "lora_alpha", "lora_dropout", "target_modules", "task_type"}
+        kept = {"peft_type", "peft_version", "base_model_name_or_path", "revision", "inference_mode"}
         default = type(config)()
         off = [
             f"{f.name}={getattr(config, f.name)!r}"
             for f in dataclasses.fields(config)
             if f.name not in read | kept and getattr(config, f.name) != getattr(default, f.name)
         ]
-        if off or config.task_type not in (None, "CAUSAL_LM"):
-            given = ", ".join(off or [f"task_type={config.task_type!r}"])
+        if config.task_type not in (None, "CAUSAL_LM"):
+            off.append(f"task_type={config.task_type!r}")
+        if off:
             raise ValueError(
-                f"policy.lora: the LoraConfig sets {given}, which lit_gspo does not apply (it trains plain LoRA on a "
-                "causal LM: r, lora_alpha, lora_dropout and target_modules); leave it at peft's default"
+                f"policy.lora: the LoraConfig sets {', '.join(off)}, which lit_gspo does not apply (it trains plain "
+                "LoRA on a causal LM: r, lora_alpha, lora_dropout and target_modules); leave it at peft's default"
             )
         if config.target_modules is None:
             raise ValueError(
