@@ -21,7 +21,7 @@ def run_main(args, capsys):
 def test_help_lists_eval_and_ablate_beside_fit(capsys):
     code, out = run_main(["--help"], capsys)
     assert code == 0
-    assert "{fit,validate,test,eval,ablate,compare}" in out  # not predict: RLModule has nothing to predict
+    assert "{fit,validate,test,eval,ablate,compare}" in out  # predict: `lit-gspo eval` (trainer.predict in Python)
     assert "Every arm × seed" in out  # ablate's one-line description, as fit's is listed
     assert "pass@k" in out  # eval's
 

@@ -276,7 +276,8 @@ class RLCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         """``fit``, ``validate`` and ``test`` (greedy ``val/reward`` / ``test/reward`` of a ``.ckpt`` or an ``hf_model/``
-        directory given as ``--ckpt_path``). ``predict`` has nothing to predict: ``lit-gspo eval`` writes completions."""
+        directory given as ``--ckpt_path``). ``predict``: ``lit-gspo eval`` writes completions
+        (``trainer.predict`` returns them in Python: ``lit_gspo/lightning/prediction.py``)."""
         return {name: LightningCLI.subcommands()[name] for name in ("fit", "validate", "test")}
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:

@@ -443,3 +443,7 @@ class PromptDataModule(LightningDataModule):
     def test_dataloader(self) -> RowBatches:
         """The held-out rows, as :meth:`val_dataloader` (``lit-gspo test`` logs them as ``test/*``)."""
         return self.val_dataloader()
+
+    def predict_dataloader(self) -> RowBatches:
+        """The held-out rows, as :meth:`val_dataloader` (``trainer.predict`` gives their completions)."""
+        return self.val_dataloader()

@@ -39,6 +39,7 @@ from lit_gspo.lightning.fp16 import GradScalerStep
 from lit_gspo.lightning.monitors import check_monitors, logged_names, object_monitors
 from lit_gspo.lightning.plain_settings import from_plain, is_plain, plain
 from lit_gspo.lightning.plateau import plateau_monitor, step_plateau
+from lit_gspo.lightning.prediction import predict_rows
 from lit_gspo.lightning.progress import SkippedSteps, is_last_rl_step, reward_trainer_state
 from lit_gspo.lightning.quiet import silence_lightning_noise
 from lit_gspo.lightning.rl_step_optimizer import RLStepOptimizer
@@ -330,9 +331,14 @@ class RLModule(LightningModule):
 
     # ------------------------------------------------------------------ validation (Lightning's loop)
     def on_validation_start(self) -> None:
-        """Weights to the engine, a fresh tally; the RNG state is kept aside so that how often one validates does not
-        change the training run (greedy sampling, environments and samplers may draw). A sampled validation draws from
-        its own seeded stream (``VALIDATION_STREAM``)."""
+        """Weights to the engine (:meth:`_before_held_out_sampling`), a fresh tally."""
+        self._before_held_out_sampling()
+        self._val = ValidationPass(self)
+
+    def _before_held_out_sampling(self) -> None:
+        """Before a validation, test or prediction: weights to the engine; the RNG state is kept aside so that how
+        often one validates does not change the training run (greedy sampling, environments and samplers may draw). A
+        sampled validation draws from its own seeded stream (``VALIDATION_STREAM``)."""
         if self.trainer.state.fn != "fit":
             check_data(self)
         self._rng_before_validation = local_rng_state()
@@ -342,7 +348,6 @@ class RLModule(LightningModule):
             self.async_rollouts.pause()
         self.collector.trainer_state = reward_trainer_state(self.trainer, self)
         self.collector.engine.sync_weights(self.policy)
-        self._val = ValidationPass(self)
 
     def validation_step(self, rows: list[dict], batch_idx: int) -> None:
         check_rows_batch(rows)
@@ -362,3 +367,12 @@ class RLModule(LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self.on_validation_epoch_end("test")
+
+    # ------------------------------------------------------------------ predict (Lightning's loop)
+    def predict_step(self, rows: list[dict], batch_idx: int) -> list[dict]:
+        """Completions of a batch of prompt rows, drawn as a validation draws them, with their rewards: one dict per
+        row, ``{"row", "completions", "rewards", "scores"}`` (``lit_gspo/lightning/prediction.py``)."""
+        check_rows_batch(rows)
+        return predict_rows(self, rows)
+
+    on_predict_start, on_predict_end = _before_held_out_sampling, on_validation_end

@@ -1,6 +1,10 @@
 """What a checkpoint of an RL run holds beyond Lightning's own state: every rank's torch/numpy/python RNG states and the
 refill generator, the RL-step counter, whether the warm start was done, the optimiser steps taken, the adaptive entropy
-bonus' coefficient. A resume restores them, so that it continues the uninterrupted run bit for bit."""
+bonus' coefficient. A resume restores them, so that it continues the uninterrupted run bit for bit.
+
+Only a fit restores the RNG states: ``trainer.validate``, ``test`` and ``predict`` with a ``ckpt_path``, and
+``RLModule.load_from_checkpoint``, leave the process's random state as it is (Lightning restores none), and so run on
+any number of processes (a fit's states are one per rank)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ def save_run_state(module, checkpoint: dict) -> None:
 
 
 def load_run_state(module, checkpoint: dict) -> None:
-    restore_rng_states(checkpoint["rng_states"], module.global_rank, module.refill_generator)
+    if module.attached() and module.trainer.state.fn == "fit":
+        restore_rng_states(checkpoint["rng_states"], module.global_rank, module.refill_generator)
     module.rl_step = checkpoint["rl_step"]
     module.warm_started = checkpoint["warm_started"]
     module.optimizer_steps = checkpoint["optimizer_steps"]

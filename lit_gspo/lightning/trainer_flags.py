@@ -67,7 +67,7 @@ TRAINER_FLAGS: dict[str, Flag] = {
     "limit_val_batches": Flag(HONOURED, "batches of data.val_batch_size held-out prompts per validation", example=1),
     "limit_test_batches": Flag(HONOURED, "batches of held-out prompts for `lit-gspo test`", example=1),
     "limit_predict_batches": Flag(
-        REFUSED, "lit-gspo has no predict: `lit-gspo eval` writes completions (--limit)", accepts=_is(None), example=2
+        REFUSED, "lit-gspo predict is `lit-gspo eval`, which writes completions (--limit)", accepts=_is(None), example=2
     ),
     "overfit_batches": Flag(
         REFUSED,

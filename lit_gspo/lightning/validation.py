@@ -56,16 +56,10 @@ class ValidationPass:
     def step(self, rows: list[dict]) -> None:
         """Completions of this rank's share of the held-out batch, scored: one greedy, or n sampled per prompt."""
         module = self.module
-        rows = rows[module.global_rank :: module.trainer.world_size]
-        # Lightning validates under inference mode; FSDP2 on one device makes its unsharded parameters at their first
-        # forward and keeps them: as inference tensors they could not be written in training ("Inference tensors do not
-        # track version counter"). no_grad is what sampling needs.
-        with torch.inference_mode(False), torch.no_grad():
-            if not rows:  # a batch smaller than the world: under FSDP2 this rank still generates with the others
-                if module.synced_gpus():
-                    module.collector.generate_nothing(module.policy, True, True)
-                return
-            batch, replies, stats = self.sample(rows)
+        drawn = sample_share(module, rows)
+        if drawn is None:
+            return
+        rows, batch, replies, stats = drawn
         self.tally.add(batch, stats)
         if self.passes is not None:
             self.passes.add(batch)
@@ -75,16 +69,6 @@ class ValidationPass:
             part.extend(new[:room])
         for name, scores in module.collector.last_per_function.items():
             self.shown_scores.setdefault(name, []).extend(scores[:room])
-
-    def sample(self, rows: list[dict]):
-        """``Collector.sample`` of ``rows`` as ``validation`` says: greedily, or n completions each at its temperature,
-        both within ``generation.val_max_new_tokens``."""
-        module = self.module
-        n, generation = module.validation.num_generations, module.collector.generation
-        if not n:
-            return module.collector.sample(module.policy, rows, greedy=True, synced_gpus=module.synced_gpus())
-        with sampling(module.collector, n, module.validation.temperature, generation.validation_budget):
-            return module.collector.sample(module.policy, rows, synced_gpus=module.synced_gpus())
 
     def log(self, split: str) -> dict | None:
         """The metrics over every held-out prompt of every rank, through ``module.log`` (callbacks and loggers see
@@ -127,6 +111,28 @@ class ValidationPass:
                 )
         rank_zero_info(f"step {module.rl_step}: {split}/reward = {metrics[f'{split}/reward']:.4f} ({seconds:.1f} s)")
         return None if trainer.sanity_checking else metrics
+
+
+def sample_share(module, rows: list[dict]):
+    """This rank's share of a held-out batch (``rows[rank::world_size]``), sampled as ``validation`` says: one greedy
+    completion, or n at its temperature, each prompt's n rows together, within ``generation.validation_budget``.
+    Returns (share, batch, replies, stats), or None when the batch leaves this rank no row."""
+    rows = rows[module.global_rank :: module.trainer.world_size]
+    n, generation = module.validation.num_generations, module.collector.generation
+    # Lightning validates and predicts under inference mode; FSDP2 on one device makes its unsharded parameters at
+    # their first forward and keeps them: as inference tensors they could not be written in training ("Inference
+    # tensors do not track version counter"). no_grad is what sampling needs.
+    with torch.inference_mode(False), torch.no_grad():
+        if not rows:  # a batch smaller than the world: under FSDP2 this rank still generates with the others
+            if module.synced_gpus():
+                module.collector.generate_nothing(module.policy, True, True)
+            return None
+        if not n:
+            drawn = module.collector.sample(module.policy, rows, greedy=True, synced_gpus=module.synced_gpus())
+        else:
+            with sampling(module.collector, n, module.validation.temperature, generation.validation_budget):
+                drawn = module.collector.sample(module.policy, rows, synced_gpus=module.synced_gpus())
+    return (rows, *drawn)
 
 
 def is_step_zero(trainer, module) -> bool:

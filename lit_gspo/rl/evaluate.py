@@ -48,7 +48,7 @@ def _batches(rows: list[dict], size: int):
         yield rows[start : start + size]
 
 
-def _failed(batch) -> torch.Tensor:
+def failed_samples(batch) -> torch.Tensor:
     """Samples whose reward failed: ``Collector.sample`` masks their whole completion (a reply has ≥ 1 token)."""
     return ~batch.completion_mask.any(1).cpu()
 
@@ -118,7 +118,7 @@ class PassAtK:
         """Counts a batch of n samples per prompt (group-major rows, as ``Collector.sample`` gives them); returns which
         samples are solved, (prompts, n)."""
         flat = batch.rewards.float().cpu()
-        solved = ((flat >= self.threshold) & ~_failed(batch)).view(-1, self.n)
+        solved = ((flat >= self.threshold) & ~failed_samples(batch)).view(-1, self.n)
         for c in solved.sum(1).tolist():
             self.sums[:-1] += torch.tensor([pass_at_k(self.n, c, k) for k in self.ks], dtype=torch.float64)
         self.sums[-1] += solved.shape[0]
@@ -200,7 +200,7 @@ def _greedy(policy, collector, rows, per_prompt, threshold, batch_size) -> dict:
         batch, replies, batch_stats = collector.sample(policy, chunk, greedy=True)
         tally.add(batch, batch_stats)
         r = batch.rewards.float().cpu()  # (B,)
-        ok = (r >= threshold) & ~_failed(batch)
+        ok = (r >= threshold) & ~failed_samples(batch)
         for i, (reply, reward, good) in enumerate(zip(replies, r.tolist(), ok.tolist())):
             per_prompt[start + i].update(greedy_completion=reply, greedy_reward=reward, greedy_solved=bool(good))
         solved.append(ok)

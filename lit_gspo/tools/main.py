@@ -32,7 +32,7 @@ def cli_main(*args, **kwargs):
     return lightning_cli_main(*args, **kwargs)
 
 
-# Lightning's predict: RLModule has nothing to predict (lit-gspo eval writes completions)
+# Lightning's predict from the command line: `lit-gspo eval` writes completions (trainer.predict returns them in Python)
 NOT_COMMANDS = {"predict"}
 
 
@@ -54,7 +54,7 @@ def _main(args: list[str], from_sys_argv: bool) -> None:
         print(
             f"lit-gspo {args[0]}: not a command. `lit-gspo validate --config <run config> --ckpt_path <ckpt or hf_model>` "
             "gives val/reward; `lit-gspo eval --ckpt <run>/hf_model` writes greedy completions, accuracy and pass@k "
-            "(lit-gspo eval --help)",
+            "(lit-gspo eval --help); from Python, `trainer.predict(model, datamodule=...)` returns them",
             file=sys.stderr,
         )
         sys.exit(2)
