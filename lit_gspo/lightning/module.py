@@ -36,6 +36,7 @@ from lit_gspo.lightning.checks import (
 )
 from lit_gspo.lightning.device_defaults import DeviceDefaults
 from lit_gspo.lightning.fp16 import GradScalerStep
+from lit_gspo.lightning.lightning_callbacks import refuse_unsupported_callbacks
 from lit_gspo.lightning.monitors import check_monitors, logged_names, object_monitors
 from lit_gspo.lightning.plain_settings import from_plain, is_plain, plain
 from lit_gspo.lightning.plateau import plateau_monitor, step_plateau
@@ -167,7 +168,9 @@ class RLModule(LightningModule):
         self.plateau_metric: str | None = None  # the metric a ReduceLROnPlateau follows
 
     # ------------------------------------------------------------------ one RL step
-    def training_step(self, rows: list[dict], batch_idx: int) -> None:
+    def training_step(self, rows: list[dict], batch_idx: int) -> dict[str, torch.Tensor]:
+        """One RL step; returns ``{"loss": the step's mean surrogate loss}`` (NaN for a step without update), the
+        ``outputs`` callbacks' ``on_train_batch_end`` receive (the optimiser steps were taken inside)."""
         check_rows_batch(rows)
         trainer_state = reward_trainer_state(self.trainer, self)
         with torch.profiler.record_function("lit_gspo.rollout"):  # named regions for torch.profiler
@@ -198,6 +201,7 @@ class RLModule(LightningModule):
         self.rl_step += 1
         if is_last_rl_step(self.trainer, self):
             self.trainer.should_stop = True  # Lightning's loop then validates after this step (val/reward at the end)
+        return {"loss": torch.tensor(values.get("train/loss", float("nan")))}
 
     def rl_update(self, rollout, stats: dict) -> None:
         """Snapshot, advantages, K × M optimiser steps (one Lightning step per RL step); the step's metrics into ``stats``."""
@@ -326,17 +330,20 @@ class RLModule(LightningModule):
             export.export_if_missing(self)
 
     def configure_callbacks(self) -> list:
-        """Run lock, cleanup of killed writes, logs continued on resume, SIGINT/SIGTERM saved (``lit_gspo.lightning.callbacks``)."""
+        """Run lock, cleanup of killed writes, logs continued on resume, SIGINT/SIGTERM saved (``lit_gspo.lightning.callbacks``).
+        Lightning asks for them before any callback's ``setup``: the trainer's callbacks are checked here first
+        (``lightning_callbacks.py``: a refused one stops the run before it acts)."""
+        refuse_unsupported_callbacks(self.trainer.callbacks, self.trainer.strategy)
         return run_callbacks() + ([StopAsyncRollouts()] if self.async_rollouts else [])
 
     # ------------------------------------------------------------------ validation (Lightning's loop)
     def on_validation_start(self) -> None:
-        """Weights to the engine (:meth:`_before_held_out_sampling`), a fresh tally."""
+        """:meth:`_before_held_out_sampling`, a fresh tally."""
         self._before_held_out_sampling()
         self._val = ValidationPass(self)
 
     def _before_held_out_sampling(self) -> None:
-        """Before a validation, test or prediction: weights to the engine; the RNG state is kept aside so that how
+        """Before a validation, test or prediction: the RNG state is kept aside so that how
         often one validates does not change the training run (greedy sampling, environments and samplers may draw). A
         sampled validation draws from its own seeded stream (``VALIDATION_STREAM``)."""
         if self.trainer.state.fn != "fit":
@@ -347,6 +354,11 @@ class RLModule(LightningModule):
         if self.async_rollouts:
             self.async_rollouts.pause()
         self.collector.trainer_state = reward_trainer_state(self.trainer, self)
+
+    def on_validation_epoch_start(self) -> None:
+        """Weights to the engine here, after the callbacks' own epoch start: one that swaps weights in for validation
+        (``WeightAveraging``, ``EMAWeightAveraging``: the average) is validated with what it swapped in, whichever
+        engine samples (vLLM holds its own copy)."""
         self.collector.engine.sync_weights(self.policy)
 
     def validation_step(self, rows: list[dict], batch_idx: int) -> None:
@@ -364,6 +376,7 @@ class RLModule(LightningModule):
             self.async_rollouts.resume()
 
     on_test_start, test_step, on_test_end = on_validation_start, validation_step, on_validation_end
+    on_test_epoch_start = on_validation_epoch_start
 
     def on_test_epoch_end(self) -> None:
         self.on_validation_epoch_end("test")
@@ -375,4 +388,8 @@ class RLModule(LightningModule):
         check_rows_batch(rows)
         return predict_rows(self, rows)
 
-    on_predict_start, on_predict_end = _before_held_out_sampling, on_validation_end
+    on_predict_start, on_predict_epoch_start, on_predict_end = (
+        _before_held_out_sampling,
+        on_validation_epoch_start,
+        on_validation_end,
+    )

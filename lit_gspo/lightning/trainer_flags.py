@@ -55,7 +55,7 @@ TRAINER_FLAGS: dict[str, Flag] = {
     ),
     "logger": Flag(HONOURED, "default: metrics.csv (RunCSVLogger, continued by a resume); false: none", example=False),
     "callbacks": Flag(
-        HONOURED, "ModelCheckpoint, EarlyStopping, LearningRateMonitor, RichProgressBar (counts RL steps), ..."
+        HONOURED, "each of Lightning's is honoured or refused at start: lit_gspo/lightning/lightning_callbacks.py"
     ),
     "fast_dev_run": Flag(HONOURED, "one RL step and one validation batch; writes nothing", example=True),
     "max_epochs": Flag(HONOURED, "epochs of the prompt set", example=1),

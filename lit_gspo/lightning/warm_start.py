@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from lightning.pytorch.utilities import rank_zero_info
 
+from lit_gspo.lightning.lightning_callbacks import restart_weight_averages
 from lit_gspo.rl.warm_start import warm_start
 
 
 def supervised_warm_start(module) -> None:
     """``policy.warm_start.steps`` teacher-forced steps on the training rows' demonstrations; the reference policy is
-    then the warm-started one (the policy RL starts from)."""
+    then the warm-started one (the policy RL starts from), and so is a weight average's start."""
     cfg = module.settings.warm_start
     if cfg.steps <= 0:
         return
@@ -28,3 +29,4 @@ def supervised_warm_start(module) -> None:
     rank_zero_info(f"warm start: {cfg.steps} supervised steps, last loss {loss:.4f}")
     if module.ref_policy is not None:
         module.ref_policy.load_state_dict(module.policy.state_dict())
+    restart_weight_averages(module)
