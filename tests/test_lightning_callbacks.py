@@ -11,6 +11,7 @@ import lightning as L
 import lightning.pytorch.callbacks as C
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from transformers import AutoModelForCausalLM
@@ -170,16 +171,63 @@ def test_a_weight_average_is_refused_under_fsdp2_only():
         refuse_unsupported_callbacks([average], ModelParallelStrategy())
 
 
-def _completions(root) -> list[list[tuple]]:
-    """The completions each validation showed (``completions.csv``): (prompt, completion, reward) per step."""
+def _completions(root, by_step: bool = False):
+    """The completions each validation showed (``completions.csv``): (prompt, completion, reward) per step, in order
+    (``by_step``: keyed by step)."""
     (path,) = root.glob("lightning_logs/version_*/completions.csv")
     with open(path) as f:
         rows = list(csv.DictReader(f))
     steps = sorted({int(row["step"]) for row in rows})
-    return [[(r["prompt"], r["completion"], r["reward"]) for r in rows if int(r["step"]) == step] for step in steps]
+    shown = {
+        step: [(r["prompt"], r["completion"], r["reward"]) for r in rows if int(r["step"]) == step] for step in steps
+    }
+    return shown if by_step else list(shown.values())
 
 
 def _metrics(root) -> list[dict]:
     (path,) = root.glob("lightning_logs/version_*/metrics.csv")
     with open(path) as f:
         return list(csv.DictReader(f))
+
+
+def test_a_run_with_an_exponential_average_resumes_exactly(tmp_path):
+    """2 RL steps, then 2 more resumed by Lightning's ``ckpt_path``, equal 4 straight: the policy, the average (what
+    the checkpoint's ``state_dict`` holds, and the export) and every validation."""
+
+    def run(root, steps, ckpt_path=None):
+        L.seed_everything(0)
+        model = module(lr=1e-1)
+        saved = ModelCheckpoint(dirpath=root / "checkpoints", every_n_train_steps=2, save_top_k=-1)
+        trainer = L.Trainer(accelerator="cpu", max_steps=steps, default_root_dir=root, logger=CSVLogger(root),
+                            callbacks=[C.EMAWeightAveraging(decay=0.8), saved], val_check_interval=1,
+                            check_val_every_n_epoch=None, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+        data = PromptDataModule.from_datasets(ROWS, eval_dataset=ROWS[:8], prompts_per_step=4)
+        trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+        return model
+
+    straight = run(tmp_path / "straight", 4)
+    run(tmp_path / "first", 2)
+    (ckpt,) = (tmp_path / "first" / "checkpoints").glob("*step=2.ckpt")
+    resumed = run(tmp_path / "resumed", 4, ckpt_path=str(ckpt))
+    for name, value in straight.policy.state_dict().items():
+        assert torch.equal(resumed.policy.state_dict()[name], value), name
+    resumed_shown, straight_shown = (
+        _completions(tmp_path / "resumed", by_step=True),
+        _completions(tmp_path / "straight", by_step=True),
+    )
+    assert sorted(resumed_shown) == [3, 4]
+    assert resumed_shown == {step: straight_shown[step] for step in (3, 4)}
+
+
+def test_a_checkpoint_every_rl_step_is_named_by_its_step_and_none_overwrites_another(tmp_path):
+    """``ModelCheckpoint(every_n_train_steps=1, save_top_k=-1)`` with a validation every 2 steps: ModelCheckpoint names
+    a checkpoint by a logged ``step`` before ``global_step``, and the validation's (its loggers' x-axis) named the
+    later checkpoints until the next one: steps 3 and 4 were both written as ``step=2``, over step 2's, and step 5 as
+    ``step=4``. Each now holds the step its name says."""
+    L.seed_everything(0)
+    saved = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)
+    trainer = L.Trainer(accelerator="cpu", max_steps=5, logger=False, callbacks=[saved], val_check_interval=2,
+                        check_val_every_n_epoch=None, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer.fit(module(), datamodule=PromptDataModule.from_datasets(ROWS, eval_dataset=ROWS[:8], prompts_per_step=4))
+    held = {path.name: torch.load(path, weights_only=True)["rl_step"] for path in tmp_path.glob("*.ckpt")}
+    assert held == {f"epoch=0-step={step}.ckpt": step for step in range(1, 6)}

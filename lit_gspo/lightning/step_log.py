@@ -41,5 +41,9 @@ class StepLog:
                 logger.log_metrics({**values, "epoch": module.current_epoch}, step=module.rl_step)
                 logger.save()
         module.log_dict(values, on_step=True, on_epoch=False, batch_size=batch_size, logger=False)
+        # The RL steps done with this one. A logged `step` is what ModelCheckpoint names a checkpoint by (before
+        # global_step): the one validation logs (its loggers' x-axis) would otherwise name every later checkpoint
+        # until the next validation, and one name written twice overwrites a checkpoint.
+        module.log("step", float(module.rl_step + 1), on_step=True, on_epoch=False, batch_size=batch_size, logger=False)
         bar = {"reward": values["train/reward"], "clip": values.get("train/clip_frac", 0.0)}
         module.log_dict(bar, prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=batch_size)
