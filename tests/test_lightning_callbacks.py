@@ -20,6 +20,7 @@ from lit_gspo import GSPO, CharAccuracy, Generation, Policy, PromptDataModule, R
 from lit_gspo.lightning.lightning_callbacks import CALLBACKS, refuse_unsupported_callbacks
 from lit_gspo.lightning.trainer_flags import HONOURED, REFUSED
 from lit_gspo.rl.engines import HFGenerate
+from lit_gspo.runtime.user_errors import SettingsError
 
 ROWS = [{"prompt": f"rev {i:03d}=", "answer": f"{i:03d}"[::-1]} for i in range(0, 1000, 7)]
 
@@ -101,12 +102,12 @@ def test_a_refused_callback_stops_the_fit_at_start_saying_what_to_use(name, tmp_
     model = module()
     trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_progress_bar=False,
                         callbacks=[instance(name, tmp_path)])  # fmt: skip
-    with pytest.raises(TypeError, match=rf"^{name}: not supported by lit_gspo: {re.escape(CALLBACKS[name].note)}$"):
+    with pytest.raises(SettingsError, match=rf"^{name}: not supported by lit_gspo: {re.escape(CALLBACKS[name].note)}$"):
         trainer.fit(model, datamodule=PromptDataModule.from_datasets(ROWS, prompts_per_step=4))
     assert not model.warm_started and model.rl_step == 0
     yours = instance(name, tmp_path)
     yours.__class__ = type("Yours", (type(yours),), {})  # a subclass is refused with what it extends
-    with pytest.raises(TypeError, match=r"^Yours: not supported by lit_gspo: "):
+    with pytest.raises(SettingsError, match=r"^Yours: not supported by lit_gspo: "):
         refuse_unsupported_callbacks([C.Callback(), yours])
 
 
@@ -167,7 +168,9 @@ def test_an_exponential_average_is_what_validation_samples_and_the_export_holds_
 def test_a_weight_average_is_refused_under_fsdp2_only():
     average = C.EMAWeightAveraging()
     refuse_unsupported_callbacks([average], DDPStrategy())
-    with pytest.raises(TypeError, match=r"^EMAWeightAveraging: not supported under FSDP2 \(ModelParallelStrategy\)"):
+    with pytest.raises(
+        SettingsError, match=r"^EMAWeightAveraging: not supported under FSDP2 \(ModelParallelStrategy\)"
+    ):
         refuse_unsupported_callbacks([average], ModelParallelStrategy())
 
 

@@ -15,6 +15,7 @@ import lightning.pytorch.callbacks as lightning_callbacks
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from lit_gspo.lightning.trainer_flags import HONOURED, REFUSED, Flag
+from lit_gspo.runtime.user_errors import SettingsError
 
 #: ``lightning.pytorch.callbacks``' names → how an RL fit treats them (``Flag.note``: what it does here, or, refused,
 #: what to use instead)
@@ -94,17 +95,19 @@ NOT_SHARDED = {
 
 
 def refuse_unsupported_callbacks(callbacks, strategy=None) -> None:
-    """Raise ``TypeError`` naming the first refused callback among ``callbacks`` (a trainer's) and what to use;
+    """Raise :class:`SettingsError` (``lit-gspo``: one line) naming the first refused callback among ``callbacks`` (a trainer's) and what to use;
     ``strategy``: the trainer's (under FSDP2 :data:`NOT_SHARDED` are refused too)."""
     sharded = isinstance(strategy, ModelParallelStrategy)
     for callback in callbacks:
         for name, flag in CALLBACKS.items():
             refused = getattr(lightning_callbacks, name, None)
             if flag.kind == REFUSED and refused is not None and isinstance(callback, refused):
-                raise TypeError(f"{type(callback).__name__}: not supported by lit_gspo: {flag.note}")
+                raise SettingsError(f"{type(callback).__name__}: not supported by lit_gspo: {flag.note}")
         for name, note in NOT_SHARDED.items():
             if sharded and isinstance(callback, getattr(lightning_callbacks, name)):
-                raise TypeError(f"{type(callback).__name__}: not supported under FSDP2 (ModelParallelStrategy): {note}")
+                raise SettingsError(
+                    f"{type(callback).__name__}: not supported under FSDP2 (ModelParallelStrategy): {note}"
+                )
 
 
 def restart_weight_averages(module) -> None:
