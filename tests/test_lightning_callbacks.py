@@ -4,7 +4,6 @@ one fails here until it is classified; the honoured ones that act on the weights
 
 import copy
 import csv
-import functools
 import re
 
 import lightning as L
@@ -14,30 +13,14 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+from test_predict import ROWS, module
 from transformers import AutoModelForCausalLM
 
-from lit_gspo import GSPO, CharAccuracy, Generation, Policy, PromptDataModule, RLModule, WarmStart
+from lit_gspo import PromptDataModule, RLModule
 from lit_gspo.lightning.lightning_callbacks import CALLBACKS, refuse_unsupported_callbacks
 from lit_gspo.lightning.trainer_flags import HONOURED, REFUSED
 from lit_gspo.rl.engines import HFGenerate
 from lit_gspo.runtime.user_errors import SettingsError
-
-ROWS = [{"prompt": f"rev {i:03d}=", "answer": f"{i:03d}"[::-1]} for i in range(0, 1000, 7)]
-
-
-def module(engine=None, lr: float = 1e-5) -> RLModule:
-    return RLModule(
-        policy=Policy(
-            "tiny-llama",
-            config={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64},
-            warm_start=WarmStart(steps=30, lr=1e-2, batch_size=16),
-        ),
-        objective=GSPO(),
-        rewards=[CharAccuracy()],
-        generation=Generation(num_generations=4, max_new_tokens=4),
-        engine=engine,
-        optimizer=functools.partial(torch.optim.AdamW, lr=lr),
-    )
 
 
 def fit(root, callbacks, steps: int = 2, **kwargs) -> tuple[RLModule, L.Trainer]:

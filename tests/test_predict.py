@@ -1,6 +1,7 @@
 """``trainer.predict``, as a Lightning user calls it: the completions of the held-out prompts with their rewards, drawn
 and scored as a validation draws and scores them, so a prediction's rewards give that validation's metrics exactly."""
 
+import functools
 import math
 import subprocess
 import sys
@@ -21,8 +22,8 @@ ROWS = [{"prompt": f"rev {i:03d}=", "answer": f"{i:03d}"[::-1]} for i in range(0
 THRESHOLD = 0.5
 
 
-def module(n: int = 0) -> RLModule:
-    """A tiny policy; ``n`` sampled completions per prompt in validation (0: one greedy)."""
+def module(n: int = 0, engine=None, lr: float = 1e-5) -> RLModule:
+    """A tiny warm-started policy; ``n`` sampled completions per prompt in validation (0: one greedy)."""
     return RLModule(
         policy=Policy(
             "tiny-llama",
@@ -32,6 +33,8 @@ def module(n: int = 0) -> RLModule:
         objective=GSPO(),
         rewards=[CharAccuracy()],
         generation=Generation(num_generations=4, max_new_tokens=4),
+        engine=engine,
+        optimizer=functools.partial(torch.optim.AdamW, lr=lr),
         validation=Validation(num_generations=n, temperature=1.5, pass_threshold=THRESHOLD) if n else Validation(),
     )
 

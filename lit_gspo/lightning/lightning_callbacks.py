@@ -5,8 +5,9 @@ One Lightning batch is one RL step, ``RLModule`` optimises by hand (K epochs × 
 step) and its loss is a policy-gradient surrogate, so a callback written for supervised training over a DataLoader may
 mean nothing here, or something wrong. :data:`CALLBACKS` covers every name of ``lightning.pytorch.callbacks.__all__``;
 ``tests/test_lightning_callbacks.py`` enumerates them from Lightning, so a callback a new Lightning release adds fails
-that test until it is classified here. :func:`refuse_unsupported_callbacks` runs when a fit starts (``RLModule.setup``),
-from the command line and from Python alike; a subclass of a refused callback is refused with it.
+that test until it is classified here. :func:`refuse_unsupported_callbacks` runs in ``RLModule.configure_callbacks``,
+which Lightning calls before any callback's ``setup``, from the command line and from Python alike; a subclass of a
+refused callback is refused with it.
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ NOT_SHARDED = {
 
 
 def refuse_unsupported_callbacks(callbacks, strategy=None) -> None:
-    """Raise :class:`SettingsError` (``lit-gspo``: one line) naming the first refused callback among ``callbacks`` (a trainer's) and what to use;
-    ``strategy``: the trainer's (under FSDP2 :data:`NOT_SHARDED` are refused too)."""
+    """Raise :class:`SettingsError` (``lit-gspo``: one line) naming the first refused callback among ``callbacks`` (a
+    trainer's) and what to use; ``strategy``: the trainer's (under FSDP2 :data:`NOT_SHARDED` are refused too)."""
     sharded = isinstance(strategy, ModelParallelStrategy)
     for callback in callbacks:
         for name, flag in CALLBACKS.items():

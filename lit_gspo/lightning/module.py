@@ -343,9 +343,9 @@ class RLModule(LightningModule):
         self._val = ValidationPass(self)
 
     def _before_held_out_sampling(self) -> None:
-        """Before a validation, test or prediction: the RNG state is kept aside so that how
-        often one validates does not change the training run (greedy sampling, environments and samplers may draw). A
-        sampled validation draws from its own seeded stream (``VALIDATION_STREAM``)."""
+        """Before a validation, test or prediction: the RNG state is kept aside so that how often one validates does
+        not change the training run (greedy sampling, environments and samplers may draw). A sampled validation draws
+        from its own seeded stream (``VALIDATION_STREAM``)."""
         if self.trainer.state.fn != "fit":
             check_data(self)
         self._rng_before_validation = local_rng_state()
@@ -388,8 +388,6 @@ class RLModule(LightningModule):
         check_rows_batch(rows)
         return predict_rows(self, rows)
 
-    on_predict_start, on_predict_epoch_start, on_predict_end = (
-        _before_held_out_sampling,
-        on_validation_epoch_start,
-        on_validation_end,
-    )
+    on_predict_start = _before_held_out_sampling
+    on_predict_epoch_start = on_validation_epoch_start
+    on_predict_end = on_validation_end

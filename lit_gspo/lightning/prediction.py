@@ -23,13 +23,13 @@ from lit_gspo.runtime.collectives import gather_objects
 def predict_rows(module, rows: list[dict]) -> list[dict]:
     """The predictions of a batch of prompt rows (collective: every rank calls it with the same batch)."""
     drawn = sample_share(module, rows)
-    share = [] if drawn is None else _predictions(*drawn, module.collector.last_per_function)
+    share = [] if drawn is None else _predictions(*drawn[:3], module.collector.last_per_function)
     shares = gather_objects(share)
     world = len(shares)
     return [shares[i % world][i // world] for i in range(len(rows))]  # rank r held rows r, r + world, ...
 
 
-def _predictions(rows, batch, replies, stats, per_function) -> list[dict]:
+def _predictions(rows, batch, replies, per_function) -> list[dict]:
     n = len(replies) // len(rows)  # group-major: a prompt's n samples are consecutive
     rewards = [None if failed else reward for reward, failed in zip(batch.rewards.tolist(), failed_samples(batch))]
     scores = {name: [None if math.isnan(s) else s for s in values] for name, values in per_function.items()}
