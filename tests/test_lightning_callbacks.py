@@ -23,7 +23,8 @@ from lit_gspo.rl.engines import HFGenerate
 from lit_gspo.runtime.user_errors import SettingsError
 
 
-def fit(root, callbacks, steps: int = 2, **kwargs) -> tuple[RLModule, L.Trainer]:
+def fit(root, callbacks, steps: int = 2, ckpt_path=None, **kwargs) -> tuple[RLModule, L.Trainer]:
+    """``steps`` RL steps with a validation after each (``ckpt_path``: resumed by Lightning from it)."""
     L.seed_everything(0)
     model = module(**kwargs)
     trainer = L.Trainer(
@@ -39,7 +40,8 @@ def fit(root, callbacks, steps: int = 2, **kwargs) -> tuple[RLModule, L.Trainer]
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(model, datamodule=PromptDataModule.from_datasets(ROWS, eval_dataset=ROWS[:8], prompts_per_step=4))
+    data = PromptDataModule.from_datasets(ROWS, eval_dataset=ROWS[:8], prompts_per_step=4)
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
     return model, trainer
 
 
@@ -181,14 +183,8 @@ def test_a_run_with_an_exponential_average_resumes_exactly(tmp_path):
     the checkpoint's ``state_dict`` holds, and the export) and every validation."""
 
     def run(root, steps, ckpt_path=None):
-        L.seed_everything(0)
-        model = module(lr=1e-1)
         saved = ModelCheckpoint(dirpath=root / "checkpoints", every_n_train_steps=2, save_top_k=-1)
-        trainer = L.Trainer(accelerator="cpu", max_steps=steps, default_root_dir=root, logger=CSVLogger(root),
-                            callbacks=[C.EMAWeightAveraging(decay=0.8), saved], val_check_interval=1,
-                            check_val_every_n_epoch=None, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
-        data = PromptDataModule.from_datasets(ROWS, eval_dataset=ROWS[:8], prompts_per_step=4)
-        trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+        model, _ = fit(root, [C.EMAWeightAveraging(decay=0.8), saved], steps, ckpt_path=ckpt_path, lr=1e-1)
         return model
 
     straight = run(tmp_path / "straight", 4)
