@@ -59,17 +59,21 @@ CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL_CACHES = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", ".benchmarks"}
 
 
-def checkout_paths() -> set[str]:
-    """Every file and folder of the checkout, relative to it (tool caches left out)."""
-    paths = set()
+def checkout_paths() -> dict[str, int]:
+    """Every file and folder of the checkout, relative to it, with a file's modification time (a folder's is 0: it
+    changes when Python adds a ``__pycache__`` to it); tool caches left out."""
+    paths = {}
     for folder, subfolders, files in os.walk(CHECKOUT):
         subfolders[:] = [d for d in subfolders if d not in TOOL_CACHES and not d.endswith(".egg-info")]
-        paths.update(os.path.relpath(os.path.join(folder, name), CHECKOUT) for name in subfolders + files)
+        paths.update((os.path.relpath(os.path.join(folder, name), CHECKOUT), 0) for name in subfolders)
+        for name in files:
+            path = os.path.join(folder, name)
+            paths[os.path.relpath(path, CHECKOUT)] = os.stat(path, follow_symlinks=False).st_mtime_ns
     return paths
 
 
 @pytest.fixture(scope="session")
-def checkout_before() -> list[set[str]]:
+def checkout_before() -> list[dict[str, int]]:
     return [checkout_paths()]
 
 
@@ -77,10 +81,12 @@ def checkout_before() -> list[set[str]]:
 def writes_nothing_into_the_checkout(checkout_before):
     """A test's runs go under its ``tmp_path``: a path relative to the working directory (a config's
     ``default_root_dir: runs/...`` read after the test's own setting) lands in the checkout, where a second run of the
-    suite meets the first one's output. Fails the test that created a new file or folder there."""
+    suite meets the first one's output. Fails the test that created or rewrote a file or folder there (rewrote: an
+    earlier run's leftover output, e.g. ``hf_model/``, is met again by the same mistake)."""
     yield
     now = checkout_paths()
-    new, checkout_before[0] = sorted(now - checkout_before[0]), now
+    new = sorted(path for path, mtime in now.items() if checkout_before[0].get(path) != mtime)
+    checkout_before[0] = now
     assert not new, f"the test wrote into the checkout ({CHECKOUT}), not under its tmp_path: {new[:5]}"
 
 

@@ -86,7 +86,7 @@ def test_a_refused_callback_stops_the_fit_at_start_saying_what_to_use(name, tmp_
     L.seed_everything(0)
     model = module()
     trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_progress_bar=False,
-                        callbacks=[instance(name, tmp_path)])  # fmt: skip
+                        default_root_dir=tmp_path, callbacks=[instance(name, tmp_path)])  # fmt: skip
     with pytest.raises(SettingsError, match=rf"^{name}: not supported by lit_gspo: {re.escape(CALLBACKS[name].note)}$"):
         trainer.fit(model, datamodule=PromptDataModule.from_datasets(ROWS, prompts_per_step=4))
     assert not model.warm_started and model.rl_step == 0
@@ -209,7 +209,8 @@ def test_a_checkpoint_every_rl_step_is_named_by_its_step_and_none_overwrites_ano
     L.seed_everything(0)
     saved = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)
     trainer = L.Trainer(accelerator="cpu", max_steps=5, logger=False, callbacks=[saved], val_check_interval=2,
-                        check_val_every_n_epoch=None, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+                        default_root_dir=tmp_path, check_val_every_n_epoch=None, enable_progress_bar=False,
+                        enable_model_summary=False)  # fmt: skip
     trainer.fit(module(), datamodule=PromptDataModule.from_datasets(ROWS, eval_dataset=ROWS[:8], prompts_per_step=4))
     held = {path.name: torch.load(path, weights_only=True)["rl_step"] for path in tmp_path.glob("*.ckpt")}
     assert held == {f"epoch=0-step={step}.ckpt": step for step in range(1, 6)}
