@@ -1,10 +1,12 @@
 """Every callback Lightning ships, in an RL fit: each is honoured or refused at start in one line
 (``lit_gspo/lightning/lightning_callbacks.py``), enumerated from ``lightning.pytorch.callbacks.__all__`` so that a new
-one fails here until it is classified; the honoured ones that act on the weights or the loss do what they say."""
+one fails here until it is classified; the honoured ones that act on the weights or the loss do what they say; every hook
+of ``Callback`` is called or refused."""
 
 import copy
 import csv
 import re
+from collections import Counter
 
 import lightning as L
 import lightning.pytorch.callbacks as C
@@ -13,11 +15,12 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+from test_module_hooks import build, every_run
 from test_predict import ROWS, module
 from transformers import AutoModelForCausalLM
 
 from lit_gspo import PromptDataModule, RLModule
-from lit_gspo.lightning.lightning_callbacks import CALLBACKS, refuse_unsupported_callbacks
+from lit_gspo.lightning.lightning_callbacks import CALLBACKS, HOOKS_NOT_CALLED, refuse_unsupported_callbacks
 from lit_gspo.lightning.trainer_flags import HONOURED, REFUSED
 from lit_gspo.rl.engines import HFGenerate
 from lit_gspo.runtime.user_errors import SettingsError
@@ -214,3 +217,38 @@ def test_a_checkpoint_every_rl_step_is_named_by_its_step_and_none_overwrites_ano
     trainer.fit(module(), datamodule=PromptDataModule.from_datasets(ROWS, eval_dataset=ROWS[:8], prompts_per_step=4))
     held = {path.name: torch.load(path, weights_only=True)["rl_step"] for path in tmp_path.glob("*.ckpt")}
     assert held == {f"epoch=0-step={step}.ckpt": step for step in range(1, 6)}
+
+
+def test_every_hook_of_a_callback_is_called_but_those_refused_in_a_callback_that_has_one(tmp_path):
+    """A callback overriding every hook of ``Callback`` (``state_dict`` not empty, so a checkpoint keeps it and the
+    resume loads it): a fit, validate, test, predict, resume and a run that raises call each, but
+    :data:`HOOKS_NOT_CALLED`, which are refused (a ``LambdaCallback``'s too)."""
+    hooks = {name for name in vars(C.Callback) if name[0] != "_" and callable(getattr(C.Callback, name))}
+    calls = Counter()
+
+    def counting(name):
+        def hook(self, *args, **kwargs):
+            calls[name] += 1
+            return {"seen": True} if name == "state_dict" else getattr(C.Callback, name)(self, *args, **kwargs)
+
+        return hook
+
+    Recorder = type("Recorder", (C.Callback,), {name: counting(name) for name in hooks - set(HOOKS_NOT_CALLED)})
+    every_run(tmp_path, callbacks=[Recorder()])
+    with pytest.raises(RuntimeError, match="^stop here$"):
+        L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, default_root_dir=tmp_path,
+                  callbacks=[Recorder(), C.LambdaCallback(on_validation_start=stop_here)]).validate(
+            build(), datamodule=PromptDataModule.from_datasets(ROWS, eval_dataset=ROWS[:4]))  # fmt: skip
+    assert sorted(name for name in hooks - set(HOOKS_NOT_CALLED) if not calls[name]) == []
+    for name, note in HOOKS_NOT_CALLED.items():
+        refused = type("Mine", (C.Callback,), {name: counting(name)})
+        for callback in (refused(), C.LambdaCallback(**{name: print})):
+            expected = rf"^{type(callback).__name__}\.{name}: not called by lit_gspo: {re.escape(note)}$"
+            with pytest.raises(SettingsError, match=expected):
+                trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, default_root_dir=tmp_path,
+                                    enable_progress_bar=False, callbacks=[callback])  # fmt: skip
+                trainer.fit(build(), datamodule=PromptDataModule.from_datasets(ROWS, prompts_per_step=2))
+
+
+def stop_here(*args):
+    raise RuntimeError("stop here")

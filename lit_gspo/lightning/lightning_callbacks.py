@@ -7,7 +7,8 @@ mean nothing here, or something wrong. :data:`CALLBACKS` covers every name of ``
 ``tests/test_lightning_callbacks.py`` enumerates them from Lightning, so a callback a new Lightning release adds fails
 that test until it is classified here. :func:`refuse_unsupported_callbacks` runs in ``RLModule.configure_callbacks``,
 which Lightning calls before any callback's ``setup``, from the command line and from Python alike; a subclass of a
-refused callback is refused with it.
+refused callback is refused with it. Lightning calls every hook of ``Callback`` for RLModule but
+:data:`HOOKS_NOT_CALLED`: a callback that has one of those is refused the same way.
 """
 
 from __future__ import annotations
@@ -95,11 +96,28 @@ NOT_SHARDED = {
 }
 
 
+#: hooks of ``Callback`` that Lightning never calls for RLModule → what to use instead (it calls every other one)
+HOOKS_NOT_CALLED = {
+    "on_before_zero_grad": "RLModule optimises by hand (K epochs x M minibatches of optimiser steps per RL step), so "
+    "Lightning never calls it: on_before_optimizer_step sees each optimiser step's gradients",
+}
+
+
+def overrides(callback, hook: str) -> bool:
+    """Whether ``callback`` has a ``hook`` of its own: its class's, or an attribute (``LambdaCallback``'s)."""
+    base = lightning_callbacks.Callback
+    return hook in getattr(callback, "__dict__", {}) or getattr(type(callback), hook) is not getattr(base, hook)
+
+
 def refuse_unsupported_callbacks(callbacks, strategy=None) -> None:
     """Raise :class:`SettingsError` (``lit-gspo``: one line) naming the first refused callback among ``callbacks`` (a
-    trainer's) and what to use; ``strategy``: the trainer's (under FSDP2 :data:`NOT_SHARDED` are refused too)."""
+    trainer's), or the first hook of one that would never be called (:data:`HOOKS_NOT_CALLED`), and what to use;
+    ``strategy``: the trainer's (under FSDP2 :data:`NOT_SHARDED` are refused too)."""
     sharded = isinstance(strategy, ModelParallelStrategy)
     for callback in callbacks:
+        for hook, note in HOOKS_NOT_CALLED.items():
+            if overrides(callback, hook):
+                raise SettingsError(f"{type(callback).__name__}.{hook}: not called by lit_gspo: {note}")
         for name, flag in CALLBACKS.items():
             refused = getattr(lightning_callbacks, name, None)
             if flag.kind == REFUSED and refused is not None and isinstance(callback, refused):

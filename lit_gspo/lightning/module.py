@@ -37,6 +37,7 @@ from lit_gspo.lightning.checks import (
 from lit_gspo.lightning.device_defaults import DeviceDefaults
 from lit_gspo.lightning.fp16 import GradScalerStep
 from lit_gspo.lightning.lightning_callbacks import refuse_unsupported_callbacks
+from lit_gspo.lightning.module_hooks import check_hooks
 from lit_gspo.lightning.monitors import check_monitors, logged_names, object_monitors
 from lit_gspo.lightning.plain_settings import from_plain, is_plain, plain
 from lit_gspo.lightning.plateau import plateau_monitor, step_plateau
@@ -112,6 +113,7 @@ class RLModule(LightningModule):
         validation: Validation = Validation(),
     ):
         super().__init__()
+        check_hooks(type(self), RLModule)  # a subclass's hooks, before anything is built (module_hooks.py)
         silence_lightning_noise()  # before Trainer.fit checks its configuration (lightning/quiet.py says what and why)
         policy, generation, update, validation = (
             from_plain(cls, value, f"model.{name}")  # as load_from_checkpoint gives a Python-built module's settings

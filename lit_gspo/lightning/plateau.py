@@ -51,4 +51,4 @@ def step_plateau(module, values: dict, split: str) -> None:
         )
     value = float(values[monitor])
     if value == value:  # NaN (a step that logged nothing for it): not a measurement
-        module.lr_schedulers().step(value)
+        module.lr_scheduler_step(module.lr_schedulers(), value)  # Lightning's hook: a subclass may step it

@@ -103,9 +103,21 @@ class EveryNth:
             self.scheduler.step()
 
 
-def stepped_schedule(module):
+class HookStepped:
+    """``module``'s schedule, stepped through Lightning's ``lr_scheduler_step`` hook (its default: ``scheduler.step()``;
+    a subclass's override steps a schedule that the default cannot, e.g. one that takes the epoch)."""
+
+    def __init__(self, module, scheduler):
+        self.module, self.scheduler = module, scheduler
+
+    def step(self) -> None:
+        self.module.lr_scheduler_step(self.scheduler, None)
+
+
+def stepped_schedule(module) -> HookStepped | None:
     """``module``'s schedule stepped at its cadence (None: none, or a ReduceLROnPlateau, stepped on its metric)."""
-    return None if module.plateau_metric else module.lr_schedulers()
+    scheduler = None if module.plateau_metric else module.lr_schedulers()
+    return None if scheduler is None else HookStepped(module, scheduler)
 
 
 def learner_schedule(module):
