@@ -246,7 +246,7 @@ class RLCLI(LightningCLI):
 
     Checkpoints (``lit_gspo.lightning.callbacks.last_checkpoint``): ``<default_root_dir>/checkpoints/last.ckpt`` every
     ``checkpoint_every_n_steps`` steps, written atomically; resume with ``--ckpt_path last``.
-    ``FSDPStrategy`` (FSDP1) is refused with a pointer to ``ModelParallelStrategy`` (FSDP2).
+    A strategy other than DDP and FSDP2 (``ModelParallelStrategy``) is refused at start (``strategy.py``).
 
     ``other_subcommands`` (name → parser) are listed in ``--help`` and in the "expected subcommand" error
     beside fit/validate/test/predict; they are run by the entry point (``lit_gspo.tools.main``), not here.

@@ -296,9 +296,7 @@ class RLModule(LightningModule):
             self._scaled_step.clip_unscaled()
 
     def configure_model(self) -> None:
-        """FSDP2 (``ModelParallelStrategy``): ``fully_shard`` each decoder layer, then the root; FSDP1 is refused."""
-        if self.attached():
-            check_strategy(self.trainer.strategy)
+        """FSDP2 (``ModelParallelStrategy``): ``fully_shard`` each decoder layer, then the root."""
         if self.device_mesh is not None:
             apply_fsdp2(self, self.device_mesh, PARAM_DTYPES.get(self.learner.cfg.param_dtype))
 
@@ -333,8 +331,9 @@ class RLModule(LightningModule):
 
     def configure_callbacks(self) -> list:
         """Run lock, cleanup of killed writes, logs continued on resume, SIGINT/SIGTERM saved (``lit_gspo.lightning.callbacks``).
-        Lightning asks for them before any callback's ``setup``: the trainer's callbacks are checked here first
-        (``lightning_callbacks.py``: a refused one stops the run before it acts)."""
+        Lightning asks for them before any callback's ``setup``: the trainer's strategy and callbacks are checked here
+        first (``strategy.py``, ``lightning_callbacks.py``: a refused one stops the run before it acts)."""
+        check_strategy(self.trainer.strategy)
         refuse_unsupported_callbacks(self.trainer.callbacks, self.trainer.strategy)
         return run_callbacks() + ([StopAsyncRollouts()] if self.async_rollouts else [])
 

@@ -1,5 +1,6 @@
 """Lightning strategies lit_gspo runs under: DDP, FSDP2 (``ModelParallelStrategy``, its checkpoints swapped in
-whole); FSDP1 refused; a strategy given by class path built.
+whole); every other refused at start (:data:`STRATEGIES`, every name of Lightning's registry and every strategy class,
+classified once); a strategy given by class path built.
 
 FSDP1 (``FSDPStrategy``) is refused: manual optimisation with it is broken in Lightning (#19626,
 #19685: manual optimisation calls backward inside the wrapped module's "forward" — ``training_step``
@@ -14,9 +15,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.strategies import ModelParallelStrategy
+import lightning.pytorch.strategies as lightning_strategies
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
 
+from lit_gspo.lightning.trainer_flags import HONOURED, REFUSED, Flag
 from lit_gspo.runtime.files import fsync_dir
+from lit_gspo.runtime.user_errors import SettingsError
 
 FSDP1_MESSAGE = (
     "FSDPStrategy (FSDP1) is not supported by lit_gspo: Lightning's FSDP1 with manual optimisation is "
@@ -24,17 +28,6 @@ FSDP1_MESSAGE = (
     "lightning.pytorch.strategies.ModelParallelStrategy --trainer.strategy.data_parallel_size <devices> "
     "--trainer.strategy.tensor_parallel_size 1 (see configs/scale/fsdp2_cpu.yaml and fsdp2_cuda.yaml)."
 )
-
-
-def is_fsdp1_strategy(strategy: Any) -> bool:
-    """True for ``FSDPStrategy`` instances/classes or the registry names that build one (``fsdp``, ``fsdp_...``)."""
-    if isinstance(strategy, str):
-        return strategy == "fsdp" or strategy.startswith("fsdp_") or strategy.endswith("FSDPStrategy")
-    try:
-        from lightning.pytorch.strategies import FSDPStrategy
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(strategy, FSDPStrategy) or (isinstance(strategy, type) and issubclass(strategy, FSDPStrategy))
 
 
 def strategy_from_path(strategy: Any) -> Any:
@@ -58,9 +51,83 @@ def strategy_from_path(strategy: Any) -> Any:
     return cls()
 
 
+_UNUSED = ("", "_find_unused_parameters_false", "_find_unused_parameters_true")
+_DDP = "one process per device, started by lit-gspo fit, or by Lightning for a script run with python or torchrun"
+_STARTED = (
+    "the processes it starts train copies of the module; the one you hold gets back the weights, not the run's state "
+    f"(RL step, optimiser, random streams, warm start), so a second fit or a checkpoint from it starts over: use ddp, {_DDP}"
+)
+_DEEPSPEED = (
+    "DeepSpeed takes over the optimiser step and gradient accumulation, which RLModule's hand-made optimiser steps (K "
+    "epochs x M minibatches per RL step) bypass: shard with FSDP2 (lightning.pytorch.strategies.ModelParallelStrategy)"
+)
+_FSDP1 = FSDP1_MESSAGE.split(" is not supported by lit_gspo: ", 1)[1]
+_XLA = "lit_gspo runs on CPUs and CUDA GPUs (--trainer.accelerator cpu or cuda)"
+
+#: Lightning's strategy names (its registry, and ``auto``) and its strategy classes → how an RL fit treats them
+STRATEGIES: dict[str, Flag] = {
+    "auto": Flag(HONOURED, "one device: SingleDeviceStrategy; several: ddp"),
+    **{f"ddp{unused}": Flag(HONOURED, _DDP) for unused in _UNUSED},
+    **{
+        f"ddp_{start}{unused}": Flag(REFUSED, _STARTED) for start in ("spawn", "fork", "notebook") for unused in _UNUSED
+    },
+    **{
+        f"deepspeed{stage}": Flag(REFUSED, _DEEPSPEED)
+        for stage in (
+            "",
+            "_stage_1",
+            "_stage_2",
+            "_stage_2_offload",
+            "_stage_3",
+            "_stage_3_offload",
+            "_stage_3_offload_nvme",
+        )  # fmt: skip
+    },
+    "fsdp": Flag(REFUSED, _FSDP1),
+    "fsdp_cpu_offload": Flag(REFUSED, _FSDP1),
+    "single_device": Flag(HONOURED, "one device"),
+    **{name: Flag(REFUSED, _XLA) for name in ("single_tpu", "single_xla", "xla", "xla_debug")},
+    "Strategy": Flag(HONOURED, "a strategy of your own (the base of every strategy)"),
+    "ParallelStrategy": Flag(HONOURED, "the base of the multi-process strategies"),
+    "SingleDeviceStrategy": Flag(HONOURED, "one device"),
+    "DDPStrategy": Flag(HONOURED, f"{_DDP}; started by spawn or fork it is refused"),
+    "ModelParallelStrategy": Flag(HONOURED, "FSDP2 over data-parallel ranks, its checkpoints swapped in whole"),
+    "DeepSpeedStrategy": Flag(REFUSED, _DEEPSPEED),
+    "FSDPStrategy": Flag(REFUSED, _FSDP1),
+}
+
+
+def refused_classes() -> dict[type, str]:
+    """The strategy classes that only refused names build (DDPStrategy aside: refused by how it starts) → their
+    shortest name (``xla``, not ``xla_debug``)."""
+    by_class: dict[type, list[str]] = {}
+    for name in StrategyRegistry.available_strategies():
+        by_class.setdefault(StrategyRegistry[name]["strategy"], []).append(name)
+    return {
+        cls: min(names, key=len)
+        for cls, names in by_class.items()
+        if cls is not DDPStrategy and all(STRATEGIES[name].kind == REFUSED for name in names)
+    }
+
+
 def check_strategy(strategy: Any) -> None:
-    if is_fsdp1_strategy(strategy):
-        raise ValueError(FSDP1_MESSAGE)
+    """Raise :class:`SettingsError` (``lit-gspo``: one line) for a strategy an RL fit refuses (:data:`STRATEGIES`), saying
+    what to use: ``strategy`` a name (``ddp_spawn``), a class path, a class, or an instance (a ``DDPStrategy`` started
+    by fork is known by its launcher; one started by spawn fails to pickle the module before any check can run)."""
+    if strategy is None:
+        return
+    if isinstance(strategy, str):
+        name = strategy.rsplit(".", 1)[-1]  # a class path: its class's name
+    elif isinstance(strategy, type) or isinstance(strategy, lightning_strategies.Strategy):
+        cls, refused = (strategy if isinstance(strategy, type) else type(strategy)), refused_classes()
+        names = [refused[klass] for klass in cls.__mro__ if klass in refused]
+        launcher = getattr(strategy, "launcher", None) if isinstance(strategy, DDPStrategy) else None
+        name = names[0] if names else "ddp_fork" if getattr(launcher, "is_interactive_compatible", False) else ""
+    else:
+        return
+    flag = STRATEGIES.get(name)
+    if flag is not None and flag.kind == REFUSED:
+        raise SettingsError(f"strategy {name}: not supported by lit_gspo: {flag.note}")
 
 
 class AtomicModelParallelStrategy(ModelParallelStrategy):

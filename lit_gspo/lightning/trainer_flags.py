@@ -44,7 +44,10 @@ def _is(*values) -> Callable[[Any], bool]:
 TRAINER_FLAGS: dict[str, Flag] = {
     "accelerator": Flag(HONOURED, "cpu, gpu/cuda, auto", example="cpu"),
     "strategy": Flag(
-        HONOURED, "ddp, ModelParallelStrategy (FSDP2, made atomic); FSDPStrategy (FSDP1) is refused", example="auto"
+        HONOURED,
+        "ddp, ModelParallelStrategy (FSDP2, made atomic); each of Lightning's others is refused at start: "
+        "lit_gspo/lightning/strategy.py",
+        example="auto",
     ),
     "devices": Flag(HONOURED, "processes per node", example=1),
     "num_nodes": Flag(HONOURED, "nodes", example=1),
