@@ -41,6 +41,7 @@ from lit_gspo.lightning.module_hooks import check_hooks
 from lit_gspo.lightning.monitors import check_monitors, logged_names, object_monitors
 from lit_gspo.lightning.plain_settings import from_plain, is_plain, plain
 from lit_gspo.lightning.plateau import plateau_monitor, step_plateau
+from lit_gspo.lightning.precisions import check_precision
 from lit_gspo.lightning.prediction import predict_rows
 from lit_gspo.lightning.progress import SkippedSteps, is_last_rl_step, reward_trainer_state
 from lit_gspo.lightning.quiet import silence_lightning_noise
@@ -272,6 +273,7 @@ class RLModule(LightningModule):
         if stage == "fit" and not self.refill_ranked:  # each rank its own refill prompts (rank 0: the run's seed)
             self.refill_generator.manual_seed(stream_seed(self.seed, rank=self.global_rank))
             self.refill_ranked = True
+        check_precision(trainer.precision, stage)
         check_param_dtype(self.learner.cfg.param_dtype, trainer.precision)
         scaler = getattr(trainer.precision_plugin, "scaler", None)  # fp16's GradScaler (public attributes of both)
         self._scaled_step = GradScalerStep(scaler) if scaler is not None else None

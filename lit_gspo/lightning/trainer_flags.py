@@ -53,7 +53,8 @@ TRAINER_FLAGS: dict[str, Flag] = {
     "num_nodes": Flag(HONOURED, "nodes", example=1),
     "precision": Flag(
         HONOURED,
-        "Lightning's precision plugin; `auto`: bf16-mixed where bf16 is native, 32-true elsewhere",
+        "Lightning's precision plugin; `auto`: bf16-mixed where bf16 is native, 32-true elsewhere; 16-true fits and "
+        "transformer-engine are refused at start (lit_gspo/lightning/precisions.py)",
         example="bf16-mixed",
     ),
     "logger": Flag(HONOURED, "default: metrics.csv (RunCSVLogger, continued by a resume); false: none", example=False),
