@@ -37,6 +37,7 @@ from lit_gspo.lightning.checks import (
 from lit_gspo.lightning.device_defaults import DeviceDefaults
 from lit_gspo.lightning.fp16 import GradScalerStep
 from lit_gspo.lightning.lightning_callbacks import refuse_unsupported_callbacks
+from lit_gspo.lightning.lightning_plugins import check_plugins
 from lit_gspo.lightning.module_hooks import check_hooks
 from lit_gspo.lightning.monitors import check_monitors, logged_names, object_monitors
 from lit_gspo.lightning.plain_settings import from_plain, is_plain, plain
@@ -274,6 +275,7 @@ class RLModule(LightningModule):
             self.refill_generator.manual_seed(stream_seed(self.seed, rank=self.global_rank))
             self.refill_ranked = True
         check_precision(trainer.precision, stage)
+        check_plugins([trainer.precision_plugin, trainer.strategy.checkpoint_io])
         check_param_dtype(self.learner.cfg.param_dtype, trainer.precision)
         scaler = getattr(trainer.precision_plugin, "scaler", None)  # fp16's GradScaler (public attributes of both)
         self._scaled_step = GradScalerStep(scaler) if scaler is not None else None

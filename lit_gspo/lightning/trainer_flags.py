@@ -138,7 +138,9 @@ TRAINER_FLAGS: dict[str, Flag] = {
         accepts=_is(False, None),
         example=True,
     ),
-    "plugins": Flag(HONOURED, "precision and checkpoint-IO plugins, as in Lightning"),
+    "plugins": Flag(
+        HONOURED, "each of Lightning's is honoured or refused at start: lit_gspo/lightning/lightning_plugins.py"
+    ),
     "sync_batchnorm": Flag(HONOURED, "Lightning converts BatchNorm layers (a causal LM has none)", example=True),
     "reload_dataloaders_every_n_epochs": Flag(
         REFUSED,
