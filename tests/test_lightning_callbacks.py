@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
-from test_module_hooks import build, every_run
+from test_module_hooks import build, every_run, stop_here
 from test_predict import ROWS, module
 from transformers import AutoModelForCausalLM
 
@@ -248,7 +248,3 @@ def test_every_hook_of_a_callback_is_called_but_those_refused_in_a_callback_that
                 trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, default_root_dir=tmp_path,
                                     enable_progress_bar=False, callbacks=[callback])  # fmt: skip
                 trainer.fit(build(), datamodule=PromptDataModule.from_datasets(ROWS, prompts_per_step=2))
-
-
-def stop_here(*args):
-    raise RuntimeError("stop here")

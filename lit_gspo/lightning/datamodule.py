@@ -30,6 +30,7 @@ from lit_gspo.data.prompts import (
     subset_indices,
 )
 from lit_gspo.data.synthetic import TASKS, check_task_options, options_from
+from lit_gspo.lightning.module_hooks import DATA_HOOKS, check_hooks
 from lit_gspo.lightning.seed import resolve_seed
 from lit_gspo.runtime.user_errors import option
 
@@ -204,6 +205,7 @@ class PromptDataModule(LightningDataModule):
         val_fraction: float = 0.1,
     ) -> None:
         super().__init__()
+        check_hooks(type(self), PromptDataModule, DATA_HOOKS)  # a subclass's hooks (module_hooks.py)
         for name, source in (("train_source", train_source), ("val_source", val_source)):
             if source is not None and not isinstance(source, str):
                 raise TypeError(

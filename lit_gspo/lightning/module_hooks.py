@@ -16,7 +16,8 @@ Every other hook is free: Lightning calls it as for any LightningModule. :data:`
 ``lightning.pytorch.core.hooks``' three classes and LightningModule's own (its other methods, :data:`METHODS`, are for a
 module to call); ``tests/test_module_hooks.py`` enumerates them from Lightning, so a hook a new release adds fails that
 test until it is classified here. :func:`check_hooks` runs in ``RLModule.__init__``, the one method a subclass cannot
-skip, before any fit, validation, test or prediction.
+skip, before any fit, validation, test or prediction. A subclass of ``PromptDataModule`` is checked the same way
+against :data:`DATA_HOOKS` (it loads the rows, deals them per rank, resumes where it was).
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ from lit_gspo.runtime.user_errors import SettingsError
 #: an override must call RLModule's implementation (``Flag.note``: what RLModule does there)
 EXTENDED = "extended"
 
-_LOADERS = "the prompts come from the data module (PromptDataModule: its rows, or a subclass's {name})"
+_LOADERS = (
+    "the prompts come from the data module, whose {name} Lightning takes (PromptDataModule: rows in memory by "
+    "from_datasets, a file or task by train_source)"
+)
 _BY_HAND = (
     "RLModule optimises by hand (K epochs x M minibatches of optimiser steps per RL step), so Lightning never calls it"
 )
@@ -129,6 +133,33 @@ METHODS = (
 )  # fmt: skip
 
 
+#: every hook of a LightningDataModule → how a subclass of PromptDataModule may override it
+DATA_HOOKS: dict[str, Flag] = {
+    "prepare_data": Flag(HONOURED, "once per node, before setup"),
+    "setup": Flag(
+        EXTENDED,
+        "loads the train and held-out rows that the RL step, the warm start and dynamic sampling's refills read",
+    ),
+    "teardown": Flag(HONOURED, "after each fit, validate, test and predict"),
+    "train_dataloader": Flag(
+        EXTENDED,
+        "deals each rank its own prompts_per_step rows per RL step, shuffled by its seed, resumed where it was",
+    ),
+    "val_dataloader": Flag(EXTENDED, "gives every rank the same held-out batches (validation_step samples its share)"),
+    "test_dataloader": Flag(EXTENDED, "gives every rank the same held-out batches (test_step samples its share)"),
+    "predict_dataloader": Flag(EXTENDED, "gives every rank the same held-out batches (predict_step samples its share)"),
+    "transfer_batch_to_device": Flag(HONOURED, "a batch is a list of prompt rows (dicts)"),
+    "on_before_batch_transfer": Flag(HONOURED, "a batch is a list of prompt rows (dicts)"),
+    "on_after_batch_transfer": Flag(HONOURED, "a batch is a list of prompt rows (dicts)"),
+    "state_dict": Flag(HONOURED, "kept in checkpoints, given back on resume"),
+    "load_state_dict": Flag(HONOURED, "a checkpoint's state_dict, on resume"),
+    "on_exception": Flag(HONOURED, "when a run raises"),
+}
+
+#: LightningDataModule's other methods: class methods that build one
+DATA_METHODS = ("from_datasets", "load_from_checkpoint")
+
+
 def names_in(code: CodeType) -> set[str]:
     """The attribute and global names ``code`` and the functions nested in it use."""
     names = set(code.co_names)
@@ -145,12 +176,13 @@ def calls_parent(function, name: str) -> bool:
     return code is None or name in names_in(code)
 
 
-def check_hooks(cls: type, base: type) -> None:
-    """Raise :class:`SettingsError` (``lit-gspo``: one line) naming the first hook of ``cls`` (``base``, RLModule, or a
-    subclass) that Lightning would not call, or that overrides ``base``'s without calling it, and what to do instead.
-    Every class before ``base`` in ``cls``'s method resolution order is read (a mixin's override breaks the chain too)."""
+def check_hooks(cls: type, base: type, hooks: dict[str, Flag] = HOOKS) -> None:
+    """Raise :class:`SettingsError` (``lit-gspo``: one line) naming the first hook of ``cls`` (``base``: RLModule, or
+    PromptDataModule with :data:`DATA_HOOKS`, or a subclass) that Lightning would not call, or that overrides
+    ``base``'s without calling it, and what to do instead. Every class before ``base`` in ``cls``'s method resolution
+    order is read (a mixin's override breaks the chain too)."""
     for klass in cls.__mro__[: cls.__mro__.index(base)]:
-        for name, flag in HOOKS.items():
+        for name, flag in hooks.items():
             override = klass.__dict__.get(name)
             if override is None:
                 continue
