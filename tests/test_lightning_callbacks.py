@@ -17,6 +17,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from test_module_hooks import build, every_run, stop_here
 from test_predict import ROWS, module
+from test_predict import trainer as quiet_trainer
 from transformers import AutoModelForCausalLM
 
 from lit_gspo import PromptDataModule, RLModule
@@ -236,15 +237,15 @@ def test_every_hook_of_a_callback_is_called_but_those_refused_in_a_callback_that
     Recorder = type("Recorder", (C.Callback,), {name: counting(name) for name in hooks - set(HOOKS_NOT_CALLED)})
     every_run(tmp_path, callbacks=[Recorder()])
     with pytest.raises(RuntimeError, match="^stop here$"):
-        L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, default_root_dir=tmp_path,
-                  callbacks=[Recorder(), C.LambdaCallback(on_validation_start=stop_here)]).validate(
-            build(), datamodule=PromptDataModule.from_datasets(ROWS, eval_dataset=ROWS[:4]))  # fmt: skip
+        quiet_trainer(tmp_path, callbacks=[Recorder(), C.LambdaCallback(on_validation_start=stop_here)]).validate(
+            build(), datamodule=PromptDataModule.from_datasets(ROWS, eval_dataset=ROWS[:4])
+        )
     assert sorted(name for name in hooks - set(HOOKS_NOT_CALLED) if not calls[name]) == []
     for name, note in HOOKS_NOT_CALLED.items():
         refused = type("Mine", (C.Callback,), {name: counting(name)})
         for callback in (refused(), C.LambdaCallback(**{name: print})):
             expected = rf"^{type(callback).__name__}\.{name}: not called by lit_gspo: {re.escape(note)}$"
             with pytest.raises(SettingsError, match=expected):
-                trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, default_root_dir=tmp_path,
-                                    enable_progress_bar=False, callbacks=[callback])  # fmt: skip
-                trainer.fit(build(), datamodule=PromptDataModule.from_datasets(ROWS, prompts_per_step=2))
+                quiet_trainer(tmp_path, max_steps=1, callbacks=[callback]).fit(
+                    build(), datamodule=PromptDataModule.from_datasets(ROWS, prompts_per_step=2)
+                )

@@ -10,6 +10,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from test_module_hooks import build, data
+from test_predict import trainer
 
 from lit_gspo.lightning.lightning_plugins import PLUGINS, check_plugins
 from lit_gspo.lightning.trainer_flags import HONOURED, REFUSED
@@ -46,13 +47,12 @@ def test_an_honoured_plugin_passes_the_check(name):
 
 def test_a_fit_with_lightning_s_asynchronous_checkpoint_io_writes_hashed_checkpoints_that_resume(tmp_path):
     saved = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1)
-    flags = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
     L.seed_everything(0)
-    L.Trainer(max_steps=2, plugins=[P.AsyncCheckpointIO()], callbacks=[saved], **flags).fit(build(), datamodule=data())
+    trainer(tmp_path, max_steps=2, plugins=[P.AsyncCheckpointIO()], callbacks=[saved]).fit(build(), datamodule=data())
     checkpoints = sorted((tmp_path / "ckpt").glob("*.ckpt"))
     assert [path.name for path in checkpoints] == ["epoch=0-step=1.ckpt", "epoch=0-step=2.ckpt"]
     assert all(sha256_path(path).exists() for path in checkpoints)
     assert torch.load(checkpoints[-1], weights_only=True)["rl_step"] == 2
     resumed = build()
-    L.Trainer(max_steps=3, **flags).fit(resumed, datamodule=data(), ckpt_path=checkpoints[-1])
+    trainer(tmp_path, max_steps=3).fit(resumed, datamodule=data(), ckpt_path=checkpoints[-1])
     assert resumed.rl_step == 3

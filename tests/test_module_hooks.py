@@ -12,6 +12,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import LambdaCallback
 from lightning.pytorch.core.hooks import CheckpointHooks, DataHooks, ModelHooks
+from test_predict import ROWS, trainer
 
 from lit_gspo import GSPO, CharAccuracy, Generation, Policy, PromptDataModule, RLModule
 from lit_gspo.lightning.module_hooks import (
@@ -26,7 +27,6 @@ from lit_gspo.lightning.module_hooks import (
 from lit_gspo.lightning.trainer_flags import REFUSED
 from lit_gspo.runtime.user_errors import SettingsError
 
-ROWS = [{"prompt": f"rev {i:03d}=", "answer": f"{i:03d}"[::-1]} for i in range(0, 1000, 7)]
 CALLS: Counter = Counter()
 
 
@@ -52,11 +52,6 @@ def build(cls=RLModule) -> RLModule:
         optimizer=functools.partial(torch.optim.AdamW, lr=1e-3),
         lr_scheduler=functools.partial(torch.optim.lr_scheduler.LinearLR, start_factor=0.5, total_iters=8),
     )
-
-
-def trainer(root, **flags) -> L.Trainer:
-    return L.Trainer(accelerator="cpu", devices=1, default_root_dir=root, logger=False, enable_progress_bar=False,
-                     enable_model_summary=False, **flags)  # fmt: skip
 
 
 def data(cls=PromptDataModule) -> PromptDataModule:

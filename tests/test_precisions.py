@@ -10,6 +10,7 @@ import lightning as L
 import pytest
 import torch
 from test_module_hooks import build, data
+from test_predict import trainer
 
 from lit_gspo.lightning.precisions import FITS_ONLY, PRECISIONS, check_precision
 from lit_gspo.lightning.trainer_flags import HONOURED, REFUSED
@@ -54,10 +55,8 @@ def test_fp16_weights_turn_infinite_at_adam_s_first_step_with_a_policy_gradient_
 
 def test_a_16_true_fit_is_refused_before_its_warm_start_and_a_16_true_validation_runs(tmp_path):
     model = build()
-    flags = dict(accelerator="cpu", devices=1, precision="16-true", logger=False, enable_progress_bar=False,
-                 default_root_dir=tmp_path)  # fmt: skip
     with pytest.raises(SettingsError, match=r"^--trainer\.precision 16-true: not supported by lit_gspo: fp16 weights"):
-        L.Trainer(max_steps=1, **flags).fit(model, datamodule=data())
+        trainer(tmp_path, precision="16-true", max_steps=1).fit(model, datamodule=data())
     assert model.rl_step == 0 and not model.warm_started
-    [metrics] = L.Trainer(**flags).validate(build(), datamodule=data())
+    [metrics] = trainer(tmp_path, precision="16-true").validate(build(), datamodule=data())
     assert 0.0 <= metrics["val/reward"] <= 1.0

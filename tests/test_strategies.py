@@ -5,11 +5,11 @@ classified."""
 
 import re
 
-import lightning as L
 import lightning.pytorch.strategies as S
 import pytest
 from lightning.pytorch.strategies import StrategyRegistry
 from test_module_hooks import build, data
+from test_predict import trainer
 from test_user_errors import QUICKSTART, exit_code_and_error
 
 from lit_gspo.lightning.strategy import STRATEGIES, check_strategy
@@ -64,10 +64,9 @@ def test_a_fit_under_ddp_fork_from_python_is_refused_in_the_process_it_started(t
     """``Trainer(strategy="ddp_notebook")`` in a notebook: the module Lightning hands back after the fit would hold
     the trained weights at RL step 0, its warm start still to make. Refused before any RL step."""
     model = build()
-    trainer = L.Trainer(accelerator="cpu", devices=1, strategy="ddp_notebook", max_steps=1, logger=False,
-                        enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
+    forked = trainer(tmp_path, strategy="ddp_notebook", max_steps=1)
     with pytest.raises(
         Exception, match=re.escape(f"strategy ddp_fork: not supported by lit_gspo: {STRATEGIES['ddp_fork'].note}")
     ):
-        trainer.fit(model, datamodule=data())
+        forked.fit(model, datamodule=data())
     assert model.rl_step == 0 and not model.warm_started

@@ -28,7 +28,7 @@ from types import CodeType
 from lit_gspo.lightning.trainer_flags import HONOURED, REFUSED, Flag
 from lit_gspo.runtime.user_errors import SettingsError
 
-#: an override must call RLModule's implementation (``Flag.note``: what RLModule does there)
+#: an override must call the parent's implementation (``Flag.note``: what the parent does there)
 EXTENDED = "extended"
 
 _LOADERS = (
@@ -53,7 +53,8 @@ HOOKS: dict[str, Flag] = {
         "under FSDP2: choose them there (RLModule(optimizer=..., lr_scheduler=...))",
     ),
     "configure_callbacks": Flag(
-        EXTENDED, "checks the trainer's callbacks and adds the run lock, resumed logs and the checkpoint on SIGTERM"
+        EXTENDED,
+        "checks the trainer's strategy and callbacks and adds the run lock, resumed logs and the checkpoint on SIGTERM",
     ),
     "configure_model": Flag(EXTENDED, "shards the policy under FSDP2 (ModelParallelStrategy)"),
     "configure_sharded_model": Flag(REFUSED, "deprecated by Lightning: extend configure_model (it shards the policy)"),
