@@ -449,9 +449,9 @@ def test_fsdp1_strategy_is_refused_with_a_pointer_to_fsdp2(tmp_path):
         cli_main(run_args(tmp_path, "--trainer.strategy", "fsdp"), run=False)
     from lightning.pytorch.strategies import FSDPStrategy
 
-    from lit_gspo.lightning.strategy import FSDP1_MESSAGE, check_strategy
+    from lit_gspo.lightning.strategy import FSDP1_NOTE, check_strategy
 
-    assert "19626" in FSDP1_MESSAGE and "19685" in FSDP1_MESSAGE
+    assert "19626" in FSDP1_NOTE and "19685" in FSDP1_NOTE
     with pytest.raises(ValueError, match="FSDP2"):
         check_strategy(FSDPStrategy)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import lightning.pytorch.callbacks as lightning_callbacks
 from lightning.pytorch.strategies import ModelParallelStrategy
 
+from lit_gspo.lightning.module_hooks import HOOKS
 from lit_gspo.lightning.trainer_flags import HONOURED, REFUSED, Flag
 from lit_gspo.runtime.user_errors import SettingsError
 
@@ -97,10 +98,7 @@ NOT_SHARDED = {
 
 
 #: hooks of ``Callback`` that Lightning never calls for RLModule → what to use instead (it calls every other one)
-HOOKS_NOT_CALLED = {
-    "on_before_zero_grad": "RLModule optimises by hand (K epochs x M minibatches of optimiser steps per RL step), so "
-    "Lightning never calls it: on_before_optimizer_step sees each optimiser step's gradients",
-}
+HOOKS_NOT_CALLED = {"on_before_zero_grad": HOOKS["on_before_zero_grad"].note}  # as the module's own hook
 
 
 def overrides(callback, hook: str) -> bool:
@@ -121,7 +119,7 @@ def refuse_unsupported_callbacks(callbacks, strategy=None) -> None:
         for name, flag in CALLBACKS.items():
             refused = getattr(lightning_callbacks, name, None)
             if flag.kind == REFUSED and refused is not None and isinstance(callback, refused):
-                raise SettingsError(f"{type(callback).__name__}: not supported by lit_gspo: {flag.note}")
+                raise flag.refusal(type(callback).__name__)
         for name, note in NOT_SHARDED.items():
             if sharded and isinstance(callback, getattr(lightning_callbacks, name)):
                 raise SettingsError(

@@ -13,7 +13,6 @@ import lightning.pytorch.plugins as lightning_plugins
 
 from lit_gspo.lightning.strategy import STRATEGIES
 from lit_gspo.lightning.trainer_flags import HONOURED, REFUSED, Flag
-from lit_gspo.runtime.user_errors import SettingsError
 
 #: ``lightning.pytorch.plugins``' names → how an RL run treats them
 PLUGINS: dict[str, Flag] = {
@@ -51,5 +50,5 @@ def check_plugins(plugins) -> None:
             flag = PLUGINS.get(klass.__name__)
             if flag is not None and getattr(lightning_plugins, klass.__name__) is klass:
                 if flag.kind == REFUSED:
-                    raise SettingsError(f"{type(plugin).__name__}: not supported by lit_gspo: {flag.note}")
+                    raise flag.refusal(type(plugin).__name__)
                 break

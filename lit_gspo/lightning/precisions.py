@@ -9,7 +9,6 @@ enumerates them from Lightning's signature, so a value a new release adds fails 
 from __future__ import annotations
 
 from lit_gspo.lightning.trainer_flags import HONOURED, REFUSED, Flag
-from lit_gspo.runtime.user_errors import SettingsError
 
 _FP16_WEIGHTS = (
     "fp16 weights: an optimiser's state underflows in fp16 (Adam's squared gradients, its eps=1e-8), so the first "
@@ -48,4 +47,4 @@ def check_precision(precision, stage: str) -> None:
     flag = PRECISIONS.get(text)
     if flag is None or flag.kind != REFUSED or (text in FITS_ONLY and stage != "fit"):
         return
-    raise SettingsError(f"--trainer.precision {text}: not supported by lit_gspo: {flag.note}")
+    raise flag.refusal(f"--trainer.precision {text}")

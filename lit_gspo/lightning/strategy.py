@@ -20,10 +20,9 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Str
 
 from lit_gspo.lightning.trainer_flags import HONOURED, REFUSED, Flag
 from lit_gspo.runtime.files import fsync_dir
-from lit_gspo.runtime.user_errors import SettingsError
 
-FSDP1_MESSAGE = (
-    "FSDPStrategy (FSDP1) is not supported by lit_gspo: Lightning's FSDP1 with manual optimisation is "
+FSDP1_NOTE = (
+    "Lightning's FSDP1 with manual optimisation is "
     "broken (Lightning #19626, #19685). Use FSDP2 instead: --trainer.strategy "
     "lightning.pytorch.strategies.ModelParallelStrategy --trainer.strategy.data_parallel_size <devices> "
     "--trainer.strategy.tensor_parallel_size 1 (see configs/scale/fsdp2_cpu.yaml and fsdp2_cuda.yaml)."
@@ -61,7 +60,6 @@ _DEEPSPEED = (
     "DeepSpeed takes over the optimiser step and gradient accumulation, which RLModule's hand-made optimiser steps (K "
     "epochs x M minibatches per RL step) bypass: shard with FSDP2 (lightning.pytorch.strategies.ModelParallelStrategy)"
 )
-_FSDP1 = FSDP1_MESSAGE.split(" is not supported by lit_gspo: ", 1)[1]
 _XLA = "lit_gspo runs on CPUs and CUDA GPUs (--trainer.accelerator cpu or cuda)"
 
 #: Lightning's strategy names (its registry, and ``auto``) and its strategy classes → how an RL fit treats them
@@ -83,8 +81,8 @@ STRATEGIES: dict[str, Flag] = {
             "_stage_3_offload_nvme",
         )  # fmt: skip
     },
-    "fsdp": Flag(REFUSED, _FSDP1),
-    "fsdp_cpu_offload": Flag(REFUSED, _FSDP1),
+    "fsdp": Flag(REFUSED, FSDP1_NOTE),
+    "fsdp_cpu_offload": Flag(REFUSED, FSDP1_NOTE),
     "single_device": Flag(HONOURED, "one device"),
     **{name: Flag(REFUSED, _XLA) for name in ("single_tpu", "single_xla", "xla", "xla_debug")},
     "Strategy": Flag(HONOURED, "a strategy of your own (the base of every strategy)"),
@@ -93,7 +91,7 @@ STRATEGIES: dict[str, Flag] = {
     "DDPStrategy": Flag(HONOURED, f"{_DDP}; started by spawn or fork it is refused"),
     "ModelParallelStrategy": Flag(HONOURED, "FSDP2 over data-parallel ranks, its checkpoints swapped in whole"),
     "DeepSpeedStrategy": Flag(REFUSED, _DEEPSPEED),
-    "FSDPStrategy": Flag(REFUSED, _FSDP1),
+    "FSDPStrategy": Flag(REFUSED, FSDP1_NOTE),
 }
 
 
@@ -127,7 +125,7 @@ def check_strategy(strategy: Any) -> None:
         return
     flag = STRATEGIES.get(name)
     if flag is not None and flag.kind == REFUSED:
-        raise SettingsError(f"strategy {name}: not supported by lit_gspo: {flag.note}")
+        raise flag.refusal(f"strategy {name}")
 
 
 class AtomicModelParallelStrategy(ModelParallelStrategy):

@@ -35,6 +35,10 @@ class Flag:
     accepts: Callable[[Any], bool] | None = None  # REFUSED: the values that are fine (the default, a no-op)
     example: Any = None
 
+    def refusal(self, what: str) -> SettingsError:
+        """The one-line error refusing ``what`` (a flag and its value, a class, a name): ``note`` says what to use."""
+        return SettingsError(f"{what}: not supported by lit_gspo: {self.note}")
+
 
 def _is(*values) -> Callable[[Any], bool]:
     return lambda value: value in values
@@ -189,7 +193,7 @@ def refuse_unsupported(trainer) -> None:
             continue
         value = trainer[name]
         if not flag.accepts(value):
-            raise SettingsError(f"--trainer.{name} {_text(value)}: not supported by lit_gspo: {flag.note}")
+            raise flag.refusal(f"--trainer.{name} {_text(value)}")
 
 
 def _text(value) -> str:
