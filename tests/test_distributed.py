@@ -337,6 +337,39 @@ def test_ddp_ranks_sample_with_draws_of_their_own(tmp_path):
 
 
 @pytest.mark.distributed
+def test_eval_of_a_ddp_runs_checkpoint_and_export_reproduces_the_sampled_validation_its_two_processes_logged(tmp_path):
+    """Before: each rank validated its share of every batch from its own stream, and ``eval`` drew all the prompts
+    from rank 0's: another number than the run logged, presented as its reproduction. Now the checkpoint and the
+    export say the run had 2 processes, and ``eval`` samples each share from its process's stream: the same mean@3
+    and pass@k as the run's last ``val/reward`` and ``val/pass@k``; ``--world_size 1`` draws others."""
+    from lit_gspo.tools import eval as eval_cli
+
+    fit = [sys.executable, "-m", "lit_gspo.tools.main", "fit"]
+    fit += run_args(tmp_path / "run", "--trainer.strategy", "ddp", prompts=2, devices=2)
+    fit += ["--checkpoint_every_n_steps", "1", "--data.val_batch_size", "4", "--model.generation.max_new_tokens", "3"]
+    fit += ["--model.validation.num_generations", "3", "--model.validation.temperature", "1.2"]
+    fit += ["--model.validation.pass_at_k", "[1,3]", "--model.validation.pass_threshold", "0.3"]
+    fit += ["--model.rewards", "[{class_path: lit_gspo.rl.rewards.CharAccuracy}]"]  # partial credit: means differ
+    fit += ["--model.policy.warm_start.steps", "20"]  # some credit to draw
+    proc = subprocess.run(fit, cwd=ROOT, env=ddp_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(next((tmp_path / "run").glob("**/metrics.csv"))) as fh:
+        logged = [r for r in csv.DictReader(fh) if r.get("val/reward")][-1]
+    assert float(logged["step"]) == 2
+
+    for model in ("checkpoints/last.ckpt", "hf_model"):
+        result = eval_cli.main(["--ckpt", str(tmp_path / "run" / model), "--output", str(tmp_path / "eval.json")])
+        sampled = result["sampled"]
+        assert result["world_size"] == 2 and sampled["samples"] == 3
+        assert 0 < sampled["pass@1"] < sampled["pass@3"]  # the case tells the draws apart
+        assert sampled["mean@3"] == float(logged["val/reward"]), model
+        for k in (1, 3):
+            assert sampled[f"pass@{k}"] == pytest.approx(float(logged[f"val/pass@{k}"]), abs=1e-12), model
+    one = eval_cli.main(["--ckpt", str(tmp_path / "run/hf_model"), "--world_size", "1", "--greedy", "false"])
+    assert one["world_size"] == 1 and one["sampled"]["mean@3"] != float(logged["val/reward"])
+
+
+@pytest.mark.distributed
 def test_ddp_with_a_reward_failing_on_every_rank_stops_every_rank_with_its_error(tmp_path):
     """Before (issue 20): every sample of every rank failed, yet each rank kept its all-masked rollout and stepped the
     optimiser; the run ran all its steps, exited 0 and saved a model. Now the ranks agree the step has nothing to

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lit_gspo.rl.evaluate import PassAtK, default_ks, pass_at_k
+from lit_gspo.rl.evaluate import PassAtK, default_ks, evaluate, pass_at_k, shares
 from lit_gspo.tools import eval as eval_cli
 from lit_gspo.tools.eval import load, run, run_config
 from lit_gspo.tools.main import cli_main, main
@@ -125,6 +125,56 @@ def test_a_lightning_checkpoint_and_the_hf_model_give_the_same_numbers_as_collec
     batch, replies, _ = cli.model.collector.sample(cli.model.policy, cli.datamodule.val_rows, greedy=True)
     assert result["greedy"]["reward"] == pytest.approx(float(batch.rewards.mean()))
     assert [p["greedy_completion"] for p in result["per_prompt"]] == replies
+
+
+def test_shares_split_every_batch_over_the_processes_by_hand():
+    """As W processes validate: rank r takes rows r, r + W, ... of every batch; all of rank 0's shares come first (each
+    rank draws from its own stream, in order); a rank with no row of a batch gets no share."""
+    assert list(shares(7, 4, 2)) == [(0, [0, 2]), (0, [4, 6]), (1, [1, 3]), (1, [5])]
+    assert list(shares(3, 4, 4)) == [(0, [0]), (1, [1]), (2, [2])]
+    assert list(shares(5, 2)) == [(0, [0, 1]), (0, [2, 3]), (0, [4])]
+
+
+def test_evaluating_as_two_processes_is_each_processs_share_evaluated_from_its_own_stream(run_dir):
+    """``evaluate(world_size=2, seed=[a, b])`` on 6 rows in batches of 4 is, prompt for prompt, rank 0's rows (0, 2 | 4)
+    evaluated alone in batches of 2 from seed a, and rank 1's (1, 3 | 5) from seed b; its means are over all 6 prompts.
+    The case tells the streams apart: one process drawing all rows from seed a samples other rewards."""
+    cli = load(["--ckpt", str(run_dir / "hf_model")])
+    cli.datamodule.setup()
+    rows, module = cli.datamodule.val_rows, cli.model
+    assert len(rows) == 6
+
+    def evaluated(rows, **kwargs):
+        settings = dict(samples=3, temperature=1.2, threshold=0.5, ks=[1, 3], greedy_batch_size=4)
+        return evaluate(module.policy, module.collector, rows, **{**settings, **kwargs})
+
+    both = evaluated(rows, sample_batch_size=4, world_size=2, seed=[11, 12])
+    alone = [evaluated(rows[r::2], sample_batch_size=2, greedy_batch_size=2, seed=s) for r, s in ((0, 11), (1, 12))]
+    for r in (0, 1):
+        assert both["per_prompt"][r::2] == alone[r]["per_prompt"]
+    rewards = [p["sample_rewards"] for p in both["per_prompt"]]
+    assert both["sampled"]["mean@3"] == pytest.approx(sum(map(sum, rewards)) / 18)  # fp32 rewards
+    counts = [p["samples_solved"] for p in both["per_prompt"]]
+    assert both["sampled"]["pass@3"] == pytest.approx(sum(c > 0 for c in counts) / 6, abs=1e-12)
+    assert both["greedy"]["reward"] == pytest.approx(sum(p["greedy_reward"] for p in both["per_prompt"]) / 6)
+    one = evaluated(rows, sample_batch_size=4, seed=11)
+    assert [p["sample_rewards"] for p in one["per_prompt"]] != rewards
+    with pytest.raises(ValueError, match=r"seed one int, or one per process .* world_size=2, seed=11"):
+        evaluated(rows, world_size=2, seed=11)
+
+
+def test_a_run_says_how_many_processes_it_ran_on_and_eval_refuses_fewer_than_one(run_dir, tmp_path):
+    """The checkpoint (one RNG state per process) and the export (``lit_gspo_processes.json``) of a one-process run
+    say 1; a model of no run says nothing (eval samples as one process). ``--world_size 0`` names the value."""
+    from lit_gspo.lightning.run_dir import EXPORT_PROCESSES, world_size_of
+    from lit_gspo.runtime.user_errors import SettingsError
+
+    assert world_size_of(str(run_dir / "checkpoints" / "last.ckpt")) == 1
+    assert json.loads((run_dir / "hf_model" / EXPORT_PROCESSES).read_text()) == {"world_size": 1}
+    assert world_size_of(str(run_dir / "hf_model")) == 1
+    assert world_size_of(str(tmp_path)) is None and world_size_of("HuggingFaceTB/SmolLM2-135M") is None
+    with pytest.raises(SettingsError, match=r"--world_size 0: the processes to sample as must be >= 1"):
+        eval_cli.main(["--ckpt", str(run_dir / "hf_model"), "--world_size", "0", "--output", str(tmp_path / "e.json")])
 
 
 def test_a_users_jsonl_with_the_runs_rewards(run_dir, tmp_path):

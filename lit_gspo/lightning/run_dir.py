@@ -30,12 +30,15 @@ seeds, precision, devices, strategy) must be equal for a resume.
 
 The link from a checkpoint or an export to its config (:func:`config_for`, read by ``lit-gspo eval``): the config is
 stored in every checkpoint (:data:`CHECKPOINT_KEY`), beside the export (:data:`EXPORT_CONFIG`, when the export calls
-:func:`save_export_config`) and in the run's ``run_config.yaml``.
+:func:`save_export_config`) and in the run's ``run_config.yaml``. How many processes the run validated on
+(:func:`world_size_of`, so that ``eval`` samples as they did): a checkpoint holds one RNG state per process, an export
+says it in :data:`EXPORT_PROCESSES`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import typing
 import warnings
@@ -46,6 +49,7 @@ from pathlib import Path
 import yaml
 from lightning.pytorch.cli import SaveConfigCallback
 
+from lit_gspo.lightning.run_state import RNG_STATES
 from lit_gspo.runtime.user_errors import RunDirError
 
 RUN_CONFIG = "run_config.yaml"
@@ -54,6 +58,8 @@ CHECKPOINT_KEY = "lit_gspo_config"
 LOG_VERSION_KEY = "lit_gspo_log_version"
 LOGS = "lightning_logs"
 EXPORT_CONFIG = "lit_gspo_config.yaml"
+#: beside an export: ``{"world_size": W}``, the processes its run ran on
+EXPORT_PROCESSES = "lit_gspo_processes.json"
 EXPORTS = ("hf_model", "hf_adapter")
 
 #: keys (and their sub-keys) that may differ between a run and its resume
@@ -425,8 +431,11 @@ class RunConfigCallback(SaveRunConfig):
 
 def save_export_config(trainer, directory: str | Path) -> Path | None:
     """Write the run's config into an export directory (``hf_model/lit_gspo_config.yaml``), so a copied export still
-    names its settings; for ``RLModule``'s export to call while it writes ``directory``. None without the CLI's
-    :class:`RunConfigCallback` (a plain ``Trainer``)."""
+    names its settings, and its number of processes (:data:`EXPORT_PROCESSES`); for ``RLModule``'s export to call while
+    it writes ``directory``. Returns the config's path; None without the CLI's :class:`RunConfigCallback` (a plain
+    ``Trainer``: the processes only; no trainer: nothing)."""
+    if trainer is not None:
+        (Path(directory) / EXPORT_PROCESSES).write_text(json.dumps({"world_size": trainer.world_size}) + "\n")
     callback = next((c for c in getattr(trainer, "callbacks", []) if isinstance(c, RunConfigCallback)), None)
     if callback is None:
         return None
@@ -467,6 +476,18 @@ def config_for(model: str) -> FoundConfig | None:
     if saved is None:
         return None
     return FoundConfig(saved.read_text(), f"{saved} (the run of {model})", saved)
+
+
+def world_size_of(model: str) -> int | None:
+    """How many processes the run that wrote ``model`` ran on: a ``.ckpt``'s (one RNG state per process), an
+    export's (:data:`EXPORT_PROCESSES`); None for a model of no run, or an export written before that file."""
+    path = Path(model)
+    if path.is_file() and path.suffix == ".ckpt":
+        states = _checkpoint_entry(path, RNG_STATES)
+        return len(states) if isinstance(states, list) else None
+    if (path / EXPORT_PROCESSES).is_file():
+        return int(json.loads((path / EXPORT_PROCESSES).read_text())["world_size"])
+    return None
 
 
 def _checkpoint_config(path: Path) -> str | None:

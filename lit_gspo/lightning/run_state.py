@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from lit_gspo.runtime.rng import restore_rng_states, rng_states
 
+#: every rank's RNG states, rank-ordered: as many as the run had processes
+RNG_STATES = "rng_states"
+
 
 def save_run_state(module, checkpoint: dict) -> None:
-    checkpoint["rng_states"] = rng_states(module.refill_generator)
+    checkpoint[RNG_STATES] = rng_states(module.refill_generator)
     checkpoint["rl_step"] = module.rl_step
     checkpoint["warm_started"] = module.warm_started
     checkpoint["optimizer_steps"] = module.optimizer_steps
@@ -22,7 +25,7 @@ def save_run_state(module, checkpoint: dict) -> None:
 
 def load_run_state(module, checkpoint: dict) -> None:
     if module.attached() and module.trainer.state.fn == "fit":
-        restore_rng_states(checkpoint["rng_states"], module.global_rank, module.refill_generator)
+        restore_rng_states(checkpoint[RNG_STATES], module.global_rank, module.refill_generator)
     module.rl_step = checkpoint["rl_step"]
     module.warm_started = checkpoint["warm_started"]
     module.optimizer_steps = checkpoint["optimizer_steps"]

@@ -6,6 +6,10 @@
                pass@k = mean_i [1 − C(n − c_i, k) / C(n, k)]   (the unbiased estimator of Chen et al. 2021,
                "Evaluating Large Language Models Trained on Code"; pass@1 = mean_i c_i / n)
 
+Each batch is sampled as ``world_size`` processes validate it (``lit_gspo.lightning.validation.sample_share``):
+process r takes prompts r, r + W, ... of every batch, drawing from its own stream, so that a run validated on W
+processes is reproduced on one.
+
 A sample whose reward failed (``reward_failed``) counts as not solved; its reward is the one
 ``Collector.sample`` gives it (its group's mean valid reward), so mean@n is the mean of the valid rewards
 per prompt. Pure torch: no Lightning here (``lit_gspo.tools.eval`` is the ``lit-gspo eval`` front end).
@@ -14,7 +18,9 @@ per prompt. Pure torch: no Lightning here (``lit_gspo.tools.eval`` is the ``lit-
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -43,9 +49,14 @@ def default_ks(n: int) -> list[int]:
     return ks + [n] if n >= 1 else []
 
 
-def _batches(rows: list[dict], size: int):
-    for start in range(0, len(rows), size):
-        yield rows[start : start + size]
+def shares(count: int, batch_size: int, world_size: int = 1):
+    """``(rank, indices)`` of each process's share of each batch of ``batch_size`` of ``count`` rows, process by
+    process: as ``world_size`` processes validate, rank r takes rows r, r + W, ... of every batch."""
+    for rank in range(world_size):
+        for start in range(0, count, batch_size):
+            indices = list(range(start + rank, min(start + batch_size, count), world_size))
+            if indices:
+                yield rank, indices
 
 
 def failed_samples(batch) -> torch.Tensor:
@@ -100,6 +111,12 @@ class RewardTally:
         return out
 
 
+def summed_over(per_rank: list) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An ``all_reduce`` for :meth:`RewardTally.reduce` and :meth:`PassAtK.reduce` whose ranks are the tallies
+    ``per_rank`` of one process: their sums added in rank order, as a collective over those ranks adds them."""
+    return lambda _: functools.reduce(torch.add, [tally.sums for tally in per_rank])
+
+
 class PassAtK:
     """pass@k of n sampled completions per prompt, summed over prompts (and over ranks: :meth:`reduce`), so the result
     does not depend on how the prompts are split over processes or batches.
@@ -145,7 +162,8 @@ def evaluate(
     threshold: float = 1.0,
     greedy_batch_size: int = 64,
     sample_batch_size: int = 8,
-    seed: int | None = 0,
+    seed: int | Sequence[int] | None = 0,
+    world_size: int = 1,
 ) -> dict:
     """Greedy and sampled metrics of ``policy`` on ``rows`` with ``collector``'s environment, engine and rewards.
 
@@ -158,7 +176,10 @@ def evaluate(
         ks: the k of pass@k (each ≤ n; None: 1, 2, 4, ..., n).
         threshold: a sample is solved when its reward is ≥ this.
         greedy_batch_size, sample_batch_size: prompts per ``Collector.sample`` call.
-        seed: ``torch.manual_seed`` right before sampling (None: the RNG as it is).
+        seed: ``torch.manual_seed`` right before sampling (None: the RNG as it is); with ``world_size`` > 1, one
+            seed per process: process r's shares are drawn from a stream seeded ``seed[r]``.
+        world_size: sample each batch as this many processes validate it: process r takes prompts r, r + W, ...
+            (:func:`shares`), and the tallies are summed over processes, as a run on W processes logs them.
 
     Returns a JSON-ready dict: ``prompts``, ``threshold``, ``greedy`` (``reward``, ``accuracy``,
     ``response_length``, ``reward_failed``, ``rewards/<function>/mean``, and a multi-turn environment's ``turns``,
@@ -172,6 +193,12 @@ def evaluate(
         raise ValueError(
             f"samples must be >= 0 and batch sizes >= 1, got {samples}, {greedy_batch_size}, {sample_batch_size}"
         )
+    seeds = list(seed) if isinstance(seed, Sequence) else [seed] * (world_size == 1)
+    if world_size < 1 or (samples and len(seeds) != world_size):
+        raise ValueError(
+            f"world_size must be >= 1 and seed one int, or one per process (each draws from its own stream), got "
+            f"world_size={world_size}, seed={seed!r}"
+        )
     ks = default_ks(samples) if ks is None else sorted(set(ks))
     if samples and any(not 1 <= k <= samples for k in ks):
         raise ValueError(f"every k of pass@k must be in [1, samples={samples}], got {ks}")
@@ -181,12 +208,10 @@ def evaluate(
     policy.eval()
     try:
         if greedy:
-            result["greedy"] = _greedy(policy, collector, rows, per_prompt, threshold, greedy_batch_size)
+            result["greedy"] = _greedy(policy, collector, rows, per_prompt, threshold, greedy_batch_size, world_size)
         if samples:
-            if seed is not None:
-                torch.manual_seed(seed)
             result["sampled"] = _sampled(
-                policy, collector, rows, per_prompt, samples, ks, temperature, threshold, sample_batch_size
+                policy, collector, rows, per_prompt, samples, ks, temperature, threshold, sample_batch_size, seeds
             )
     finally:
         policy.train(was_training)
@@ -194,22 +219,22 @@ def evaluate(
     return result
 
 
-def _greedy(policy, collector, rows, per_prompt, threshold, batch_size) -> dict:
-    tally, solved, stats = RewardTally(), [], []
-    for start, chunk in zip(range(0, len(rows), batch_size), _batches(rows, batch_size)):
-        batch, replies, batch_stats = collector.sample(policy, chunk, greedy=True)
-        tally.add(batch, batch_stats)
+def _greedy(policy, collector, rows, per_prompt, threshold, batch_size, world_size) -> dict:
+    tallies, solved, stats = [RewardTally() for _ in range(world_size)], torch.zeros(len(rows), dtype=torch.bool), []
+    for rank, indices in shares(len(rows), batch_size, world_size):
+        batch, replies, batch_stats = collector.sample(policy, [rows[i] for i in indices], greedy=True)
+        tallies[rank].add(batch, batch_stats)
         r = batch.rewards.float().cpu()  # (B,)
         ok = (r >= threshold) & ~failed_samples(batch)
-        for i, (reply, reward, good) in enumerate(zip(replies, r.tolist(), ok.tolist())):
-            per_prompt[start + i].update(greedy_completion=reply, greedy_reward=reward, greedy_solved=bool(good))
-        solved.append(ok)
+        for i, reply, reward, good in zip(indices, replies, r.tolist(), ok.tolist()):
+            per_prompt[i].update(greedy_completion=reply, greedy_reward=reward, greedy_solved=bool(good))
+        solved[indices] = ok
         stats.append(batch_stats)
     g = collector.generation
-    means = tally.reduce(prefix="greedy")
+    means = tallies[0].reduce(summed_over(tallies), prefix="greedy")
     return {
         "reward": means["greedy/reward"],
-        "accuracy": float(torch.cat(solved).float().mean()),
+        "accuracy": float(solved.float().mean()),
         "response_length": means["greedy/response_length"],
         "max_new_tokens": g.validation_budget,
         **_aggregate_stats(stats),
@@ -234,21 +259,26 @@ def sampling(collector: Collector, n: int, temperature: float | None = None, max
         collector.generation = original
 
 
-def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold, batch_size) -> dict:
+def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold, batch_size, seeds) -> dict:
     """mean@n, pass@k and the mean length of n samples per prompt, within the validation's budget
-    (``val_max_new_tokens``), tallied as a sampled validation tallies ``val/reward`` and ``val/pass@k``."""
-    passes, tally = PassAtK(n, ks, threshold), RewardTally()
+    (``val_max_new_tokens``), tallied as a sampled validation on ``len(seeds)`` processes tallies ``val/reward`` and
+    ``val/pass@k``: each process's shares drawn in order from its own stream (``seeds``; None: the RNG as it is)."""
+    passes = [PassAtK(n, ks, threshold) for _ in seeds]
+    tallies = [RewardTally() for _ in seeds]
     with sampling(collector, n, temperature, collector.generation.validation_budget) as g:
-        stats = []
-        for start, chunk in zip(range(0, len(rows), batch_size), _batches(rows, batch_size)):
-            batch, _, batch_stats = collector.sample(policy, chunk)
-            r = batch.rewards.float().cpu().view(len(chunk), n)  # group-major: n samples per prompt
-            solved = passes.add(batch)
-            tally.add(batch, batch_stats)
-            for i in range(len(chunk)):
-                per_prompt[start + i].update(sample_rewards=r[i].tolist(), samples_solved=int(solved[i].sum()))
+        stats, seeded = [], None
+        for rank, indices in shares(len(rows), batch_size, len(seeds)):
+            if rank != seeded and seeds[rank] is not None:
+                torch.manual_seed(seeds[rank])  # the process's stream, as its validation seeds it
+            seeded = rank
+            batch, _, batch_stats = collector.sample(policy, [rows[i] for i in indices])
+            r = batch.rewards.float().cpu().view(len(indices), n)  # group-major: n samples per prompt
+            solved = passes[rank].add(batch)
+            tallies[rank].add(batch, batch_stats)
+            for j, i in enumerate(indices):
+                per_prompt[i].update(sample_rewards=r[j].tolist(), samples_solved=int(solved[j].sum()))
             stats.append(batch_stats)
-    means = tally.reduce(prefix="sampled")
+    means = tallies[0].reduce(summed_over(tallies), prefix="sampled")
     out = {
         "samples": n,
         "temperature": g.temperature,
@@ -259,7 +289,7 @@ def _sampled(policy, collector, rows, per_prompt, n, ks, temperature, threshold,
         "repetition_penalty": g.repetition_penalty,
         f"mean@{n}": means["sampled/reward"],
     }
-    out.update(passes.reduce(prefix=""))
+    out.update(passes[0].reduce(summed_over(passes), prefix=""))
     out["response_length"] = means["sampled/response_length"]
     out.update(_aggregate_stats(stats))
     return out

@@ -19,7 +19,9 @@ trainer's: ``model.environment``, ``model.engine``, ``model.rewards`` and ``mode
 and sampled completions get ``val_max_new_tokens``), under ``trainer.precision`` (``*-mixed``: autocast; ``*-true``:
 the weights cast). The samples follow the run's sampled validation (``model.validation.num_generations`` and its
 temperature, k, threshold, batch and seeded stream) unless options say otherwise, so a checkpoint's mean@n and pass@k
-are the ``val/reward`` and ``val/pass@k`` its run logged at that step (a run on one process). Prints a table and
+are the ``val/reward`` and ``val/pass@k`` its run logged at that step. A run on W processes validated each batch in W
+shares, each drawn from its process's own stream: ``eval`` samples the same shares from the same streams, one after
+the other (``--world_size``, read from the checkpoint or the export by default). Prints a table and
 writes JSON (``--output``; default ``<checkpoint>.eval.json`` next to a local checkpoint, else
 ``<model name>.eval.json`` in the working directory).
 """
@@ -111,6 +113,13 @@ class EvalCLI(RLCLI):
             default=None,
             help="prompts per sampled generate call, n completions each (null: data.val_batch_size when the run "
             "validates sampled, as its validation does; else data.prompts_per_step)",
+        )
+        parser.add_argument(
+            "--world_size",
+            type=int | None,
+            default=None,
+            help="sample each batch as this many processes validate it, process r taking prompts r, r+W, ... from its "
+            "own stream (null: as many as the run of --ckpt had, read from it; 1 for a model of no run)",
         )
         parser.add_argument(
             "--output", type=str | None, default=None, help="the JSON file (null: next to the checkpoint)"
@@ -316,8 +325,8 @@ def default_output(cfg) -> Path:
 def sampled_settings(cfg, module, dm) -> dict:
     """``evaluate``'s sampling arguments: each one given as an option, else the run's sampled validation's
     (``model.validation``: n, temperature, pass@k's k and threshold, ``data.val_batch_size`` prompts a call), and its
-    seeded stream, so that the evaluation of a checkpoint reproduces the ``val/reward`` (mean@n) and ``val/pass@k`` its
-    single-process run logged at that step. A run that validates greedily: n = ``generation.num_generations`` at the
+    processes' seeded streams, so that the evaluation of a checkpoint reproduces the ``val/reward`` (mean@n) and
+    ``val/pass@k`` its run logged at that step. A run that validates greedily: n = ``generation.num_generations`` at the
     generation's temperature, ``data.prompts_per_step`` prompts a call."""
     validation = module.validation
     samples = (
@@ -333,8 +342,17 @@ def sampled_settings(cfg, module, dm) -> dict:
         "threshold": cfg.threshold if cfg.threshold is not None else validation.pass_threshold,
         "sample_batch_size": cfg.sample_batch_size
         or (dm.val_batch_size if validation.num_generations else dm.prompts_per_step),
-        "seed": stream_seed(module.seed, rank=0, stream=VALIDATION_STREAM),
+        "seed": [stream_seed(module.seed, rank=r, stream=VALIDATION_STREAM) for r in range(world_size(cfg))],
     }
+
+
+def world_size(cfg) -> int:
+    """``--world_size``; else the number of processes the run of ``--ckpt`` ran on (``run_dir.world_size_of``), 1 for
+    a model of no run."""
+    given = cfg.get("world_size")
+    if given is not None and given < 1:
+        raise SettingsError(f"--world_size {given}: the processes to sample as must be >= 1")
+    return given or (cfg.get("ckpt") and run_dir.world_size_of(cfg.ckpt)) or 1
 
 
 def run(cli: EvalCLI) -> dict:
@@ -358,6 +376,7 @@ def run(cli: EvalCLI) -> dict:
             rows,
             greedy=cfg.greedy,
             greedy_batch_size=cfg.greedy_batch_size or dm.val_batch_size,
+            world_size=len(sampled["seed"]),
             **sampled,
         )
     seconds = time.perf_counter() - start
@@ -373,11 +392,13 @@ def run(cli: EvalCLI) -> dict:
         "precision": str(cfg.get("trainer.precision")),
         "device": str(device),
         "seed": module.seed,
+        "world_size": len(sampled["seed"]),
         "sample_seed": sampled["seed"],
         "seconds": seconds,
     }
     result = {**header, **result}
-    print(f"eval: {source} on {len(rows)} {cfg.split} prompts of {data} ({seconds:.1f} s)")
+    processes = f", sampled as {len(sampled['seed'])} processes" if len(sampled["seed"]) > 1 else ""
+    print(f"eval: {source} on {len(rows)} {cfg.split} prompts of {data}{processes} ({seconds:.1f} s)")
     print(format_table(result))
     for item in result["per_prompt"][: cfg.show if cfg.greedy else 0]:
         print(f"    {_short(item['prompt'])!r} -> {item['greedy_completion']!r} (reward {item['greedy_reward']:.3g})")
