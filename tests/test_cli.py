@@ -21,15 +21,9 @@ def run_main(args, capsys):
 def test_help_lists_eval_and_ablate_beside_fit(capsys):
     code, out = run_main(["--help"], capsys)
     assert code == 0
-    assert "{fit,validate,test,eval,ablate,compare}" in out  # predict: `lit-gspo eval` (trainer.predict in Python)
+    assert "{fit,validate,test,predict,eval,ablate,compare}" in out
     assert "Every arm × seed" in out  # ablate's one-line description, as fit's is listed
     assert "pass@k" in out  # eval's
-
-
-@pytest.mark.parametrize("name", ["predict"])
-def test_lightnings_other_subcommands_point_to_eval(name, capsys):
-    code, out = run_main([name, "--config", "configs/quickstart.yaml"], capsys)
-    assert code == 2 and "lit-gspo eval" in out and "No `validation_step()`" not in out
 
 
 def test_no_subcommand_names_ablate_among_the_choices(capsys):

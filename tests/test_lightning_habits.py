@@ -1,11 +1,13 @@
 """Each habit a Lightning user brings works, or is refused at start in one line (``benchmarks/lightning_habits.py``,
 whose table is in docs/usage.md, runs the same habits on the quickstart)."""
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -88,6 +90,48 @@ def test_validate_and_test_score_a_checkpoint_and_an_export_as_eval_does(tmp_pat
     assert len(set(scores.values())) == 1, scores
     assert scores[("validate", "last.ckpt")] == pytest.approx(rows[-1], abs=0)
     assert eval_result["greedy"]["reward"] == pytest.approx(rows[-1], abs=1e-12)
+    # predict, as a Lightning user runs it: the held-out rows' completions and rewards, one JSON line each, in order
+    for ckpt in (run / "checkpoints/last.ckpt", run / "hf_model"):
+        root = tmp_path / f"predict_{ckpt.name}"
+        main(["predict", *TINY, "--trainer.default_root_dir", str(root), "--ckpt_path", str(ckpt)])
+        lines = (root / "lightning_logs/predict/predictions.jsonl").read_text().splitlines()
+        predictions = [json.loads(line) for line in lines]
+        assert [p["completions"][0] for p in predictions] == [p["greedy_completion"] for p in eval_result["per_prompt"]]
+        rewards = [p["rewards"][0] for p in predictions]
+        assert sum(rewards) / len(rewards) == pytest.approx(rows[-1], abs=1e-6), ckpt.name
+
+
+class KeepsPredictions(BasePredictionWriter):
+    """A user's writer: the predictions of each batch, with Lightning's batch_indices, in ``self.batches``."""
+
+    def __init__(self) -> None:
+        super().__init__(write_interval="batch")
+        self.batches = []
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        self.batches.append((batch_indices, prediction))
+
+
+WRITER = f"{__name__}.KeepsPredictions"
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--trainer.callbacks", json.dumps([{"class_path": WRITER}])],
+        ["--trainer.callbacks", json.dumps({"class_path": WRITER})],  # before: TypeError, not iterable
+        [f"--trainer.callbacks+={WRITER}"],
+    ],
+    ids=["list", "one", "appended"],
+)
+def test_lit_gspo_predict_writes_no_file_of_its_own_beside_a_users_prediction_writer(given, tmp_path):
+    """Lightning's pattern: a ``BasePredictionWriter`` in ``trainer.callbacks`` (a list, one callback, or appended, as
+    LightningCLI takes them) writes the predictions; the CLI's own file is then left out. The writer gets every held-out
+    row's prediction, in order."""
+    cli = cli_main(["predict", *TINY, "--trainer.default_root_dir", str(tmp_path), *given])
+    (kept,) = [c for c in cli.trainer.callbacks if isinstance(c, KeepsPredictions)]
+    assert [p["row"] for _, batch in kept.batches for p in batch] == cli.datamodule.val_rows
+    assert not list(tmp_path.rglob("predictions.jsonl"))
 
 
 def test_a_lightning_validation_does_not_change_the_training_run(tmp_path):

@@ -16,7 +16,8 @@ import yaml
 
 #: RLModule's settings given by class path
 CLASS_SETTINGS = ("objective", "engine", "advantage", "environment")
-SCOPES = ("fit", "validate", "test")
+#: LightningCLI's subcommands, each a scope a config may hold settings under
+SCOPES = ("fit", "validate", "test", "predict")
 
 
 def _class(path) -> type | None:

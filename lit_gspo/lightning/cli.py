@@ -14,6 +14,7 @@ import sys
 
 import yaml
 from jsonargparse import ArgumentParser, Namespace, set_parsing_settings
+from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -25,6 +26,7 @@ from lit_gspo.lightning.foreign_names import foreign_hint
 from lit_gspo.lightning.int_before_float import int_before_float, int_or_float_parameters, parameter_doc
 from lit_gspo.lightning.module import RLModule
 from lit_gspo.lightning.monitors import check_monitors, config_monitors, logged_names
+from lit_gspo.lightning.predictions_file import PredictionsFile
 from lit_gspo.lightning.schedule import ScheduleCadence
 from lit_gspo.lightning.unknown_option import class_fields, unknown_option_hint
 
@@ -201,6 +203,9 @@ class RLArgumentParser(LightningArgumentParser):
         return added
 
     def error(self, message: str, ex: Exception | None = None):
+        if self.subcommands_action is not None:  # jsonargparse lists the first 5 subcommands and "...": all of them
+            every = "{" + ",".join(self.subcommands_action.choices) + "}"
+            message = re.sub(r'(expected "subcommand" to be one of )\{[^}]*\}', lambda m: m.group(1) + every, message)
         nested = nested_value_error(message)
         if nested and self.exit_on_error and not user_errors.debug_requested():
             user_errors.parser_error(nested)
@@ -275,10 +280,10 @@ class RLCLI(LightningCLI):
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        """``fit``, ``validate`` and ``test`` (greedy ``val/reward`` / ``test/reward`` of a ``.ckpt`` or an ``hf_model/``
-        directory given as ``--ckpt_path``). ``predict``: ``lit-gspo eval`` writes completions
-        (``trainer.predict`` returns them in Python: ``lit_gspo/lightning/prediction.py``)."""
-        return {name: LightningCLI.subcommands()[name] for name in ("fit", "validate", "test")}
+        """``fit``; ``validate``, ``test`` (``val/reward`` / ``test/reward`` of a ``.ckpt`` or an ``hf_model/``
+        directory given as ``--ckpt_path``) and ``predict`` (their completions and rewards, written to
+        ``lightning_logs/predict/predictions.jsonl``: ``predictions_file.py``)."""
+        return {name: LightningCLI.subcommands()[name] for name in class_switch.SCOPES}
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
@@ -359,6 +364,9 @@ class RLCLI(LightningCLI):
     def test(self, model, ckpt_path=None, **kwargs):
         return self.trainer.test(model, ckpt_path=load_export(model, ckpt_path), **kwargs)
 
+    def predict(self, model, ckpt_path=None, **kwargs):
+        return self.trainer.predict(model, ckpt_path=load_export(model, ckpt_path), **kwargs)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
             "--checkpoint_every_n_steps",
@@ -405,6 +413,8 @@ class RLCLI(LightningCLI):
             )  # validate/test: never a fit's version_N
         if self.subcommand in (None, "fit"):  # None: cli_main(run=False), which builds a fit
             configure_checkpointing(config, callbacks, cfg.get("checkpoint_every_n_steps", 50))
+        if self.subcommand == "predict" and not any(isinstance(c, BasePredictionWriter) for c in callbacks):
+            callbacks.append(PredictionsFile())  # the CLI keeps nothing trainer.predict returns
         add_progress_bar(config, callbacks)
         config["callbacks"] = callbacks
         from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -426,7 +436,7 @@ def _config_tree(value: str) -> dict:
 
 def _trainer_key(tree: dict, key: str):
     """``trainer.<key>`` of a parsed config (also under a subcommand), None when absent."""
-    for scope in [tree] + [v for k, v in tree.items() if k in ("fit", "validate", "test") and isinstance(v, dict)]:
+    for scope in [tree] + [v for k, v in tree.items() if k in class_switch.SCOPES and isinstance(v, dict)]:
         trainer = scope.get("trainer")
         if isinstance(trainer, dict) and key in trainer:
             return trainer[key]
@@ -477,9 +487,7 @@ def resolve_auto_precision_args(args: list[str]) -> tuple[list[str], str | None]
         ):  # the config as YAML text with the value resolved (jsonargparse checks each config it loads)
             at = i if "=" in out[i] else i + 1
             tree = _config_tree(out[at].partition("=")[2] if at == i else out[at])
-            for scope in [tree] + [
-                v for k, v in tree.items() if k in ("fit", "validate", "test") and isinstance(v, dict)
-            ]:
+            for scope in [tree] + [v for k, v in tree.items() if k in class_switch.SCOPES and isinstance(v, dict)]:
                 if isinstance(scope.get("trainer"), dict) and scope["trainer"].get("precision") == AUTO:
                     scope["trainer"]["precision"] = precision
             text = yaml.safe_dump(tree, sort_keys=False)
@@ -760,13 +768,13 @@ def load_export(model, ckpt_path):
 
 def add_progress_bar(config: dict, callbacks: list) -> None:
     """``RLProgressBar`` (RL steps n/N) in place of Lightning's default bar, unless the progress bar is off
-    (``--trainer.enable_progress_bar false``) or the user gave a progress bar of their own."""
+    (``--trainer.enable_progress_bar false``) or the user gave a progress bar of their own (``callbacks``: the
+    trainer's, a list however the config gave them)."""
     from lightning.pytorch.callbacks import ProgressBar
 
     from lit_gspo.lightning.progress import RLProgressBar
 
-    given = list(callbacks) + list(config.get("callbacks") or [])
-    if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
+    if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
         callbacks.append(RLProgressBar())
 
 

@@ -61,6 +61,8 @@ EXPORT_CONFIG = "lit_gspo_config.yaml"
 #: beside an export: ``{"world_size": W}``, the processes its run ran on
 EXPORT_PROCESSES = "lit_gspo_processes.json"
 EXPORTS = ("hf_model", "hf_adapter")
+#: the CLI's subcommands that score a model: each logs to ``lightning_logs/<subcommand>/``, beside any run
+SCORING = ("validate", "test", "predict")
 
 #: keys (and their sub-keys) that may differ between a run and its resume
 IGNORED = (
@@ -567,11 +569,12 @@ def default_logger(subcommand: str | None, root: str, ckpt_path: str | None):
 
     * ``fit``: ``<root>/lightning_logs/version_N/metrics.csv``, a new ``version_N`` for a fresh run; a resume
       continues its run's own folder (:func:`resumed_log_version`), whatever ran in between;
-    * ``validate`` / ``test``: ``<root>/lightning_logs/validate/`` / ``test/``, one ``metrics.csv`` continued by each
-      call, never a ``version_N`` (which a resume of the run would take for its own)."""
+    * ``validate`` / ``test`` / ``predict``: ``<root>/lightning_logs/<subcommand>/``, one ``metrics.csv`` continued by
+      each call (``predict``: its ``predictions.jsonl``), never a ``version_N`` (which a resume of the run would take for
+      its own)."""
     from lit_gspo.lightning.metrics_file import RunCSVLogger
 
-    if subcommand in ("validate", "test"):
+    if subcommand in SCORING:
         return RunCSVLogger(save_dir=root, name=LOGS, version=subcommand)
     version = resumed_log_version(Path(root), ckpt_path)
     return RunCSVLogger(save_dir=root, name=LOGS, version=version)

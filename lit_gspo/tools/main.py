@@ -32,10 +32,6 @@ def cli_main(*args, **kwargs):
     return lightning_cli_main(*args, **kwargs)
 
 
-# Lightning's predict from the command line: `lit-gspo eval` writes completions (trainer.predict returns them in Python)
-NOT_COMMANDS = {"predict"}
-
-
 def main(argv: list[str] | None = None) -> None:
     """``lit-gspo ...``: a user's mistake (a bad setting, a missing file, an unknown option) is one ``error:`` line
     and exit code 2, a bug keeps its traceback; ``--debug`` or ``LIT_GSPO_DEBUG=1`` shows every traceback
@@ -50,15 +46,9 @@ def _main(args: list[str], from_sys_argv: bool) -> None:
     if args and args[0] in COMMANDS:
         command(args[0]).main(args[1:])
         return
-    if args and args[0] in NOT_COMMANDS:
-        print(
-            f"lit-gspo {args[0]}: not a command. `lit-gspo validate --config <run config> --ckpt_path <ckpt or hf_model>` "
-            "gives val/reward; `lit-gspo eval --ckpt <run>/hf_model` writes greedy completions, accuracy and pass@k "
-            "(lit-gspo eval --help); from Python, `trainer.predict(model, datamodule=...)` returns them",
-            file=sys.stderr,
-        )
-        sys.exit(2)
-    if args and args[0] in ("validate", "test"):
+    from lit_gspo.lightning.run_dir import SCORING  # imports Lightning, which every subcommand from here on runs
+
+    if args and args[0] in SCORING:
         args = with_run_config(args)
     if from_sys_argv:  # LightningCLI reads sys.argv itself (without --debug); its --help lists COMMANDS beside fit
         sys.argv = sys.argv[:1] + args
@@ -68,7 +58,7 @@ def _main(args: list[str], from_sys_argv: bool) -> None:
 
 
 def with_run_config(args: list[str]) -> list[str]:
-    """``lit-gspo validate|test --ckpt_path X`` without ``--config``: the config of the run that wrote X (stored in the
+    """``lit-gspo validate|test|predict --ckpt_path X`` without ``--config``: the config of the run that wrote X (stored in the
     checkpoint, beside the export, or the run's ``run_config.yaml``: ``lit_gspo.lightning.run_dir.config_for``), as eval reads it."""
     from lit_gspo.lightning import run_dir
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
+from lit_gspo.lightning.run_dir import SCORING
 from lit_gspo.runtime.processes import pid_alive, process_start
 from lit_gspo.runtime.user_errors import UserError
 
@@ -162,7 +163,7 @@ def _alive(holder: dict) -> bool:
 def writes_run_files(trainer, stage: str) -> bool:
     """Whether ``stage`` writes the run's own files in ``default_root_dir``: a fit always (checkpoints, the export, its
     logs); a validate or test when a logger writes a log folder there (Lightning's ``lightning_logs/version_N``, which a
-    fit's logs share). The CLI's ``validate``/``test`` log to ``lightning_logs/validate``/``test``, beside any run."""
+    fit's logs share). The CLI's ``validate``/``test``/``predict`` log to ``lightning_logs/<subcommand>``, beside any run."""
     if stage == "fit":
         return True
     root = Path(trainer.default_root_dir).resolve()
@@ -171,7 +172,7 @@ def writes_run_files(trainer, stage: str) -> bool:
         if log_dir is None:
             continue
         path = Path(log_dir).resolve()
-        if path.is_relative_to(root) and path.name not in ("validate", "test"):
+        if path.is_relative_to(root) and path.name not in SCORING:
             return True
     return False
 
