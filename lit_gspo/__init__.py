@@ -26,6 +26,7 @@ _EXPORTS = {
     # the Lightning pieces
     "RLModule": "lit_gspo.lightning.module",
     "PromptDataModule": "lit_gspo.lightning.datamodule",
+    "RowBatches": "lit_gspo.lightning.datamodule",  # rows in batches for trainer.validate/test/predict, whole on every rank
     "RLProgressBar": "lit_gspo.lightning.progress",
     "RunCSVLogger": "lit_gspo.lightning.metrics_file",  # RunCSVLogger(root, resume=True): a resume continues the metrics.csv
     "push_export": "lit_gspo.models.push",

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 API = [
     "RLModule",
     "PromptDataModule",
+    "RowBatches",
     "RLProgressBar",
     "Generation",
     "Update",

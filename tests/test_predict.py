@@ -153,3 +153,32 @@ def test_two_processes_predict_from_a_one_process_checkpoint_what_one_process_do
     (single,) = outputs[1]
     assert [len(batch) for batch in single] == [4, 1]
     assert outputs[2] == [single, single]
+
+
+def held_out(out: Path, devices: int, stage: str, loader: str, rows: int) -> list:
+    """What each rank of ``tests/dist_held_out_loader.py`` returned or raised."""
+    script = [sys.executable, str(ROOT / "tests/dist_held_out_loader.py"), str(out), str(devices), stage, loader]
+    subprocess.run([*script, str(rows)], check=True, timeout=300, cwd=ROOT, capture_output=True)
+    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(devices)]
+
+
+@pytest.mark.distributed
+def test_under_ddp_a_loader_split_over_the_ranks_is_refused_on_every_rank_and_a_list_of_batches_predicts_every_row(
+    tmp_path,
+):
+    """Before: a DataLoader of 10 rows, which Lightning splits over 2 ranks, predicted 5 of them (each rank its share of
+    its own part) and validated on those 5; predicting 9 rows one rank had a batch more and the other waited for it. Now
+    each is refused on both ranks, naming what to pass; the ``RowBatches`` it names predicts all 10, in order, on every
+    rank, as one process does."""
+    for stage, rows, said in [
+        ("predict", 10, "the ranks were given different rows"),
+        ("validate", 10, "the ranks were given different rows"),
+        ("predict", 9, "different numbers of batches per loader (rank 0 [2], rank 1 [1])"),
+    ]:
+        for result in held_out(tmp_path / f"{stage}{rows}", 2, stage, "dataloader", rows):
+            assert isinstance(result, ValueError) and said in str(result), (stage, rows, result)
+            assert "lit_gspo.RowBatches(rows, batch_size=8)" in str(result)
+    one = held_out(tmp_path / "one", 1, "predict", "batches", 10)
+    two = held_out(tmp_path / "two", 2, "predict", "batches", 10)
+    assert [p["row"] for p in flat(one[0])] == ROWS[:10]
+    assert two == [one[0], one[0]]

@@ -110,7 +110,8 @@ class ResumableSampler(DistributedSampler):
 
 class RowBatches:
     """Consecutive batches of ``batch_size`` rows, in order: an iterable that draws no random numbers (Lightning takes
-    any sized iterable as a dataloader; ``limit_val_batches`` uses its length)."""
+    any sized iterable as a dataloader; ``limit_val_batches`` uses its length) and, not being a ``DataLoader``, one
+    that Lightning does not split over the ranks: ``trainer.predict(model, dataloaders=RowBatches(rows, 8))``."""
 
     def __init__(self, rows: list[dict], batch_size: int) -> None:
         self.rows, self.batch_size = rows, batch_size

@@ -48,6 +48,7 @@ from lit_gspo.lightning.progress import SkippedSteps, is_last_rl_step, reward_tr
 from lit_gspo.lightning.quiet import silence_lightning_noise
 from lit_gspo.lightning.rl_step_optimizer import RLStepOptimizer
 from lit_gspo.lightning.run_state import load_run_state, save_run_state
+from lit_gspo.lightning.same_batches import check_same_batch_counts
 from lit_gspo.lightning.schedule import ScheduleCadence, after_epoch, after_rl_step, learner_schedule
 from lit_gspo.lightning.seed import VALIDATION_STREAM, resolve_seed, seed_ranks_apart, stream_seed
 from lit_gspo.lightning.step_log import StepLog
@@ -353,6 +354,7 @@ class RLModule(LightningModule):
         from its own seeded stream (``VALIDATION_STREAM``)."""
         if self.trainer.state.fn != "fit":
             check_data(self)
+        check_same_batch_counts(self.trainer)
         self._rng_before_validation = local_rng_state()
         if self.validation.num_generations:
             torch.manual_seed(stream_seed(self.seed, rank=self.global_rank, stream=VALIDATION_STREAM))

@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_gspo.lightning.completions_log import due, log_completions, terminal_table
+from lit_gspo.lightning.same_batches import check_same_batch
 from lit_gspo.rl.evaluate import PassAtK, RewardTally, sampling
 from lit_gspo.runtime.collectives import all_reduce_sum
 
@@ -114,9 +115,11 @@ class ValidationPass:
 
 
 def sample_share(module, rows: list[dict]):
-    """This rank's share of a held-out batch (``rows[rank::world_size]``), sampled as ``validation`` says: one greedy
-    completion, or n at its temperature, each prompt's n rows together, within ``generation.validation_budget``.
+    """This rank's share of a held-out batch (``rows[rank::world_size]``; every rank is given the same batch:
+    ``same_batches.py``), sampled as ``validation`` says: one greedy completion, or n at its temperature, each
+    prompt's n rows together, within ``generation.validation_budget``.
     Returns (share, batch, replies, stats), or None when the batch leaves this rank no row."""
+    check_same_batch(rows)
     rows = rows[module.global_rank :: module.trainer.world_size]
     n, generation = module.validation.num_generations, module.collector.generation
     # Lightning validates and predicts under inference mode; FSDP2 on one device makes its unsharded parameters at
