@@ -26,6 +26,15 @@ def test_help_lists_eval_and_ablate_beside_fit(capsys):
     assert "pass@k" in out  # eval's
 
 
+def test_every_subcommand_of_lightnings_cli_is_one_of_ours():
+    """Enumerated from LightningCLI: a subcommand a new Lightning adds fails here until lit_gspo runs it."""
+    from lightning.pytorch.cli import LightningCLI
+
+    from lit_gspo.lightning.cli import RLCLI
+
+    assert RLCLI.subcommands() == LightningCLI.subcommands()
+
+
 def test_no_subcommand_names_ablate_among_the_choices(capsys):
     code, out = run_main([], capsys)
     assert code == 2 and "ablate" in out and "fit" in out

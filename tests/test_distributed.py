@@ -337,7 +337,9 @@ def test_ddp_ranks_sample_with_draws_of_their_own(tmp_path):
 
 
 @pytest.mark.distributed
-def test_eval_of_a_ddp_runs_checkpoint_and_export_reproduces_the_sampled_validation_its_two_processes_logged(tmp_path):
+def test_eval_of_a_ddp_runs_checkpoint_reproduces_the_validation_its_two_processes_logged_and_predict_runs_on_two(
+    tmp_path,
+):
     """Before: each rank validated its share of every batch from its own stream, and ``eval`` drew all the prompts
     from rank 0's: another number than the run logged, presented as its reproduction. Now the checkpoint and the
     export say the run had 2 processes, and ``eval`` samples each share from its process's stream: the same mean@3
@@ -367,6 +369,14 @@ def test_eval_of_a_ddp_runs_checkpoint_and_export_reproduces_the_sampled_validat
             assert sampled[f"pass@{k}"] == pytest.approx(float(logged[f"val/pass@{k}"]), abs=1e-12), model
     one = eval_cli.main(["--ckpt", str(tmp_path / "run/hf_model"), "--world_size", "1", "--greedy", "false"])
     assert one["world_size"] == 1 and one["sampled"]["mean@3"] != float(logged["val/reward"])
+
+    # `lit-gspo predict` of the same run, on its 2 processes (its config): rank 0 writes each held-out row once, in order
+    predict = [sys.executable, "-m", "lit_gspo.tools.main", "predict", "--ckpt_path", str(tmp_path / "run/hf_model")]
+    proc = subprocess.run(predict, cwd=ROOT, env=ddp_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]  # before: rank 0 alone read trainer.log_dir, a collective: a hang
+    lines = (tmp_path / "run/lightning_logs/predict/predictions.jsonl").read_text().splitlines()
+    assert [json.loads(line)["row"]["prompt"] for line in lines] == [p["prompt"] for p in result["per_prompt"]]
+    assert all(len(json.loads(line)["completions"]) == 3 for line in lines)  # the run's sampled validation's n
 
 
 @pytest.mark.distributed

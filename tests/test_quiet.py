@@ -13,6 +13,7 @@ SILENCED = (
     "Using ModelCheckpoint with manual optimization",
     "LightningCLI's args parameter is intended",
     "litlogger",
+    "litmodels",
     "`isinstance(treespec, LeafSpec)` is deprecated",
 )
 

@@ -31,9 +31,10 @@ class PredictionsFile(Callback):
         self.path, self._file, self._written = self.given, None, 0
 
     def on_predict_start(self, trainer, pl_module) -> None:
+        # on every rank: Lightning's log_dir is a collective (rank 0's, broadcast); read by rank 0 alone, it hung
+        self.path = self.given or Path(trainer.log_dir or trainer.default_root_dir) / PREDICTIONS
         if not trainer.is_global_zero:
             return
-        self.path = self.given or Path(trainer.log_dir or trainer.default_root_dir) / PREDICTIONS
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file, self._written = open(self.path, "w"), 0
 

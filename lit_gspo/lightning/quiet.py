@@ -24,6 +24,8 @@ WARNINGS = (
 # Lightning logs an advertisement for its cloud logger at every Trainer construction.
 _INFO = (
     "try installing [litlogger]",
+    # and for its model registry, at every Trainer that checkpoints (a validate or predict too)
+    "try installing [litmodels]",
     # trainer.validate, then trainer.fit (from Python): the module's own callbacks are attached to each, the second
     # time over those of the first (RLModule.configure_callbacks), which is what is meant
     "returned in `LightningModule.configure_callbacks` will override existing callbacks passed to Trainer",
