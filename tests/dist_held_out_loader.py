@@ -11,38 +11,22 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import lightning as L
 import torch
+from dist_predict import ROWS, ddp_trainer, module
 from torch.utils.data import DataLoader
 
-from lit_gspo import GSPO, CharAccuracy, Generation, Policy, RLModule, RowBatches
-
-ROWS = [{"prompt": f"rev {i:03d}=", "answer": f"{i:03d}"[::-1]} for i in range(0, 1000, 7)]
+from lit_gspo import RowBatches
 
 
 def main(out: Path, devices: int, stage: str, loader: str, rows: int) -> None:
-    L.seed_everything(0)
-    model = RLModule(
-        policy=Policy("tiny-llama", config={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64}),
-        objective=GSPO(),
-        rewards=[CharAccuracy()],
-        generation=Generation(num_generations=2, max_new_tokens=4),
-    )
+    model = module()
     given = ROWS[:rows]
     batches = (
         DataLoader(given, batch_size=4, collate_fn=lambda batch: batch)
         if loader == "dataloader"
         else RowBatches(given, batch_size=4)
     )
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=devices,
-        strategy="ddp" if devices > 1 else "auto",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=out,
-    )
+    trainer = ddp_trainer(out, devices)
     try:
         result = getattr(trainer, stage)(model, dataloaders=batches)
     except Exception as exc:  # noqa: BLE001 - saved for the test to read, per rank

@@ -18,16 +18,19 @@ from lit_gspo import GSPO, CharAccuracy, Generation, Policy, PromptDataModule, R
 ROWS = [{"prompt": f"rev {i:03d}=", "answer": f"{i:03d}"[::-1]} for i in range(0, 100, 7)]
 
 
-def main(out: Path, devices: int, ckpt_path: str | None) -> None:
+def module() -> RLModule:
+    """The policy built from seed 0."""
     L.seed_everything(0)
-    model = RLModule(
+    return RLModule(
         policy=Policy("tiny-llama", config={"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64}),
         objective=GSPO(),
         rewards=[CharAccuracy()],
         generation=Generation(num_generations=2, max_new_tokens=6),
     )
-    data = PromptDataModule.from_datasets(ROWS, eval_dataset=ROWS[:5], prompts_per_step=2, val_batch_size=4)
-    trainer = L.Trainer(
+
+
+def ddp_trainer(out: Path, devices: int) -> L.Trainer:
+    return L.Trainer(
         accelerator="cpu",
         devices=devices,
         strategy="ddp" if devices > 1 else "auto",
@@ -36,6 +39,12 @@ def main(out: Path, devices: int, ckpt_path: str | None) -> None:
         enable_model_summary=False,
         default_root_dir=out,
     )
+
+
+def main(out: Path, devices: int, ckpt_path: str | None) -> None:
+    model = module()
+    data = PromptDataModule.from_datasets(ROWS, eval_dataset=ROWS[:5], prompts_per_step=2, val_batch_size=4)
+    trainer = ddp_trainer(out, devices)
     predictions = trainer.predict(model, datamodule=data, ckpt_path=ckpt_path)
     out.mkdir(parents=True, exist_ok=True)
     torch.save(predictions, out / f"rank{trainer.global_rank}.pt")
