@@ -16,6 +16,7 @@ from dist_predict import ROWS, ddp_trainer, module
 from torch.utils.data import DataLoader
 
 from lit_gspo import RowBatches
+from lit_gspo.runtime.collectives import end_process_group
 
 
 def main(out: Path, devices: int, stage: str, loader: str, rows: int) -> None:
@@ -33,6 +34,7 @@ def main(out: Path, devices: int, stage: str, loader: str, rows: int) -> None:
         result = exc
     out.mkdir(parents=True, exist_ok=True)
     torch.save(result, out / f"rank{trainer.global_rank}.pt")
+    end_process_group()  # every rank done: without it a process can abort at exit (exit -6, gloo's threads)
 
 
 if __name__ == "__main__":

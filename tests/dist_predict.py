@@ -14,6 +14,7 @@ import lightning as L
 import torch
 
 from lit_gspo import GSPO, CharAccuracy, Generation, Policy, PromptDataModule, RLModule
+from lit_gspo.runtime.collectives import end_process_group
 
 ROWS = [{"prompt": f"rev {i:03d}=", "answer": f"{i:03d}"[::-1]} for i in range(0, 100, 7)]
 
@@ -48,6 +49,7 @@ def main(out: Path, devices: int, ckpt_path: str | None) -> None:
     predictions = trainer.predict(model, datamodule=data, ckpt_path=ckpt_path)
     out.mkdir(parents=True, exist_ok=True)
     torch.save(predictions, out / f"rank{trainer.global_rank}.pt")
+    end_process_group()  # every rank done: without it a process can abort at exit (exit -6, gloo's threads)
 
 
 if __name__ == "__main__":

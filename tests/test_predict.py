@@ -158,12 +158,13 @@ def test_two_processes_predict_from_a_one_process_checkpoint_what_one_process_do
 def held_out(out: Path, devices: int, stage: str, loader: str, rows: int) -> list:
     """What each rank of ``tests/dist_held_out_loader.py`` returned or raised."""
     script = [sys.executable, str(ROOT / "tests/dist_held_out_loader.py"), str(out), str(devices), stage, loader]
-    subprocess.run([*script, str(rows)], check=True, timeout=300, cwd=ROOT, capture_output=True)
+    proc = subprocess.run([*script, str(rows)], timeout=300, cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{stage} {loader} {rows} on {devices}: {proc.returncode}\n{proc.stderr[-3000:]}"
     return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(devices)]
 
 
 @pytest.mark.distributed
-def test_under_ddp_a_loader_split_over_the_ranks_is_refused_on_every_rank_and_a_list_of_batches_predicts_every_row(
+def test_under_ddp_a_loader_split_over_the_ranks_is_refused_on_every_rank_and_row_batches_predict_every_row(
     tmp_path,
 ):
     """Before: a DataLoader of 10 rows, which Lightning splits over 2 ranks, predicted 5 of them (each rank its share of
